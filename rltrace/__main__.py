@@ -1,0 +1,5 @@
+import sys
+
+from rltrace.cli import main
+
+sys.exit(main())

@@ -1,0 +1,181 @@
+"""Names every part of rltrace agrees on: span attributes, table columns, schema versions.
+
+This module is the contract between the instrumentation, the store, the analyses, replay and
+the dashboard (see docs/store.md). It imports nothing from rltrace; anything may import it.
+Extend these names, never rename them: stored runs outlive the code that wrote them.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# --- span attributes -------------------------------------------------------------------------
+ATTR_PREFIX = "rl."
+PHASE = "rl.phase"
+STEP = "rl.step"
+WEIGHT_VERSION = "rl.weight_version"
+ROLE = "rl.role"
+RANK = "rl.rank"
+RUN_ID = "rl.run_id"
+THREAD_ID = "thread.id"  # OpenTelemetry semantic convention
+THREAD_NAME = "thread.name"
+
+#: Phase names the analyses know. Users may add their own.
+PHASES = (
+    "step",
+    "rollout",
+    "generate",
+    "reward",
+    "train",
+    "forward",
+    "backward",
+    "optimizer",
+    "weight_sync",
+    "eval",
+    "wait",
+)
+
+
+def attr_key(key: str) -> str:
+    """Span attribute name for a `phase(**attrs)` keyword: `rl.<key>`, or `key` if it holds a dot."""
+    return key if "." in key else ATTR_PREFIX + key
+
+
+# --- step scalars (log_metrics) and per-sample columns (log_samples) --------------------------
+METRICS = (
+    "reward_mean",
+    "reward_std",
+    "response_len_mean",
+    "train_rollout_logprob_abs_diff",
+    "mismatch_k3",
+    "tis_mean",
+    "tis_clipfrac",
+    "staleness_mean",
+    "staleness_max",
+    "loss",
+    "grad_norm",
+    "tokens_per_s",
+)
+
+#: Canonical types of the brief's per-sample columns; other columns keep the type they arrive with.
+SAMPLE_COLUMNS: dict[str, pa.DataType] = {
+    "sample_id": pa.int64(),
+    "group_id": pa.int64(),
+    "prompt_len": pa.int64(),
+    "response_len": pa.int64(),
+    "finish_reason": pa.string(),
+    "reward": pa.float64(),
+    "weight_version": pa.int64(),  # v_s; the oldest version when a sample spans several
+    "weight_versions": pa.list_(pa.int64()),  # every version, when a sample spans several
+    "train_version": pa.int64(),  # v_t
+    "gen_start": pa.float64(),  # Unix seconds
+    "gen_end": pa.float64(),
+}
+
+# --- tables ------------------------------------------------------------------------------------
+#: Parquet key-value metadata written into every part file.
+META_TABLE = b"rltrace.table"
+META_VERSION = b"rltrace.schema_version"
+META_REPLACES = b"rltrace.replaces"  # compacted parts: JSON list of the part names they replace
+
+_PROCESS_COLUMNS = [
+    pa.field("process_id", pa.string()),
+    pa.field("role", pa.string()),
+    pa.field("rank", pa.int64()),
+    pa.field("host", pa.string()),
+    pa.field("pid", pa.int64()),
+]
+
+SPANS_SCHEMA = pa.schema(
+    [
+        pa.field("trace_id", pa.string()),  # 32 hex digits
+        pa.field("span_id", pa.string()),  # 16 hex digits
+        pa.field("parent_span_id", pa.string()),  # null for a root span
+        pa.field("name", pa.string()),
+        pa.field("phase", pa.string()),  # rl.phase
+        pa.field("step", pa.int64()),  # rl.step
+        pa.field("weight_version", pa.int64()),  # rl.weight_version
+        pa.field("start_ns", pa.int64()),  # Unix epoch nanoseconds
+        pa.field("end_ns", pa.int64()),  # null while the span is open
+        pa.field("status", pa.string()),  # UNSET / OK / ERROR
+        pa.field("status_message", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("thread_id", pa.int64()),
+        pa.field("thread_name", pa.string()),
+        *_PROCESS_COLUMNS,
+        pa.field("service_name", pa.string()),
+        pa.field("attributes", pa.string()),  # JSON object of every span attribute
+        pa.field("events", pa.string()),  # JSON list of {name, time_ns, attributes}, or null
+        pa.field("links", pa.string()),  # JSON list of {trace_id, span_id}, or null
+    ]
+)
+
+METRICS_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.int64()),
+        pa.field("name", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("time_ns", pa.int64()),
+        *_PROCESS_COLUMNS,
+    ]
+)
+
+#: Samples always carry these; the brief's columns and the user's extras follow.
+SAMPLES_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.int64()),
+        pa.field("logged_ns", pa.int64()),
+        *_PROCESS_COLUMNS,
+        *[pa.field(name, typ) for name, typ in SAMPLE_COLUMNS.items()],
+    ]
+)
+
+PROCESSES_SCHEMA = pa.schema(
+    [
+        *_PROCESS_COLUMNS,
+        pa.field("run_id", pa.string()),
+        pa.field("service_name", pa.string()),
+        pa.field("started_ns", pa.int64()),
+        pa.field("heartbeat_ns", pa.int64()),  # last time the process wrote to the store
+        pa.field("ended_ns", pa.int64()),  # null unless rltrace.shutdown() ran
+        pa.field("spans_written", pa.int64()),
+        pa.field("spans_dropped", pa.int64()),  # lost before reaching the store (full queue, failed write)
+        pa.field("otlp_spans_dropped", pa.int64()),  # lost before reaching the OTLP backend
+        pa.field("rows_written", pa.int64()),  # metrics + samples rows
+        pa.field("rows_dropped", pa.int64()),
+        pa.field("rltrace_version", pa.string()),
+        pa.field("argv", pa.string()),  # JSON list
+        pa.field("resource", pa.string()),  # JSON object of OTel resource attributes
+    ]
+)
+
+
+class Table:
+    """A table of the store: a folder of Parquet parts with one schema."""
+
+    def __init__(self, name: str, folder: str, schema: pa.Schema, version: int, required: tuple[str, ...]):
+        self.name = name
+        self.folder = folder
+        self.schema = schema
+        self.version = version
+        self.required = required  # columns a part must have to be readable
+
+
+SPANS = Table("spans", "spans", SPANS_SCHEMA, 1, ("trace_id", "span_id", "name", "start_ns", "end_ns"))
+OPEN_SPANS = Table("open_spans", "open_spans", SPANS_SCHEMA, 1, SPANS.required)
+METRICS_TABLE = Table("metrics", "metrics", METRICS_SCHEMA, 1, ("step", "name", "value"))
+SAMPLES = Table("samples", "samples", SAMPLES_SCHEMA, 1, ("step",))
+PROCESSES = Table("processes", "processes", PROCESSES_SCHEMA, 1, ("process_id", "role", "pid"))
+
+#: Every table `rltrace.store.open` makes a view of. Later parts of rltrace add theirs here.
+TABLES: dict[str, Table] = {t.name: t for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES)}
+
+#: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.
+COMPACTABLE: dict[str, tuple[str, ...]] = {
+    "spans": ("step", "start_ns"),
+    "metrics": ("step", "time_ns"),
+    "samples": ("step", "logged_ns"),
+}
+
+RUN_MANIFEST = "run.json"
+RUN_SCHEMA_VERSION = 1

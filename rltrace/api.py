@@ -1,0 +1,496 @@
+"""The public API: `init`, `phase`, `log_metrics`, `log_samples`, `inject`, `attach`, `shutdown`.
+
+One `Run` per process, held here. Before `init` (and with `RLTRACE_DISABLED=1`) every call is a
+no-op that costs well under a microsecond; if `RLTRACE_RUN_DIR` is set, the first call
+initialises from the environment, so a loop instrumented with rltrace records without code changes.
+
+User mistakes (a non-integer step, a bad attribute key) raise at the call site. Faults inside
+rltrace never break the training loop: they are logged and the phase runs untraced (under
+pytest they raise, so tests see them).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import inspect
+import logging
+import operator
+import os
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import pyarrow as pa
+from opentelemetry import baggage, context
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.trace import Status, StatusCode, get_current_span, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from rltrace import _names
+from rltrace._config import RltraceConfigError, resolve
+from rltrace.run import Run
+
+logger = logging.getLogger("rltrace")
+
+_run: Run | None = None
+_env_checked = False  # RLTRACE_RUN_DIR is looked at once, on the first call before init
+_lock = threading.Lock()
+_PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+_RESERVED_SAMPLE_COLUMNS = frozenset(("step", "logged_ns", "process_id", "role", "rank", "host", "pid"))
+
+
+class DisabledRun:
+    """What `init` returns when rltrace is disabled: every method is a no-op."""
+
+    disabled = True
+
+    def __init__(self, run_dir: Path | None):
+        self.run_dir = run_dir
+
+    def flush(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"DisabledRun(run_dir={self.run_dir!r})"
+
+
+# --- init / shutdown ---------------------------------------------------------------------------
+def init(
+    run_dir: str | os.PathLike | None = None,
+    *,
+    run_name: str | None = None,
+    role: str | None = None,
+    rank: int | None = None,
+    otlp_endpoint: str | None = None,
+    config: Any = None,
+    service_name: str | None = None,
+    disabled: bool | None = None,
+    flush_interval: float | None = None,
+    max_queue: int | None = None,
+    max_pending_rows: int | None = None,
+) -> Run | DisabledRun:
+    """Start recording this process into `run_dir`; every process of a run passes the same dir.
+
+    Example:
+        >>> run = rltrace.init("runs/exp1", role="rollout", rank=3, config=cfg)
+
+    Each argument falls back to its environment variable (`RLTRACE_RUN_DIR`, `RLTRACE_ROLE`,
+    `RLTRACE_RANK` or `RANK`, `RLTRACE_DISABLED`, `RLTRACE_FLUSH_INTERVAL`, `RLTRACE_MAX_QUEUE`,
+    `RLTRACE_MAX_PENDING_ROWS`, `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`), then to its
+    default; see `rltrace._config.PARAMS`. `config` (dict, dataclass or Namespace) is saved in
+    `run.json` by the first process. Calling `init` again with the same dir, role and rank
+    returns the same run; with others it ends the current run first.
+    """
+    global _run, _env_checked
+    with _lock:
+        _env_checked = True
+        if resolve("disabled", disabled):
+            if _run is not None:
+                _run.shutdown()
+                _run = None
+            dir_value = resolve("run_dir", run_dir)
+            return DisabledRun(Path(dir_value) if dir_value else None)
+        dir_value = resolve("run_dir", run_dir)
+        if not dir_value:
+            raise RltraceConfigError("rltrace.init needs a run directory: pass run_dir=... or set RLTRACE_RUN_DIR")
+        role = resolve("role", role)
+        if not isinstance(role, str) or not role:
+            raise RltraceConfigError(f"role must be a non-empty string such as 'trainer' or 'rollout', got {role!r}")
+        rank = resolve("rank", rank)
+        if rank is not None:
+            try:
+                rank = operator.index(rank)
+            except TypeError:
+                raise RltraceConfigError(f"rank must be an integer >= 0, got {rank!r}") from None
+            if rank < 0:
+                raise RltraceConfigError(f"rank must be an integer >= 0, got {rank!r}")
+        path = Path(dir_value)
+        if _run is not None:
+            if _run.run_dir.resolve() == path.resolve() and _run.role == role and _run.rank == rank:
+                return _run
+            _run.shutdown()
+            _run = None
+        _run = Run(
+            path,
+            run_name=resolve("run_name", run_name),
+            role=role,
+            rank=rank,
+            service_name=resolve("service_name", service_name),
+            config=config,
+            flush_interval=resolve("flush_interval", flush_interval),
+            max_queue=resolve("max_queue", max_queue),
+            max_pending_rows=resolve("max_pending_rows", max_pending_rows),
+            otlp_endpoint=resolve("otlp_endpoint", otlp_endpoint),
+        )
+        return _run
+
+
+def _active() -> Run | None:
+    """The current run; before `init`, initialise once from RLTRACE_RUN_DIR if it is set."""
+    global _env_checked
+    if _run is not None or _env_checked:
+        return _run
+    if os.environ.get("RLTRACE_RUN_DIR"):
+        init()
+    _env_checked = True
+    return _run
+
+
+def current_run() -> Run | None:
+    """The run this process records into, or None before `init` (or when disabled)."""
+    return _active()
+
+
+def flush() -> None:
+    """Write everything recorded so far (blocks; for tests and checkpoints, not the hot path)."""
+    if _run is not None:
+        _run.flush()
+
+
+def shutdown() -> None:
+    """Flush and end this process's run. Runs by itself at interpreter exit."""
+    global _run
+    with _lock:
+        if _run is not None:
+            _run.shutdown()
+            _run = None
+
+
+atexit.register(shutdown)
+
+
+# --- phase -------------------------------------------------------------------------------------
+def _internal_error(what: str) -> None:
+    if "PYTEST_CURRENT_TEST" in os.environ:
+        raise
+    logger.exception("rltrace: %s failed; your code still runs, with less telemetry", what)
+
+
+def _as_int(name: str, value: Any) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        item = getattr(value, "item", None)  # numpy / torch scalars
+        if item is not None:
+            try:
+                return operator.index(item())
+            except (TypeError, ValueError):
+                pass
+    raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+
+
+def _attr_value(value: Any):
+    if isinstance(value, (str, bool, int, float)):
+        return value
+    item = getattr(value, "item", None)
+    if item is not None and getattr(value, "ndim", 0) == 0:
+        return item()
+    if isinstance(value, (list, tuple)):
+        return [_attr_value(v) for v in value]
+    return str(value)
+
+
+def _attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in attrs.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"phase attribute keys must be non-empty strings, got {key!r}")
+        if value is not None:
+            out[_names.attr_key(key)] = _attr_value(value)
+    return out
+
+
+def _inherited(parent) -> tuple[int | None, int | None]:
+    """`rl.step` and `rl.weight_version` of the enclosing phase, in this process or a remote one."""
+    attrs = getattr(parent, "attributes", None)
+    if attrs:
+        return attrs.get(_names.STEP), attrs.get(_names.WEIGHT_VERSION)
+    step, version = baggage.get_baggage(_names.STEP), baggage.get_baggage(_names.WEIGHT_VERSION)
+    return (int(step) if step is not None else None, int(version) if version is not None else None)
+
+
+class Phase:
+    """A span for one RL phase: a context manager (`with`) and a decorator (sync and async).
+
+    `with rltrace.phase("reward", step=3) as p: ...; p.set(n=64)` records span `reward` with
+    `rl.phase`, `rl.step`, `rl.weight_version` and `rl.<key>` attributes. `step` and
+    `weight_version` default to the enclosing phase's. An exception is recorded as an
+    `exception` event with status ERROR and re-raised.
+    """
+
+    __slots__ = ("name", "_step", "_weight_version", "_attrs", "_span", "_token")
+
+    def __init__(self, name: str, step: int | None, weight_version: int | None, attrs: dict[str, Any]):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"phase name must be a non-empty string, got {name!r}")
+        self.name = name
+        self._step = None if step is None else _as_int("step", step)
+        self._weight_version = None if weight_version is None else _as_int("weight_version", weight_version)
+        self._attrs = _attributes(attrs)
+        self._span = None
+        self._token = None
+
+    def __enter__(self) -> Phase:
+        run = _run if _run is not None else _active()
+        if run is None:
+            return self
+        if self._span is not None:
+            raise RuntimeError(f"phase {self.name!r} is already running: call rltrace.phase() again for a new span")
+        try:
+            step, version = self._step, self._weight_version
+            if step is None or version is None:
+                parent_step, parent_version = _inherited(get_current_span())
+                step = parent_step if step is None else step
+                version = parent_version if version is None else version
+            thread = threading.current_thread()
+            attrs = {_names.PHASE: self.name, _names.THREAD_ID: thread.ident, _names.THREAD_NAME: thread.name}
+            if step is not None:
+                attrs[_names.STEP] = step
+            if version is not None:
+                attrs[_names.WEIGHT_VERSION] = version
+            attrs.update(self._attrs)
+            self._span = run.tracer.start_span(self.name, attributes=attrs)
+            self._token = context.attach(set_span_in_context(self._span))
+        except Exception:
+            self._span = self._token = None
+            _internal_error(f"starting phase {self.name!r}")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        span, token = self._span, self._token
+        if span is None:
+            return
+        self._span = self._token = None
+        try:
+            if exc is not None:
+                span.record_exception(exc, escaped=True)
+                span.set_status(Status(StatusCode.ERROR, f"{exc_type.__name__}: {exc}"))
+            span.end()
+        except Exception:
+            _internal_error(f"ending phase {self.name!r}")
+        finally:
+            context.detach(token)
+
+    def set(self, **attrs: Any) -> None:
+        """Add attributes to the running span (`rl.<key>`), e.g. sizes known only at the end."""
+        values = _attributes(attrs)
+        if self._span is not None:
+            self._span.set_attributes(values)
+
+    @property
+    def span(self):
+        """The OpenTelemetry span (None outside `with` or when not recording)."""
+        return self._span
+
+    @property
+    def trace_id(self) -> str | None:
+        return None if self._span is None else f"{self._span.get_span_context().trace_id:032x}"
+
+    @property
+    def span_id(self) -> str | None:
+        return None if self._span is None else f"{self._span.get_span_context().span_id:016x}"
+
+    def __call__(self, fn: Callable) -> Callable:
+        name, step, version, attrs = self.name, self._step, self._weight_version, self._attrs
+
+        def fresh() -> Phase:
+            p = Phase.__new__(Phase)
+            p.name, p._step, p._weight_version, p._attrs, p._span, p._token = name, step, version, attrs, None, None
+            return p
+
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            warnings.warn(
+                f"rltrace.phase({name!r}) cannot time generator function {fn.__qualname__}: the span would end "
+                "when the generator is created. Wrap the loop that consumes it in `with rltrace.phase(...)` instead.",
+                stacklevel=2,
+            )
+            return fn
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args, **kwargs):
+                with fresh():
+                    return await fn(*args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with fresh():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+def phase(name: str, *, step: int | None = None, weight_version: int | None = None, **attrs: Any) -> Phase:
+    """Record an RL phase as a span. See `Phase`.
+
+    Example:
+        >>> with rltrace.phase("weight_sync", step=7, method="object_store") as p:
+        ...     nbytes = push_weights()
+        ...     p.set(bytes=nbytes)
+    """
+    return Phase(name, step, weight_version, attrs)
+
+
+# --- metrics and samples -----------------------------------------------------------------------
+def _as_float(name: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"log_metrics: {name}={value!r} is not a number") from None
+
+
+def log_metrics(step: int, **scalars: Any) -> None:
+    """Record step-level scalars: `rltrace.log_metrics(step, reward_mean=0.4, loss=1.2)`.
+
+    Values are converted with `float()` here (a 1-element tensor syncs its device: log after
+    the step's own sync). Writing happens on a background thread.
+    """
+    run = _run if _run is not None else _active()
+    if run is None or not scalars:
+        return
+    step = _as_int("step", step)
+    values = {name: _as_float(name, value) for name, value in scalars.items()}
+    now = time.time_ns()
+    process = run.process
+
+    def build() -> pa.Table:
+        n = len(values)
+        return pa.table(
+            {
+                "step": pa.array([step] * n, pa.int64()),
+                "name": pa.array(list(values), pa.string()),
+                "value": pa.array(list(values.values()), pa.float64()),
+                "time_ns": pa.array([now] * n, pa.int64()),
+                **process.columns(n),
+            },
+            schema=_names.METRICS_SCHEMA,
+        )
+
+    run.submit_rows(_names.METRICS_TABLE, len(values), build)
+
+
+def _samples_table(step: int, table: pa.Table, logged_ns: int, process) -> pa.Table:
+    n = table.num_rows
+    columns: dict[str, pa.ChunkedArray | pa.Array] = {
+        "step": pa.array([step] * n, pa.int64()),
+        "logged_ns": pa.array([logged_ns] * n, pa.int64()),
+        **process.columns(n),
+    }
+    user = {name: table.column(name) for name in table.column_names}
+    versions = user.get("weight_version")
+    if versions is not None and (pa.types.is_list(versions.type) or pa.types.is_large_list(versions.type)):
+        user["weight_versions"] = versions.cast(pa.list_(pa.int64()))
+        user["weight_version"] = pa.array([min(v) if v else None for v in user["weight_versions"].to_pylist()], pa.int64())
+    for name, typ in _names.SAMPLE_COLUMNS.items():
+        if name in user and user[name].type != typ:
+            try:
+                user[name] = user[name].cast(typ)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise TypeError(f"column {name!r} cannot be stored as {typ}: {exc}") from None
+    columns.update(user)
+    return pa.table(columns)
+
+
+def log_samples(step: int, rows: Iterable[Mapping[str, Any]] | pa.Table | Any) -> None:
+    """Record one row per sample: a list of dicts, a dict of columns, a pyarrow Table or a DataFrame.
+
+    Columns named in the brief (`sample_id`, `group_id`, `prompt_len`, `response_len`,
+    `finish_reason`, `reward`, `weight_version`, `train_version`, `gen_start`, `gen_end`) are
+    stored with fixed types; any other column is kept as it comes. The caller pays only for a
+    shallow copy; conversion to Arrow and the write happen on the background writer.
+    """
+    run = _run if _run is not None else _active()
+    if run is None:
+        return
+    step = _as_int("step", step)
+    if isinstance(rows, pa.RecordBatch):
+        rows = pa.Table.from_batches([rows])
+    if isinstance(rows, pa.Table):
+        names, nrows, payload = rows.column_names, rows.num_rows, rows
+        make = lambda: payload  # noqa: E731
+    elif isinstance(rows, Mapping):
+        names = list(rows)
+        columns = {k: list(v) for k, v in rows.items()}
+        nrows = len(next(iter(columns.values()), []))
+        make = lambda: pa.table(columns)  # noqa: E731
+    elif isinstance(rows, (list, tuple)):
+        rows = list(rows)
+        if rows and not isinstance(rows[0], Mapping):
+            raise TypeError(f"log_samples: rows must be dicts (one per sample), got {type(rows[0]).__name__}")
+        names, nrows = (list(rows[0]) if rows else []), len(rows)
+        make = lambda: pa.Table.from_pylist(rows)  # noqa: E731
+    elif hasattr(rows, "__arrow_c_stream__") or hasattr(rows, "to_dict"):
+        frame = rows
+        names, nrows = [str(c) for c in getattr(frame, "columns", [])], len(frame)
+        make = lambda: pa.table(frame)  # noqa: E731
+    else:
+        raise TypeError(f"log_samples: rows must be a list of dicts, a dict of columns or a table, got {type(rows).__name__}")
+    clash = _RESERVED_SAMPLE_COLUMNS.intersection(names)
+    if clash:
+        raise ValueError(f"log_samples: column(s) {sorted(clash)} are set by rltrace itself; rename yours")
+    if nrows == 0:
+        return
+    now = time.time_ns()
+    process = run.process
+    run.submit_rows(_names.SAMPLES, nrows, lambda: _samples_table(step, make(), now, process))
+
+
+# --- context across processes ------------------------------------------------------------------
+def inject() -> dict[str, str]:
+    """A carrier for the current phase (W3C `traceparent`, plus `baggage` with step and version).
+
+    Pass it to another process (a Ray call argument, an HTTP header, an env var) and call
+    `rltrace.attach(carrier)` there, so the remote spans become children of this one.
+    """
+    run = _run if _run is not None else _active()
+    if run is None:
+        return {}
+    ctx = context.get_current()
+    step, version = _inherited(get_current_span(ctx))
+    if step is not None:
+        ctx = baggage.set_baggage(_names.STEP, str(step), ctx)
+    if version is not None:
+        ctx = baggage.set_baggage(_names.WEIGHT_VERSION, str(version), ctx)
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=ctx)
+    return carrier
+
+
+class Attachment:
+    """A remote parent made current by `attach`; `with` (or `.detach()`) restores the old context."""
+
+    def __init__(self, token):
+        self._token = token
+
+    def detach(self) -> None:
+        if self._token is not None:
+            context.detach(self._token)
+            self._token = None
+
+    def __enter__(self) -> Attachment:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+
+def attach(carrier: Mapping[str, str] | None = None) -> Attachment:
+    """Continue a trace from `inject()` of another process: `with rltrace.attach(carrier): ...`.
+
+    With no carrier, reads the `TRACEPARENT`/`TRACESTATE`/`BAGGAGE` environment variables
+    (the spec's names for a parent handed to a child process).
+    """
+    if carrier is None:
+        carrier = {k.lower(): v for k in ("TRACEPARENT", "TRACESTATE", "BAGGAGE") if (v := os.environ.get(k))}
+    if not carrier:
+        return Attachment(None)
+    return Attachment(context.attach(_PROPAGATOR.extract(dict(carrier))))

@@ -1,0 +1,37 @@
+"""`rltrace compact RUN_DIR`: merge small parts into large sorted ones; safe while writers run."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.progress import Progress
+
+from rltrace import store
+from rltrace.store.compact import TARGET_ROWS
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compact",
+        help="merge small part files into large ones sorted by step (safe while the run is being written)",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--target-rows", type=int, default=TARGET_ROWS, help="rows per merged part")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    console = Console()
+    with Progress(console=console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(table: str, done: int, total: int) -> None:
+            if table not in tasks:
+                tasks[table] = bar.add_task(f"compacting {table}", total=total)
+            bar.update(tasks[table], completed=done)
+
+        results = store.compact(args.run_dir, target_rows=args.target_rows, progress=progress)
+    for r in results:
+        console.print(f"{r.table}: {r.parts_before} parts -> {r.parts_after} ({r.rows} rows)")
+    return 0

@@ -1,0 +1,156 @@
+"""`rltrace info RUN_DIR`: what is in a run — processes, steps, phases, open spans, drops."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from rltrace import store
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="processes, steps, phases, span counts, open spans and drops of a run")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable part files (with a warning) instead of failing")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    p.set_defaults(func=main)
+
+
+def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
+    """Everything `rltrace info` shows, as plain data."""
+    snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
+    con = store.connect(snap)
+
+    def rows(sql: str) -> list[dict]:
+        cur = con.execute(sql)
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    now_ns = time.time_ns()
+    processes = rows(
+        """SELECT p.process_id, p.role, p.rank, p.host, p.pid, p.started_ns, p.heartbeat_ns, p.ended_ns,
+                  coalesce(s.spans, 0) AS spans, coalesce(s.open, 0) AS open_spans,
+                  p.spans_dropped, p.otlp_spans_dropped, p.rows_dropped
+           FROM processes p
+           LEFT JOIN (SELECT process_id, count(*) FILTER (NOT is_open) AS spans, count(*) FILTER (is_open) AS open
+                      FROM spans GROUP BY process_id) s USING (process_id)
+           ORDER BY p.role, p.rank, p.started_ns"""
+    )
+    counts = rows(
+        """SELECT count(*) FILTER (NOT is_open) AS finished, count(*) FILTER (is_open) AS open,
+                  min(step) AS first_step, max(step) AS last_step, count(DISTINCT step) AS steps
+           FROM spans"""
+    )[0]
+    phases = rows(
+        """SELECT coalesce(phase, name) AS phase, count(*) AS spans, sum(duration_s) AS total_s,
+                  avg(duration_s) AS mean_s, max(duration_s) AS max_s
+           FROM spans WHERE NOT is_open GROUP BY 1 ORDER BY total_s DESC NULLS LAST"""
+    )
+    open_spans = rows(
+        """SELECT process_id, role, rank, name, phase, step, start_ns, span_id
+           FROM spans WHERE is_open ORDER BY start_ns"""
+    )
+    for span in open_spans:
+        span["age_s"] = (now_ns - span["start_ns"]) / 1e9
+    tables = {name: sum(p.rows for p in parts) for name, parts in snap.parts.items()}
+    return {
+        "run_dir": str(run_dir),
+        "run_id": snap.manifest["run_id"],
+        "name": snap.manifest.get("name"),
+        "created": snap.manifest.get("created"),
+        "rows": tables,
+        "parts": {name: len(parts) for name, parts in snap.parts.items()},
+        "spans": counts,
+        "phases": phases,
+        "processes": processes,
+        "open_spans": open_spans,
+        "spans_dropped": sum(p["spans_dropped"] or 0 for p in processes),
+        "rows_dropped": sum(p["rows_dropped"] or 0 for p in processes),
+        "skipped_parts": snap.skipped,
+    }
+
+
+def _ago(ns: int | None, now_ns: int) -> str:
+    if ns is None:
+        return "-"
+    seconds = (now_ns - ns) / 1e9
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return dt.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M")
+
+
+def render(data: dict, console: Console) -> None:
+    now_ns = time.time_ns()
+    console.print(f"[bold]{data['name']}[/]  run {data['run_id']}  created {data['created']}")
+    console.print(f"{data['run_dir']}  ·  " + ", ".join(f"{n} {k} in {data['parts'][k]} parts" for k, n in data["rows"].items()))
+    s = data["spans"]
+    steps = "no steps" if s["steps"] == 0 else f"steps {s['first_step']}–{s['last_step']} ({s['steps']} distinct)"
+    console.print(f"{s['finished']} finished spans, {s['open']} open · {steps}")
+
+    t = Table(title="Processes", title_justify="left")
+    for col in ("process", "role", "rank", "host", "pid", "spans", "open", "dropped", "last heard", "ended"):
+        t.add_column(col, justify="right" if col in ("rank", "pid", "spans", "open", "dropped") else "left")
+    for p in data["processes"]:
+        dropped = (p["spans_dropped"] or 0) + (p["rows_dropped"] or 0)
+        ended = "cleanly " + _ago(p["ended_ns"], now_ns) if p["ended_ns"] else "[yellow]no shutdown (running or killed)[/]"
+        t.add_row(
+            p["process_id"],
+            p["role"],
+            "" if p["rank"] is None else str(p["rank"]),
+            p["host"],
+            str(p["pid"]),
+            str(p["spans"]),
+            str(p["open_spans"]),
+            f"[red]{dropped}[/]" if dropped else "0",
+            _ago(p["heartbeat_ns"], now_ns),
+            ended,
+        )
+    console.print(t)
+
+    t = Table(title="Phases", title_justify="left")
+    for col in ("phase", "spans", "total s", "mean s", "max s"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    for ph in data["phases"]:
+        t.add_row(ph["phase"], str(ph["spans"]), f"{ph['total_s'] or 0:.3f}", f"{ph['mean_s'] or 0:.4f}", f"{ph['max_s'] or 0:.4f}")
+    console.print(t)
+
+    if data["open_spans"]:
+        t = Table(title="[yellow]Open spans[/] (started, never ended: running, hung or killed)", title_justify="left")
+        for col in ("process", "phase", "step", "started", "open for"):
+            t.add_column(col)
+        for o in data["open_spans"]:
+            t.add_row(
+                o["process_id"],
+                o["phase"] or o["name"],
+                "" if o["step"] is None else str(o["step"]),
+                dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),
+                f"{o['age_s']:.1f}s",
+            )
+        console.print(t)
+    else:
+        console.print("No open spans.")
+    if data["spans_dropped"] or data["rows_dropped"]:
+        console.print(
+            f"[red]Dropped: {data['spans_dropped']} spans, {data['rows_dropped']} metric/sample rows[/] "
+            "(queue full or write failed; raise RLTRACE_MAX_QUEUE / RLTRACE_MAX_PENDING_ROWS or record less)"
+        )
+    else:
+        console.print("Nothing dropped.")
+    for skipped in data["skipped_parts"]:
+        console.print(f"[yellow]skipped corrupt part:[/] {skipped}")
+
+
+def main(args: argparse.Namespace) -> int:
+    data = collect(args.run_dir, skip_corrupt=args.skip_corrupt)
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        render(data, Console())
+    return 0

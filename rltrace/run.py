@@ -1,0 +1,212 @@
+"""`Run`: one process's connection to a run directory.
+
+It owns an OpenTelemetry `TracerProvider` (its own, not the global one, so it coexists with a
+user's OTel setup) whose pipeline is SDK parts plus rltrace's small wrappers:
+
+    span start/end -> OpenSpanProcessor -> CountingBatchProcessor(BatchSpanProcessor)
+                                              -> ParquetSpanExporter -> spans/ and open_spans/ parts
+                   -> CountingBatchProcessor(BatchSpanProcessor) -> OTLPSpanExporter  (if configured)
+
+and a `BackgroundWriter` for metric and sample rows that also writes the process's heartbeat
+row (`processes/`), with its written and dropped counts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+from rltrace import _names
+from rltrace._config import RltraceConfigError, otlp_traces_url
+from rltrace.otel.exporter import ParquetSpanExporter
+from rltrace.otel.ids import ForkSafeRandomIdGenerator
+from rltrace.otel.processor import CountingBatchProcessor, OpenSpanProcessor
+from rltrace.store import layout
+from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child, write_part
+
+logger = logging.getLogger("rltrace")
+
+_HEARTBEAT_S = 10.0  # the process row is rewritten at least this often while the process lives
+
+
+def _version() -> str:
+    from rltrace import __version__
+
+    return __version__
+
+
+class Run:
+    """This process's handle on a run: where it writes, who it is, and its OTel pipeline.
+
+    Made by `rltrace.init`; use `rltrace.phase`, `log_metrics` and `log_samples` to record.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        run_name: str | None,
+        role: str,
+        rank: int | None,
+        service_name: str | None,
+        config: Any,
+        flush_interval: float,
+        max_queue: int,
+        max_pending_rows: int,
+        otlp_endpoint: str | None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.manifest = layout.create_or_join(self.run_dir, run_name=run_name, config=config)
+        self.run_id: str = self.manifest["run_id"]
+        self.name: str = self.manifest["name"]
+        self.role = role
+        self.rank = rank
+        self.service_name = service_name or f"rltrace-{role}"
+        self.process = ProcessInfo(run_id=self.run_id, role=role, rank=rank, service_name=self.service_name)
+        self.started_ns = time.time_ns()
+        self._last_heartbeat = 0.0
+        self._ended_ns: int | None = None
+        self._closed = False
+
+        self.tracer_provider = TracerProvider(resource=self._resource(), id_generator=ForkSafeRandomIdGenerator())
+        self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name)
+        self._store_pipeline = CountingBatchProcessor(
+            self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval, on_drop=self._exporter.forget
+        )
+        self.tracer_provider.add_span_processor(OpenSpanProcessor(self._store_pipeline))
+        self._otlp_pipeline: CountingBatchProcessor | None = None
+        if otlp_endpoint:
+            self._otlp_pipeline = CountingBatchProcessor(
+                self._otlp_exporter(otlp_endpoint), max_queue=max_queue, schedule_delay_s=flush_interval
+            )
+            self.tracer_provider.add_span_processor(self._otlp_pipeline)
+        self.tracer = self.tracer_provider.get_tracer("rltrace", _version())
+
+        self._heartbeat_lock = threading.Lock()
+        self._rows = BackgroundWriter(
+            self.run_dir,
+            self.process,
+            interval=flush_interval,
+            max_pending_rows=max_pending_rows,
+            on_tick=self._heartbeat,
+        )
+        self.write_process_row()
+        after_fork_in_child(self._after_fork)
+
+    def _resource(self) -> Resource:
+        attrs = {
+            "service.name": self.service_name,
+            "service.instance.id": self.process.process_id,
+            "host.name": socket.gethostname(),
+            "process.pid": self.process.pid,
+            _names.ROLE: self.role,
+            _names.RUN_ID: self.run_id,
+            "rl.run_name": self.name,
+        }
+        if self.rank is not None:
+            attrs[_names.RANK] = self.rank
+        return Resource.create(attrs)
+
+    @staticmethod
+    def _otlp_exporter(endpoint: str):
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            raise RltraceConfigError(
+                f"otlp_endpoint={endpoint!r} is set but the OTLP exporter is not installed: "
+                "pip install 'rltrace[otlp]' (or unset OTEL_EXPORTER_OTLP_ENDPOINT)"
+            ) from None
+        return OTLPSpanExporter(endpoint=otlp_traces_url(endpoint))
+
+    def _after_fork(self) -> None:
+        self.process.renew()
+        self.started_ns = time.time_ns()
+        self._heartbeat_lock = threading.Lock()
+        self._last_heartbeat = 0.0
+
+    # --- counts and the process row ----------------------------------------------------------
+    @property
+    def spans_dropped(self) -> int:
+        return self._store_pipeline.dropped + self._exporter.write_failures
+
+    @property
+    def rows_dropped(self) -> int:
+        return self._rows.rows_dropped
+
+    def _heartbeat(self) -> None:
+        if time.monotonic() - self._last_heartbeat >= _HEARTBEAT_S:
+            self.write_process_row()
+
+    def write_process_row(self) -> None:
+        """Rewrite `processes/<process_id>.parquet`: identity, heartbeat, written and dropped counts."""
+        import pyarrow as pa
+
+        with self._heartbeat_lock:
+            now = time.time_ns()
+            p = self.process
+            row = {
+                "process_id": p.process_id,
+                "role": p.role,
+                "rank": p.rank,
+                "host": p.host,
+                "pid": p.pid,
+                "run_id": self.run_id,
+                "service_name": self.service_name,
+                "started_ns": self.started_ns,
+                "heartbeat_ns": now,
+                "ended_ns": self._ended_ns,
+                "spans_written": self._exporter.spans_written,
+                "spans_dropped": self.spans_dropped,
+                "otlp_spans_dropped": self._otlp_pipeline.dropped if self._otlp_pipeline else None,
+                "rows_written": self._rows.rows_written,
+                "rows_dropped": self._rows.rows_dropped,
+                "rltrace_version": _version(),
+                "argv": json.dumps(sys.argv),
+                "resource": json.dumps(dict(self.tracer_provider.resource.attributes), default=str),
+            }
+            table = pa.Table.from_pylist([row], schema=_names.PROCESSES_SCHEMA)
+            write_part(self.run_dir / _names.PROCESSES.folder, f"{p.process_id}.parquet", table, _names.PROCESSES)
+            self._last_heartbeat = time.monotonic()
+
+    # --- rows ---------------------------------------------------------------------------------
+    def submit_rows(self, table: _names.Table, nrows: int, payload) -> bool:
+        """Queue rows for `table` (an Arrow table, or a thunk building one on the writer thread)."""
+        return self._rows.submit(table, nrows, payload)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def add_span_processor(self, processor: SpanProcessor) -> None:
+        """Add an OTel span processor to this run's provider (profiling watchdogs use this)."""
+        self.tracer_provider.add_span_processor(processor)
+
+    def flush(self) -> None:
+        """Write every span and row recorded so far to the store (blocks; not for the hot path)."""
+        if self._closed:
+            return
+        self.tracer_provider.force_flush()
+        self._rows.flush()
+        self.write_process_row()
+
+    def shutdown(self) -> None:
+        """Flush, stop the background threads, and mark this process as ended cleanly."""
+        if self._closed:
+            return
+        self._closed = True
+        self.tracer_provider.shutdown()
+        self._rows.close()
+        self._ended_ns = time.time_ns()
+        try:
+            self.write_process_row()
+        except Exception as exc:
+            logger.warning("rltrace: could not write the final process row: %s", exc)
+
+    def __repr__(self) -> str:
+        return f"Run(run_dir={str(self.run_dir)!r}, name={self.name!r}, role={self.role!r}, rank={self.rank!r})"

@@ -1,0 +1,13 @@
+"""The run store: Parquet parts in a run directory, read through DuckDB views.
+
+    con = rltrace.store.open("runs/exp1")
+    con.execute("SELECT phase, sum(duration_s) FROM spans GROUP BY phase").df()
+
+Layout and every column: docs/store.md.
+"""
+
+from rltrace.store.compact import compact
+from rltrace.store.layout import StoreError, read_manifest
+from rltrace.store.views import CorruptPartError, Snapshot, connect, open, scan
+
+__all__ = ["open", "scan", "connect", "compact", "read_manifest", "Snapshot", "StoreError", "CorruptPartError"]

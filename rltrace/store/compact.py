@@ -1,0 +1,134 @@
+"""`compact`: merge many small parts into few large ones, sorted by step, while writers run.
+
+Why: every flush of every process writes a part, and thousands of small files make every query
+slow. Merged parts are sorted by (step, time) with 128k-row groups, so a one-step query reads
+only the row groups of that step.
+
+How it stays exact with no coordination: parts are immutable and writers only add new names.
+Each merged part lists, in its footer, the names of the parts it replaces; it becomes visible by
+`os.replace` only after its row count is checked, and readers ignore any part that a visible
+merged part replaces. The inputs are deleted afterwards; a crash at any point leaves either the
+inputs or the merged part in force, never both and never neither. Only one compaction runs at a
+time per run (a lock file); writers never take it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+import pyarrow.parquet as pq
+
+from rltrace import _names
+from rltrace.store.layout import StoreError, read_manifest
+from rltrace.store.views import Part, scan
+
+ROW_GROUP_ROWS = 131_072
+TARGET_ROWS = 2_000_000  # rows per merged part
+_STALE_TMP_S = 3600  # temp files older than this were left by killed writers
+
+
+@dataclass
+class CompactResult:
+    table: str
+    parts_before: int
+    parts_after: int
+    rows: int
+
+
+def _groups(parts: list[Part], target_rows: int) -> list[list[Part]]:
+    """Small parts in write order, cut into groups of about `target_rows` rows."""
+    small = sorted((p for p in parts if p.rows < target_rows // 2), key=lambda p: (p.path.stat().st_mtime, p.path.name))
+    groups, current, rows = [], [], 0
+    for part in small:
+        if current and rows + part.rows > target_rows:
+            groups.append(current)
+            current, rows = [], 0
+        current.append(part)
+        rows += part.rows
+    if current:
+        groups.append(current)
+    return [g for g in groups if len(g) > 1]
+
+
+def _merge(folder: Path, table: _names.Table, group: list[Part], order: tuple[str, ...]) -> Path:
+    names = json.dumps([p.path.name for p in group])
+    out = folder / f"c-{uuid.uuid4().hex[:12]}.parquet"
+    tmp = folder / f".{out.name}.tmp"
+    files = "[" + ", ".join("'" + str(p.path).replace("'", "''") + "'" for p in group) + "]"
+
+    def lit(text: str) -> str:
+        return "'" + text.replace("'", "''") + "'"
+
+    kv = (
+        f"{{{lit(_names.META_TABLE.decode())}: {lit(table.name)}, "
+        f"{lit(_names.META_VERSION.decode())}: {lit(str(table.version))}, "
+        f"{lit(_names.META_REPLACES.decode())}: {lit(names)}}}"
+    )
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute(
+            f"COPY (SELECT * FROM read_parquet({files}, union_by_name=true) ORDER BY {', '.join(order)}) "
+            f"TO {lit(str(tmp))} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS}, KV_METADATA {kv})"
+        )
+        expected = sum(p.rows for p in group)
+        written = pq.read_metadata(tmp).num_rows
+        if written != expected:
+            raise StoreError(f"compaction of {folder} wrote {written} rows for {expected}; the inputs were kept")
+        os.replace(tmp, out)
+    finally:
+        con.close()
+        tmp.unlink(missing_ok=True)
+    for part in group:
+        part.path.unlink(missing_ok=True)
+    return out
+
+
+def compact(
+    run_dir: str | Path,
+    *,
+    target_rows: int = TARGET_ROWS,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[CompactResult]:
+    """Merge the small parts of every compactable table of a run. Safe while writers run.
+
+    `progress(table, done, total)` is called after each merged group (the CLI draws a bar).
+    Raises `StoreError` if another compaction of the same run is running.
+    """
+    run_dir = Path(run_dir)
+    tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
+    read_manifest(run_dir)  # a clear error for a path that is not a run, before taking the lock
+    lock_path = run_dir / ".compact.lock"
+    with open(lock_path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError(f"another `rltrace compact` is running on {run_dir}; wait for it to finish") from None
+        snap = scan(run_dir, tables=tables)
+        for path in snap.replaced:  # a previous compaction stopped before deleting its inputs
+            path.unlink(missing_ok=True)
+        now = time.time()
+        for name in tables:
+            for tmp in (run_dir / tables[name].folder).glob(".*.tmp"):
+                if now - tmp.stat().st_mtime > _STALE_TMP_S:
+                    tmp.unlink(missing_ok=True)
+        results = []
+        for name, table in tables.items():
+            parts = snap.parts[name]
+            groups = _groups(parts, target_rows)
+            for i, group in enumerate(groups):
+                _merge(run_dir / table.folder, table, group, _names.COMPACTABLE[name])
+                if progress is not None:
+                    progress(name, i + 1, len(groups))
+            merged = sum(len(g) for g in groups)
+            results.append(
+                CompactResult(name, len(parts), len(parts) - merged + len(groups), sum(p.rows for p in parts))
+            )
+        return results

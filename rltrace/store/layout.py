@@ -1,0 +1,102 @@
+"""Where things live in a run directory, and the `run.json` manifest that makes a folder a run.
+
+    RUN_DIR/
+      run.json                  run id, name, created time, schema version, config
+      spans/<process>-<seq>.parquet        finished spans, one immutable part per flush
+      open_spans/<process>.parquet         spans of that process that started and have not ended
+      metrics/…  samples/…                 rows of log_metrics / log_samples, parts as for spans
+      processes/<process>.parquet          who wrote, heartbeat, written and dropped counts
+
+Every process of a run appends its own parts; nothing is locked. The first process to call
+`rltrace.init` on an empty folder creates `run.json` (atomically, with `os.link`); the others
+join the run it names. See docs/store.md.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from rltrace import _names
+from rltrace._config import RltraceError
+
+
+class StoreError(RltraceError):
+    """The run directory or one of its files cannot be read; the message names the path."""
+
+
+def manifest_path(run_dir: Path) -> Path:
+    return Path(run_dir) / _names.RUN_MANIFEST
+
+
+def table_dir(run_dir: Path, table: _names.Table) -> Path:
+    return Path(run_dir) / table.folder
+
+
+def _jsonable_config(config: Any) -> Any:
+    if config is None:
+        return {}
+    if is_dataclass(config) and not isinstance(config, type):
+        config = asdict(config)
+    elif hasattr(config, "__dict__") and not isinstance(config, dict):
+        config = vars(config)  # argparse.Namespace and similar
+    return json.loads(json.dumps(config, default=str))
+
+
+def create_or_join(run_dir: Path, *, run_name: str | None, config: Any) -> dict:
+    """Create the run in `run_dir` (or join the run already there) and return its manifest."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise StoreError(f"{run_dir} is a file, not a run directory: pass a directory path to rltrace.init")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = manifest_path(run_dir)
+    if not path.exists():
+        now = time.time_ns()
+        manifest = {
+            "run_id": uuid.uuid4().hex,
+            "name": run_name or run_dir.resolve().name,
+            "created": _dt.datetime.fromtimestamp(now / 1e9, _dt.timezone.utc).isoformat(),
+            "created_ns": now,
+            "schema_version": _names.RUN_SCHEMA_VERSION,
+            "config": _jsonable_config(config),
+        }
+        tmp = run_dir / f".run.json.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        try:
+            os.link(tmp, path)  # fails if another process created it first: then join that run
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+    return read_manifest(run_dir)
+
+
+def read_manifest(run_dir: Path) -> dict:
+    """The manifest of `run_dir`, or a `StoreError` saying why the folder is not a readable run."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise StoreError(f"run directory {run_dir} does not exist: check the path (a run is made by rltrace.init)")
+    if not run_dir.is_dir():
+        raise StoreError(f"{run_dir} is a file, not a run directory")
+    path = manifest_path(run_dir)
+    if not path.exists():
+        raise StoreError(f"{run_dir} is not an rltrace run: it has no {_names.RUN_MANIFEST} (made by rltrace.init)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path} is not a readable run manifest ({exc}); restore it or start a new run dir") from None
+    if not isinstance(manifest, dict) or "run_id" not in manifest:
+        raise StoreError(f"{path} is not an rltrace run manifest: it has no run_id")
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or version > _names.RUN_SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} has schema version {version!r}, newer than this rltrace reads "
+            f"({_names.RUN_SCHEMA_VERSION}): upgrade rltrace (pip install -U rltrace)"
+        )
+    return manifest
