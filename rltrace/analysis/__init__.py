@@ -1,0 +1,1 @@
+"""Analyses of a run as plain functions returning tables (issue 4)."""

@@ -1,0 +1,1 @@
+"""The dashboard: Streamlit over DuckDB (issue 7)."""
