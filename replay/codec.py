@@ -207,7 +207,10 @@ def _encode_lists(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array]
             continue
         if not isinstance(value, (list, tuple)):
             return None
-        arr = np.asarray(value)
+        try:
+            arr = np.asarray(value)
+        except (ValueError, OverflowError):  # ragged nesting, or ints beyond 64 bits
+            return None
         if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "biuf"):
             return None
         if arr.size:
@@ -294,9 +297,23 @@ def encode_batched(name: str, value: Any, n: int) -> tuple[dict[str, pa.Array], 
 
 
 # --- decode ------------------------------------------------------------------------------------
+def _check_storage(values: np.ndarray, storage: str) -> None:
+    """The stored values must be what the spec says they are (else the part is damaged)."""
+    expected = {"bf16": "float32"}.get(storage)
+    if storage == "bits":
+        ok = values.dtype.kind == "u"
+    elif storage == "native":
+        ok = True
+    else:
+        ok = values.dtype.name == (expected or storage)
+    if not ok:
+        raise ValueError(f"stored as {values.dtype}, but its codec says {storage}")
+
+
 def _restore(values: np.ndarray, spec: dict):
     """Flat numpy values as stored -> flat torch tensor / numpy array of the original dtype."""
     storage, dtype = spec["storage"], spec["dtype"]
+    _check_storage(values, storage)
     if spec["kind"] == "torch":
         torch = _torch()
         target = getattr(torch, dtype)
@@ -324,6 +341,8 @@ def decode(column: pa.ChunkedArray, spec: dict, shapes: pa.ChunkedArray | None =
     """The column as it was given: a [B, ...] tensor/array (batched) or a list with one value per row."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     kind = spec["kind"]
+    if kind not in ("none", "json", "scalar", "list", *ARRAY_KINDS):
+        raise ValueError(f"unknown kind {kind!r} (written by a newer rltrace?)")
     if kind == "none":
         return [None] * len(arr)
     if kind == "json":

@@ -76,6 +76,8 @@ def as_ints(value: Any) -> np.ndarray | None:
             return None
         value = value.detach().reshape(-1).numpy()
     arr = np.asarray(value)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
     return arr.reshape(-1).astype(np.int64, copy=False) if arr.dtype.kind in "biu" else None
 
 
@@ -194,7 +196,7 @@ def sample_flags(sample: Mapping[str, Any], rules: TextRules | None = None, *, o
 def reward_outliers(rewards: Sequence[Any], z: float = 3.5) -> dict[int, str]:
     """{sample index: reason} for rewards that are NaN/inf or far from the batch median (robust z-score)."""
     values = np.array([np.nan if r is None else float(r) for r in rewards], dtype=np.float64)
-    present = ~np.isnan(values) & np.array([r is not None for r in rewards], dtype=bool)
+    present = np.array([r is not None for r in rewards], dtype=bool)
     out = {int(i): f"reward is {values[i]}" for i in np.flatnonzero(~np.isfinite(values) & present)}
     finite = values[np.isfinite(values)]
     if finite.size < 4:

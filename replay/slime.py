@@ -308,7 +308,7 @@ def import_slime(
         batch_id = new_batch_id()
         try:
             table = build_table(rid, batch_id, "rows", rows, len(rows), fields=batch_fields(meta), trigger="import",
-                                reason="slime " + ", ".join(p.name for p in sources), frozen_ns=time.time_ns(), process=process)
+                                reason="slime " + ", ".join(f"{p.parent.name}/{p.name}" for p in sources), frozen_ns=time.time_ns(), process=process)
         except (TypeError, ValueError) as exc:
             raise SlimeDumpError(f"{sources[0]}: {exc}; drop the field with --drop-field NAME") from None
         write_batch(Path(out), table, rid, batch_id)
@@ -317,6 +317,7 @@ def import_slime(
             result["spans"] += counts["spans"]
             result["samples"] += counts["samples"]
         result["batches"].append({"step": rid, "batch_id": batch_id, "samples": len(rows), "files": [str(p) for p in sources]})
+    slime_trace.write_process(Path(out), process, manifest["run_id"], rows=result["samples"], spans=result["spans"])
     return result
 
 
@@ -336,7 +337,7 @@ def import_command(args) -> int:
 
         result = import_slime(args.paths, args.out, trust_pickle=args.trust_pickle, drop=args.drop_field, progress=progress)
     for b in result["batches"]:
-        console.print(f"step {b['step']}: {b['samples']} samples from {', '.join(Path(f).name for f in b['files'])}")
+        console.print(f"step {b['step']}: {b['samples']} samples from {', '.join(b['files'])}")
     console.print(f"{len(result['batches'])} batches, {result['samples']} sample rows and {result['spans']} spans from traces -> {args.out}")
     for s in result["skipped"]:
         console.print(f"[yellow]skipped[/] {s}")

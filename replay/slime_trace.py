@@ -4,8 +4,8 @@ A slime sample may carry `trace = {"trace_id", "sample_id", "group_id", "attempt
 (slime/observability/trace_utils.py), where each event is `{"type": "span_start" | "span_end" |
 "event", "name", "ts" (Unix seconds), "span_id", "parent_span_id", "attrs"}`. Matched start/end
 pairs become spans (step = rollout id, phase from the span name), point events become events of
-their parent span, and a start without an end becomes an open span. Span ids are slime's first
-16 hex digits (OTel's width); trace ids are kept (32 hex digits).
+their parent span, and a start without an end becomes an open span. slime's span ids (32 hex
+digits) are hashed to OTel's 16; trace ids of 32 hex digits are kept.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ def _span_id(value: Any) -> str | None:
     if value is None:
         return None
     text = str(value)
-    return text[:16] if re.match(r"^[0-9a-f]{16,}$", text) else hashlib.sha256(text.encode()).hexdigest()[:16]
+    return text if re.match(r"^[0-9a-f]{16}$", text) else hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _ns(ts: Any) -> int | None:
@@ -115,10 +116,11 @@ def sample_row(sample: dict, index: int, step: int, spans: list[dict]) -> dict:
     ends = [s["end_ns"] for s in spans if s["end_ns"] is not None]
     reward = sample.get("reward")
     status = sample.get("status")
+    tokens = sample.get("tokens")
     return {
         "sample_id": sample.get("index") if isinstance(sample.get("index"), int) else index,
         "group_id": sample.get("group_index") if isinstance(sample.get("group_index"), int) else None,
-        "prompt_len": (len(sample.get("tokens") or ()) - int(sample.get("response_length") or 0)) if sample.get("tokens") is not None else None,
+        "prompt_len": None if tokens is None else len(tokens) - int(sample.get("response_length") or 0),
         "response_len": int(sample.get("response_length") or 0),
         "finish_reason": STATUS_TO_FINISH.get(status, status) if isinstance(status, str) else None,
         "reward": float(reward) if isinstance(reward, (int, float)) else None,
@@ -153,3 +155,16 @@ def write(run_dir: Path, step: int, samples: list, process: ProcessInfo) -> dict
         cols["train_version"] = [None] * n
         write_part(Path(run_dir) / _names.SAMPLES.folder, name, pa.table(cols, schema=_names.SAMPLES_SCHEMA), _names.SAMPLES)
     return {"spans": len(finished) + len(still_open), "samples": len(rows)}
+
+
+def write_process(run_dir: Path, process: ProcessInfo, run_id: str, *, rows: int, spans: int) -> None:
+    """The importing process's row in `processes`, so `rltrace info` says where the data came from."""
+    now = time.time_ns()
+    row = {
+        "process_id": process.process_id, "role": process.role, "rank": process.rank, "host": process.host, "pid": process.pid,
+        "run_id": run_id, "service_name": process.service_name, "started_ns": now, "heartbeat_ns": now, "ended_ns": now,
+        "spans_written": spans, "spans_dropped": 0, "rows_written": rows, "rows_dropped": 0,
+        "argv": json.dumps(sys.argv), "resource": json.dumps({"service.name": process.service_name}),
+    }
+    table = pa.Table.from_pylist([row], schema=_names.PROCESSES_SCHEMA)
+    write_part(Path(run_dir) / _names.PROCESSES.folder, f"{process.process_id}.parquet", table, _names.PROCESSES)

@@ -26,6 +26,7 @@ from rltrace.replay.batch import batch_fields, build_table, write_batch
 from rltrace.store.writer import after_fork_in_child
 
 logger = logging.getLogger("rltrace")
+_IDLE_CHECK_S = 2.0  # how often an idle writer checks whether its run still exists
 
 
 @dataclass
@@ -63,8 +64,10 @@ class BatchWriter:
     """A bounded queue of freezes and the daemon thread that writes them; skips are counted."""
 
     def __init__(self, run, *, budget_mb: float | None = None, queue_size: int | None = None):
-        self.run = run
-        self.folder = Path(run.run_dir) / _names.BATCHES.folder
+        self._run = weakref.ref(run)  # the thread ends once the run is gone and the queue is empty
+        self.run_dir = Path(run.run_dir)
+        self.process = run.process
+        self.folder = self.run_dir / _names.BATCHES.folder
         self.budget_bytes = int(resolve("replay_budget_mb", budget_mb) * 1024 * 1024)
         self.queue_size = resolve("replay_queue", queue_size)
         self._ratio = 1.0  # bytes on disk per byte of Arrow data, from the last write
@@ -106,7 +109,12 @@ class BatchWriter:
 
     def _loop(self) -> None:
         while True:
-            job = self._queue.get()
+            try:
+                job = self._queue.get(timeout=_IDLE_CHECK_S)
+            except queue.Empty:
+                if self._run() is None:
+                    return
+                continue
             try:
                 if job is None:
                     return
@@ -134,13 +142,13 @@ class BatchWriter:
             trigger=job.trigger,
             reason=job.reason,
             frozen_ns=job.frozen_ns,
-            process=self.run.process,
+            process=self.process,
         )
         job.data = None  # let the caller's arrays go as soon as they are converted
         if used + table.nbytes * self._ratio > self.budget_bytes:
             self._over_budget(job, used)
             return
-        path = write_batch(self.run.run_dir, table, job.step, job.batch_id)
+        path = write_batch(self.run_dir, table, job.step, job.batch_id)
         size = path.stat().st_size
         self._ratio = max(size / max(table.nbytes, 1), 0.05)
         self.frozen += 1
@@ -161,7 +169,7 @@ class BatchWriter:
     def _log(self, step: int) -> None:
         from rltrace.api import current_run
 
-        if current_run() is self.run:
+        if current_run() is self._run():
             log_metrics(
                 step,
                 replay_frozen=self.frozen,
