@@ -79,8 +79,8 @@ def load_entry(spec: str) -> Callable[..., Mapping[str, Any]]:
 def load_tokenizer(spec: str) -> Any:
     """A tokenizer named by `module:name`; a factory function (no arguments) is called."""
     obj = load_object(spec, "--tokenizer")
-    if callable(obj) and not hasattr(obj, "decode"):
-        obj = obj()
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "decode")):
+        obj = obj()  # a class or a factory
     if not hasattr(obj, "decode"):
         raise ReplayError(f"--tokenizer {spec!r}: {type(obj).__name__} has no decode() method")
     return obj

@@ -18,8 +18,7 @@ STATUS = ["completed", "truncated", "aborted", "completed"]
 
 
 def _trace(index: int, group: int, start: float) -> dict:
-    trace_id = uuid.UUID(int=index + 1).hex
-    outer, inner = uuid.UUID(int=1000 + index).hex, uuid.UUID(int=2000 + index).hex
+    trace_id, outer, inner = uuid.uuid4().hex, uuid.uuid4().hex, uuid.uuid4().hex  # as slime makes them
     base = {"trace_id": trace_id, "sample_id": index, "group_id": group, "attempt": 0}
     return {
         "version": 1,
