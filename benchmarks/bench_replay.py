@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import rltrace.replay as replay
 import torch
 
 import rltrace
-import rltrace.replay as replay
 
 GOALS = {"freeze": 0.5, "load": 0.33}
 

@@ -16,11 +16,11 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from rltrace import _names
 from rltrace.replay import codec
 from rltrace.replay.errors import ReplayError
 from rltrace.replay.tokenizer import check_tokenizer, tokenizer_identity
+
+from rltrace import _names
 from rltrace.store import scan
 from rltrace.store.writer import ProcessInfo, write_part
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-
 from rltrace.replay.diff import as_float64, rows_of
 from rltrace.replay.errors import ReplayError
 

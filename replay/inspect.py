@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-
-from rltrace import _names
 from rltrace.replay.batch import FrozenBatch, batch_parts
 from rltrace.replay.diff import rows_of
 from rltrace.replay.errors import ReplayError
 from rltrace.replay.flags import TextRules, batch_flags
+
+from rltrace import _names
 
 _LIST_COLUMNS = ("step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version", "tokenizer_name", "checkpoint")
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
-
 from rltrace.replay import codec
 from rltrace.replay.batch import RESERVED, new_batch_id
 from rltrace.replay.errors import SlimeDumpError
@@ -265,6 +264,7 @@ def import_slime(
     """Convert slime dumps into frozen batches (+ spans and samples from traces) in run dir `out`."""
     from rltrace.replay import slime_trace
     from rltrace.replay.batch import batch_fields, build_table, write_batch
+
     from rltrace.store.layout import create_or_join
     from rltrace.store.writer import ProcessInfo
 

@@ -6,16 +6,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import rltrace.replay as replay
 import torch
-from test_codec import same_bits
-from tiny import CharTokenizer, make_run
+from rltrace.replay.errors import ReplayError, TokenizerMismatchError
 
 import rltrace
-import rltrace.replay as replay
 from rltrace import _names
-from rltrace.replay.errors import ReplayError, TokenizerMismatchError
 from rltrace.store import StoreError
 from rltrace.store.writer import write_part
+from tests.replay.tiny import CharTokenizer, make_run, same_bits
 
 
 def test_rows_come_back_bit_exact_with_batch_fields(tmp_path):

@@ -7,8 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from rltrace.replay import codec
+
+from tests.replay.tiny import same_bits
 
 
 def through_parquet(tmp_path, arrays: dict) -> pa.Table:
@@ -28,16 +29,6 @@ def round_trip_batched(tmp_path, name, value):
     arrays, spec = codec.encode_batched(name, value, value.shape[0])
     table = through_parquet(tmp_path, arrays)
     return codec.decode(table.column(name), spec), spec
-
-
-def same_bits(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
-            return False
-        return a.reshape(-1).view(torch.uint8).numpy().tobytes() == b.reshape(-1).view(torch.uint8).numpy().tobytes()
-    if isinstance(a, (np.ndarray, np.generic)):
-        return type(a) is type(b) and a.dtype == b.dtype and np.shape(a) == np.shape(b) and np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    return a == b and type(a) is type(b)
 
 
 def special_floats(dtype: torch.dtype) -> torch.Tensor:

@@ -2,9 +2,9 @@
 
 import numpy as np
 import torch
-from tiny import CharTokenizer
-
 from rltrace.replay.flags import TextRules, batch_flags, reward_outliers, sample_flags
+
+from tests.replay.tiny import CharTokenizer
 
 TOK = CharTokenizer()
 RULES = TextRules.from_meta({"special_token_ids": TOK.all_special_ids, "eos_token_ids": [TOK.eos_token_id], "max_response_len": 40})

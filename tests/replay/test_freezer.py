@@ -4,13 +4,13 @@ and freezes on the steps the policy picks."""
 import threading
 
 import pytest
+import rltrace.replay as replay
 import torch
-from tiny import CharTokenizer, make_samples
+from rltrace.replay import writer as writer_module
+from rltrace.replay.freezer import FreezePolicy, Freezer, write_request
 
 import rltrace
-import rltrace.replay as replay
-from rltrace.replay import writer as writer_module
-from rltrace.replay.freezer import Freezer, FreezePolicy, write_request
+from tests.replay.tiny import CharTokenizer, checkpoint, make_samples
 
 
 def _steps(run_dir) -> list[int]:
@@ -166,8 +166,6 @@ def test_bad_text_probe_finds_leaked_template_tokens(tmp_path):
 
 def test_a_real_batch_freezes_through_the_policy(tmp_path):
     tok = CharTokenizer()
-    from tiny import checkpoint
-
     checkpoint(tmp_path / "ckpt", 1, len(tok.tokens))
     samples = make_samples(tok, tmp_path / "ckpt", n=4)
     rltrace.init(tmp_path / "run")
