@@ -339,7 +339,10 @@ def _numpy_values(arr: pa.Array) -> np.ndarray:
 
 def decode(column: pa.ChunkedArray, spec: dict, shapes: pa.ChunkedArray | None = None) -> Any:
     """The column as it was given: a [B, ...] tensor/array (batched) or a list with one value per row."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(column, pa.ChunkedArray):
+        arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    else:
+        arr = column
     kind = spec["kind"]
     if kind not in ("none", "json", "scalar", "list", *ARRAY_KINDS):
         raise ValueError(f"unknown kind {kind!r} (written by a newer rltrace?)")
@@ -360,6 +363,9 @@ def decode(column: pa.ChunkedArray, spec: dict, shapes: pa.ChunkedArray | None =
         return [None if nulls[i] else flat[i] for i in range(len(flat))]
     if arr.offset:
         arr = pa.concat_arrays([arr])
+    if spec["layout"] == "batched":  # every row has the same length: the values are the whole tensor
+        values = arr.values
+        return _restore(values.to_numpy(zero_copy_only=False), spec).reshape(spec["shape"])
     offsets = arr.offsets.to_numpy()
     values = arr.values
     if len(values) != offsets[-1] - offsets[0]:
@@ -372,8 +378,6 @@ def decode(column: pa.ChunkedArray, spec: dict, shapes: pa.ChunkedArray | None =
         rows = [flat[offsets[i] - base : offsets[i + 1] - base].tolist() for i in range(len(arr))]
         return [None if nulls is not None and nulls[i] else r for i, r in enumerate(rows)]
     restored = _restore(flat, spec)
-    if spec["layout"] == "batched":
-        return restored.reshape(spec["shape"])
     return _split_rows(restored, offsets - offsets[0], arr, spec, shapes)
 
 
