@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from rltrace import _names
 from rltrace.replay import codec
 from rltrace.replay.errors import ReplayError
 from rltrace.replay.tokenizer import check_tokenizer, tokenizer_identity
-
-from rltrace import _names
 from rltrace.store import scan
 from rltrace.store.writer import ProcessInfo, write_part
 

@@ -13,10 +13,12 @@ share is its part of sum |S| + sum |E| over masked response tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+
 from rltrace.replay.diff import as_float64, rows_of
 from rltrace.replay.errors import ReplayError
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

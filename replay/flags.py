@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -19,16 +19,17 @@ import json
 import operator
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
+
+from rltrace.api import current_run
 from rltrace.replay import codec, flags
 from rltrace.replay.batch import check_columns, new_batch_id
 from rltrace.replay.writer import Job, writer_for
-
-from rltrace.api import current_run
 
 REQUEST_FILE = "replay_request.json"  # written by `rltrace replay request RUN_DIR`
 

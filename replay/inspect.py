@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+
+from rltrace import _names
 from rltrace.replay.batch import FrozenBatch, batch_parts
 from rltrace.replay.diff import rows_of
 from rltrace.replay.errors import ReplayError
 from rltrace.replay.flags import TextRules, batch_flags
-
-from rltrace import _names
 
 _LIST_COLUMNS = ("step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version", "tokenizer_name", "checkpoint")
 
@@ -53,7 +53,7 @@ def sample_views(batch: FrozenBatch, tokenizer: Any = None) -> list[dict[str, An
     rules = TextRules.from_meta(batch.extra)
     views = []
     for i in range(n):
-        get = lambda name: columns[name][i] if name in columns else None  # noqa: E731
+        get = {name: column[i] for name, column in columns.items()}.get
         response, prompt = get("response_tokens"), get("prompt_tokens")
         response_text = get("response_text")
         prompt_text = get("prompt_text")

@@ -23,17 +23,18 @@ import sys
 import time
 import traceback
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from rltrace.replay.batch import StoredColumns, load, read_part, user_columns, write_options
-from rltrace.replay.errors import ReplayError
 
 from rltrace import _names
+from rltrace.replay.batch import StoredColumns, load, read_part, user_columns, write_options
+from rltrace.replay.errors import ReplayError
 from rltrace.store import scan
 from rltrace.store.writer import write_part
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from rltrace.replay.batch import FrozenBatch, batch_parts, load
 from rltrace.replay.errors import SlimeDumpError
 from rltrace.replay.slime import FINISH_TO_STATUS

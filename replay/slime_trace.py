@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from rltrace.replay.slime import STATUS_TO_FINISH
 
 from rltrace import _names
+from rltrace.replay.slime import STATUS_TO_FINISH
 from rltrace.store.writer import ProcessInfo, write_part
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")

@@ -12,11 +12,12 @@ import hashlib
 import json
 import threading
 import weakref
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from rltrace.replay.errors import ReplayError, TokenizerMismatchError
 
-_cache: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
+_cache: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 

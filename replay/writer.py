@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rltrace.replay.batch import batch_fields, build_table, write_batch
-
 from rltrace import _names
 from rltrace._config import resolve
 from rltrace.api import log_metrics
+from rltrace.replay.batch import batch_fields, build_table, write_batch
 from rltrace.store.writer import after_fork_in_child
 
 logger = logging.getLogger("rltrace")
@@ -180,7 +179,7 @@ class BatchWriter:
             )
 
 
-_writers: "weakref.WeakKeyDictionary[Any, BatchWriter]" = weakref.WeakKeyDictionary()
+_writers: weakref.WeakKeyDictionary[Any, BatchWriter] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 

@@ -6,12 +6,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import rltrace.replay as replay
 import torch
-from rltrace.replay.errors import ReplayError, TokenizerMismatchError
 
 import rltrace
+import rltrace.replay as replay
 from rltrace import _names
+from rltrace.replay.errors import ReplayError, TokenizerMismatchError
 from rltrace.store import StoreError
 from rltrace.store.writer import write_part
 from tests.replay.tiny import CharTokenizer, make_run, same_bits

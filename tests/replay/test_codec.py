@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from rltrace.replay import codec
 
+from rltrace.replay import codec
 from tests.replay.tiny import same_bits
 
 

@@ -5,12 +5,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+import rltrace
 from rltrace.replay.decompose import decompose
 from rltrace.replay.diff import bits, compare_columns, repeatability
 from rltrace.replay.errors import ReplayError
 from rltrace.replay.rerun import run_entry
-
-import rltrace
 from tests.replay.tiny import make_run
 
 ENTRIES = str(Path(__file__).parent / "entries.py")

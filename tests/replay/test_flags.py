@@ -2,8 +2,8 @@
 
 import numpy as np
 import torch
-from rltrace.replay.flags import TextRules, batch_flags, reward_outliers, sample_flags
 
+from rltrace.replay.flags import TextRules, batch_flags, reward_outliers, sample_flags
 from tests.replay.tiny import CharTokenizer
 
 TOK = CharTokenizer()

@@ -4,12 +4,12 @@ and freezes on the steps the policy picks."""
 import threading
 
 import pytest
-import rltrace.replay as replay
 import torch
-from rltrace.replay import writer as writer_module
-from rltrace.replay.freezer import FreezePolicy, Freezer, write_request
 
 import rltrace
+import rltrace.replay as replay
+from rltrace.replay import writer as writer_module
+from rltrace.replay.freezer import FreezePolicy, Freezer, write_request
 from tests.replay.tiny import CharTokenizer, checkpoint, make_samples
 
 

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import rltrace
 from rltrace.replay.diff import diff_against_record, diff_replays, repeatability
 from rltrace.replay.errors import ReplayError, TokenizerMismatchError
 from rltrace.replay.rerun import latest_replay, load_entry, load_replays, run_entry
-
-import rltrace
 from tests.replay.tiny import CharTokenizer, make_run
 
 ENTRIES = str(Path(__file__).parent / "entries.py")

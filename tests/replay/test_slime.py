@@ -4,13 +4,13 @@ export writes a rollout dump that torch.load(weights_only=True) reads and that m
 import json
 
 import pytest
-import rltrace.replay as replay
 import torch
+
+import rltrace
+import rltrace.replay as replay
 from rltrace.replay.errors import SlimeDumpError
 from rltrace.replay.slime import import_slime
 from rltrace.replay.slime_export import export_slime
-
-import rltrace
 from tests.replay.slime_dumps import rollout_dump, sample_dict, train_dump
 from tests.replay.tiny import make_run
 

@@ -12,10 +12,10 @@ import string
 from pathlib import Path
 
 import numpy as np
-import rltrace.replay as replay
 import torch
 
 import rltrace
+import rltrace.replay as replay
 
 SPECIAL = ["<pad>", "<|im_start|>", "<|im_end|>"]
 
