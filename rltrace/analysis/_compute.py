@@ -181,23 +181,22 @@ def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
 
 def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy) -> pd.DataFrame:
     """One row per (piece, phase waited for) with the overlapping ns; waited_for None = nothing ran."""
-    phase = spans["phase"].to_numpy(object)
+    codes, names = pd.factorize(spans["phase"])
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
-    busy_phases = sorted(set(phase[busy]))
-    children: dict[str, set[str]] = {}
-    for i in np.flatnonzero(busy & (prow >= 0)):
-        parent = phase[prow[i]]
-        if parent != phase[i] and busy[prow[i]]:
-            children.setdefault(parent, set()).add(phase[i])
+    busy_codes = np.unique(codes[busy])
+    nested = np.flatnonzero(busy & (prow >= 0))
+    nested = nested[busy[prow[nested]] & (codes[prow[nested]] != codes[nested])]
+    pairs = pd.DataFrame({"parent": codes[prow[nested]], "child": codes[nested]}).drop_duplicates()
+    children = {int(p): set(g["child"].tolist()) for p, g in pairs.groupby("parent")}
     # coverage groups: each busy phase; each parent phase with its children; the children alone; all busy
-    groups: list[tuple[str, set[str]]] = [(p, {p}) for p in busy_phases]
-    groups += [(f"{p}+children", {p} | c) for p, c in children.items()]
-    groups += [(f"{p}:children", c) for p, c in children.items()]
-    groups.append(("*", set(busy_phases)))
-    index = {name: k for k, (name, _) in enumerate(groups)}
+    groups: list[tuple[object, set[int]]] = [(int(c), {int(c)}) for c in busy_codes]
+    groups += [((c, "+"), {c} | kids) for c, kids in children.items()]
+    groups += [((c, ":"), kids) for c, kids in children.items()]
+    groups.append(("*", {int(c) for c in busy_codes}))
+    index = {key: k for k, (key, _) in enumerate(groups)}
     g_list, s_list, e_list = [], [], []
     for k, (_, members) in enumerate(groups):
-        mask = busy & np.isin(phase, list(members))
+        mask = busy & np.isin(codes, list(members))
         g_list.append(np.full(mask.sum(), k, np.int64))
         s_list.append(start[mask])
         e_list.append(end[mask])
@@ -205,14 +204,15 @@ def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy) -> pd.Data
     a, b = pieces["a"].to_numpy(np.int64), pieces["b"].to_numpy(np.int64)
     n = len(pieces)
 
-    def covered(name: str) -> np.ndarray:
-        return cov.between(np.full(n, index[name], np.int64), a, b)
+    def covered(key) -> np.ndarray:
+        return cov.between(np.full(n, index[key], np.int64), a, b)
 
     out = []
     measured = pieces["declared"].isna().to_numpy()
-    for p in busy_phases:
-        ns = covered(f"{p}+children") - covered(f"{p}:children") if p in children else covered(p)
-        out.append(pieces.assign(waited_for=p, ns=ns)[measured & (ns > 0)])
+    for c in busy_codes:
+        c = int(c)
+        ns = covered((c, "+")) - covered((c, ":")) if c in children else covered(c)
+        out.append(pieces.assign(waited_for=names[c], ns=ns)[measured & (ns > 0)])
     nothing = (b - a) - covered("*")
     out.append(pieces.assign(waited_for=None, ns=nothing)[measured & (nothing > 0)])
     out.append(pieces.assign(waited_for=pieces["declared"], ns=b - a)[~measured])
