@@ -138,7 +138,9 @@ def _list_array(values: pa.Array, lengths: np.ndarray, nulls: np.ndarray | None)
     return cls.from_arrays(pa.array(offsets), values, type=typ, mask=mask)
 
 
-def _encode_batched(name: str, value: Any, kind: str, n: int) -> tuple[dict[str, pa.Array], dict]:
+def encode_batched(name: str, value: Any, n: int) -> tuple[dict[str, pa.Array], dict]:
+    """Arrow column and spec for one [n, ...] tensor or array holding the whole batch."""
+    kind = kind_of(value)
     flat, dtype, storage, shape = _flat_numpy(value, kind)
     if not shape or shape[0] != n:
         raise ValueError(f"column {name!r}: batched array of shape {list(shape)} does not have {n} rows")
@@ -290,11 +292,6 @@ def encode_rows(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array], 
     if kinds <= {"scalar", "json"}:
         return _encode_json(name, column)
     raise TypeError(f"column {name!r}: mixes value kinds {sorted(kinds)} across samples; use one kind per column")
-
-
-def encode_batched(name: str, value: Any, n: int) -> tuple[dict[str, pa.Array], dict]:
-    """Arrow column(s) and spec for one [n, ...] tensor or array holding the whole batch."""
-    return _encode_batched(name, value, kind_of(value), n)
 
 
 # --- decode ------------------------------------------------------------------------------------

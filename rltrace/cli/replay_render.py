@@ -60,7 +60,7 @@ def samples(console: Console, batch, views: list[dict]) -> None:
     for col in ("#", "id", "group", "v_s", "reward", "finish", "resp len", "flags", "response"):
         t.add_column(col, justify="right" if col in ("#", "id", "group", "v_s", "reward", "resp len") else "left", overflow="fold")
     for v in views:
-        text = (v["response_text"] or "")[:60]
+        text = (v["response_text"] or "")[:60].replace("\n", "⏎")
         t.add_row(
             str(v["sample_index"]), _num(v["sample_id"], "d"), _num(v["group_id"], "d"), _num(v["weight_version"], "d"),
             _num(v["reward"]), v["finish_reason"] or "-", _num(v["response_len"], "d"),
