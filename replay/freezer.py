@@ -217,7 +217,7 @@ class Freezer:
         return None
 
     def _probe(self, samples: Any) -> str | None:
-        keys = ("response_tokens", "response_text", "finish_reason")
+        keys = ("response_tokens", "response_text", "prompt_text", "finish_reason")
         if isinstance(samples, Mapping):
             n = len(next(iter(samples.values()), ()))
             rows = [{k: samples[k][i] for k in keys if k in samples} for i in range(min(n, self.policy.probe_samples))]

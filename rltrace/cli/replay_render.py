@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 _HIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ue000-\uf8ff\ud800-\udfff\ufffe\uffff\ufffd]")
-_SHORT = {"repetition": "REP", "invalid_text": "BAD", "truncated": "TRUNC", "template_leak": "TMPL", "empty": "EMPTY", "reward_outlier": "OUTL"}
+_SHORT = {"repetition": "REP", "invalid_text": "BAD", "truncated": "TRUNC", "template_leak": "TMPL", "prompt_template": "PROMPT", "empty": "EMPTY", "reward_outlier": "OUTL"}
 
 
 def visible(text: str | None) -> Text:

@@ -53,6 +53,15 @@ def test_template_and_special_tokens_leaking_into_the_response():
     assert "template_leak" not in flags_of("fine<|im_end|>")  # the end-of-sequence token at the end is allowed
 
 
+def test_a_prompt_without_the_generation_prompt():
+    rules = TextRules.from_meta({"generation_prompt": "<|im_start|>assistant\n"})
+    good = {"prompt_text": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "response_text": "hello"}
+    bad = {"prompt_text": "<|im_start|>user\nhi<|im_end|>\n", "response_text": "hello"}
+    assert sample_flags(good, rules) == {}
+    assert "does not end with the generation prompt" in sample_flags(bad, rules)["prompt_template"]
+    assert sample_flags(bad) == {}  # without the batch's generation_prompt there is nothing to compare
+
+
 def test_empty_response():
     assert flags_of(tokens=[])["empty"] == "no response tokens"
     assert flags_of("   ", tokens=[5, 5, 5])["empty"] == "response text is only whitespace"
