@@ -42,13 +42,16 @@ def _step(value: Any) -> int:
 
 
 def _clone(value: Any) -> Any:
+    """A copy the caller cannot change: tensors and arrays cloned, containers copied (`copy=True`)."""
     kind = codec.kind_of(value)
     if kind == "torch":
         return value.detach().clone()
     if kind == "numpy":
         return np.array(value, copy=True)
-    if kind == "list":
-        return list(value)
+    if isinstance(value, (list, tuple)):
+        return [_clone(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _clone(v) for k, v in value.items()}
     return value
 
 
@@ -68,8 +71,6 @@ def snapshot(samples: Any, copy: bool = False) -> tuple[str, Any, int]:
                 rows = column.shape[0]
             elif isinstance(column, (list, tuple)):
                 rows = len(column)
-                if rows:
-                    codec.check_canonical(name, column[0])
             else:
                 raise TypeError(
                     f"freeze: column {name!r} must be a tensor/array with one row per sample or a list, "
@@ -77,6 +78,8 @@ def snapshot(samples: Any, copy: bool = False) -> tuple[str, Any, int]:
                 )
             if n is not None and rows != n:
                 raise ValueError(f"freeze: column {name!r} has {rows} rows, other columns have {n}")
+            if rows:
+                codec.check_canonical(name, column[0])  # a view of a tensor: no copy, no device sync
             n = rows
             data[name] = _clone(column) if copy else (list(column) if isinstance(column, (list, tuple)) else column)
         return "columns", data, n or 0

@@ -80,13 +80,18 @@ def test_a_batch_that_cannot_be_converted_is_counted_and_the_writer_goes_on(tmp_
 def test_copy_true_protects_against_in_place_changes(tmp_path, blocked_writer):
     started, release = blocked_writer
     rltrace.init(tmp_path / "run")
-    tokens = torch.arange(5)
-    assert replay.freeze(1, [{"response_tokens": tokens}], copy=True)
+    tokens, per_sample, meta = torch.arange(5), [torch.ones(2), torch.ones(3)], {"lr": 1.0}
+    assert replay.freeze(1, [{"response_tokens": tokens, "metadata": meta}], copy=True)
+    assert replay.freeze(2, {"logp": per_sample}, copy=True)
     assert started.wait(30)
     tokens.add_(100)
+    per_sample[1].add_(1)
+    meta["lr"] = 2.0
     release.set()
     replay.flush()
-    assert torch.equal(replay.load(tmp_path / "run", 1)["response_tokens"][0], torch.arange(5))
+    first = replay.load(tmp_path / "run", 1)
+    assert torch.equal(first["response_tokens"][0], torch.arange(5)) and first["metadata"] == [{"lr": 1.0}]
+    assert torch.equal(replay.load(tmp_path / "run", 2)["logp"][1], torch.ones(3))
 
 
 @pytest.mark.parametrize(
@@ -96,6 +101,7 @@ def test_copy_true_protects_against_in_place_changes(tmp_path, blocked_writer):
         ([{"step": 1}], "used by rltrace itself"),
         ([{"weight_version": [1, 2]}], "weight_versions"),
         ({"reward": [[1.0, 2.0]]}, "reward_components"),
+        ({"reward": torch.zeros(4, 2)}, "reward_components"),
         ({"x": 3}, "must be a tensor/array"),
         ("text", "list of dicts or a dict of columns"),
         ([1, 2], "must be dicts"),
