@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -44,6 +45,15 @@ def _torch():
     import torch
 
     return torch
+
+
+def _paced(column: Sequence[Any], every: int = 64):
+    """Iterate, releasing the GIL every `every` values: this runs on the writer thread, and the
+    training thread must never wait the interpreter's 5 ms switch interval to get the GIL back."""
+    for i, value in enumerate(column):
+        if i % every == every - 1:
+            time.sleep(0)
+        yield value
 
 
 def kind_of(value: Any) -> str | None:
@@ -160,7 +170,7 @@ def _canonical_scalar(name: str, values: pa.Array) -> pa.Array:
 
 def _encode_array_rows(name: str, column: Sequence[Any], kind: str) -> tuple[dict[str, pa.Array], dict]:
     parts, shapes, dtypes, storages = [], [], set(), set()
-    for value in column:
+    for value in _paced(column):
         if value is None:
             parts.append(None)
             shapes.append(None)
@@ -204,7 +214,7 @@ def _encode_array_rows(name: str, column: Sequence[Any], kind: str) -> tuple[dic
 def _encode_lists(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array], dict] | None:
     """Python lists of numbers; None if some row holds something else (then the column is JSON)."""
     rows, types = [], set()
-    for value in column:
+    for value in _paced(column):
         if value is None:
             rows.append(None)
             continue
@@ -243,7 +253,7 @@ def json_default(value: Any) -> Any:
 def _encode_json(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array], dict]:
     dumps = json.JSONEncoder(separators=(",", ":"), default=json_default).encode
     out = []
-    for i, value in enumerate(column):
+    for i, value in enumerate(_paced(column)):
         try:
             out.append(None if value is None else dumps(value))
         except (TypeError, ValueError) as exc:
@@ -276,7 +286,7 @@ def _encode_scalars(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Arra
 
 def encode_rows(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array], dict]:
     """Arrow column(s) and spec for one value per sample (None where a sample lacks it)."""
-    kinds = {kind_of(v) for v in column} - {None}
+    kinds = {kind_of(v) for v in _paced(column)} - {None}
     if name in _JSON_CANONICAL:
         return _encode_json(name, column)
     if not kinds:
