@@ -180,3 +180,22 @@ def test_a_real_batch_freezes_through_the_policy(tmp_path):
     replay.flush()
     batch = replay.load(tmp_path / "run", 2, tokenizer=tok)
     assert batch.meta["trigger"] == "every_n" and batch.meta["reason"] == "every 2 steps"
+
+
+def test_a_forked_child_freezes_with_its_own_writer(tmp_path):
+    import multiprocessing
+
+    rltrace.init(tmp_path / "run")
+    assert replay.freeze(1, [{"reward": 1.0}])
+    replay.flush()
+    child = multiprocessing.get_context("fork").Process(target=_freeze_in_child, args=(2,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert _steps(tmp_path / "run") == [1, 2]
+    assert replay.load(tmp_path / "run", 2).meta["pid"] == child.pid
+
+
+def _freeze_in_child(step: int) -> None:
+    assert replay.freeze(step, [{"reward": float(step)}])
+    replay.flush()
