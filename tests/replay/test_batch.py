@@ -99,6 +99,17 @@ def test_a_tokenizer_with_another_vocabulary_is_refused_naming_the_field(tmp_pat
     assert "batches/0000000003-" in str(err.value)
 
 
+def test_tokenizer_identity_reads_every_kind_of_vocabulary():
+    class ListVocab:
+        vocab = ["<pad>", "a", "b"]
+
+    by_list = replay.tokenizer_identity(ListVocab())
+    assert by_list == ("ListVocab", replay.tokenizer_identity({"<pad>": 0, "a": 1, "b": 2})[1])
+    assert by_list[1] != replay.tokenizer_identity({"<pad>": 0, "a": 2, "b": 1})[1]
+    with pytest.raises(ReplayError, match="cannot read the vocabulary of tokenizer object"):
+        replay.tokenizer_identity(object())
+
+
 def _only_part(run_dir):
     return next((run_dir / "batches").glob("*.parquet"))
 
