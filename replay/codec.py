@@ -72,27 +72,6 @@ def kind_of(value: Any) -> str | None:
     return "json"
 
 
-def _is_scalar(value: Any, kind: str) -> bool:
-    if kind == "torch":
-        return value.dim() == 0
-    if kind == "numpy":
-        return np.ndim(value) == 0
-    return kind == "scalar"
-
-
-def check_canonical(name: str, value: Any) -> None:
-    """Cheap check, on the caller's thread, that a column with a fixed meaning holds the right thing."""
-    kind = kind_of(value)
-    if kind is None or name not in _names.BATCH_SAMPLE_COLUMNS:
-        return
-    if name == "weight_version" and not _is_scalar(value, kind):
-        raise ValueError("weight_version holds one version per sample (v_s); pass several as weight_versions=[...]")
-    if name == "reward" and not _is_scalar(value, kind):
-        raise ValueError("reward holds one number per sample; put reward parts in reward_components={...}")
-    if name in ("finish_reason", "prompt_text", "response_text") and not isinstance(value, str):
-        raise ValueError(f"{name} must be a str per sample, got {type(value).__name__}")
-
-
 # --- encode ------------------------------------------------------------------------------------
 def _flat_numpy(value: Any, kind: str) -> tuple[np.ndarray, str, str, tuple[int, ...]]:
     """A 1-D CPU numpy array of one value's elements: (array, original dtype, storage, shape)."""

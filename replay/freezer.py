@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from rltrace import _names
 from rltrace.api import current_run
 from rltrace.replay import codec, flags
 from rltrace.replay.batch import check_columns, new_batch_id
@@ -55,6 +56,27 @@ def _clone(value: Any) -> Any:
     return value
 
 
+def _is_scalar(value: Any, kind: str) -> bool:
+    if kind == "torch":
+        return value.dim() == 0
+    if kind == "numpy":
+        return np.ndim(value) == 0
+    return kind == "scalar"
+
+
+def check_canonical(name: str, value: Any) -> None:
+    """Cheap check, on the caller's thread, that a column with a fixed meaning holds the right thing."""
+    kind = codec.kind_of(value)
+    if kind is None or name not in _names.BATCH_SAMPLE_COLUMNS:
+        return
+    if name == "weight_version" and not _is_scalar(value, kind):
+        raise ValueError("weight_version holds one version per sample (v_s); pass several as weight_versions=[...]")
+    if name == "reward" and not _is_scalar(value, kind):
+        raise ValueError("reward holds one number per sample; put reward parts in reward_components={...}")
+    if name in ("finish_reason", "prompt_text", "response_text") and not isinstance(value, str):
+        raise ValueError(f"{name} must be a str per sample, got {type(value).__name__}")
+
+
 def snapshot(samples: Any, copy: bool = False) -> tuple[str, Any, int]:
     """(form, data, n): what the writer thread will convert. Cheap unless `copy`.
 
@@ -79,7 +101,7 @@ def snapshot(samples: Any, copy: bool = False) -> tuple[str, Any, int]:
             if n is not None and rows != n:
                 raise ValueError(f"freeze: column {name!r} has {rows} rows, other columns have {n}")
             if rows:
-                codec.check_canonical(name, column[0])  # a view of a tensor: no copy, no device sync
+                check_canonical(name, column[0])  # a view of a tensor: no copy, no device sync
             n = rows
             data[name] = _clone(column) if copy else (list(column) if isinstance(column, (list, tuple)) else column)
         return "columns", data, n or 0
@@ -89,7 +111,7 @@ def snapshot(samples: Any, copy: bool = False) -> tuple[str, Any, int]:
         check_columns(list(set().union(*samples)) if samples else [])
         if samples:
             for name, value in samples[0].items():
-                codec.check_canonical(name, value)
+                check_canonical(name, value)
         if copy:
             return "rows", [{k: _clone(v) for k, v in s.items()} for s in samples], len(samples)
         return "rows", [dict(s) for s in samples], len(samples)

@@ -33,7 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rltrace import _names
-from rltrace.replay.batch import StoredColumns, load, read_part, user_columns, write_options
+from rltrace.replay.batch import (
+    StoredColumns,
+    load,
+    read_part,
+    user_columns,
+    write_options,
+)
 from rltrace.replay.errors import ReplayError
 from rltrace.store import scan
 from rltrace.store.writer import write_part

@@ -144,13 +144,3 @@ def test_complex_tensors_are_refused_with_the_dtype_named():
 def test_tensors_inside_json_are_refused_with_the_sample_named():
     with pytest.raises(TypeError, match="sample 1"):
         codec.encode_rows("metadata", [{"a": 1}, {"t": torch.zeros(2)}])
-
-
-def test_canonical_columns_are_checked_on_the_callers_thread():
-    with pytest.raises(ValueError, match="weight_versions"):
-        codec.check_canonical("weight_version", [3, 4])
-    with pytest.raises(ValueError, match="reward_components"):
-        codec.check_canonical("reward", torch.zeros(3))
-    with pytest.raises(ValueError, match="str"):
-        codec.check_canonical("response_text", [1, 2])
-    codec.check_canonical("reward", torch.tensor(1.0))

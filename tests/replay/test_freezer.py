@@ -9,7 +9,7 @@ import torch
 import rltrace
 import rltrace.replay as replay
 from rltrace.replay import writer as writer_module
-from rltrace.replay.freezer import FreezePolicy, Freezer, write_request
+from rltrace.replay.freezer import FreezePolicy, Freezer, check_canonical, write_request
 from tests.replay.tiny import CharTokenizer, checkpoint, make_samples
 
 
@@ -199,3 +199,13 @@ def test_a_forked_child_freezes_with_its_own_writer(tmp_path):
 def _freeze_in_child(step: int) -> None:
     assert replay.freeze(step, [{"reward": float(step)}])
     replay.flush()
+
+
+def test_canonical_columns_are_checked_on_the_callers_thread():
+    with pytest.raises(ValueError, match="weight_versions"):
+        check_canonical("weight_version", [3, 4])
+    with pytest.raises(ValueError, match="reward_components"):
+        check_canonical("reward", torch.zeros(3))
+    with pytest.raises(ValueError, match="str"):
+        check_canonical("response_text", [1, 2])
+    check_canonical("reward", torch.tensor(1.0))
