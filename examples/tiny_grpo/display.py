@@ -48,11 +48,12 @@ class Display:
 
     def hung(self, message: str, cfg) -> None:
         self.progress.stop()
-        self.console.print(f"[bold red]rollout hung:[/] {message}.")
+        self.console.print(f"[bold red]rollout hung:[/] {message}.", soft_wrap=True)
         if cfg.hang_after is not None:
             self.console.print(f"(--hang-after {cfg.hang_after} injected this fault.)")
         self.console.print(
-            f"Telemetry is flushed. The open `generate` span shows where it stopped: rltrace info {cfg.out}"
+            f"Telemetry is flushed; the open `generate` span shows where it stopped: rltrace info {cfg.out}",
+            soft_wrap=True,
         )
 
     def finished(self, history: list[dict], out: Path) -> None:

@@ -12,8 +12,8 @@ a worker that does not answer in time raises `RolloutTimeout`.
 
 from __future__ import annotations
 
+import datetime
 import logging
-import os
 import queue
 import socket
 import threading
@@ -67,8 +67,10 @@ class LocalRollout:
         return result, 0
 
     def sync_weights(self, named, version: int, throttle: weight_sync.Throttle) -> int:
-        sent = weight_sync.copy_into(lambda chunk: self.worker.load_weights(chunk, version), named, throttle)
-        return sent
+        return weight_sync.copy_into(lambda chunk: self.worker.load_weights(chunk, version), named, throttle)
+
+    def start(self) -> None:
+        pass  # colocated generation runs only when asked
 
     def close(self) -> None:
         self._jobs.put(None)
@@ -84,25 +86,33 @@ class RayRollout:
         from examples.tiny_grpo.ray_actors import RolloutActor
 
         self.mode, self.method, self.timeout, self.max_staleness = mode, method, timeout, max_staleness
+        self.groups_per_step, self.queue_groups = groups_per_step, queue_groups
         self.sync_dir = Path(run_dir) / "weight_sync"
         self.sync_dir.mkdir(parents=True, exist_ok=True)
-        repo_root = str(Path(__file__).resolve().parents[2])
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [repo_root, os.environ.get("PYTHONPATH")]))}
-        env.update({k: v for k, v in os.environ.items() if k.startswith("RLTRACE_") and k != "RLTRACE_RUN_DIR"})
+        # Local workers inherit this process's environment (RLTRACE_*, PYTHONPATH) and find
+        # `examples` through the driver's working directory; on a cluster pass a runtime_env.
         with rltrace.phase("startup", workers=workers):
-            ray.init(num_cpus=max(2, workers), include_dashboard=False, logging_level=logging.WARNING,
-                     log_to_driver=False, runtime_env={"env_vars": env})
+            ray.init(num_cpus=max(2, workers), include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
             remote = ray.remote(RolloutActor).options(num_cpus=1, max_concurrency=4)
             self.actors = [
                 remote.remote(str(run_dir), i, workers, settings, str(self.sync_dir), threads) for i in range(workers)
             ]
-            self._get([a.ready.remote() for a in self.actors], "start", timeout=max(timeout, 60.0))
-            if method == "gloo":
+        self._ready = [a.ready.remote() for a in self.actors]  # workers start while the trainer warms up
+
+    def _wait_ready(self) -> None:
+        with rltrace.phase("wait", waiting_for="startup"):
+            self._get(self._ready, "start", timeout=max(self.timeout, 120.0))
+            if self.method == "gloo":
                 self._init_gloo()
-        if mode == "async":
-            shares = _shares(groups_per_step, workers)
-            for actor, share, capacity in zip(self.actors, shares, _shares(queue_groups, workers)):
-                actor.start_producing.remote(share, max(capacity, share))
+        self._ready = None
+
+    def start(self) -> None:
+        """Async: from now on every worker generates continuously (call after the first weight sync)."""
+        if self.mode == "async":
+            shares = _shares(self.groups_per_step, len(self.actors))
+            capacities = _shares(self.queue_groups, len(self.actors))
+            self._get([a.start_producing.remote(k, max(c, k)) for a, k, c in zip(self.actors, shares, capacities)],
+                      "start producing")
 
     def _init_gloo(self) -> None:
         import torch.distributed as dist
@@ -110,8 +120,6 @@ class RayRollout:
         with socket.socket() as s:  # a free loopback port for the rendezvous
             s.bind(("127.0.0.1", 0))
             address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
-        import datetime
-
         world = len(self.actors) + 1
         joined = [a.init_gloo.remote(address, world, self.timeout) for a in self.actors]
         dist.init_process_group("gloo", init_method=address, rank=0, world_size=world,
@@ -149,6 +157,8 @@ class RayRollout:
 
     def sync_weights(self, named, version: int, throttle: weight_sync.Throttle) -> int:
         """Send version `version` to every worker and wait until each has loaded it; returns bytes sent."""
+        if self._ready is not None:
+            self._wait_ready()
         carrier = rltrace.inject()
         payload: dict = {}
         if self.method == "object_store":
@@ -173,4 +183,8 @@ class RayRollout:
             ray.get([a.close.remote() for a in self.actors], timeout=10)
         except Exception:  # a hung or dead worker: its store parts were flushed while it ran
             pass
+        if self.method == "gloo" and self._ready is None:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
         ray.shutdown()

@@ -91,7 +91,11 @@ class Config:
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
-    parser = argparse.ArgumentParser(prog="python -m examples.tiny_grpo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.tiny_grpo",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     for f in fields(Config):
         flag, meta = "--" + f.name.replace("_", "-"), dict(f.metadata)
         if isinstance(f.default, bool):
@@ -132,17 +136,22 @@ def validate(cfg: Config) -> str | None:
     return None
 
 
+def _refuse(message: str):
+    print(f"tiny_grpo: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def prepare_out(cfg: Config) -> Path:
     """Make `--out` ready: refuse to mix into an existing run unless --overwrite replaces it."""
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
-        sys.exit(f"tiny_grpo: --out {out} is a file; pass a directory")
+        _refuse(f"--out {out} is a file; pass a directory")
     if out.exists() and (out / "run.json").exists():
         if not cfg.overwrite:
-            sys.exit(f"tiny_grpo: {out} already holds an rltrace run; pass --overwrite to replace it or choose another --out")
+            _refuse(f"{out} already holds an rltrace run; pass --overwrite to replace it or choose another --out")
         shutil.rmtree(out)
     elif out.exists() and any(out.iterdir()):
-        sys.exit(f"tiny_grpo: {out} exists, is not empty and is not an rltrace run; choose another --out")
+        _refuse(f"{out} exists, is not empty and is not an rltrace run; choose another --out")
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     return out
 
@@ -250,6 +259,7 @@ def train(cfg: Config, display: Display, history: list[dict]) -> None:
         ref = copy.deepcopy(policy).requires_grad_(False) if cfg.kl_coef > 0 else None
         with rltrace.phase("weight_sync", weight_version=0, method=rollout.method) as span:
             span.set(bytes=rollout.sync_weights(weight_sync.named_weights(policy), 0, throttle()))
+        rollout.start()
         if keep_versions:
             save_version(policy, ckpt, 0, cfg.keep_checkpoints)
         opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)

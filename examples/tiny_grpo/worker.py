@@ -177,8 +177,8 @@ class RolloutWorker:
         many older groups were dropped to honour it (the `--max-staleness` bound)."""
         if self._queue is None:
             raise RuntimeError("take() needs start_producing() first")
-        out, dropped, deadline = [], 0, time.monotonic() + timeout
-        while len(out) < n_groups:
+        groups, dropped, deadline = [], 0, time.monotonic() + timeout
+        while len(groups) < n_groups:
             if self.error is not None:
                 raise RuntimeError(f"rollout producer of rank {self.rank} failed: {self.error!r}") from self.error
             try:
@@ -190,8 +190,11 @@ class RolloutWorker:
             if group[0].weight_version < min_version:
                 dropped += 1
                 continue
-            out.extend(group)
-        return out, dropped
+            groups.append(group)
+        return [sample for group in groups for sample in group], dropped
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop producing; the batch in flight finishes (so its span ends) unless it takes over `timeout`."""
         self._stop.set()
+        if self._producer is not None:
+            self._producer.join(timeout)
