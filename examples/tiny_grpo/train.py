@@ -266,7 +266,7 @@ def train(cfg: Config, display: Display, history: list[dict]) -> None:
         reward_rng = random.Random(cfg.seed + 13)
         version = 0  # weights are at version v during step v; the update makes v + 1
         for step in range(cfg.steps):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             with rltrace.phase("step", step=step, weight_version=version):
                 with rltrace.phase("rollout") as span:
                     samples, dropped = rollout.rollout(cfg.prompts_per_step, step, version)
@@ -285,6 +285,7 @@ def train(cfg: Config, display: Display, history: list[dict]) -> None:
                         span.set(bytes=save_version(policy, ckpt, version, cfg.keep_checkpoints))
             seconds = time.perf_counter() - started
             row = record(step, version - 1, samples, rewards, stats, dropped, seconds)
+            row["cpu_seconds"] = time.process_time() - cpu_started  # every thread of this process
             history.append(row)
             display.step(row)
     finally:
