@@ -28,9 +28,9 @@ class CheckpointError(RuntimeError):
 class PolicyConfig:
     vocab_size: int = 43
     block_size: int = 128  # longest prompt + response, in tokens
-    n_layer: int = 4
+    n_layer: int = 2
     n_head: int = 4
-    n_embd: int = 128  # 4 layers x 128 wide ~ 0.8M parameters
+    n_embd: int = 160  # 2 layers x 160 wide: 0.65M parameters, 2.6 MB in fp32
 
 
 class KVCache:

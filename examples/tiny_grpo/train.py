@@ -60,7 +60,7 @@ class Config:
     rollout_precision: str = knob("fp32", "weights and KV cache precision of the rollout engine", choices=("fp32", "bf16"))
     # model and optimisation
     n_layer: int = knob(2, "transformer layers")
-    n_embd: int = knob(160, "model width (2 x 160: about 0.66M parameters)")
+    n_embd: int = knob(160, "model width (2 x 160: 0.65M parameters)")
     lr: float = knob(1e-3, "GRPO learning rate (AdamW)")
     warmup_lr: float = knob(1e-3, "supervised warm-up learning rate")
     warmup_batch: int = knob(16, "problems per supervised warm-up batch")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,15 @@ import rltrace.store
 from examples.tiny_grpo.train import Config, prepare_out
 from rltrace import _names
 
-REPO = Path(__file__).resolve().parents[2]
+from ..conftest import PYTHON, REPO, python_env
 FAST_WARMUP = ("--warmup-max-steps", "3")  # runs that test plumbing, not learning, skip most of the warm-up
 
 
 def run_demo(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "examples.tiny_grpo", "--out", str(out), *args],
+        [PYTHON, "-m", "examples.tiny_grpo", "--out", str(out), *args],
         cwd=REPO,
+        env=python_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
