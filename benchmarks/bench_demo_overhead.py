@@ -116,7 +116,8 @@ def main() -> None:
                 wall[variant].extend(w)
                 cpu[variant].extend(c)
     off_wall, off_cpu = statistics.median(wall[variants[1]]), statistics.mean(cpu[variants[1]])
-    table = Table(title=f"tiny GRPO colocated: {args.steps} steps x {args.repeats} runs per variant (first 3 steps dropped)")
+    title = f"tiny GRPO colocated: {args.steps} steps x {args.repeats} runs per variant (first 3 steps dropped)"
+    table = Table(title=title)
     for column in ("variant", "steps", "median wall s", "wall vs disabled", "mean CPU s", "CPU vs disabled"):
         table.add_column(column, justify="left" if column == "variant" else "right")
     for v in variants:

@@ -118,7 +118,8 @@ class RolloutEngine:
                 break
             valid[:, P + t] = True
             step_mask = valid[:, None, None, : P + t + 1]  # (B, 1, 1, S): attend to every real token so far
-            logits = self.model(token.masked_fill(done, self.pad_id)[:, None], next_pos[:, None], step_mask, cache)[:, -1]
+            fed = token.masked_fill(done, self.pad_id)[:, None]  # finished rows decode padding, ignored
+            logits = self.model(fed, next_pos[:, None], step_mask, cache)[:, -1]
             cache.length += 1
             next_pos += 1
 

@@ -61,7 +61,8 @@ class LocalRollout:
             try:
                 result = self._results.get(timeout=self.timeout)
             except queue.Empty:
-                raise RolloutTimeout(f"the rollout engine did not finish step {step} within {self.timeout:g} s") from None
+                message = f"the rollout engine did not finish step {step} within {self.timeout:g} s"
+                raise RolloutTimeout(message) from None
         if isinstance(result, Exception):
             raise result
         return result, 0
@@ -92,7 +93,9 @@ class RayRollout:
         # Local workers inherit this process's environment (RLTRACE_*, PYTHONPATH) and find
         # `examples` through the driver's working directory; on a cluster pass a runtime_env.
         with rltrace.phase("startup", workers=workers):
-            ray.init(num_cpus=max(2, workers), include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+            ray.init(
+                num_cpus=max(2, workers), include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False
+            )
             remote = ray.remote(RolloutActor).options(num_cpus=1, max_concurrency=4)
             self.actors = [
                 remote.remote(str(run_dir), i, workers, settings, str(self.sync_dir), threads) for i in range(workers)

@@ -127,7 +127,7 @@ class Policy(nn.Module):
 def pack(prompts: list[list[int]], responses: list[list[int]], pad_id: int):
     """Right-padded (prompt + response) tokens (B, L) and a mask (B, L-1) of the response targets:
     position t predicts token t+1, so the response tokens are predicted from positions P-1 .. P+R-2."""
-    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
     tokens = torch.full((len(prompts), max(lengths)), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), max(lengths) - 1), dtype=torch.bool)
     for i, (p, r) in enumerate(zip(prompts, responses)):

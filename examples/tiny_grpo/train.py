@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import random
 import shutil
@@ -31,7 +32,6 @@ from examples.tiny_grpo.policy import Policy, PolicyConfig, pack, save_checkpoin
 from examples.tiny_grpo.task import ProblemSource, reward, slow_verifier
 from examples.tiny_grpo.tokenizer import Tokenizer
 from examples.tiny_grpo.worker import RolloutSettings
-
 
 STRAGGLER_TOKENS = 96  # the --straggler sample's budget
 
@@ -57,7 +57,8 @@ class Config:
     max_new_tokens: int = knob(12, "token budget of a normal answer (5 digits + <|eos|> need 6)")
     temperature: float = knob(1.0, "sampling temperature (the trainer's log-probs use the same)")
     top_p: float = knob(1.0, "nucleus sampling threshold")
-    rollout_precision: str = knob("fp32", "weights and KV cache precision of the rollout engine", choices=("fp32", "bf16"))
+    rollout_precision: str = knob("fp32", "precision of the rollout engine's weights and KV cache",
+                                  choices=("fp32", "bf16"))
     # model and optimisation
     n_layer: int = knob(2, "transformer layers")
     n_embd: int = knob(160, "model width (2 x 160: 0.65M parameters)")
@@ -113,6 +114,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
 def validate(cfg: Config) -> str | None:
     """What is wrong with `cfg`, as one line naming the flag, or None. Fills the default sync method."""
     colocated = cfg.placement == "colocated"
+    if not colocated and importlib.util.find_spec("ray") is None:
+        return "--placement disaggregated needs Ray: pip install 'rltrace[ray]' (or run colocated)"
     if cfg.sync_method is None:
         cfg.sync_method = "copy" if colocated else "object_store"
     if colocated and cfg.mode == "async":
@@ -162,7 +165,7 @@ def warmup(policy: Policy, tokenizer: Tokenizer, cfg: Config) -> tuple[int, floa
     problems = ProblemSource(cfg.seed + 7, cfg.digits, cfg.digits)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.warmup_lr, weight_decay=0.0)
     smoothed = None
-    for i in range(cfg.warmup_max_steps):
+    for batches in range(1, cfg.warmup_max_steps + 1):
         batch = [problems.next() for _ in range(cfg.warmup_batch)]
         prompts = [tokenizer.encode(tokenizer.chat_prompt(p.user_text)) for p in batch]
         answers = [tokenizer.encode(p.answer) + [tokenizer.eos_id] for p in batch]
@@ -174,7 +177,7 @@ def warmup(policy: Policy, tokenizer: Tokenizer, cfg: Config) -> tuple[int, floa
         smoothed = loss.item() if smoothed is None else 0.8 * smoothed + 0.2 * loss.item()
         if smoothed < cfg.warmup_target_loss:
             break
-    return i + 1, smoothed
+    return batches, smoothed
 
 
 def score(samples, rng: random.Random, slow_fraction: float) -> list[float]:
@@ -246,8 +249,8 @@ def train(cfg: Config, display: Display, history: list[dict]) -> None:
     else:
         rollout = RayRollout(
             settings, run_dir=out, workers=cfg.rollout_workers, mode=cfg.mode, method=cfg.sync_method,
-            timeout=cfg.hang_timeout, max_staleness=cfg.max_staleness, queue_groups=cfg.queue_steps * cfg.prompts_per_step,
-            groups_per_step=cfg.prompts_per_step, threads=cfg.torch_threads,
+            timeout=cfg.hang_timeout, max_staleness=cfg.max_staleness, groups_per_step=cfg.prompts_per_step,
+            queue_groups=cfg.queue_steps * cfg.prompts_per_step, threads=cfg.torch_threads,
         )
     throttle = lambda: weight_sync.Throttle(cfg.slow_sync_bandwidth if cfg.slow_sync else None)  # noqa: E731
     try:

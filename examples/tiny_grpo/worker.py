@@ -101,7 +101,8 @@ class RolloutWorker:
         """Generate `n_groups` groups of `group_size` samples, as one engine batch (one span)."""
         s = self.settings
         problems = [self.problems.next() for _ in range(n_groups)]
-        group_ids = [(self._next_group + i) * self.n_workers + self.rank for i in range(n_groups)]  # unique across ranks
+        # group ids interleave the ranks, so they are unique across workers
+        group_ids = [(self._next_group + i) * self.n_workers + self.rank for i in range(n_groups)]
         self._next_group += n_groups
         texts = [self.tokenizer.chat_prompt(p.user_text, add_generation_prompt=not s.bad_template) for p in problems]
         prompts = [self.tokenizer.encode(t) for t in texts]

@@ -16,11 +16,12 @@ from examples.tiny_grpo import (
     SamplingParams,
     Tokenizer,
     TokenizerError,
+    grpo,
     load_checkpoint,
     response_logprobs,
     reward,
+    weight_sync,
 )
-from examples.tiny_grpo import grpo, weight_sync
 from examples.tiny_grpo.policy import save_checkpoint, write_model_config
 from examples.tiny_grpo.train import Config, validate
 

@@ -18,6 +18,7 @@ from examples.tiny_grpo.train import Config, prepare_out
 from rltrace import _names
 
 from ..conftest import PYTHON, REPO, python_env
+
 FAST_WARMUP = ("--warmup-max-steps", "3")  # runs that test plumbing, not learning, skip most of the warm-up
 
 
