@@ -144,9 +144,12 @@ def token_logprobs(model: Policy, tokens: torch.Tensor, temperature: float = 1.0
 
 @torch.no_grad()
 def response_logprobs(
-    model: Policy, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int, temperature: float = 1.0
+    model: Policy, prompts: list[list[int]], responses: list[list[int]], *, pad_id: int = 0, temperature: float = 1.0
 ) -> list[torch.Tensor]:
     """Per-token log-probs of each response given its prompt, with the trainer's full fp32 forward.
+
+    Sequences are right-padded and attention is causal, so `pad_id` never changes the result.
+    `temperature` must be the run's (`model_config.json`) to compare with its rollout log-probs.
 
     Example:
         >>> lp = response_logprobs(policy, [tok.encode(prompt)], [tok.encode("1413<|eos|>")], pad_id=tok.pad_id)
