@@ -8,7 +8,7 @@ Each check returns a short reason or nothing; `sample_flags` runs them all on on
     repetition      the response ends in a loop (a pattern of <= 128 tokens or chars repeated >= 4
                     times), or fewer than 25% of its 4-grams are distinct
     invalid_text    U+FFFD replacement characters (invalid UTF-8 decoded) or non-printable characters
-    truncated       finish_reason says length, or the response reached max_response_len
+    truncated       finish_reason says length; without a finish_reason, the response reached max_response_len
     template_leak   chat-template markers or special tokens inside the response (one at the very end,
                     the end-of-sequence token, is allowed)
     prompt_template the prompt does not end with the template's generation prompt (batch_meta
@@ -145,8 +145,8 @@ def _invalid_text(text: str | None) -> str | None:
 
 
 def _truncated(tokens: np.ndarray | None, finish_reason: Any, rules: TextRules) -> str | None:
-    if isinstance(finish_reason, str) and finish_reason.lower() in _TRUNCATED_REASONS:
-        return f"finish_reason={finish_reason}"
+    if isinstance(finish_reason, str):  # the engine knows best: an EOS on the last allowed token is no cut
+        return f"finish_reason={finish_reason}" if finish_reason.lower() in _TRUNCATED_REASONS else None
     if tokens is not None and rules.max_response_len and len(tokens) >= rules.max_response_len:
         return f"reached max_response_len={rules.max_response_len}"
     return None

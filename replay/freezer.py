@@ -196,7 +196,7 @@ class Freezer:
         batch_meta: Mapping[str, Any] | None = None,
     ) -> str | None:
         """Freeze this step's batch if the policy says so; returns the trigger, or None."""
-        decision = self.decide(step, samples, metrics)
+        decision = self.decide(step, samples, metrics, batch_meta)
         if decision is None:
             return None
         trigger, reason = decision
@@ -205,11 +205,17 @@ class Freezer:
         queued = freeze(step, samples, batch_meta=batch_meta, trigger=trigger, reason=reason, copy=self.copy)
         return trigger if queued else None
 
-    def decide(self, step: int, samples: Any = None, metrics: Mapping[str, float] | None = None) -> tuple[str, str] | None:
+    def decide(
+        self,
+        step: int,
+        samples: Any = None,
+        metrics: Mapping[str, float] | None = None,
+        batch_meta: Mapping[str, Any] | None = None,
+    ) -> tuple[str, str] | None:
         """(trigger, reason) if `step` should be frozen, else None. Cheap: no device syncs, no disk writes."""
         p = self.policy
         metrics = metrics or {}
-        anomaly = self._anomaly(step, samples, metrics)
+        anomaly = self._anomaly(step, samples, metrics, batch_meta)
         reward = metrics.get("reward_mean")
         if reward is not None:
             self._rewards.append(float(reward))
@@ -225,7 +231,7 @@ class Freezer:
             return "every_n", f"every {p.every} steps"
         return None
 
-    def _anomaly(self, step: int, samples: Any, metrics: Mapping[str, float]) -> str | None:
+    def _anomaly(self, step: int, samples: Any, metrics: Mapping[str, float], batch_meta: Mapping[str, Any] | None) -> str | None:
         p = self.policy
         if self._last_anomaly_step is not None and step - self._last_anomaly_step <= p.cooldown:
             return None
@@ -238,10 +244,10 @@ class Freezer:
         if p.mismatch_threshold is not None and mismatch is not None and float(mismatch) > p.mismatch_threshold:
             return f"mismatch spike: {p.mismatch_metric} {float(mismatch):.4g} > {p.mismatch_threshold}"
         if p.bad_text and samples is not None:
-            return self._probe(samples)
+            return self._probe(samples, flags.TextRules.from_meta(batch_meta))
         return None
 
-    def _probe(self, samples: Any) -> str | None:
+    def _probe(self, samples: Any, rules: flags.TextRules) -> str | None:
         keys = ("response_tokens", "response_text", "prompt_text", "finish_reason")
         if isinstance(samples, Mapping):
             n = len(next(iter(samples.values()), ()))
@@ -249,7 +255,7 @@ class Freezer:
         else:
             rows = list(samples[: self.policy.probe_samples])
         for i, row in enumerate(rows):
-            found = flags.sample_flags(row, only=flags.BAD_TEXT)
+            found = flags.sample_flags(row, rules, only=flags.BAD_TEXT)
             if found:
                 name, why = next(iter(found.items()))
                 return f"bad text in sample {i}: {name} ({why})"

@@ -43,6 +43,7 @@ def test_truncation_by_finish_reason_or_length_cap():
     assert flags_of("abc", finish="length")["truncated"] == "finish_reason=length"
     assert "max_response_len=40" in flags_of(tokens=list(range(5, 45)))["truncated"]
     assert "truncated" not in flags_of("abc", finish="stop")
+    assert "truncated" not in flags_of(tokens=list(range(5, 45)), finish="stop")  # EOS on the last allowed token
 
 
 def test_template_and_special_tokens_leaking_into_the_response():

@@ -166,6 +166,9 @@ def test_bad_text_probe_finds_leaked_template_tokens(tmp_path):
     assert freezer.decide(1, good) is None
     trigger, reason = freezer.decide(2, bad)
     assert trigger == "anomaly" and "template_leak" in reason
+    no_assistant = [{"prompt_text": "<|im_start|>user\nhi<|im_end|>\n", "response_text": "ok"}]
+    meta = {"generation_prompt": "<|im_start|>assistant\n"}
+    assert "prompt_template" in Freezer(FreezePolicy(bad_text=True)).decide(3, no_assistant, batch_meta=meta)[1]
     looping = {"response_tokens": torch.tensor([[5, 6, 7] * 10]), "finish_reason": ["length"]}
     assert "repetition" in Freezer(FreezePolicy(bad_text=True)).decide(3, looping)[1]
 
