@@ -152,9 +152,18 @@ def _truncated(tokens: np.ndarray | None, finish_reason: Any, rules: TextRules) 
     return None
 
 
+def _is_special(tokens: np.ndarray, ids: frozenset[int]) -> np.ndarray:
+    if len(ids) > 32:
+        return np.isin(tokens, np.fromiter(ids, np.int64))
+    mask = np.zeros(len(tokens), dtype=bool)
+    for token_id in ids:  # a few comparisons beat np.isin's sort for the usual handful of special tokens
+        mask |= tokens == token_id
+    return mask
+
+
 def _template_leak(tokens: np.ndarray | None, text: str | None, rules: TextRules) -> str | None:
     if tokens is not None and len(tokens) and rules.special_token_ids:
-        special = np.isin(tokens, np.fromiter(rules.special_token_ids, np.int64))
+        special = _is_special(tokens, rules.special_token_ids)
         last_ok = special[-1] and (not rules.eos_token_ids or int(tokens[-1]) in rules.eos_token_ids)
         where = np.flatnonzero(special[:-1] if last_ok else special)
         if where.size:

@@ -213,6 +213,8 @@ class Freezer:
         batch_meta: Mapping[str, Any] | None = None,
     ) -> tuple[str, str] | None:
         """(trigger, reason) if `step` should be frozen, else None. Cheap: no device syncs, no disk writes."""
+        if current_run() is None:  # not recording (no init, or RLTRACE_DISABLED=1): nothing to decide
+            return None
         p = self.policy
         metrics = metrics or {}
         anomaly = self._anomaly(step, samples, metrics, batch_meta)
