@@ -15,13 +15,14 @@ bad text), then pins the checkpoints it needs. Rerun it (docs/replay.md, docs/de
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import torch
 
 import rltrace.replay
 from examples.tiny_grpo import grpo
-from examples.tiny_grpo.policy import load_checkpoint, response_logprobs, save_checkpoint
+from examples.tiny_grpo.policy import load_checkpoint, response_logprobs
 from examples.tiny_grpo.task import Problem, reward as task_reward
 from examples.tiny_grpo.tokenizer import ASSISTANT, SPECIAL_TOKENS, Tokenizer
 
@@ -70,8 +71,9 @@ def batch_meta(tokenizer: Tokenizer, ckpt: Path, version: int, cfg) -> dict:
 def pin_checkpoints(policy, ckpt: Path, version: int, versions: set[int]) -> None:
     """Keep the checkpoints of v_t and of every v_s in `checkpoints/frozen/` (hard links: no copy).
 
-    Runs before the step's update, so `policy` still holds version `version`: saved here when
-    the run keeps no per-version checkpoints (colocated sync)."""
+    Runs before the step's update, so `policy` still holds version `version`: when the run keeps
+    no per-version checkpoints (colocated sync), a copy of its weights is saved by a thread, so
+    the step does not wait for the disk."""
     pinned = ckpt / PINNED
     pinned.mkdir(exist_ok=True)
     config = pinned / "model_config.json"
@@ -84,7 +86,14 @@ def pin_checkpoints(policy, ckpt: Path, version: int, versions: set[int]) -> Non
         if source.exists():
             os.link(source, target)
         elif v == version:
-            save_checkpoint(policy, target)
+            state = {name: t.detach().clone() for name, t in policy.state_dict().items()}
+            threading.Thread(target=_save_state, args=(state, target), name="replay-checkpoint").start()
+
+
+def _save_state(state: dict, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
 
 
 # --- entry points for `rltrace replay run` ----------------------------------------------------
