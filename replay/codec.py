@@ -47,12 +47,17 @@ def _torch():
     return torch
 
 
-def _paced(column: Sequence[Any], every: int = 64):
-    """Iterate, releasing the GIL every `every` values: this runs on the writer thread, and the
+_GIL_SLICE_S = 0.0005  # the writer thread holds the GIL at most about this long at a time
+
+
+def _paced(column: Sequence[Any]):
+    """Iterate, releasing the GIL every half millisecond: this runs on the writer thread, and the
     training thread must never wait the interpreter's 5 ms switch interval to get the GIL back."""
+    last = time.perf_counter()
     for i, value in enumerate(column):
-        if i % every == every - 1:
+        if i & 31 == 31 and time.perf_counter() - last > _GIL_SLICE_S:
             time.sleep(0)
+            last = time.perf_counter()
         yield value
 
 
