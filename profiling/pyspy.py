@@ -24,6 +24,7 @@ _THREAD = re.compile(r"Thread (\d+)")
 _PROCESS = re.compile(r"Process (\d+)")
 _STOP_TIMEOUT_S = 10.0
 _DUMP_TIMEOUT_S = 20.0
+MAX_CHILDREN = 16  # descendants dumped on a hang
 
 PTRACE_HINT = (
     "py-spy needs ptrace rights on the process: run as root, or start the container with CAP_SYS_PTRACE "
@@ -113,9 +114,7 @@ def start_record(command: list[str]) -> Recording:
 
 def dump_command(executable: str, pid: int, *, json_output: bool, flags: tuple[str, ...]) -> list[str]:
     command = [executable, "dump", "--pid", str(pid)]
-    if json_output:
-        return command + ["--json"] + (["--native"] if "native" in flags else [])
-    return command + ["--subprocesses"] + (["--native"] if "native" in flags else [])
+    return command + (["--json"] if json_output else []) + (["--native"] if "native" in flags else [])
 
 
 def run_dump(command: list[str]) -> tuple[int | None, str]:
@@ -127,6 +126,40 @@ def run_dump(command: list[str]) -> tuple[int | None, str]:
     except subprocess.TimeoutExpired:
         return None, f"py-spy dump did not finish within {_DUMP_TIMEOUT_S:.0f} s"
     return done.returncode, done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
+
+
+def descendants(pid: int, limit: int = MAX_CHILDREN) -> list[int]:
+    """Child processes of `pid`, their children, ... (Linux /proc; empty elsewhere), at most `limit`."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process exited meanwhile
+        children[int(fields[1])].append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo and len(found) < limit:
+        for child in sorted(children.get(todo.pop(0), [])):
+            found.append(child)
+            todo.append(child)
+    return found[:limit]
+
+
+def dump_tree(executable: str, pid: int, flags: tuple[str, ...]) -> tuple[int | None, str]:
+    """`py-spy dump` of the process, then of each descendant (py-spy's own --subprocesses fails
+    when py-spy is itself a child of the process). The status is the process's own dump's."""
+    children = descendants(pid)
+    returncode, text = run_dump(dump_command(executable, pid, json_output=False, flags=flags))
+    if returncode != 0:
+        return returncode, text
+    parts = [text]
+    for child in children:
+        code, child_text = run_dump(dump_command(executable, child, json_output=False, flags=flags))
+        if code != 0:
+            why = child_text.strip().splitlines()[0] if child_text.strip() else f"status {code}"
+            child_text = f"Process {child}: no Python stacks ({why})\n"
+        parts.append(child_text)
+    return 0, ("\n" + "-" * 80 + "\n").join(parts)
 
 
 # --- reading the output ---------------------------------------------------------------------

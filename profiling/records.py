@@ -135,7 +135,7 @@ def mark_span(capture: Capture) -> None:
         attrs = {"profile_id": capture.profile_id, "kind": capture.kind, "trigger": capture.trigger, "status": capture.status}
         if capture.message:
             attrs["message"] = capture.message
-        if capture.path:
+        if capture.path and capture.status in ("running", "ok"):
             attrs["path"] = capture.path
         span.add_event(PROFILE_EVENT, attrs)
     except Exception:  # the span ended meanwhile: the profiles row still says everything

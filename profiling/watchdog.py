@@ -15,6 +15,7 @@ import collections
 import logging
 import os
 import queue
+import signal
 import statistics
 import threading
 import time
@@ -254,7 +255,9 @@ class Watchdog(SpanProcessor):
         returncode, output = capture.recording.stop()
         capture.recording = None
         path = self.run_dir / capture.path
-        if returncode != 0 or not path.is_file():
+        if returncode == -signal.SIGINT:  # stopped before py-spy had set up its Control-C handler
+            capture.end("no_samples", "the phase ended before py-spy started sampling")
+        elif returncode != 0 or not path.is_file():
             capture.end(*pyspy.classify(returncode, output, os.getpid()))
         else:
             try:
@@ -278,7 +281,7 @@ class Watchdog(SpanProcessor):
         pid, flags = os.getpid(), self.policy.pyspy_flags
         capture.command = pyspy.dump_command(self._pyspy, pid, json_output=False, flags=flags)
         try:
-            returncode, text = pyspy.run_dump(capture.command)
+            returncode, text = pyspy.dump_tree(self._pyspy, pid, flags)
             if returncode == 0:
                 header = f"# rltrace hang dump {capture.profile_id}: {capture.reason}\n# span {capture.trace_id}/{capture.span_id}\n\n"
                 path.write_text(header + text)
@@ -365,7 +368,10 @@ class Watchdog(SpanProcessor):
         """Queue a stack dump attached to the running phase `span` (trigger `manual`)."""
         with self._lock:
             phase = self._running.get(span.context.span_id)
-        if phase is None or not self._take():
+        if phase is None:  # started before profiling was armed: it runs on the calling thread
+            attrs = span.attributes or {}
+            phase = _Running(span, attrs.get(_names.PHASE), attrs.get(_names.STEP), span.start_time, threading.get_native_id())
+        if not self._take():
             return None
         capture = self._capture(phase, "pyspy_dump", "manual", reason)
         self._submit(self._dump, capture)
