@@ -32,6 +32,8 @@ def start(capture: Capture, policy: ProfilePolicy) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
+    if torch.autograd.profiler._is_profiler_enabled:  # the user's own profiler: starting ours would end it
+        raise RuntimeError("another torch profiler is already recording; this window is skipped")
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import sys
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -37,6 +39,11 @@ def _size(n: int | None) -> str:
     return "-"
 
 
+def _console() -> Console:
+    """A terminal's own width; piped output is not squeezed to 80 columns (ids stay whole for grep)."""
+    return Console(soft_wrap=True) if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+
+
 def _status(status: str) -> str:
     colour = {"ok": "green", "running": "yellow"}.get(status, "red")
     return f"[{colour}]{status}[/]"
@@ -49,16 +56,16 @@ def main_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
-    console = Console()
+    console = _console()
     if not rows:
         console.print(
             f"No profiles in {args.run_dir}. Turn profiling on with RLTRACE_PROFILE_SLOW=3, "
             "RLTRACE_HANG_TIMEOUT=SECONDS or RLTRACE_TORCH_PROFILE=PHASE:STEPS (docs/profiling.md)."
         )
         return 0
-    t = Table(title=f"Profiles of {args.run_dir}", title_justify="left")
+    t = Table(title=f"Profiles of {args.run_dir}", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("id", "step", "phase", "process", "kind", "trigger", "status", "size", "top frame"):
-        t.add_column(col, justify="right" if col in ("step", "size") else "left", no_wrap=col in ("id", "kind"))
+        t.add_column(col, justify="right" if col in ("step", "size") else "left", no_wrap=col not in ("process", "top frame"))
     for r in rows:
         who = r["role"] + ("" if r["rank"] is None else str(r["rank"]))
         top = "-" if r["top_frame"] is None else f"{r['top_frame']} ({r['top_self_share']:.0%})"
@@ -89,7 +96,7 @@ def main_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**profile, "file": str(path) if path else None, "frames": frames}, indent=2, default=str))
         return 0
-    console = Console(soft_wrap=True)
+    console = _console()
     p = profile
     started = dt.datetime.fromtimestamp(p["started_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
     seconds = "" if p["ended_ns"] is None else f", {(p['ended_ns'] - p['started_ns']) / 1e9:.2f} s"
@@ -102,7 +109,8 @@ def main_show(args: argparse.Namespace) -> int:
         console.print(f"[yellow]note:[/] {p['message']}")
     if frames:
         dump = p["kind"] == "pyspy_dump"
-        t = Table(title="Stack of the phase's thread (innermost first)" if dump else "Top frames by self time", title_justify="left")
+        title = "Stack of the phase's thread (innermost first)" if dump else "Top frames by self time"
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
         for col in ("#", "frame", "where", "self", "total", "thread"):
             t.add_column(col, justify="right" if col in ("#", "self", "total") else "left")
         for f in frames:
