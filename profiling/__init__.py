@@ -35,6 +35,7 @@ __all__ = [
     "resolve_policy",
     "arm",
     "dump_stacks",
+    "watchdog_of",
     "profiles_for_spans",
     "PROFILES_FOR_SPANS_SQL",
     "list_profiles",
@@ -61,6 +62,11 @@ def arm(run, profile: ProfilePolicy | Mapping[str, Any] | bool | None = None, *,
     run.add_span_processor(watchdog)
     _armed[run] = watchdog
     return watchdog
+
+
+def watchdog_of(run) -> Watchdog | None:
+    """The watchdog armed on `run` (None if profiling is not armed there)."""
+    return _armed.get(run) if run is not None else None
 
 
 def dump_stacks(reason: str = "asked for by rltrace.profiling.dump_stacks()") -> str | None:

@@ -76,8 +76,6 @@ class Watchdog(SpanProcessor):
         self._lock = threading.Lock()
         self._running: dict[int, _Running] = {}
         self._history: dict[str, collections.deque] = {}
-        self._seen: dict[str, int] = {}
-        self._medians: dict[str, tuple[int, float]] = {}
         self._recording: Capture | None = None
         self._torch_busy = False
         self._count = 0
@@ -123,7 +121,6 @@ class Watchdog(SpanProcessor):
                     history = self._history[running.phase] = collections.deque(maxlen=HISTORY)
                 if history is not None:
                     history.append(span.end_time - span.start_time)
-                    self._seen[running.phase] = self._seen.get(running.phase, 0) + 1
             if running.torch is not None:
                 self._stop_window(running.torch)
             recording = self._recording
@@ -152,6 +149,7 @@ class Watchdog(SpanProcessor):
         with self._lock:
             running = sorted(self._running.values(), key=lambda r: r.start_ns, reverse=True)  # innermost first
         hang = self.policy.hang_timeout
+        memo: dict[str, float | None] = {}
         for phase in running:
             elapsed = (now_ns - phase.start_ns) / 1e9
             if hang and not phase.dumped and elapsed >= hang and self._take():
@@ -164,7 +162,7 @@ class Watchdog(SpanProcessor):
                 self._submit(self._dump, capture)
             if phase.recorded or self._recording is not None:
                 continue
-            limit = self._limit(phase.phase)
+            limit = self._limit(phase.phase, memo)
             if limit is not None and elapsed > limit[0] and self._take():
                 phase.recorded = True
                 threshold, median = limit
@@ -177,7 +175,7 @@ class Watchdog(SpanProcessor):
                     )
                 self._start_record(self._capture(phase, "pyspy_record", "slow", reason, elapsed, threshold, median))
 
-    def _limit(self, phase: str) -> tuple[float, float | None] | None:
+    def _limit(self, phase: str, memo: dict[str, float | None]) -> tuple[float, float | None] | None:
         """(threshold_s, median_s or None) of the tightest slow rule for `phase`, or None."""
         if self._phases is not None and phase not in self._phases:
             return None
@@ -186,24 +184,20 @@ class Watchdog(SpanProcessor):
         if after:
             limits.append((after, None))
         if self.policy.slow:
-            median = self._median(phase)
+            median = self._median(phase, memo)
             if median is not None:
                 limits.append((max(self.policy.slow * median, self.policy.min_seconds), median))
         return min(limits, key=lambda limit: limit[0]) if limits else None
 
-    def _median(self, phase: str) -> float | None:
-        with self._lock:
-            seen = self._seen.get(phase, 0)
-            cached = self._medians.get(phase)
-            if cached is not None and cached[0] == seen:
-                return cached[1]
-            history = self._history.get(phase)
-            if history is None or len(history) < self.policy.min_samples:
-                return None
-            durations = list(history)
-        median = statistics.median(durations) / 1e9
-        self._medians[phase] = (seen, median)
-        return median
+    def _median(self, phase: str, memo: dict[str, float | None]) -> float | None:
+        """The rolling median of `phase` in seconds (None before `min_samples` runs), once per check."""
+        if phase not in memo:
+            with self._lock:
+                history = self._history.get(phase)
+                durations = list(history) if history is not None else []
+            enough = len(durations) >= self.policy.min_samples
+            memo[phase] = statistics.median(durations) / 1e9 if enough else None
+        return memo[phase]
 
     def _take(self) -> bool:
         """Count one more profile, unless this process has taken its maximum."""

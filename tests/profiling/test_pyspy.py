@@ -14,7 +14,7 @@ import pytest
 
 import rltrace
 from rltrace import store
-from rltrace.profiling import _armed, artefact_path
+from rltrace.profiling import artefact_path, watchdog_of
 
 from .conftest import PYSPY, frames, profiles, run_program, start_program, wait_for, wait_for_profiles
 
@@ -114,7 +114,7 @@ def _ptrace_denied_pyspy(tmp_path: Path) -> str:
 
 def test_a_phase_ending_before_sampling_starts_is_no_samples(tmp_path, fresh_run):
     rltrace.init(tmp_path / "run", profile={"after": 0.05, "pyspy": PYSPY})
-    [watchdog] = _armed.values()
+    watchdog = watchdog_of(rltrace.current_run())
     with rltrace.phase("reward", step=0):
         deadline = time.monotonic() + 10
         while watchdog._recording is None and time.monotonic() < deadline:
