@@ -264,8 +264,7 @@ class Phase:
                 parent_step, parent_version = _inherited(get_current_span())
                 step = parent_step if step is None else step
                 version = parent_version if version is None else version
-            thread = threading.current_thread()
-            attrs = {_names.PHASE: self.name, _names.THREAD_ID: thread.ident, _names.THREAD_NAME: thread.name}
+            attrs = {_names.PHASE: self.name, _names.THREAD_ID: threading.get_ident()}
             if step is not None:
                 attrs[_names.STEP] = step
             if version is not None:
@@ -393,6 +392,23 @@ def log_metrics(step: int, **scalars: Any) -> None:
     run.submit_rows(_names.METRICS_TABLE, len(values), build)
 
 
+def _split_versions(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    versions = row.get("weight_version")
+    if not isinstance(versions, (list, tuple)):
+        return row
+    row = dict(row)
+    row["weight_versions"] = list(versions)
+    row["weight_version"] = min(versions) if versions else None
+    return row
+
+
+def _rows_table(rows: list[Mapping[str, Any]]) -> pa.Table:
+    """Rows to Arrow; a sample that spans several weight versions may list them all."""
+    if any(isinstance(row.get("weight_version"), (list, tuple)) for row in rows):
+        rows = [_split_versions(row) for row in rows]
+    return pa.Table.from_pylist(rows)
+
+
 def _samples_table(step: int, table: pa.Table, logged_ns: int, process) -> pa.Table:
     n = table.num_rows
     columns: dict[str, pa.ChunkedArray | pa.Array] = {
@@ -442,7 +458,7 @@ def log_samples(step: int, rows: Iterable[Mapping[str, Any]] | pa.Table | Any) -
         if rows and not isinstance(rows[0], Mapping):
             raise TypeError(f"log_samples: rows must be dicts (one per sample), got {type(rows[0]).__name__}")
         names, nrows = (list(rows[0]) if rows else []), len(rows)
-        make = lambda: pa.Table.from_pylist(rows)  # noqa: E731
+        make = lambda: _rows_table(rows)  # noqa: E731
     elif hasattr(rows, "__arrow_c_stream__") or hasattr(rows, "to_dict"):
         frame = rows
         names, nrows = [str(c) for c in getattr(frame, "columns", [])], len(frame)

@@ -80,7 +80,7 @@ class Run:
         self.tracer_provider = TracerProvider(resource=self._resource(), id_generator=ForkSafeRandomIdGenerator())
         self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name)
         self._store_pipeline = CountingBatchProcessor(
-            self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval, on_drop=self._exporter.forget
+            self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval
         )
         self.tracer_provider.add_span_processor(OpenSpanProcessor(self._store_pipeline))
         self._otlp_pipeline: CountingBatchProcessor | None = None

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from rltrace import store
-from rltrace.store.compact import TARGET_ROWS
+from rltrace.store.compact import GRACE_S, TARGET_ROWS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--target-rows", type=int, default=TARGET_ROWS, help="rows per merged part")
+    p.add_argument(
+        "--grace", type=float, default=GRACE_S, help="seconds replaced parts stay for readers that listed them (default %(default)s)"
+    )
     p.set_defaults(func=main)
 
 
@@ -31,7 +34,7 @@ def main(args: argparse.Namespace) -> int:
                 tasks[table] = bar.add_task(f"compacting {table}", total=total)
             bar.update(tasks[table], completed=done)
 
-        results = store.compact(args.run_dir, target_rows=args.target_rows, progress=progress)
+        results = store.compact(args.run_dir, target_rows=args.target_rows, grace_s=args.grace, progress=progress)
     for r in results:
         console.print(f"{r.table}: {r.parts_before} parts -> {r.parts_after} ({r.rows} rows)")
     return 0

@@ -95,17 +95,15 @@ def render(data: dict, console: Console) -> None:
     console.print(f"{s['finished']} finished spans, {s['open']} open · {steps}")
 
     t = Table(title="Processes", title_justify="left")
-    for col in ("process", "role", "rank", "host", "pid", "spans", "open", "dropped", "last heard", "ended"):
-        t.add_column(col, justify="right" if col in ("rank", "pid", "spans", "open", "dropped") else "left")
+    for col in ("role", "rank", "host:pid", "spans", "open", "dropped", "last heard", "ended"):
+        t.add_column(col, justify="right" if col in ("rank", "spans", "open", "dropped") else "left")
     for p in data["processes"]:
         dropped = (p["spans_dropped"] or 0) + (p["rows_dropped"] or 0)
-        ended = "cleanly " + _ago(p["ended_ns"], now_ns) if p["ended_ns"] else "[yellow]no shutdown (running or killed)[/]"
+        ended = "cleanly " + _ago(p["ended_ns"], now_ns) if p["ended_ns"] else "[yellow]not yet (running, hung or killed)[/]"
         t.add_row(
-            p["process_id"],
             p["role"],
             "" if p["rank"] is None else str(p["rank"]),
-            p["host"],
-            str(p["pid"]),
+            f"{p['host']}:{p['pid']}",
             str(p["spans"]),
             str(p["open_spans"]),
             f"[red]{dropped}[/]" if dropped else "0",
@@ -123,11 +121,12 @@ def render(data: dict, console: Console) -> None:
 
     if data["open_spans"]:
         t = Table(title="[yellow]Open spans[/] (started, never ended: running, hung or killed)", title_justify="left")
-        for col in ("process", "phase", "step", "started", "open for"):
+        for col in ("role", "rank", "phase", "step", "started", "open for"):
             t.add_column(col)
         for o in data["open_spans"]:
             t.add_row(
-                o["process_id"],
+                o["role"],
+                "" if o["rank"] is None else str(o["rank"]),
                 o["phase"] or o["name"],
                 "" if o["step"] is None else str(o["step"]),
                 dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),

@@ -5,16 +5,15 @@ these two small wrappers add what rltrace needs on top.
   drops the *oldest* span and only logs. This wrapper keeps its own count of spans handed to
   the SDK and spans that reached the exporter; when the difference reaches the queue size it
   drops the new span itself and counts it (`dropped`), so the SDK never has to.
-- `OpenSpanProcessor` sends a copy of each span at its *start* (no end time: an "open" record)
-  down the same pipeline, so a phase that never ends (a hung rank, a killed process) is in the
-  store. The exporter forgets open records whose finished span arrives in the same batch, so
-  short spans cost no extra disk (logfire's "pending span", made cheaper).
+- `OpenSpanProcessor` also sends each span down the pipeline at its *start* (an "open" record),
+  so a phase that never ends (a hung rank, a killed process) is in the store. The exporter
+  forgets open records whose span has ended by export time, so short spans cost no extra disk
+  (logfire's "pending span", made cheaper: no copy is made at span start).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Callable
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -51,10 +50,8 @@ class CountingBatchProcessor(SpanProcessor):
         max_queue: int,
         schedule_delay_s: float,
         max_batch: int = 8192,
-        on_drop: Callable[[ReadableSpan], None] | None = None,
     ):
         self._exporter = _CountingExporter(exporter)
-        self._on_drop = on_drop
         self._max_queue = max_queue
         self._batch = BatchSpanProcessor(
             self._exporter,
@@ -76,8 +73,6 @@ class CountingBatchProcessor(SpanProcessor):
             if self._submitted - self._exporter.received >= self._max_queue:
                 if span.end_time is not None:
                     self.dropped += 1
-                    if self._on_drop is not None:
-                        self._on_drop(span)
                 return
             self._submitted += 1
         self._batch.on_end(span)
@@ -96,24 +91,17 @@ class CountingBatchProcessor(SpanProcessor):
 
 
 class OpenSpanProcessor(SpanProcessor):
-    """Emits an open record (a copy without end time) when a span starts, then the finished span."""
+    """Sends each span down the pipeline twice: live at its start (the open record), then finished.
+
+    The live span is passed as is (no copy on the hot path); the exporter treats a live span
+    that has ended by export time as superseded by its finished record.
+    """
 
     def __init__(self, inner: CountingBatchProcessor):
         self._inner = inner
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        self._inner.submit(
-            ReadableSpan(
-                name=span.name,
-                context=span.context,
-                parent=span.parent,
-                resource=span.resource,
-                attributes=dict(span.attributes),
-                kind=span.kind,
-                start_time=span.start_time,
-                instrumentation_scope=span.instrumentation_scope,
-            )
-        )
+        self._inner.submit(span)
 
     def on_end(self, span: ReadableSpan) -> None:
         self._inner.submit(span)

@@ -7,8 +7,9 @@ only the row groups of that step.
 How it stays exact with no coordination: parts are immutable and writers only add new names.
 Each merged part lists, in its footer, the names of the parts it replaces; it becomes visible by
 `os.replace` only after its row count is checked, and readers ignore any part that a visible
-merged part replaces. The inputs are deleted afterwards; a crash at any point leaves either the
-inputs or the merged part in force, never both and never neither. Only one compaction runs at a
+merged part replaces. A crash at any point leaves either the inputs or the merged part in force,
+never both and never neither. The inputs are deleted `grace_s` seconds later, so a reader that
+listed them just before the merge can still finish its queries. Only one compaction runs at a
 time per run (a lock file); writers never take it.
 """
 
@@ -32,6 +33,7 @@ from rltrace.store.views import Part, scan
 
 ROW_GROUP_ROWS = 131_072
 TARGET_ROWS = 2_000_000  # rows per merged part
+GRACE_S = 5.0  # seconds a replaced part stays on disk for readers that listed it
 _STALE_TMP_S = 3600  # temp files older than this were left by killed writers
 
 
@@ -58,7 +60,8 @@ def _groups(parts: list[Part], target_rows: int) -> list[list[Part]]:
     return [g for g in groups if len(g) > 1]
 
 
-def _merge(folder: Path, table: _names.Table, group: list[Part], order: tuple[str, ...]) -> Path:
+def _merge(folder: Path, table: _names.Table, group: list[Part], order: tuple[str, ...]) -> None:
+    """Write the group as one sorted part that replaces it; the inputs are left for the caller."""
     names = json.dumps([p.path.name for p in group])
     out = folder / f"c-{uuid.uuid4().hex[:12]}.parquet"
     tmp = folder / f".{out.name}.tmp"
@@ -86,20 +89,19 @@ def _merge(folder: Path, table: _names.Table, group: list[Part], order: tuple[st
     finally:
         con.close()
         tmp.unlink(missing_ok=True)
-    for part in group:
-        part.path.unlink(missing_ok=True)
-    return out
 
 
 def compact(
     run_dir: str | Path,
     *,
     target_rows: int = TARGET_ROWS,
+    grace_s: float = GRACE_S,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> list[CompactResult]:
-    """Merge the small parts of every compactable table of a run. Safe while writers run.
+    """Merge the small parts of every compactable table of a run. Safe while writers and readers run.
 
     `progress(table, done, total)` is called after each merged group (the CLI draws a bar).
+    Replaced parts are deleted after `grace_s` seconds (this call waits for it).
     Raises `StoreError` if another compaction of the same run is running.
     """
     run_dir = Path(run_dir)
@@ -119,16 +121,21 @@ def compact(
             for tmp in (run_dir / tables[name].folder).glob(".*.tmp"):
                 if now - tmp.stat().st_mtime > _STALE_TMP_S:
                     tmp.unlink(missing_ok=True)
-        results = []
+        results, superseded = [], []
         for name, table in tables.items():
             parts = snap.parts[name]
             groups = _groups(parts, target_rows)
             for i, group in enumerate(groups):
                 _merge(run_dir / table.folder, table, group, _names.COMPACTABLE[name])
+                superseded.extend(p.path for p in group)
                 if progress is not None:
                     progress(name, i + 1, len(groups))
             merged = sum(len(g) for g in groups)
             results.append(
                 CompactResult(name, len(parts), len(parts) - merged + len(groups), sum(p.rows for p in parts))
             )
+        if superseded:
+            time.sleep(grace_s)  # readers that listed the old parts just before the merge finish first
+        for path in superseded:
+            path.unlink(missing_ok=True)
         return results

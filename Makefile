@@ -1,0 +1,30 @@
+# Two commands do all the set-up on a fresh machine (Debian/Ubuntu, Python 3.10+):
+#   make demo   install, run the instrumented demo RL run into runs/demo, print its report
+#   make test   install everything the tests need (Chromium included), run every test
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install install-dev browser demo test
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install -q torch==2.13.0  # the CPU build; a bare `torch` may pull a multi-GB CUDA build
+	$(BIN)/python -m pip install -q -e '.[all]'
+
+install-dev: install
+	$(BIN)/python -m pip install -q -e '.[all,dev]'
+
+browser:  # the dashboard's end-to-end test drives Debian's Chromium (Playwright cannot download one here)
+	@command -v chromium >/dev/null 2>&1 || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium)
+
+demo: install
+	$(BIN)/python examples/quickstart.py runs/quickstart
+	$(BIN)/rltrace info runs/quickstart
+
+test: install-dev browser
+	$(BIN)/python -m pytest

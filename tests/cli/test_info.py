@@ -1,0 +1,79 @@
+"""`rltrace info` and `--help`: what a user sees about a run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+
+import pytest
+
+import rltrace
+from rltrace.cli import build_parser
+from rltrace.cli import main as cli
+
+from ..conftest import PYTHON, REPO, python_env
+
+
+@pytest.fixture
+def hung_run(run_dir):
+    """Two processes; the trainer left a `wait` phase open, as a hung rank does."""
+    subprocess.run(
+        [PYTHON, "-m", "tests.writer_process", str(run_dir), "--role", "rollout", "--rank", "0", "--steps", "3"],
+        cwd=REPO,
+        env=python_env(),
+        check=True,
+        timeout=120,
+    )
+    rltrace.init(run_dir, role="trainer", rank=0, flush_interval=0.05)
+    for step in range(3):
+        with rltrace.phase("step", step=step):
+            with rltrace.phase("train"):
+                pass
+    started, release = threading.Event(), threading.Event()
+
+    def hang():
+        with rltrace.phase("wait", step=3, waiting_for="rollout"):
+            started.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hang)
+    t.start()
+    started.wait(10)
+    rltrace.flush()
+    yield run_dir
+    release.set()
+    t.join()
+
+
+def test_info_json_lists_processes_phases_steps_and_open_spans(hung_run, capsys):
+    assert cli(["info", str(hung_run), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {(p["role"], p["rank"]) for p in data["processes"]} == {("rollout", 0), ("trainer", 0)}
+    assert data["spans"]["first_step"] == 0 and data["spans"]["last_step"] == 3
+    phases = {p["phase"]: p["spans"] for p in data["phases"]}
+    assert phases == {"step": 6, "rollout": 3, "train": 6}
+    (open_span,) = data["open_spans"]
+    assert (open_span["phase"], open_span["step"], open_span["role"]) == ("wait", 3, "trainer")
+    assert open_span["age_s"] >= 0
+    assert data["spans_dropped"] == 0 and data["rows_dropped"] == 0
+
+
+def test_info_table_names_the_open_span(hung_run, capsys):
+    assert cli(["info", str(hung_run)]) == 0
+    out = capsys.readouterr().out
+    assert "Open spans" in out and "wait" in out and "Nothing dropped" in out
+    assert "rollout" in out and "trainer" in out
+
+
+@pytest.mark.parametrize("command", [[], ["info"], ["compact"]])
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: rltrace" in capsys.readouterr().out
+
+
+def test_console_script_runs():
+    out = subprocess.run([PYTHON, "-m", "rltrace", "--version"], capture_output=True, text=True, env=python_env(), check=True)
+    assert out.stdout.startswith("rltrace ")

@@ -1,0 +1,42 @@
+"""Shared fixtures: a fresh run directory per test and a clean rltrace state around it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import rltrace
+from rltrace import api
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def clean_rltrace(monkeypatch):
+    """No RLTRACE_*/OTEL_* settings leak in from the environment; no run outlives its test."""
+    for var in list(os.environ):
+        if var.startswith(("RLTRACE_", "OTEL_")) or var in ("RANK", "TRACEPARENT", "BAGGAGE"):
+            monkeypatch.delenv(var, raising=False)
+    rltrace.shutdown()
+    monkeypatch.setattr(api, "_env_checked", False)
+    yield
+    rltrace.shutdown()
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    return tmp_path / "run"
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    """Environment for a child Python process that imports this checkout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLTRACE_", "OTEL_", "PYTEST_"))}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+PYTHON = sys.executable

@@ -1,0 +1,114 @@
+"""Opening a run: views over every part, and a clear one-line error for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import rltrace
+from rltrace import store
+from rltrace.cli import main as cli
+from rltrace.store import StoreError
+
+
+@pytest.fixture
+def recorded(run_dir):
+    rltrace.init(run_dir, role="trainer", rank=0)
+    for step in range(3):
+        with rltrace.phase("step", step=step):
+            pass
+        rltrace.log_metrics(step, loss=1.0)
+    rltrace.shutdown()
+    return run_dir
+
+
+def first_part(run_dir, folder="spans"):
+    return sorted((run_dir / folder).glob("*.parquet"))[0]
+
+
+def test_views_exist_with_documented_columns_even_when_empty(run_dir):
+    rltrace.init(run_dir)
+    rltrace.shutdown()
+    con = store.open(run_dir)
+    for view in ("spans", "metrics", "samples", "processes"):
+        assert con.execute(f"SELECT count(*) FROM {view}").fetchone()[0] >= 0
+    cols = {c for (c,) in con.execute("SELECT column_name FROM (DESCRIBE spans)").fetchall()}
+    assert {"trace_id", "span_id", "phase", "step", "weight_version", "duration_s", "is_open", "attributes"} <= cols
+    cols = {c for (c,) in con.execute("SELECT column_name FROM (DESCRIBE samples)").fetchall()}
+    assert {"sample_id", "reward", "weight_version", "train_version", "staleness", "gen_start"} <= cols
+
+
+def test_missing_dir_and_non_run_dir(tmp_path, capsys):
+    with pytest.raises(StoreError, match="does not exist"):
+        store.open(tmp_path / "nope")
+    with pytest.raises(StoreError, match="not an rltrace run: it has no run.json"):
+        store.open(tmp_path)
+    (tmp_path / "run.json").write_text("{not json")
+    with pytest.raises(StoreError, match="run.json is not a readable run manifest"):
+        store.open(tmp_path)
+    assert cli(["info", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rltrace: error:") and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_truncated_part_names_the_file_and_can_be_skipped(recorded, capsys):
+    part = first_part(recorded)
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2])
+    with pytest.raises(StoreError, match=f"{part.name}: truncated or not a Parquet file"):
+        store.open(recorded)
+    assert cli(["info", str(recorded)]) == 2
+    err = capsys.readouterr().err
+    assert part.name in err and "Traceback" not in err
+    con = store.open(recorded, skip_corrupt=True)
+    assert con.execute("SELECT count(*) FROM metrics").fetchone() == (3,)
+    assert cli(["info", str(recorded), "--skip-corrupt"]) == 0
+    assert f"skipped corrupt part: {part}" in capsys.readouterr().out.replace("\n", "")
+
+
+def test_foreign_parquet_file_is_named(recorded):
+    foreign = recorded / "spans" / "someone-elses.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), foreign)
+    with pytest.raises(StoreError, match="someone-elses.parquet: not an rltrace part"):
+        store.open(recorded)
+
+
+def test_part_from_a_newer_schema_says_upgrade(recorded):
+    part = first_part(recorded, "metrics")
+    table = pq.read_table(part)
+    meta = dict(table.schema.metadata)
+    meta[b"rltrace.schema_version"] = b"99"
+    pq.write_table(table.replace_schema_metadata(meta), part)
+    with pytest.raises(StoreError, match="schema version 99, newer than this rltrace reads.*pip install -U rltrace"):
+        store.open(recorded)
+
+
+def test_part_missing_required_columns(recorded):
+    part = first_part(recorded, "metrics")
+    table = pq.read_table(part).drop_columns(["value"])
+    pq.write_table(table, part)
+    with pytest.raises(StoreError, match="missing required column\\(s\\) value"):
+        store.open(recorded)
+
+
+def test_part_in_the_wrong_folder(recorded):
+    metrics_part = first_part(recorded, "metrics")
+    metrics_part.rename(recorded / "spans" / metrics_part.name)
+    with pytest.raises(StoreError, match="holds table 'metrics', expected 'spans'"):
+        store.open(recorded)
+
+
+def test_newer_run_manifest(recorded):
+    manifest = json.loads((recorded / "run.json").read_text())
+    manifest["schema_version"] = 7
+    (recorded / "run.json").write_text(json.dumps(manifest))
+    with pytest.raises(StoreError, match="schema version 7"):
+        store.open(recorded)
+
+
+def test_temp_files_of_writers_are_ignored(recorded):
+    (recorded / "spans" / ".trainer0-x-00000099.parquet.abcd.tmp").write_bytes(b"PAR1 half written")
+    assert store.open(recorded).execute("SELECT count(*) FROM spans").fetchone() == (3,)
