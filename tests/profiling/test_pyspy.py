@@ -112,7 +112,7 @@ def _ptrace_denied_pyspy(tmp_path: Path) -> str:
     return str(script)
 
 
-def test_a_phase_ending_before_sampling_starts_is_no_samples(tmp_path, fresh_run):
+def test_a_phase_ending_before_sampling_starts_is_no_samples(tmp_path):
     rltrace.init(tmp_path / "run", profile={"after": 0.05, "pyspy": PYSPY})
     watchdog = watchdog_of(rltrace.current_run())
     with rltrace.phase("reward", step=0):
@@ -124,7 +124,7 @@ def test_a_phase_ending_before_sampling_starts_is_no_samples(tmp_path, fresh_run
     assert profile["status"] == "no_samples", profile
 
 
-def test_dump_stacks_attaches_a_manual_dump_to_the_running_phase(tmp_path, fresh_run):
+def test_dump_stacks_attaches_a_manual_dump_to_the_running_phase(tmp_path):
     rltrace.init(tmp_path / "run", profile=False)
     with rltrace.phase("eval", step=3) as p:
         profile_id = rltrace.profiling.dump_stacks("checking")

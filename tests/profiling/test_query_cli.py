@@ -20,7 +20,7 @@ from .conftest import PYSPY, wait_for_profiles
 
 
 @pytest.fixture
-def dumped_run(tmp_path, fresh_run):
+def dumped_run(tmp_path):
     """A run with one real py-spy dump attached to an eval phase."""
     run_dir = tmp_path / "run"
     rltrace.init(run_dir, profile={"pyspy": PYSPY, "hang_timeout": 600})
@@ -68,7 +68,7 @@ def test_unknown_profile_id_is_a_one_line_error(dumped_run, capsys):
     assert err.startswith("rltrace: error: no profile id starts with 'zz'") and err.count("\n") == 1
 
 
-def test_empty_run_says_how_to_turn_profiling_on(tmp_path, fresh_run, capsys):
+def test_empty_run_says_how_to_turn_profiling_on(tmp_path, capsys):
     rltrace.init(tmp_path / "run", profile=False)
     rltrace.shutdown()
     assert main(["profile", "list", str(tmp_path / "run")]) == 0
