@@ -139,7 +139,10 @@ def main() -> None:
         hooks = hook_cost(root)
         spy = pyspy_overhead(root, args.pyspy_rounds, args.pyspy_iterations)
 
-    t = _table(f"Per step, watchdog armed and nothing triggering ({args.steps} steps x 5 phases, {args.rounds} rounds)", "setup")
+    t = _table(
+        f"Per step, watchdog armed and nothing triggering ({args.steps} steps x 5 phases, {args.rounds} rounds)",
+        "setup",
+    )
     plain_cpu, armed_cpu = [c for c, _ in loop["plain"]], [c for c, _ in loop["armed"]]
     _row(t, "rltrace, no profiling (baseline): thread CPU", plain_cpu, plain_cpu, 1e3, "ms")
     _row(t, "rltrace + armed watchdog: thread CPU", armed_cpu, plain_cpu, 1e3, "ms")
@@ -151,7 +154,11 @@ def main() -> None:
 
     t = _table(f"py-spy sampling the process: {args.pyspy_iterations:,}-iteration CPU job, wall s", "py-spy")
     for rate, seconds in spy.items():
-        label = "not attached (baseline)" if rate is None else f"record --rate {rate}" + (" (default)" if rate == 100 else "")
+        label = (
+            "not attached (baseline)"
+            if rate is None
+            else f"record --rate {rate}" + (" (default)" if rate == 100 else "")
+        )
         _row(t, label, seconds, spy[None], 1, "s")
     console.print(t)
     console.print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")

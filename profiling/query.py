@@ -62,7 +62,9 @@ def get_profile(con: duckdb.DuckDBPyConnection, profile_id: str) -> dict:
         raise ProfileNotFoundError("give a profile id (see `rltrace profile list RUN_DIR`)")
     found = _rows(con, "SELECT * FROM profiles WHERE starts_with(profile_id, ?) ORDER BY profile_id", [profile_id])
     if not found:
-        raise ProfileNotFoundError(f"no profile id starts with {profile_id!r}; `rltrace profile list RUN_DIR` lists them")
+        raise ProfileNotFoundError(
+            f"no profile id starts with {profile_id!r}; `rltrace profile list RUN_DIR` lists them"
+        )
     exact = [row for row in found if row["profile_id"] == profile_id]
     if len(found) > 1 and not exact:
         ids = ", ".join(row["profile_id"] for row in found[:5])
@@ -94,5 +96,7 @@ def how_to_open(kind: str, path: Path) -> str:
     if kind == "pyspy_record":
         return f"speedscope: drop the file on https://www.speedscope.app, or run `npx speedscope {path}`"
     if kind == "torch":
-        return f"Perfetto: open https://ui.perfetto.dev and drop the file (or chrome://tracing); {path.name} is gzip JSON"
+        return (
+            f"Perfetto: open https://ui.perfetto.dev and drop the file (or chrome://tracing); {path.name} is gzip JSON"
+        )
     return f"plain text: `less {path}`"

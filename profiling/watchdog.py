@@ -47,10 +47,16 @@ def _internal_error(what: str) -> None:
 class _Running:
     """A phase that has started and not ended."""
 
-    __slots__ = ("span", "phase", "step", "start_ns", "thread_id", "recorded", "dumped", "torch")
+    __slots__ = ("span", "phase", "step", "start_ns", "native_thread_id", "recorded", "dumped", "torch")
 
-    def __init__(self, span: Span, phase: str, step, start_ns: int, thread_id: int):
-        self.span, self.phase, self.step, self.start_ns, self.thread_id = span, phase, step, start_ns, thread_id
+    def __init__(self, span: Span, phase: str, step, start_ns: int, native_thread_id: int):
+        self.span, self.phase, self.step, self.start_ns, self.native_thread_id = (
+            span,
+            phase,
+            step,
+            start_ns,
+            native_thread_id,
+        )
         self.recorded = self.dumped = False
         self.torch: Capture | None = None
 
@@ -209,7 +215,9 @@ class Watchdog(SpanProcessor):
             logger.warning("rltrace: this process took %d profiles, its maximum (RLTRACE_PROFILE_MAX)", self._count)
         return True
 
-    def _capture(self, phase: _Running, kind: str, trigger: str, reason: str, elapsed=None, threshold=None, median=None):
+    def _capture(
+        self, phase: _Running, kind: str, trigger: str, reason: str, elapsed=None, threshold=None, median=None
+    ):
         ctx = phase.span.context
         return Capture(
             kind=kind,
@@ -221,7 +229,7 @@ class Watchdog(SpanProcessor):
             span_name=phase.span.name,
             phase=phase.phase,
             step=phase.step,
-            thread_id=phase.thread_id,
+            native_thread_id=phase.native_thread_id,
             elapsed_s=elapsed,
             threshold_s=threshold,
             median_s=median,
@@ -255,7 +263,9 @@ class Watchdog(SpanProcessor):
             capture.end(*pyspy.classify(returncode, output, os.getpid()))
         else:
             try:
-                capture.frames, capture.samples, note = pyspy.speedscope_frames(path, os.getpid(), capture.thread_id)
+                capture.frames, capture.samples, note = pyspy.speedscope_frames(
+                    path, os.getpid(), capture.native_thread_id
+                )
             except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
                 capture.end("failed", f"py-spy wrote {capture.path} but it could not be read: {exc}")
             else:
@@ -277,8 +287,10 @@ class Watchdog(SpanProcessor):
         try:
             returncode, text = pyspy.dump_tree(self._pyspy, pid, flags)
             if returncode == 0:
-                header = f"# rltrace hang dump {capture.profile_id}: {capture.reason}\n# span {capture.trace_id}/{capture.span_id}\n\n"
-                path.write_text(header + text)
+                span = f"{capture.trace_id}/{capture.span_id}"
+                path.write_text(
+                    f"# rltrace {capture.trigger} dump {capture.profile_id}: {capture.reason}\n# span {span}\n\n{text}"
+                )
                 returncode, text = pyspy.run_dump(pyspy.dump_command(self._pyspy, pid, json_output=True, flags=flags))
         except OSError as exc:
             capture.end(*pyspy.missing_message(self._pyspy, exc))
@@ -288,7 +300,7 @@ class Watchdog(SpanProcessor):
             else:
                 try:
                     threads = pyspy.dump_threads(text)
-                    capture.frames, note = pyspy.dump_frames(threads, capture.thread_id)
+                    capture.frames, note = pyspy.dump_frames(threads, capture.native_thread_id)
                     capture.samples = 1
                     capture.end("ok", note)
                 except ValueError as exc:
@@ -364,7 +376,9 @@ class Watchdog(SpanProcessor):
             phase = self._running.get(span.context.span_id)
         if phase is None:  # started before profiling was armed: it runs on the calling thread
             attrs = span.attributes or {}
-            phase = _Running(span, attrs.get(_names.PHASE), attrs.get(_names.STEP), span.start_time, threading.get_native_id())
+            phase = _Running(
+                span, attrs.get(_names.PHASE), attrs.get(_names.STEP), span.start_time, threading.get_native_id()
+            )
         if not self._take():
             return None
         capture = self._capture(phase, "pyspy_dump", "manual", reason)

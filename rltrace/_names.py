@@ -160,7 +160,7 @@ PROFILES_SCHEMA = pa.schema(
         pa.field("phase", pa.string()),
         pa.field("step", pa.int64()),
         *_PROCESS_COLUMNS,
-        pa.field("thread_id", pa.int64()),  # native id of the thread that ran the phase
+        pa.field("native_thread_id", pa.int64()),  # OS thread id (py-spy's) of the thread that ran the phase
         pa.field("kind", pa.string()),  # pyspy_record / pyspy_dump / torch
         pa.field("trigger", pa.string()),  # slow (relative or absolute limit) / hang / window / manual
         pa.field("reason", pa.string()),  # why it was taken, in words

@@ -39,7 +39,9 @@ def slow(steps: int = 9) -> None:
 
 
 def hang() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time\ndef stuck_child():\n    time.sleep(600)\nstuck_child()"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time\ndef stuck_child():\n    time.sleep(600)\nstuck_child()"]
+    )
 
     def worker() -> None:
         with rltrace.phase("generate", step=0):

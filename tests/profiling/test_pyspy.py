@@ -34,7 +34,8 @@ def test_slow_phase_gets_a_recording_linked_to_its_span(slow_run):
     assert (profile["kind"], profile["trigger"], profile["status"]) == ("pyspy_record", "slow", "ok")
     con = store.open(slow_run)
     span = con.execute(
-        "SELECT phase, step, duration_s, attr(attributes, 'rl.profile_id') FROM spans WHERE trace_id = ? AND span_id = ?",
+        "SELECT phase, step, duration_s, attr(attributes, 'rl.profile_id') FROM spans "
+        "WHERE trace_id = ? AND span_id = ?",
         [profile["trace_id"], profile["span_id"]],
     ).fetchall()
     assert span == [("reward", 6, pytest.approx(1.5, abs=0.3), profile["profile_id"])]
@@ -62,7 +63,9 @@ def test_a_hang_gets_a_stack_dump_of_the_process_and_its_children(tmp_path):
     try:
         [dump] = wait_for_profiles(run_dir, lambda rows: rows and rows[0]["status"] != "running")
         span = wait_for(
-            lambda: store.open(run_dir).execute("SELECT is_open FROM spans WHERE span_id = ?", [dump["span_id"]]).fetchall(),
+            lambda: (
+                store.open(run_dir).execute("SELECT is_open FROM spans WHERE span_id = ?", [dump["span_id"]]).fetchall()
+            ),
             lambda rows: rows,
             what="the generate span",
         )
@@ -106,7 +109,7 @@ def _ptrace_denied_pyspy(tmp_path: Path) -> str:
     if os.geteuid() == 0 and shutil.which("setpriv"):
         body = f'exec setpriv --reuid=65534 --regid=65534 --clear-groups "{PYSPY}" "$@"\n'
     else:
-        body = "echo \"Permission Denied: Try running again with elevated permissions\" >&2\nexit 1\n"
+        body = 'echo "Permission Denied: Try running again with elevated permissions" >&2\nexit 1\n'
     script.write_text("#!/bin/sh\n" + body)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(script)

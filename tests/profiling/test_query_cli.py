@@ -88,7 +88,9 @@ def test_paths_leaving_the_run_dir_are_refused(tmp_path, stored):
 def test_show_refuses_a_tampered_path(dumped_run, capsys):
     run_dir, _, _ = dumped_run
     row = store.open(run_dir).sql("SELECT * EXCLUDE (path, profile_id) FROM profiles").to_arrow_table()
-    row = row.append_column("path", pa.array(["../../../etc/passwd"])).append_column("profile_id", pa.array(["feedface"]))
+    row = row.append_column("path", pa.array(["../../../etc/passwd"])).append_column(
+        "profile_id", pa.array(["feedface"])
+    )
     write_part(run_dir / "profiles", "tampered.parquet", row.select(_names.PROFILES_SCHEMA.names), _names.PROFILES)
     assert main(["profile", "show", str(run_dir), "feedface"]) == 2
     assert "refusing" in capsys.readouterr().err

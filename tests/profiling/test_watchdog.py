@@ -97,4 +97,6 @@ def test_a_forked_child_keeps_watching(tmp_path):
     os.waitpid(pid, 0)
     rows = wait_for_profiles(tmp_path / "run", lambda rows: rows)
     rltrace.shutdown()
-    assert [(r["pid"], r["phase"], r["step"], r["status"]) for r in rows] == [(pid, "generate", 7, "missing_executable")]
+    assert [(r["pid"], r["phase"], r["step"], r["status"]) for r in rows] == [
+        (pid, "generate", 7, "missing_executable")
+    ]
