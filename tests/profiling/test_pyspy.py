@@ -57,6 +57,15 @@ def test_recording_names_the_slow_function(slow_run):
     assert json.loads(profile["command"])[1:3] == ["record", "--pid"]
 
 
+def test_the_report_names_the_profile_of_the_slow_stage(slow_run):
+    from rltrace import report
+
+    [profile] = profiles(slow_run)
+    data = report.build(store.open(slow_run))
+    assert [p["profile_id"] for p in data["bottleneck"]["profiles"]] == [profile["profile_id"]]
+    assert any(profile["profile_id"] in line and profile["path"] in line for line in data["findings"])
+
+
 def test_a_hang_gets_a_stack_dump_of_the_process_and_its_children(tmp_path):
     run_dir = tmp_path / "run"
     proc = start_program(run_dir, "hang", RLTRACE_HANG_TIMEOUT="0.5")

@@ -1,0 +1,92 @@
+"""Which stage waits on which: idle time and `wait` spans per process, attributed to the phases
+running elsewhere at that moment."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rltrace.analysis import _who, summary
+from rltrace.analysis._steps import Steps
+
+#: Phases rolled up to the stage a person names ("waited for train", not "for backward").
+GROUP_OF = {
+    "generate": "rollout",
+    "rollout": "rollout",
+    "reward": "reward",
+    "train": "train",
+    "forward": "train",
+    "backward": "train",
+    "optimizer": "train",
+    "weight_sync": "weight_sync",
+}
+UNTRACED = "untraced"  # waited while no busy span ran anywhere
+
+
+def waits(con, steps: Steps = None) -> pd.DataFrame:
+    """Waiting time per step, process and what was awaited.
+
+    Returns:
+        step, process_id, role, rank; kind (`idle`: inside the step's window with no busy or
+        wait span on the process; `wait_span`: inside a `wait` span; `declared`: a `wait` span
+        whose `rl.waiting_for` names the phase); in_phase (`idle`, or the phase enclosing the
+        wait span); waited_for (a busy phase running on another process meanwhile, the declared
+        phase, or `untraced` when nothing recorded ran); waited_for_group (rollout, reward,
+        train, weight_sync or the phase itself); waited_for_process (the other process where
+        that phase ran longest in the step); seconds (time that phase ran during the waits;
+        phases running at once each get their full overlap); intervals (waits contributing).
+    """
+    rows = summary.rows(con, steps, kinds=("wait",))
+    out = pd.DataFrame(
+        {
+            "step": rows["step"],
+            "process_id": rows["process_id"],
+            "kind": rows["detail"],
+            "in_phase": rows["phase"],
+            "waited_for": rows["other"].fillna(UNTRACED),
+            "waited_for_process": rows["other_process_id"],
+            "seconds": rows["seconds"],
+            "intervals": rows["count"],
+        }
+    )
+    out["waited_for_group"] = out["waited_for"].map(lambda p: GROUP_OF.get(p, p))
+    out = _who.label(out, con)
+    cols = ["step", "process_id", "role", "rank", "kind", "in_phase", "waited_for", "waited_for_group",
+            "waited_for_process", "seconds", "intervals"]
+    return out[cols].sort_values(["step", "seconds"], ascending=[True, False], ignore_index=True)
+
+
+def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
+    """The `n` longest waits of each step, rolled up to stages, with a sentence each.
+
+    Returns:
+        step, process_id, role, rank, in_phase, waited_for (group), waited_for_process,
+        waited_for_name (e.g. rollout0), seconds, share (seconds / the step's wall time), text (e.g. "trainer0 idle 3.50 s (39% of step 4)
+        waiting for rollout on rollout0").
+    """
+    w = waits(con, steps)
+    if w.empty:
+        return pd.DataFrame(columns=["step", "process_id", "role", "rank", "in_phase", "waited_for",
+                                     "waited_for_process", "waited_for_name", "seconds", "share", "text"])
+    keys = ["step", "process_id", "role", "rank", "in_phase", "waited_for_group"]
+    g = w.groupby(keys, dropna=False).agg(seconds=("seconds", "sum"), waited_for_process=("waited_for_process", "first"))
+    g = g.reset_index().rename(columns={"waited_for_group": "waited_for"})
+    walls = summary.checks(con, steps).set_index("step")
+    g["share"] = g["seconds"] / g["step"].map((walls["end_ns"] - walls["start_ns"]) / 1e9)
+    g = g.sort_values(["step", "seconds"], ascending=[True, False]).groupby("step").head(n)
+    names = _who.processes(con, g["waited_for_process"].dropna().unique())
+    short = {p: _who.name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
+    g["waited_for_name"] = g["waited_for_process"].map(short)
+    texts = []
+    for step, role, rank, in_phase, what, other, seconds, share in zip(
+        g["step"], g["role"], g["rank"], g["in_phase"], g["waited_for"], g["waited_for_name"], g["seconds"], g["share"]
+    ):
+        where = "idle" if in_phase == "idle" else f"in a wait inside {in_phase}"
+        text = f"{_who.name(role, rank)} {where} {seconds:.2f} s ({share:.0%} of step {step})"
+        if what == UNTRACED:
+            texts.append(text + " while no recorded phase ran anywhere")
+        else:
+            texts.append(text + f" waiting for {what}" + (f" on {other}" if isinstance(other, str) else ""))
+    g["text"] = texts
+    cols = ["step", "process_id", "role", "rank", "in_phase", "waited_for", "waited_for_process", "waited_for_name",
+            "seconds", "share", "text"]
+    return g[cols].reset_index(drop=True)
