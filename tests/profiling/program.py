@@ -44,7 +44,7 @@ def hang() -> None:
     )
 
     def worker() -> None:
-        with rltrace.phase("generate", step=0):
+        with rltrace.phase("rollout", step=0), rltrace.phase("generate"):
             wait_for_engine(threading.Event())
 
     threading.Thread(target=worker, name="rollout-worker", daemon=True).start()
