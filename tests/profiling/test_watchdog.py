@@ -29,6 +29,7 @@ def test_only_the_innermost_slow_phase_is_recorded(tmp_path):
         with rltrace.phase("reward") as reward:
             busy(0.5)
             reward_span = reward.span_id
+        busy(0.3)  # the step is still over its limit, but its slowness was the reward's
     rltrace.shutdown()
     [profile] = profiles(tmp_path / "run")
     assert (profile["span_id"], profile["phase"], profile["step"]) == (reward_span, "reward", 0)
