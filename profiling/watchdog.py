@@ -170,11 +170,11 @@ class Watchdog(SpanProcessor):
                         r.recorded = True
                 threshold, median = limit
                 if median is None:
-                    reason = f"{phase.phase} ran {elapsed:.2f} s > limit {threshold:g} s"
+                    reason = f"{phase.phase} ran {elapsed:.3g} s > limit {threshold:g} s"
                 else:
                     reason = (
-                        f"{phase.phase} ran {elapsed:.2f} s > {self.policy.slow:g} x its rolling median "
-                        f"{median:.3f} s (limit {threshold:.2f} s)"
+                        f"{phase.phase} ran {elapsed:.3g} s > {self.policy.slow:g} x its rolling median "
+                        f"{median:.3g} s (limit {threshold:.3g} s)"
                     )
                 self._start_record(self._capture(phase, "pyspy_record", "slow", reason, elapsed, threshold, median))
 

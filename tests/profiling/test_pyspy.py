@@ -14,7 +14,7 @@ import pytest
 
 import rltrace
 from rltrace import store
-from rltrace.profiling import artefact_path, watchdog_of
+from rltrace.profiling import artefact_path, profiles_for_spans, watchdog_of
 
 from .conftest import PYSPY, frames, profiles, run_program, start_program, wait_for, wait_for_profiles
 
@@ -88,6 +88,8 @@ def test_a_hang_gets_a_stack_dump_of_the_process_and_its_children(tmp_path):
     stack = [f["frame"] for f in frames(run_dir, dump["profile_id"])]
     assert stack.index("wait_for_engine") < stack.index("hang.<locals>.worker")
     assert "rollout-worker" in frames(run_dir, dump["profile_id"])[0]["thread"]
+    # the stack starts in threading.py; the top frame is where the worker is stuck in its own code
+    assert profiles_for_spans(store.open(run_dir))["top_frame"].tolist() == ["wait_for_engine"]
     text = artefact_path(run_dir, dump["path"]).read_text()
     assert "wait_for_engine" in text and "stuck_child" in text  # the child process is dumped too
 
