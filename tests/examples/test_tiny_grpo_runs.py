@@ -1,15 +1,13 @@
 """Whole demo runs, as a user starts them (`python -m examples.tiny_grpo`), read back through the store.
 
-Each run is a subprocess from the repo root with a fixed seed. The Ray runs are few: one async
-run (staleness, overlap, object-store sync) and one sync run that also hangs on purpose
-(trace context across the process boundary, gloo sync, the open span of a hung worker).
+The runs come from `conftest.RUNS` (one subprocess per configuration per session). The Ray runs
+are few: one async run (staleness, overlap, object-store sync) and one sync run that also hangs
+on purpose (trace context across the process boundary, gloo sync, the open span of a hung worker).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -17,20 +15,7 @@ import rltrace.store
 from examples.tiny_grpo.train import Config, prepare_out
 from rltrace import _names
 
-from ..conftest import PYTHON, REPO, python_env
-
-FAST_WARMUP = ("--warmup-max-steps", "3")  # runs that test plumbing, not learning, skip most of the warm-up
-
-
-def run_demo(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "examples.tiny_grpo", "--out", str(out), *args],
-        cwd=REPO,
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from .conftest import FAST_WARMUP, run_demo
 
 
 def rows(con, sql: str, params=None) -> list[dict]:
@@ -43,12 +28,9 @@ def metric(con, name: str) -> list[float]:
     return [r[0] for r in con.execute("SELECT value FROM metrics WHERE name = ? ORDER BY step", [name]).fetchall()]
 
 
-@pytest.fixture(scope="module")
-def colocated_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "run"
-    proc = run_demo(out, "--steps", "40", "--seed", "0")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc
+@pytest.fixture
+def colocated_run(demo):
+    return demo("colocated")
 
 
 @pytest.mark.slow
@@ -116,10 +98,8 @@ def test_bf16_rollout_has_larger_mismatch_than_fp32(tmp_path):
     assert diffs["bf16"] > 100 * diffs["fp32"]
 
 
-def test_hang_leaves_an_open_generate_span_and_exits_nonzero(tmp_path):
-    out = tmp_path / "hang"
-    proc = run_demo(out, "--steps", "5", "--hang-after", "2", "--hang-timeout", "6", *FAST_WARMUP)
-    assert proc.returncode == 3, proc.stderr[-3000:]
+def test_hang_leaves_an_open_generate_span_and_exits_nonzero(demo):
+    out, proc = demo("hang")
     assert "did not finish step 2 within 6 s" in proc.stdout
     con = rltrace.store.open(out)
     open_spans = rows(con, "SELECT name, step, role FROM spans WHERE is_open")
@@ -148,11 +128,8 @@ def test_existing_run_is_kept_unless_overwrite(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_async_on_ray_overlaps_generation_with_training_and_is_stale(tmp_path):
-    out = tmp_path / "async"
-    proc = run_demo(out, "--placement", "disaggregated", "--mode", "async", "--steps", "8", "--max-staleness", "3",
-                    *FAST_WARMUP)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_async_on_ray_overlaps_generation_with_training_and_is_stale(demo):
+    out, _ = demo("ray_async")
     con = rltrace.store.open(out)
     staleness = [r[0] for r in con.execute("SELECT staleness FROM samples").fetchall()]
     assert max(staleness) >= 1 and max(staleness) <= 3
@@ -169,11 +146,8 @@ def test_async_on_ray_overlaps_generation_with_training_and_is_stale(tmp_path):
 
 
 @pytest.mark.slow
-def test_sync_on_ray_continues_the_trace_and_records_a_hung_worker(tmp_path):
-    out = tmp_path / "sync"
-    proc = run_demo(out, "--placement", "disaggregated", "--sync-method", "gloo", "--steps", "6",
-                    "--hang-after", "3", "--hang-timeout", "8", *FAST_WARMUP)
-    assert proc.returncode == 3, proc.stderr[-3000:]
+def test_sync_on_ray_continues_the_trace_and_records_a_hung_worker(demo):
+    out, _ = demo("ray_sync_hang")
     con = rltrace.store.open(out)
     pairs = rows(
         con,
