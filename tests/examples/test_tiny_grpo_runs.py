@@ -106,7 +106,8 @@ def test_hang_leaves_an_open_generate_span_and_exits_nonzero(demo):
     assert {"name": "generate", "step": 2, "role": "trainer"} in open_spans
     failed = rows(con, "SELECT name FROM spans WHERE status = 'ERROR' AND step = 2")
     assert {"name": "wait"} in failed  # the trainer's wait ended with the timeout recorded on it
-    assert json.loads((out / "demo_summary.json").read_text())["exit_code"] == 3
+    summary = json.loads((out / "demo_summary.json").read_text())
+    assert summary["exit_code"] == 3 and [r["step"] for r in summary["steps"]] == [0, 1]
 
 
 def test_existing_run_is_kept_unless_overwrite(tmp_path, capsys):
@@ -146,8 +147,25 @@ def test_async_on_ray_overlaps_generation_with_training_and_is_stale(demo):
 
 
 @pytest.mark.slow
+def test_async_generate_names_the_weight_sync_that_sent_its_weights(demo):
+    con = rltrace.store.open(demo("ray_async")[0])
+    pairs = rows(
+        con,
+        """SELECT g.weight_version AS used, s.weight_version AS sent, s.role
+           FROM spans g JOIN spans s ON attr(g.attributes, 'rl.weight_sync_span_id') = s.span_id
+            AND attr(g.attributes, 'rl.weight_sync_trace_id') = s.trace_id
+           WHERE g.name = 'generate' AND g.role = 'rollout' AND NOT g.is_open""",
+    )
+    generated = con.execute("SELECT count(*) FROM spans WHERE name = 'generate' AND NOT is_open").fetchone()[0]
+    assert len(pairs) == generated >= 8
+    assert all(p["used"] == p["sent"] and p["role"] == "trainer" for p in pairs)
+
+
+@pytest.mark.slow
 def test_sync_on_ray_continues_the_trace_and_records_a_hung_worker(demo):
-    out, _ = demo("ray_sync_hang")
+    out, proc = demo("ray_sync_hang")
+    assert "rollout hung:" in proc.stdout and "did not answer 'generate at step 3' within 8 s" in proc.stdout
+    assert "step   2  reward" in proc.stdout  # the driver printed the trainer actor's progress
     con = rltrace.store.open(out)
     pairs = rows(
         con,
@@ -155,9 +173,17 @@ def test_sync_on_ray_continues_the_trace_and_records_a_hung_worker(demo):
            FROM spans c JOIN spans p ON c.parent_span_id = p.span_id
            WHERE c.role = 'rollout' AND p.role = 'trainer' AND NOT c.is_open ORDER BY c.step, c.name""",
     )
+    procs = rows(con, "SELECT role, argv FROM processes")
+    assert sorted(p["role"] for p in procs) == ["rollout", "trainer"]  # the driver records nothing
+    trainer_argv = json.loads(next(p["argv"] for p in procs if p["role"] == "trainer"))
+    assert trainer_argv[0].endswith("default_worker.py")  # the trainer is a Ray actor process
     assert {"child": "generate", "parent": "rollout", "step": 1, "same_trace": True} in pairs
     assert {"child": "weight_load", "parent": "weight_sync", "step": 1, "same_trace": True} in pairs
     hung = rows(con, "SELECT name, step, role FROM spans WHERE is_open")
     assert {"name": "generate", "step": 3, "role": "rollout"} in hung
+    failed = rows(con, "SELECT name, role FROM spans WHERE status = 'ERROR' AND step = 3")
+    assert {"name": "wait", "role": "trainer"} in failed  # the trainer's bounded wait gave up
+    summary = json.loads((out / "demo_summary.json").read_text())
+    assert summary["exit_code"] == 3 and [r["step"] for r in summary["steps"]] == [0, 1, 2]
     load = rows(con, "SELECT attributes FROM spans WHERE name = 'weight_load' AND step = 1")[0]
     assert json.loads(load["attributes"])["rl.method"] == "gloo"
