@@ -10,9 +10,9 @@ import argparse
 import sys
 
 from rltrace._config import RltraceError
-from rltrace.cli import compact, export, info, report
+from rltrace.cli import compact, export, info, profile, report
 
-COMMANDS = [info, compact, report, export]
+COMMANDS = [info, compact, report, export, profile]
 
 
 def build_parser() -> argparse.ArgumentParser:
