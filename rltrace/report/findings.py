@@ -30,7 +30,8 @@ def _who(role, rank) -> str:
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_hangs, _bottleneck, _waits, _stragglers, _weight_sync, _async, _drops, _staleness, _mismatch):
+    for part in (_hangs, _bottleneck, _outliers, _waits, _stragglers, _weight_sync, _async, _drops, _staleness,
+                 _mismatch):
         out.extend(part(r))
     return out
 
@@ -51,6 +52,22 @@ def _bottleneck(r: dict) -> list[str]:
     out = [text]
     for p in b.get("profiles") or []:
         out.append(f"Profile of a slow {b['phase']} span (step {p['step']}): {p['kind']} {p['profile_id']} at {p['path']}.")
+    return out
+
+
+def _profiles(profiles: list[dict]) -> str:
+    return "; ".join(f"{p['kind']} {p['profile_id']} at {p['path']}" for p in profiles)
+
+
+def _outliers(r: dict) -> list[str]:
+    out, named = [], {p["profile_id"] for o in r["open_spans"] for p in o.get("profiles") or []}
+    for o in r.get("outliers") or []:
+        text = (
+            f"Outlier: {o['stage']} took {sec(o['seconds'])} at step {o['step']} against a median of "
+            f"{sec(o['median_s'])} per step ({o['steps_over']} of {len(r['steps'])} steps took over 3x the median)."
+        )
+        profiles = [p for p in o["profiles"] if p["profile_id"] not in named]  # a hang's dump is named once
+        out.append(text + (f" Profile: {_profiles(profiles)}." if profiles else ""))
     return out
 
 
@@ -145,6 +162,7 @@ def _hangs(r: dict) -> list[str]:
         out.append(
             f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step} started and never ended "
             f"({sec(o['stalled_s'])} before the run's last write; {sec(o['age_s'])} ago): hung or killed."
+            + (f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else "")
         )
     return out
 

@@ -61,3 +61,35 @@ def test_terminal_report_fits_the_width_without_cutting_values(tmp_path, width):
     assert "…" not in text  # no cell truncated
     assert "Open span: rollout on rollout0 at step 5" in " ".join(text.split())
     assert "│ t_W         │ 500 ms │ weight sync" in text
+
+
+def test_an_occasional_slow_stage_is_named_with_its_profile(tmp_path):
+    """One slow reward in six steps: the medians hide it, the outlier sentence names it and its profile."""
+    b = RunBuilder(tmp_path / "run")
+    tr = b.process("trainer")
+    for step in range(6):
+        o = 2.0 * step
+        tr.span("rollout", o, o + 0.5, step=step)
+        tr.span("reward", o + 0.5, o + (1.7 if step == 3 else 0.51), step=step)
+        tr.span("train", o + 1.8, o + 2.0, step=step)
+    hung = tr.span("generate", 12.0, None, step=6)
+    b.write()
+    con = store.open(b.run_dir)
+    slow = con.execute("SELECT span_id FROM spans WHERE phase = 'reward' AND step = 3").fetchone()[0]
+    assert slow.isalnum() and hung.span_id.isalnum()  # safe to inline: views cannot take parameters
+    con.execute(
+        "CREATE OR REPLACE VIEW profiles AS SELECT * FROM (VALUES "
+        f"('t', '{slow}', 'p1', 'pyspy_record', 'profiles/files/p1.json'), "
+        f"('t', '{hung.span_id}', 'p2', 'pyspy_dump', 'profiles/files/p2.txt')) "
+        "AS v(trace_id, span_id, profile_id, kind, path)")
+    data = report.build(con)
+    assert data["bottleneck"]["stage"] == "rollout"  # the median step is not slowed by reward
+    [outlier] = data["outliers"]
+    assert (outlier["stage"], outlier["step"], outlier["steps_over"]) == ("reward", 3, 1)
+    assert outlier["seconds"] == pytest.approx(1.2) and outlier["median_s"] == pytest.approx(0.01)
+    assert [p["profile_id"] for p in outlier["profiles"]] == ["p1"]
+    assert [p["profile_id"] for p in data["open_spans"][0]["profiles"]] == ["p2"]
+    said = " ".join(data["findings"])
+    assert ("Outlier: reward took 1.20 s at step 3 against a median of 10.0 ms per step (1 of 6 steps took over "
+            "3x the median). Profile: pyspy_record p1 at profiles/files/p1.json.") in said
+    assert "hung or killed. Profile: pyspy_dump p2 at profiles/files/p2.txt." in said
