@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ class TrainerActor:
 
     def train(self, workers: list) -> tuple[int, str]:
         """The trainer's life (train.run_trainer) over the given rollout actors: (exit code, problem)."""
+        threading.current_thread().name = "train-loop"  # a Ray pool thread; spans record this name
         cfg = self.cfg
         rollout = RayRollout(
             workers, mode=cfg.mode, method=cfg.sync_method, sync_dir=Path(cfg.out) / "weight_sync",

@@ -157,7 +157,8 @@ def _hangs(r: dict) -> list[str]:
     out = []
     for o in r["open_spans"]:
         step = "" if o.get("step") is None else f" at step {o['step']}"
-        named = o.get("thread_name") not in (None, "MainThread")
+        thread_name = o.get("thread_name") or "MainThread"
+        named = thread_name != "MainThread" and not thread_name.startswith("Dummy-")  # Dummy-N: a foreign thread
         thread = f" (thread {o['thread_name']})" if named else ""
         out.append(
             f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step} started and never ended "

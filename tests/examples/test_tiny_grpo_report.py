@@ -11,6 +11,8 @@ import json
 
 import pytest
 
+import rltrace.store
+from rltrace import analysis
 from rltrace.cli import main
 
 
@@ -82,13 +84,18 @@ def test_colocated_run_reports_the_wait_for_the_engine_thread(demo, report_of):
 
 @pytest.mark.slow
 def test_async_ray_run_reports_overlap_staleness_and_the_weight_update_stall(demo, report_of):
-    data, text = report_of(demo("ray_async")[0])
+    run = demo("ray_async")[0]
+    data, text = report_of(run)
     assert data["async"]["overlapping"] and data["async"]["achieved_speedup"] > 1.1
     assert "Stages overlap (async)" in text
     assert data["staleness"]["max"] >= 1 and "Staleness: mean" in text
-    trainer = [w for w in data["waits"] if w["role"] == "trainer" and w["in_phase"] == "weight_sync"]
-    assert trainer and {w["waited_for"] for w in trainer} == {"weight_load"}
-    assert {w["waited_for_name"] for w in trainer} == {"rollout0"}
+    assert {w["role"] for w in data["waits"]} == {"trainer", "rollout"}
+    waits = analysis.waits(rltrace.store.open(run))  # every wait, not only each step's longest three
+    sync = waits[(waits["role"] == "trainer") & (waits["in_phase"] == "weight_sync")]
+    assert set(sync["kind"]) == {"declared"} and set(sync["waited_for"]) == {"weight_load"}
+    assert set(sync["step"]) == set(range(8))  # every update waits for the workers to load it
+    stall = waits[(waits["role"] == "rollout") & (waits["in_phase"] == "weight_load")]
+    assert set(stall["waited_for"]) <= {"generate"}  # a weight load waits only for the batch in flight
 
 
 @pytest.mark.slow
