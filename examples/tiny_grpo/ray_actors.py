@@ -36,13 +36,17 @@ class TrainerActor:
     def train(self, workers: list) -> tuple[int, str]:
         """The trainer's life (train.run_trainer) over the given rollout actors: (exit code, problem)."""
         threading.current_thread().name = "train-loop"  # a Ray pool thread; spans record this name
-        cfg = self.cfg
+        before, cfg = set(threading.enumerate()), self.cfg
         rollout = RayRollout(
             workers, mode=cfg.mode, method=cfg.sync_method, sync_dir=Path(cfg.out) / "weight_sync",
             timeout=cfg.hang_timeout, max_staleness=cfg.max_staleness, groups_per_step=cfg.prompts_per_step,
             queue_groups=cfg.queue_steps * cfg.prompts_per_step,
         )
-        return run_trainer(cfg, self.log, rollout)
+        result = run_trainer(cfg, self.log, rollout)
+        for thread in set(threading.enumerate()) - before:  # e.g. a replay checkpoint still being saved:
+            if not thread.daemon:  # a plain process would wait for it at exit; Ray would kill it
+                thread.join()
+        return result
 
     def progress(self, seen: int) -> list[tuple]:
         """Progress events after the first `seen` (see display.ProgressLog)."""

@@ -3,6 +3,7 @@
 A small dispatcher: each format lives in its own module and registers its options here.
   chrome  Chrome Trace Event JSON for Perfetto / chrome://tracing (rltrace.export.chrome)
   otlp    replay the spans to an OpenTelemetry backend over OTLP/HTTP (rltrace.export.otlp)
+  slime   a frozen batch as a slime rollout dump for --load-debug-rollout-data (rltrace.replay.slime_export)
 """
 
 from __future__ import annotations
@@ -17,20 +18,25 @@ from rltrace import store
 from rltrace._config import RltraceError
 from rltrace.analysis import parse_steps
 
-FORMATS = ("chrome", "otlp")
+FORMATS = ("chrome", "otlp", "slime")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a run as a Perfetto/Chrome trace, or replay it to an OTLP backend")
+    p = sub.add_parser("export", help="write a run as a Perfetto/Chrome trace or a slime rollout dump, or replay it to an OTLP backend")
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--format", required=True, choices=FORMATS, help="chrome: trace JSON; otlp: send to --endpoint")
-    p.add_argument("--out", metavar="FILE", help="chrome: output file (default RUN_DIR/trace.json)")
+    p.add_argument("--format", required=True, choices=FORMATS, help="chrome: trace JSON; otlp: send to --endpoint; slime: rollout dump")
+    p.add_argument("--out", metavar="FILE", help="chrome: output file (default RUN_DIR/trace.json); slime: output file, may hold {rollout_id}")
     p.add_argument("--endpoint", metavar="URL", help="otlp: backend address, e.g. http://localhost:6006")
     p.add_argument("--steps", metavar="A:B", help="only steps A to B inclusive")
+    p.add_argument("--step", type=int, metavar="N", help="slime: the frozen batch of step N (default: every batch)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.format == "slime":
+        from rltrace.replay.slime_export import export_command
+
+        return export_command(args)
     steps = parse_steps(args.steps)
     return {"chrome": _chrome, "otlp": _otlp}[args.format](args, steps)
 
