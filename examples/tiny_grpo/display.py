@@ -1,4 +1,8 @@
-"""What the demo prints: one line per step above a progress bar, and what to look at next."""
+"""What the demo prints: one line per step above a progress bar, and what to look at next.
+
+`Display` prints in the process that runs it; `ProgressLog` stands in for it inside the trainer's
+Ray actor and keeps the same calls as events, which the driver polls and `Display.replay`s.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ class Display:
             transient=True,
         )
         self._task = self.progress.add_task("starting", total=total_steps, info="")
+        self.rows: list[dict] = []  # one summary row per finished step (demo_summary.json)
 
     def __enter__(self) -> Display:
         self.progress.start()
@@ -36,7 +41,13 @@ class Display:
         self.console.print(f"warm-up: {batches} supervised batches, loss {loss:.2f}; GRPO starts")
         self.status("GRPO")
 
+    def replay(self, events: list[tuple]) -> None:
+        """Show the events a `ProgressLog` recorded, in order."""
+        for name, *args in events:
+            getattr(self, name)(*args)
+
     def step(self, row: dict) -> None:
+        self.rows.append(row)
         self.console.print(
             f"step {row['step']:>3}  reward {row['reward_mean']:.3f}±{row['reward_std']:.2f}  "
             f"exact {row['exact_match']:.2f}  len {row['response_len_mean']:4.1f}  "
@@ -56,7 +67,8 @@ class Display:
             soft_wrap=True,
         )
 
-    def finished(self, history: list[dict], out: Path) -> None:
+    def finished(self, out: Path) -> None:
+        history = self.rows
         if not history:
             return
         k = min(5, len(history))
@@ -76,3 +88,19 @@ class Display:
             "  docs/demo.md  the fault flags (--straggler, --slow-reward, ...) and how each shows up",
         ):
             self.console.print(line, soft_wrap=True)
+
+
+class ProgressLog:
+    """`Display`'s calls, kept as events (name, *args) for another process to poll and replay."""
+
+    def __init__(self):
+        self.events: list[tuple] = []  # appended by the training thread, read by the polling one
+
+    def status(self, text: str) -> None:
+        self.events.append(("status", text))
+
+    def warmup_done(self, batches: int, loss: float) -> None:
+        self.events.append(("warmup_done", batches, loss))
+
+    def step(self, row: dict) -> None:
+        self.events.append(("step", row))

@@ -2,9 +2,9 @@
 
 - `LocalRollout` (colocated): the engine lives in the trainer's process and generates on its own
   thread; the trainer waits for it (a `wait` span) and syncs weights by copying (`copy`).
-- `RayRollout` (disaggregated): N `RolloutActor` processes. `sync` mode asks them to generate
-  each step; `async` mode lets them generate continuously and takes finished groups from their
-  queues. Weights travel by `object_store`, `disk` or `gloo` (see weight_sync.py).
+- `RayRollout` (disaggregated, used inside the trainer's actor): N `RolloutActor` processes. `sync`
+  mode asks them to generate each step; `async` mode lets them generate continuously and takes
+  finished groups from their queues. Weights travel by `object_store`, `disk` or `gloo`.
 
 Every blocking call is bounded by `timeout` and recorded as a `wait` span with `waiting_for`;
 a worker that does not answer in time raises `RolloutTimeout`.
@@ -13,7 +13,6 @@ a worker that does not answer in time raises `RolloutTimeout`.
 from __future__ import annotations
 
 import datetime
-import logging
 import queue
 import socket
 import threading
@@ -68,7 +67,8 @@ class LocalRollout:
         return result, 0
 
     def sync_weights(self, named, version: int, throttle: weight_sync.Throttle) -> int:
-        return weight_sync.copy_into(lambda chunk: self.worker.load_weights(chunk, version), named, throttle)
+        sender = rltrace.inject()
+        return weight_sync.copy_into(lambda chunk: self.worker.load_weights(chunk, version, sender), named, throttle)
 
     def start(self) -> None:
         pass  # colocated generation runs only when asked
@@ -78,28 +78,13 @@ class LocalRollout:
 
 
 class RayRollout:
-    """Disaggregated: rollout workers as Ray actors, sync or async."""
+    """Disaggregated: rollout workers as Ray actors (started by the driver, see ray_driver.py), sync or async."""
 
-    def __init__(self, settings: RolloutSettings, *, run_dir: Path, workers: int, mode: str, method: str,
-                 timeout: float, max_staleness: int | None, queue_groups: int, groups_per_step: int, threads: int):
-        import ray
-
-        from examples.tiny_grpo.ray_actors import RolloutActor
-
-        self.mode, self.method, self.timeout, self.max_staleness = mode, method, timeout, max_staleness
-        self.groups_per_step, self.queue_groups = groups_per_step, queue_groups
-        self.sync_dir = Path(run_dir) / "weight_sync"
-        self.sync_dir.mkdir(parents=True, exist_ok=True)
-        # Local workers inherit this process's environment (RLTRACE_*, PYTHONPATH) and find
-        # `examples` through the driver's working directory; on a cluster pass a runtime_env.
-        with rltrace.phase("startup", workers=workers):
-            ray.init(
-                num_cpus=max(2, workers), include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False
-            )
-            remote = ray.remote(RolloutActor).options(num_cpus=1, max_concurrency=4)
-            self.actors = [
-                remote.remote(str(run_dir), i, workers, settings, str(self.sync_dir), threads) for i in range(workers)
-            ]
+    def __init__(self, actors: list, *, mode: str, method: str, sync_dir: Path, timeout: float,
+                 max_staleness: int | None, queue_groups: int, groups_per_step: int):
+        self.actors, self.mode, self.method, self.timeout = actors, mode, method, timeout
+        self.max_staleness, self.groups_per_step, self.queue_groups = max_staleness, groups_per_step, queue_groups
+        self.sync_dir = Path(sync_dir)
         self._ready = [a.ready.remote() for a in self.actors]  # workers start while the trainer warms up
 
     def _wait_ready(self) -> None:
@@ -179,15 +164,19 @@ class RayRollout:
         return sent
 
     def close(self) -> None:
-        """Flush the workers' telemetry (best effort: a hung worker may not answer) and stop Ray."""
-        import ray
-
-        try:
-            ray.get([a.close.remote() for a in self.actors], timeout=10)
-        except Exception:  # a hung or dead worker: its store parts were flushed while it ran
-            pass
+        """Flush the workers' telemetry (best effort: a hung worker may not answer); leave the gloo group."""
+        close_actors(self.actors)
         if self.method == "gloo" and self._ready is None:
             import torch.distributed as dist
 
             dist.destroy_process_group()
-        ray.shutdown()
+
+
+def close_actors(actors: list, timeout: float = 10.0) -> None:
+    """Ask each actor to flush its spans and rows to the store; a hung one has flushed what ended."""
+    import ray
+
+    try:
+        ray.get([a.close.remote() for a in actors], timeout=timeout)
+    except Exception:  # a hung or dead actor: its store parts were flushed while it ran
+        pass

@@ -1,25 +1,64 @@
-"""A rollout worker in its own process: the Ray actor of disaggregated mode.
+"""The Ray actors of disaggregated mode, each in its own process, all recording into one run.
 
-Each actor records into the same run as the trainer (`role="rollout"`, `rank=i`). Calls from the
-trainer carry its trace context (`rltrace.inject()`); the actor continues it with
-`rltrace.attach(carrier)`, so its `generate` and `weight_load` spans are children of the trainer's
-`rollout` and `weight_sync` spans in one trace across the process boundary.
+- `TrainerActor` (`role="trainer"`): the whole training loop of train.py, with a `RayRollout`
+  over the workers' handles; the driver (ray_driver.py) polls it for progress.
+- `RolloutActor` (`role="rollout"`, `rank=i`): a `RolloutWorker`. Calls from the trainer carry its
+  trace context (`rltrace.inject()`); the actor continues it with `rltrace.attach(carrier)`, so its
+  `generate` and `weight_load` spans are children of the trainer's `rollout` and `weight_sync`
+  spans in one trace across the process boundary.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import threading
+from pathlib import Path
 
 import torch
 
 import rltrace
 from examples.tiny_grpo import weight_sync
+from examples.tiny_grpo.display import ProgressLog
+from examples.tiny_grpo.placement import RayRollout
+from examples.tiny_grpo.train import run_trainer
 from examples.tiny_grpo.worker import RolloutSettings, RolloutWorker, Sample
 
 
+class TrainerActor:
+    """Wrapped with `ray.remote(...)` by the driver. `train` runs the loop on one actor thread while
+    `progress` answers the driver's polls on another (`max_concurrency=2`)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.log = ProgressLog()
+
+    def train(self, workers: list) -> tuple[int, str]:
+        """The trainer's life (train.run_trainer) over the given rollout actors: (exit code, problem)."""
+        threading.current_thread().name = "train-loop"  # a Ray pool thread; spans record this name
+        before, cfg = set(threading.enumerate()), self.cfg
+        rollout = RayRollout(
+            workers, mode=cfg.mode, method=cfg.sync_method, sync_dir=Path(cfg.out) / "weight_sync",
+            timeout=cfg.hang_timeout, max_staleness=cfg.max_staleness, groups_per_step=cfg.prompts_per_step,
+            queue_groups=cfg.queue_steps * cfg.prompts_per_step,
+        )
+        result = run_trainer(cfg, self.log, rollout)
+        for thread in set(threading.enumerate()) - before:  # e.g. a replay checkpoint still being saved:
+            if not thread.daemon:  # a plain process would wait for it at exit; Ray would kill it
+                thread.join()
+        return result
+
+    def progress(self, seen: int) -> list[tuple]:
+        """Progress events after the first `seen` (see display.ProgressLog)."""
+        return self.log.events[seen:]
+
+    def close(self) -> None:
+        """Flush this process's spans and rows (the driver's last resort when `train` does not return)."""
+        rltrace.shutdown()
+
+
 class RolloutActor:
-    """Wrapped with `ray.remote(...)` by `placement.RayRollout`; plain class otherwise."""
+    """Wrapped with `ray.remote(...)` by the driver; plain class otherwise."""
 
     def __init__(self, run_dir: str, rank: int, n_workers: int, settings: RolloutSettings, sync_dir: str, threads: int):
         torch.set_num_threads(threads)  # the trainer and the workers share the machine's cores
@@ -66,7 +105,7 @@ class RolloutActor:
                 weight_sync.broadcast_gloo(named)
             else:
                 raise ValueError(f"unknown sync method {method!r}")
-            loaded = self.worker.load_weights(named, version)
+            loaded = self.worker.load_weights(named, version, sender=carrier)
             span.set(bytes=loaded)
         return loaded
 

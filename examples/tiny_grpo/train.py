@@ -6,7 +6,8 @@
 
 Every knob is a field of `Config` below (each is also a `--flag`). The loop is `train()`: a short
 supervised warm-up teaches the answer format, then each step generates groups of answers, scores
-them, takes one GRPO update and sends the new weights to the rollout engine.
+them, takes one GRPO update and sends the new weights to the rollout engine. Colocated, it runs
+in this process; disaggregated, in a Ray actor of its own (ray_driver.py starts it).
 """
 
 from __future__ import annotations
@@ -28,13 +29,11 @@ import rltrace
 import rltrace.replay
 from examples.tiny_grpo import grpo, replay, weight_sync
 from examples.tiny_grpo.display import Display
-from examples.tiny_grpo.placement import LocalRollout, RayRollout, RolloutTimeout
+from examples.tiny_grpo.placement import LocalRollout, RolloutTimeout
 from examples.tiny_grpo.policy import Policy, PolicyConfig, pack, save_checkpoint, token_logprobs, write_model_config
 from examples.tiny_grpo.task import ProblemSource, reward, slow_verifier
 from examples.tiny_grpo.tokenizer import Tokenizer
-from examples.tiny_grpo.worker import RolloutSettings
-
-STRAGGLER_TOKENS = 96  # the --straggler sample's budget
+from examples.tiny_grpo.worker import STRAGGLER_TOKENS, RolloutSettings
 
 
 def knob(default, help: str, **argparse_kwargs):
@@ -232,30 +231,29 @@ def save_version(policy: Policy, folder: Path, version: int, keep: int) -> int:
 
 
 # --- the loop -----------------------------------------------------------------------------------
-def train(cfg: Config, display: Display, history: list[dict]) -> None:
-    """Run the whole demo into `cfg.out` (already prepared), appending one summary row per step to `history`."""
-    out, ckpt = Path(cfg.out), Path(cfg.out) / "checkpoints"
+def run_trainer(cfg: Config, display, rollout) -> tuple[int, str]:
+    """The trainer process's whole life: record as `role="trainer"`, train, flush. Returns the exit
+    code (0, or 3 when a rollout worker stopped answering) and what went wrong."""
+    rltrace.init(cfg.out, role="trainer", config=cfg)
+    try:
+        train(cfg, display, rollout)
+        return 0, ""
+    except RolloutTimeout as exc:
+        return 3, str(exc)
+    finally:
+        rltrace.shutdown()
+
+
+def train(cfg: Config, display, rollout) -> None:
+    """Run the whole demo into `cfg.out` (already prepared); `display.step(row)` gets each step's summary."""
+    ckpt = Path(cfg.out) / "checkpoints"
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.torch_threads)
     tokenizer = Tokenizer()
-    policy = Policy(PolicyConfig(vocab_size=tokenizer.vocab_size, n_layer=cfg.n_layer, n_embd=cfg.n_embd))
+    policy = Policy(RolloutSettings.from_config(cfg).policy)  # the same model as the engines
     write_model_config(ckpt, policy.config, tokenizer, rollout_precision=cfg.rollout_precision,
                        temperature=cfg.temperature, top_p=cfg.top_p)
     keep_versions = cfg.save_checkpoints or cfg.mode == "async"
-    settings = RolloutSettings(
-        policy.config, seed=cfg.seed, group_size=cfg.group_size, min_digits=cfg.digits, max_digits=cfg.digits,
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-        precision=cfg.rollout_precision, straggler=cfg.straggler, bad_template=cfg.bad_template,
-        straggler_tokens=STRAGGLER_TOKENS, hang_after=cfg.hang_after,
-    )
-    if cfg.placement == "colocated":
-        rollout = LocalRollout(settings, timeout=cfg.hang_timeout)
-    else:
-        rollout = RayRollout(
-            settings, run_dir=out, workers=cfg.rollout_workers, mode=cfg.mode, method=cfg.sync_method,
-            timeout=cfg.hang_timeout, max_staleness=cfg.max_staleness, groups_per_step=cfg.prompts_per_step,
-            queue_groups=cfg.queue_steps * cfg.prompts_per_step, threads=cfg.torch_threads,
-        )
     throttle = lambda: weight_sync.Throttle(cfg.slow_sync_bandwidth if cfg.slow_sync else None)  # noqa: E731
     try:
         with rltrace.phase("warmup") as span:
@@ -298,7 +296,6 @@ def train(cfg: Config, display: Display, history: list[dict]) -> None:
             seconds = time.perf_counter() - started
             row = record(step, version - 1, samples, rewards, stats, dropped, seconds)
             row["cpu_seconds"] = time.process_time() - cpu_started  # every thread of this process
-            history.append(row)
             display.step(row)
     finally:
         rollout.close()
@@ -342,18 +339,19 @@ def record(step: int, train_version: int, samples, rewards, stats: dict, dropped
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     out = prepare_out(cfg)
-    rltrace.init(out, role="trainer", config=cfg)
-    display, history, exit_code = Display(cfg.steps), [], 0
-    try:
-        with display:
-            train(cfg, display, history)
-    except RolloutTimeout as exc:
-        exit_code = 3
-        display.hung(str(exc), cfg)
-    finally:
-        rltrace.shutdown()
-    summary = {"config": asdict(cfg), "exit_code": exit_code, "steps": history}
+    display = Display(cfg.steps)
+    with display:
+        if cfg.placement == "colocated":
+            local = LocalRollout(RolloutSettings.from_config(cfg), timeout=cfg.hang_timeout)
+            exit_code, problem = run_trainer(cfg, display, local)
+        else:
+            from examples.tiny_grpo.ray_driver import run_on_ray
+
+            exit_code, problem = run_on_ray(cfg, display)
+    if exit_code == 3:
+        display.hung(problem, cfg)
+    summary = {"config": asdict(cfg), "exit_code": exit_code, "steps": display.rows}
     (out / "demo_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     if exit_code == 0:
-        display.finished(history, out)
+        display.finished(out)
     return exit_code

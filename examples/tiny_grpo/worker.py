@@ -23,6 +23,8 @@ from examples.tiny_grpo.policy import PolicyConfig
 from examples.tiny_grpo.task import Problem, ProblemSource
 from examples.tiny_grpo.tokenizer import Tokenizer
 
+STRAGGLER_TOKENS = 96  # the --straggler sample's budget
+
 
 @dataclass
 class RolloutSettings:
@@ -38,9 +40,20 @@ class RolloutSettings:
     top_p: float = 1.0
     precision: str = "fp32"
     straggler: bool = False  # one sample per batch ignores <|eos|> and runs to straggler_tokens
-    straggler_tokens: int = 96
+    straggler_tokens: int = STRAGGLER_TOKENS
     bad_template: bool = False  # render prompts without the <|assistant|> generation prompt
     hang_after: int | None = None  # from this step on, generate() never returns
+
+    @classmethod
+    def from_config(cls, cfg) -> RolloutSettings:
+        """The rollout side's slice of the trainer's `train.Config` (the engines get the trainer's model shape)."""
+        policy = PolicyConfig(vocab_size=Tokenizer().vocab_size, n_layer=cfg.n_layer, n_embd=cfg.n_embd)
+        return cls(
+            policy, seed=cfg.seed, group_size=cfg.group_size, min_digits=cfg.digits, max_digits=cfg.digits,
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+            precision=cfg.rollout_precision, straggler=cfg.straggler, bad_template=cfg.bad_template,
+            hang_after=cfg.hang_after,
+        )
 
 
 @dataclass
@@ -59,6 +72,12 @@ class Sample:
     extras: dict = field(default_factory=dict)
 
 
+def _span_ids(carrier: dict | None) -> dict:
+    """`weight_sync_trace_id`/`_span_id` from a carrier's W3C traceparent (`00-<trace>-<span>-<flags>`)."""
+    parts = (carrier or {}).get("traceparent", "").split("-")
+    return {"weight_sync_trace_id": parts[1], "weight_sync_span_id": parts[2]} if len(parts) == 4 else {}
+
+
 class RolloutWorker:
     """Owns a `RolloutEngine` (its own weights), the problem stream and the rollout fault flags."""
 
@@ -75,6 +94,7 @@ class RolloutWorker:
         self.problems = ProblemSource(settings.seed * 1009 + rank + 1, settings.min_digits, settings.max_digits)
         self._straggler_rng = random.Random(settings.seed * 1009 + rank + 2)
         self.version = 0
+        self.weights_from: dict = {}  # ids of the trainer's weight_sync span that sent the current weights
         self._next_group = 0
         self._never = threading.Event()  # the --hang-after fault waits on this; nothing sets it
         self._engine_lock = threading.Lock()  # async: a weight update waits for the batch in flight
@@ -84,14 +104,15 @@ class RolloutWorker:
         self.error: BaseException | None = None  # what stopped the producer loop, if anything
 
     # --- weights ------------------------------------------------------------------------------
-    def load_weights(self, named_tensors, version: int) -> int:
-        """Copy new weights into the engine (between batches); returns the bytes copied."""
+    def load_weights(self, named_tensors, version: int, sender: dict | None = None) -> int:
+        """Copy new weights into the engine (between batches); returns the bytes copied. `sender` is the
+        `rltrace.inject()` carrier of the trainer's weight_sync span, named on later generate spans."""
         if not self._engine_lock.acquire(blocking=False):
             with rltrace.phase("wait", waiting_for="generate"):  # async: a batch is in flight
                 self._engine_lock.acquire()
         try:
             nbytes = self.engine.load_weights(named_tensors)
-            self.version = version
+            self.version, self.weights_from = version, _span_ids(sender)
         finally:
             self._engine_lock.release()
         return nbytes
@@ -114,7 +135,7 @@ class RolloutWorker:
             )
         flat_prompts = [p for p in prompts for _ in range(s.group_size)]
         with rltrace.phase("generate", step=step, weight_version=self.version) as span:
-            span.set(samples=len(flat_prompts), precision=s.precision)
+            span.set(samples=len(flat_prompts), precision=s.precision, **self.weights_from)
             if s.hang_after is not None and step >= s.hang_after:
                 self._never.wait()  # --hang-after: this worker stops answering, inside its generate span
             completions = self.engine.generate(flat_prompts, params)

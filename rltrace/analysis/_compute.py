@@ -8,10 +8,14 @@
   processes with process_id NULL); `count` spans, `total_ns` summed durations.
 - stage seconds (`R`, `T`, `W`, and `reward`): union over every process of the step's spans
   whose phase is in that category, so nested or concurrent spans count once.
+- self time: the parts of a span where none of its children on the same thread runs, i.e. what
+  that thread was doing itself (a `rollout` span whose thread sits in a `wait` child is waiting,
+  not working, during that wait).
 - waits: inside the step's window (first start to last end over all processes), each process
   that has spans in the step is *idle* where none of its busy or wait spans runs (any step);
-  a `wait` span counts where that process is not busy. Each such interval is attributed to the
-  busy phases running meanwhile (a phase with child phases only where no child runs).
+  a `wait` span counts over its self time (so also inside a busy parent). Each such interval is
+  attributed to the busy phases whose self time runs meanwhile on other processes or other
+  threads of the same process (a phase with child phases only where no child runs).
 - sync: each `weight_sync` span with `rl.bytes` (seconds = duration, count = bytes, other = method).
 - critical path: from the top-level busy span that ends last, repeatedly step back to the
   top-level busy span of the step that ended last before the current one started.
@@ -25,7 +29,7 @@ import pandas as pd
 from rltrace.analysis import _intervals as iv
 from rltrace.analysis._phases import STAGE_OF, WAIT, containers
 
-VERSION = 2
+VERSION = 3  # 3: waits use self time per thread (a wait inside a busy span counts)
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -45,7 +49,8 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
     """Summary rows for the steps in `checks` (step, count, start_ns, end_ns, total_ns).
 
     `spans`: every finished span overlapping those steps' windows, with columns span_id,
-    parent_span_id, phase, name, step, process_id, start_ns, end_ns, waiting_for, sync_bytes, sync_method.
+    parent_span_id, phase, name, step, process_id, thread_id, start_ns, end_ns, waiting_for, sync_bytes,
+    sync_method.
     """
     spans = spans.reset_index(drop=True)
     parent_row = pd.Series(np.arange(len(spans)), index=spans["span_id"])
@@ -138,6 +143,15 @@ def _stage_rows(spans: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _self_time(spans: pd.DataFrame, proc_codes: np.ndarray, prow: np.ndarray):
+    """(span row, start, end) pieces of each span where none of its children on the same thread runs."""
+    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    thread = spans["thread_id"].fillna(-1).to_numpy(np.int64)
+    child = np.flatnonzero(prow >= 0)
+    child = child[(proc_codes[child] == proc_codes[prow[child]]) & (thread[child] == thread[prow[child]])]
+    return iv.complement(prow[child], start[child], end[child], start, end)
+
+
 def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
     proc_codes, procs = pd.factorize(spans["process_id"])
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
@@ -158,11 +172,10 @@ def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
         {"step": pairs["step"].to_numpy()[win], "proc": pairs["proc"].to_numpy()[win], "a": a, "b": b}
     ).assign(in_phase="idle", detail="idle", declared=None)
 
-    # wait spans of the batch's steps, where their process is not busy
-    free_g, free_s, free_e = iv.complement(proc_codes[busy], start[busy], end[busy], lo, hi)
-    w_idx = np.flatnonzero(waiting & in_batch)
-    win, a, b = iv.clip(free_g, free_s, free_e, proc_codes[w_idx], start[w_idx], end[w_idx])
-    rows = w_idx[win]
+    # wait spans of the batch's steps, over their self time (their thread is waiting, whatever encloses it)
+    own = _self_time(spans, proc_codes, prow)
+    keep = waiting[own[0]] & in_batch[own[0]]
+    rows, a, b = own[0][keep], own[1][keep], own[2][keep]
     parent_phase = np.where(prow[rows] >= 0, phase[np.maximum(prow[rows], 0)], WAIT)
     declared = spans["waiting_for"].to_numpy(object)[rows]
     waits = pd.DataFrame(
@@ -179,7 +192,7 @@ def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
     pieces = pd.concat([idle, waits], ignore_index=True)
     if pieces.empty:
         return pd.DataFrame()
-    attributed = _attribute(pieces, spans, prow, busy)
+    attributed = _attribute(pieces, spans, prow, busy, own)
     attributed["process_id"] = procs[attributed["proc"].to_numpy()]
     keys = ["step", "process_id", "detail", "in_phase", "waited_for"]
     agg = attributed.groupby(keys, dropna=False, sort=True).agg(seconds=("ns", "sum"), count=("ns", "size")).reset_index()
@@ -198,16 +211,39 @@ def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
     )
 
 
-def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy) -> pd.DataFrame:
-    """One row per (piece, phase waited for) with the overlapping ns; waited_for None = nothing ran."""
+def _descendants(pairs: pd.DataFrame) -> dict[int, set[int]]:
+    """Phase code -> every phase code below it (children, grandchildren, ...), itself excluded."""
+    children: dict[int, set[int]] = {}
+    for parent, child in zip(pairs["parent"].tolist(), pairs["child"].tolist()):
+        children.setdefault(parent, set()).add(child)
+    out = {}
+    for top in children:
+        seen, todo = set(), list(children[top])
+        while todo:
+            c = todo.pop()
+            if c not in seen and c != top:
+                seen.add(c)
+                todo.extend(children.get(c, ()))
+        if seen:
+            out[top] = seen
+    return out
+
+
+def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy, own) -> pd.DataFrame:
+    """One row per (piece, phase waited for) with the overlapping ns; waited_for None = nothing ran.
+
+    Work is the self time of busy spans (`own` from `_self_time`): a waiting thread's own enclosing
+    span does not count, while another thread of the same process working meanwhile does.
+    """
     codes, names = pd.factorize(spans["phase"])
-    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    own_row, own_s, own_e = own
+    working = busy[own_row]
+    own_code, own_s, own_e = codes[own_row][working], own_s[working], own_e[working]
     busy_codes = np.unique(codes[busy])
     nested = np.flatnonzero(busy & (prow >= 0))
     nested = nested[busy[prow[nested]] & (codes[prow[nested]] != codes[nested])]
-    pairs = pd.DataFrame({"parent": codes[prow[nested]], "child": codes[nested]}).drop_duplicates()
-    children = {int(p): set(g["child"].tolist()) for p, g in pairs.groupby("parent")}
-    # coverage groups: each busy phase; each parent phase with its children; the children alone; all busy
+    children = _descendants(pd.DataFrame({"parent": codes[prow[nested]], "child": codes[nested]}).drop_duplicates())
+    # coverage groups: each busy phase; each parent phase with its descendants; the descendants alone; all busy
     groups: list[tuple[object, set[int]]] = [(int(c), {int(c)}) for c in busy_codes]
     groups += [((c, "+"), {c} | kids) for c, kids in children.items()]
     groups += [((c, ":"), kids) for c, kids in children.items()]
@@ -215,10 +251,10 @@ def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy) -> pd.Data
     index = {key: k for k, (key, _) in enumerate(groups)}
     g_list, s_list, e_list = [], [], []
     for k, (_, members) in enumerate(groups):
-        mask = busy & np.isin(codes, list(members))
+        mask = np.isin(own_code, list(members))
         g_list.append(np.full(mask.sum(), k, np.int64))
-        s_list.append(start[mask])
-        e_list.append(end[mask])
+        s_list.append(own_s[mask])
+        e_list.append(own_e[mask])
     cov = iv.Coverage(np.concatenate(g_list), np.concatenate(s_list), np.concatenate(e_list))
     a, b = pieces["a"].to_numpy(np.int64), pieces["b"].to_numpy(np.int64)
     n = len(pieces)
@@ -239,7 +275,8 @@ def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy) -> pd.Data
 
 
 def _who_ran(spans: pd.DataFrame, waits: pd.DataFrame) -> np.ndarray:
-    """For each wait row, the other process where the awaited phase ran longest in that step."""
+    """For each wait row, the other process where the awaited phase ran longest in that step, or the
+    waiting process itself when the phase ran only there (on another thread)."""
     ran = spans.assign(ns=spans["end_ns"] - spans["start_ns"]).groupby(["step", "phase", "process_id"])["ns"].sum()
     ran = ran.reset_index().sort_values("ns", ascending=False)
     best: dict[tuple, list[str]] = {}
@@ -248,8 +285,9 @@ def _who_ran(spans: pd.DataFrame, waits: pd.DataFrame) -> np.ndarray:
         best.setdefault((None, ph), []).append(proc)  # the awaited work may belong to another step
     out = []
     for step, ph, proc in zip(waits["step"], waits["waited_for"], waits["process_id"]):
-        candidates = [p for p in best.get((step, ph), []) + best.get((None, ph), []) if p != proc]
-        out.append(candidates[0] if candidates else None)
+        ran = best.get((step, ph), []) + best.get((None, ph), [])
+        others = [p for p in ran if p != proc]
+        out.append(others[0] if others else (proc if ran else None))
     return np.array(out, object)
 
 

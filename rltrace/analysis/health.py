@@ -13,7 +13,7 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
     """Spans that started and have not ended: running, hung, or their process was killed.
 
     Returns:
-        process_id, role, rank, host, phase, name, step, span_id, start_ns; age_s (now - start);
+        process_id, role, rank, host, thread_name, phase, name, step, span_id, start_ns; age_s (now - start);
         stalled_s (the run's last activity - start: how long it had been open when the run
         last wrote anything, which is what matters for a dead run; activity = the last end of a
         stepped span, a heartbeat or an open span's start); last_heard_ns (the process's
@@ -27,7 +27,7 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
                                          (SELECT max(start_ns) FROM spans WHERE is_open)) AS ns),
            proc AS (SELECT process_id, max(heartbeat_ns) AS heard, bool_or(ended_ns IS NOT NULL) AS ended
                     FROM processes GROUP BY process_id)
-           SELECT s.process_id, s.role, s.rank, s.host, coalesce(s.phase, s.name) AS phase, s.name, s.step,
+           SELECT s.process_id, s.role, s.rank, s.host, s.thread_name, coalesce(s.phase, s.name) AS phase, s.name, s.step,
                   s.span_id, s.start_ns, (SELECT ns FROM last) AS last_ns, p.heard AS last_heard_ns,
                   coalesce(p.ended, false) AS ended_cleanly
            FROM spans s LEFT JOIN proc p USING (process_id)
@@ -36,7 +36,7 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
     ).df()
     frame["age_s"] = (now_ns - frame["start_ns"]) / 1e9
     frame["stalled_s"] = ((frame["last_ns"] - frame["start_ns"]) / 1e9).clip(lower=0)
-    cols = ["process_id", "role", "rank", "host", "phase", "name", "step", "span_id", "start_ns", "age_s",
+    cols = ["process_id", "role", "rank", "host", "thread_name", "phase", "name", "step", "span_id", "start_ns", "age_s",
             "stalled_s", "last_heard_ns", "ended_cleanly"]
     return frame[cols]
 

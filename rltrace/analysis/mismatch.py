@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis._steps import Steps, step_filter
+from rltrace.analysis.metrics import step_metrics
 
 MISMATCH_METRICS = ("train_rollout_logprob_abs_diff", "mismatch_k3", "tis_mean", "tis_clipfrac")
 
@@ -36,8 +36,8 @@ def mismatch(con, steps: Steps = None) -> pd.DataFrame:
 def trends(values: pd.DataFrame) -> pd.DataFrame:
     """Per (metric, source) of a `mismatch()`-shaped frame: how it moved over the steps.
 
-    Returns: metric, source, steps, first, last, mean, max, slope_per_step (least-squares slope
-    of value against step; NaN with one step).
+    Returns: metric, source, steps, first, last, mean, min, max, max_step (the step of the
+    max), slope_per_step (least-squares slope of value against step; NaN with one step).
     """
     rows = []
     for (metric, source), g in values.groupby(["metric", "source"]):
@@ -45,6 +45,9 @@ def trends(values: pd.DataFrame) -> pd.DataFrame:
         slope = float(np.polyfit(g["step"], g["value"], 1)[0]) if g["step"].nunique() > 1 else float("nan")
         rows.append(
             {"metric": metric, "source": source, "steps": len(g), "first": g["value"].iloc[0],
-             "last": g["value"].iloc[-1], "mean": g["value"].mean(), "max": g["value"].max(), "slope_per_step": slope}
+             "last": g["value"].iloc[-1], "mean": g["value"].mean(), "min": g["value"].min(),
+             "max": g["value"].max(), "max_step": g["step"].iloc[int(g["value"].to_numpy().argmax())],
+             "slope_per_step": slope}
         )
-    return pd.DataFrame(rows, columns=["metric", "source", "steps", "first", "last", "mean", "max", "slope_per_step"])
+    cols = ["metric", "source", "steps", "first", "last", "mean", "min", "max", "max_step", "slope_per_step"]
+    return pd.DataFrame(rows, columns=cols)

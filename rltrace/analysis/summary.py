@@ -105,7 +105,7 @@ def _load(con, batch: pd.DataFrame) -> pd.DataFrame:
     lo, hi = int(batch["start_ns"].min()), int(batch["end_ns"].max())
     return con.execute(
         f"""SELECT span_id, parent_span_id, coalesce(phase, name) AS phase, name, step, process_id,
-                   start_ns, end_ns,
+                   thread_id, start_ns, end_ns,
                    CASE WHEN phase = 'wait' THEN attr(attributes, '{_names.WAITING_FOR}') END AS waiting_for,
                    CASE WHEN phase = 'weight_sync'
                         THEN TRY_CAST(attr(attributes, '{_names.SYNC_BYTES}') AS DOUBLE) END AS sync_bytes,

@@ -1,11 +1,12 @@
-"""Which stage waits on which: idle time and `wait` spans per process, attributed to the phases
-running elsewhere at that moment."""
+"""Which stage waits on which: idle time per process and `wait` spans per thread, attributed to the
+phases running elsewhere at that moment (other processes, or other threads of the same process)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from rltrace.analysis import _who, summary
+from rltrace.analysis._format import seconds_text
 from rltrace.analysis._steps import Steps
 
 #: Phases rolled up to the stage a person names ("waited for train", not "for backward").
@@ -27,13 +28,16 @@ def waits(con, steps: Steps = None) -> pd.DataFrame:
 
     Returns:
         step, process_id, role, rank; kind (`idle`: inside the step's window with no busy or
-        wait span on the process; `wait_span`: inside a `wait` span; `declared`: a `wait` span
-        whose `rl.waiting_for` names the phase); in_phase (`idle`, or the phase enclosing the
-        wait span); waited_for (a busy phase running on another process meanwhile, the declared
-        phase, or `untraced` when nothing recorded ran); waited_for_group (rollout, reward,
-        train, weight_sync or the phase itself); waited_for_process (the other process where
-        that phase ran longest in the step); seconds (time that phase ran during the waits;
-        phases running at once each get their full overlap); intervals (waits contributing).
+        wait span on the process; `wait_span`: inside a `wait` span, also one nested in a busy
+        span, minus the time its own children run; `declared`: such a `wait` span whose
+        `rl.waiting_for` names the phase); in_phase (`idle`, or the phase enclosing the wait
+        span); waited_for (a busy phase running meanwhile on another process or another thread
+        of this one, the declared phase, or `untraced` when nothing recorded ran);
+        waited_for_group (rollout, reward, train, weight_sync or the phase itself);
+        waited_for_process (the other process where that phase ran longest in the step, or this
+        process when it ran only here, on another thread); seconds (time that phase ran during
+        the waits; phases running at once each get their full overlap); intervals (waits
+        contributing).
     """
     rows = summary.rows(con, steps, kinds=("wait",))
     out = pd.DataFrame(
@@ -60,8 +64,9 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
 
     Returns:
         step, process_id, role, rank, in_phase, waited_for (group), waited_for_process,
-        waited_for_name (e.g. rollout0), seconds, share (seconds / the step's wall time), text (e.g. "trainer0 idle 3.50 s (39% of step 4)
-        waiting for rollout on rollout0").
+        waited_for_name (e.g. rollout0), seconds, share (seconds / the step's wall time), text
+        (e.g. "trainer0 idle 3.50 s (39% of step 4) waiting for rollout on rollout0", or "... on
+        another thread" when the awaited work ran in the waiting process itself).
     """
     w = waits(con, steps)
     if w.empty:
@@ -77,13 +82,16 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
     short = {p: _who.name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
     g["waited_for_name"] = g["waited_for_process"].map(short)
     texts = []
-    for step, role, rank, in_phase, what, other, seconds, share in zip(
-        g["step"], g["role"], g["rank"], g["in_phase"], g["waited_for"], g["waited_for_name"], g["seconds"], g["share"]
+    for step, pid, role, rank, in_phase, what, other_pid, other, seconds, share in zip(
+        g["step"], g["process_id"], g["role"], g["rank"], g["in_phase"], g["waited_for"], g["waited_for_process"],
+        g["waited_for_name"], g["seconds"], g["share"]
     ):
         where = "idle" if in_phase == "idle" else f"in a wait inside {in_phase}"
-        text = f"{_who.name(role, rank)} {where} {seconds:.2f} s ({share:.0%} of step {step})"
+        text = f"{_who.name(role, rank)} {where} {seconds_text(seconds)} ({share:.0%} of step {step})"
         if what == UNTRACED:
             texts.append(text + " while no recorded phase ran anywhere")
+        elif other_pid == pid:
+            texts.append(text + f" waiting for {what} on another thread")
         else:
             texts.append(text + f" waiting for {what}" + (f" on {other}" if isinstance(other, str) else ""))
     g["text"] = texts

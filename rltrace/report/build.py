@@ -24,6 +24,8 @@ STAGE_PHASES = {
     "weight_sync": ("weight_sync",),
 }
 WAITS_PER_STEP = 3
+SPIKE_RATIO = 3.0  # an outlier step: a stage took at least this multiple of its median ...
+SPIKE_SHARE = 0.25  # ... and at least this share of the median step's wall time more than its median
 
 
 def plain(value):
@@ -53,13 +55,15 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     step_rows = per_step.merge(costs.drop(columns=["wall_s"]), on="step", how="left")
     step_rows = step_rows.merge(tail[["step", "tail_s", "tail_share"]], on="step", how="left")
     phases = analysis.phase_totals(con, steps)
+    step_rows = plain(step_rows)
     report = {
-        "steps": plain(step_rows),
+        "steps": step_rows,
         "phases": plain(phases),
         **{k: plain(summary.get(k)) for k in ("t_R", "t_T", "t_W", "t_reward", "t_rollout", "t_sync",
                                                "async_bound", "async_speedup_bound")},
         "async": plain({k: summary.get(k) for k in ("period_s", "achieved_speedup", "achieved_fraction", "overlapping")}),
         "bottleneck": _bottleneck(con, steps, summary),
+        "outliers": _outliers(con, step_rows),
         "critical_path": plain(analysis.common_paths(con, steps)),
         "waits": plain(analysis.top_waits(con, steps, n=WAITS_PER_STEP)),
         "long_tail": plain(tail),
@@ -68,7 +72,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "staleness": _staleness(con, steps),
         "mismatch": _mismatch(con, steps),
         "reward": _reward(con, steps),
-        "open_spans": plain(analysis.open_spans(con, now_ns=now_ns)),
+        "open_spans": _open_spans(con, now_ns),
         "dropped": _dropped(con),
     }
     report["findings"] = findings.sentences(report)
@@ -100,6 +104,35 @@ def _bottleneck(con, steps: Steps, summary: dict) -> dict | None:
         "profiles": plain(analysis.for_phase(con, by_phase.index[0], steps) if len(by_phase) else []),
     }
     return plain(out)
+
+
+def _outliers(con, step_rows: list[dict]) -> list[dict]:
+    """Stages whose slowest step stands far above their median: occasional culprits that medians hide."""
+    frame = pd.DataFrame(step_rows)
+    if frame.empty:
+        return []
+    wall, out = frame["wall_s"].median(), []
+    for stage, col in STAGE_COLUMNS.items():
+        values = frame[col].dropna()
+        if values.empty:
+            continue
+        median, worst = values.median(), values.idxmax()
+        if values[worst] < SPIKE_RATIO * median or values[worst] - median < SPIKE_SHARE * wall:
+            continue
+        step = int(frame.loc[worst, "step"])
+        profiles = [p for phase in STAGE_PHASES[stage] for p in plain(analysis.for_phase(con, phase, (step, step)))]
+        out.append({"stage": stage, "step": step, "seconds": values[worst], "median_s": median,
+                    "steps_over": int((values >= SPIKE_RATIO * median).sum()), "profiles": profiles})
+    return plain(out)
+
+
+def _open_spans(con, now_ns: int) -> list[dict]:
+    """Open spans, each with the profiles (e.g. a py-spy hang dump) attached to it."""
+    spans = plain(analysis.open_spans(con, now_ns=now_ns))
+    profiles = plain(analysis.attached(con, [o["span_id"] for o in spans]))
+    for o in spans:
+        o["profiles"] = [p for p in profiles if p["span_id"] == o["span_id"]]
+    return spans
 
 
 def _staleness(con, steps: Steps) -> dict:

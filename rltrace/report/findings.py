@@ -1,26 +1,37 @@
-"""Plain sentences from a report dict: the bottleneck, the top waits, stragglers, hangs, what
-async could gain. Each sentence states a measured number and where it comes from."""
+"""Plain sentences from a report dict: hangs first, then the bottleneck, the top waits, stragglers,
+the weight sync, what async could gain, staleness and mismatch. Each sentence states a measured
+number and where it comes from; a metric that did not move materially gets no sentence."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from rltrace.analysis._format import number_text as num
+from rltrace.analysis._format import rate_text
+from rltrace.analysis._format import seconds_text as sec
+
 TAIL_SHARE = 0.25  # a long tail worth a sentence: this share of the step, median over steps
 SYNC_SHARE = 0.25  # weight sync worth a sentence: this share of t_sync
 WAIT_SHARE = 0.10  # a wait worth a sentence: this share of the run's step time
+ALIGNMENT_GATE = 1e-6  # train_rollout_logprob_abs_diff below this: rollout and training agree (BRIEF)
+#: Per mismatch metric: its neutral value and the smallest change worth a sentence.
+MISMATCH_SCALE = {
+    "train_rollout_logprob_abs_diff": (0.0, ALIGNMENT_GATE),
+    "mismatch_k3": (0.0, ALIGNMENT_GATE),
+    "tis_mean": (1.0, 0.02),
+    "tis_clipfrac": (0.0, 0.01),
+}
+MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest distance from neutral
 
 
 def _who(role, rank) -> str:
     return "?" if role is None else f"{role}{'' if rank is None else int(rank)}"
 
 
-def _gb(bytes_per_s: float) -> str:
-    return f"{bytes_per_s / 1e9:.3g} GB/s"
-
-
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_bottleneck, _waits, _stragglers, _weight_sync, _async, _hangs, _drops, _staleness, _mismatch):
+    for part in (_hangs, _bottleneck, _outliers, _waits, _stragglers, _weight_sync, _async, _drops, _staleness,
+                 _mismatch):
         out.extend(part(r))
     return out
 
@@ -32,9 +43,9 @@ def _bottleneck(r: dict) -> list[str]:
     where = f" on {_who(b['role'], b['rank'])}" if b.get("role") else ""
     share = f" ({b['share']:.0%} of a step)" if b.get("share") is not None else ""
     text = (
-        f"Bottleneck: {b['stage']}{where}, median {b['median_s']:.3g} s per step{share}; "
-        f"t_R = {r['t_R']:.3g} s (rollout {r['t_rollout']:.3g} + reward {r['t_reward']:.3g}), "
-        f"t_T = {r['t_T']:.3g} s, t_W = {r['t_W']:.3g} s."
+        f"Bottleneck: {b['stage']}{where}, median {sec(b['median_s'])} per step{share}; "
+        f"t_R = {sec(r['t_R'])} (rollout {sec(r['t_rollout'])} + reward {sec(r['t_reward'])}), "
+        f"t_T = {sec(r['t_T'])}, t_W = {sec(r['t_W'])}."
     )
     if b.get("phase") and b["phase"] != b["stage"]:
         text += f" Its largest phase is {b['phase']}."
@@ -44,24 +55,44 @@ def _bottleneck(r: dict) -> list[str]:
     return out
 
 
+def _profiles(profiles: list[dict]) -> str:
+    return "; ".join(f"{p['kind']} {p['profile_id']} at {p['path']}" for p in profiles)
+
+
+def _outliers(r: dict) -> list[str]:
+    out, named = [], {p["profile_id"] for o in r["open_spans"] for p in o.get("profiles") or []}
+    for o in r.get("outliers") or []:
+        text = (
+            f"Outlier: {o['stage']} took {sec(o['seconds'])} at step {o['step']} against a median of "
+            f"{sec(o['median_s'])} per step ({o['steps_over']} of {len(r['steps'])} steps took over 3x the median)."
+        )
+        profiles = [p for p in o["profiles"] if p["profile_id"] not in named]  # a hang's dump is named once
+        out.append(text + (f" Profile: {_profiles(profiles)}." if profiles else ""))
+    return out
+
+
 def _waits(r: dict) -> list[str]:
     total_wall = sum(s["wall_s"] or 0 for s in r["steps"])
     if not total_wall or not r["waits"]:
         return []
     seconds: dict[tuple, float] = defaultdict(float)
-    names: dict[tuple, str] = {}
+    where: dict[tuple, str] = {}
     for w in r["waits"]:
         key = (_who(w["role"], w["rank"]), w["waited_for"])
         seconds[key] += w["seconds"]
-        names[key] = w["waited_for_process"]
+        if w.get("waited_for_process") == w["process_id"]:
+            where[key] = " on another thread"
+        elif w.get("waited_for_name"):
+            where[key] = f" on {w['waited_for_name']}"
     out = []
     for (who, what), s in sorted(seconds.items(), key=lambda kv: -kv[1])[:3]:
         if s / total_wall < WAIT_SHARE:
             break
+        text = f"{who} waited {sec(s)} ({s / total_wall:.0%} of step time)"
         if what == "untraced":
-            out.append(f"{who} waited {s:.3g} s ({s / total_wall:.0%} of step time) while no recorded phase ran.")
+            out.append(f"{text} while no recorded phase ran.")
         else:
-            out.append(f"{who} waited {s:.3g} s ({s / total_wall:.0%} of step time) for {what}.")
+            out.append(f"{text} for {what}{where.get((who, what), '')}.")
     return out
 
 
@@ -73,11 +104,10 @@ def _stragglers(r: dict) -> list[str]:
     s = r["stragglers"]
     if s:
         worst = max(s, key=lambda x: x["after_median_s"])
-        ratio = worst.get("len_ratio") or worst.get("time_ratio")
-        ratio_text = f", {ratio:.1f}x the median length" if worst.get("len_ratio") else ""
+        ratio_text = f", {worst['len_ratio']:.1f}x the median length" if worst.get("len_ratio") else ""
         out.append(
             f"{len(s)} straggler sample(s) in {len({x['step'] for x in s})} step(s); worst: sample "
-            f"{worst['sample_id']} at step {worst['step']}{ratio_text}, finished {worst['after_median_s']:.3g} s "
+            f"{worst['sample_id']} at step {worst['step']}{ratio_text}, finished {sec(worst['after_median_s'])} "
             "after the median sample."
         )
     return out
@@ -87,14 +117,18 @@ def _weight_sync(r: dict) -> list[str]:
     fit, out = r["weight_sync_fit"], []
     if fit.get("B_W"):
         quality = f" (R² {fit['r2']:.2f})" if fit.get("r2") is not None else ""
-        out.append(f"Weight sync fit over {fit['n']} syncs: B_W = {_gb(fit['B_W'])}, t_0 = {fit['t_0']:.3g} s{quality}.")
+        out.append(f"Weight sync fit over {fit['n']} syncs: B_W = {rate_text(fit['B_W'])}, t_0 = {sec(fit['t_0'])}{quality}.")
     elif fit.get("effective_B_W"):
+        sizes = "one payload size" if fit["sizes"] == 1 else f"{fit['sizes']} payload sizes"
         out.append(
-            f"Weight sync moved {_gb(fit['effective_B_W'])} on average over {fit['n']} syncs "
-            f"({fit['sizes']} payload size(s): B_W and t_0 need several sizes to separate)."
+            f"Weight sync moved {rate_text(fit['effective_B_W'])} on average over {fit['n']} syncs "
+            f"({sizes}: B_W and t_0 need several sizes to separate)."
         )
     if r["t_sync"] and r["t_W"] / r["t_sync"] >= SYNC_SHARE:
-        out.append(f"Weight sync takes {r['t_W'] / r['t_sync']:.0%} of the synchronous step (t_W = {r['t_W']:.3g} s).")
+        out.append(
+            f"Weight sync takes {r['t_W'] / r['t_sync']:.0%} of the synchronous step (t_W = {sec(r['t_W'])}): "
+            "the cost to fix first."
+        )
     return out
 
 
@@ -103,24 +137,33 @@ def _async(r: dict) -> list[str]:
     if not r["t_sync"] or not r["async_speedup_bound"]:
         return []
     if a.get("overlapping") and a.get("period_s"):
-        return [
-            f"Steps overlap (async): measured step period {a['period_s']:.3g} s against t_sync = {r['t_sync']:.3g} s, "
-            f"a {a['achieved_speedup']:.2f}x speed-up; the seed's bound max(t_R, t_T) + t_W = "
-            f"{r['async_bound']:.3g} s allows {r['async_speedup_bound']:.2f}x."
-        ]
-    return [
-        f"Async could at best bring a step from t_sync = {r['t_sync']:.3g} s to max(t_R, t_T) + t_W = "
-        f"{r['async_bound']:.3g} s ({r['async_speedup_bound']:.2f}x, an optimistic bound)."
-    ]
+        text = (
+            f"Stages overlap (async): measured step period {sec(a['period_s'])} against "
+            f"t_sync = {sec(r['t_sync'])}, a {a['achieved_speedup']:.2f}x speed-up"
+        )
+        bound = f"max(t_R, t_T) + t_W = {sec(r['async_bound'])} ({r['async_speedup_bound']:.2f}x)"
+        if a["achieved_speedup"] > r["async_speedup_bound"]:
+            return [(f"{text}, beyond the seed's bound {bound}: stages overlap more than it assumes "
+                     "(e.g. weight sync with generation).")]
+        gain = r["async_speedup_bound"] / a["achieved_speedup"]
+        return [f"{text}; the seed's bound {bound} leaves at most {gain:.2f}x to gain."]
+    return [(
+        f"Async could at best bring a step from t_sync = {sec(r['t_sync'])} to max(t_R, t_T) + t_W = "
+        f"{sec(r['async_bound'])} ({r['async_speedup_bound']:.2f}x, an optimistic bound)."
+    )]
 
 
 def _hangs(r: dict) -> list[str]:
     out = []
     for o in r["open_spans"]:
         step = "" if o.get("step") is None else f" at step {o['step']}"
+        thread_name = o.get("thread_name") or "MainThread"
+        named = thread_name != "MainThread" and not thread_name.startswith("Dummy-")  # Dummy-N: a foreign thread
+        thread = f" (thread {o['thread_name']})" if named else ""
         out.append(
-            f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{step} started and never ended "
-            f"({o['stalled_s']:.3g} s before the run's last write; {o['age_s']:.0f} s ago): hung or killed."
+            f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step} started and never ended "
+            f"({sec(o['stalled_s'])} before the run's last write; {sec(o['age_s'])} ago): hung or killed."
+            + (f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else "")
         )
     return out
 
@@ -142,9 +185,18 @@ def _staleness(r: dict) -> list[str]:
 def _mismatch(r: dict) -> list[str]:
     out = []
     for t in r["mismatch"]["trends"]:
-        if t["steps"] > 1:
+        neutral, floor = MISMATCH_SCALE.get(t["metric"], (0.0, 0.0))
+        change = abs(t["slope_per_step"] or 0.0) * (t["steps"] - 1)
+        reach = max(abs(t["max"] - neutral), abs(t["min"] - neutral))
+        if t["steps"] > 1 and change > 0 and change >= max(floor, MATERIAL_CHANGE * reach):
+            if num(t["first"]) == num(t["last"]):
+                moved = f"varied between {num(t['min'])} and {num(t['max'])}, ending at {num(t['last'])},"
+            else:
+                moved = f"went from {num(t['first'])} to {num(t['last'])} (max {num(t['max'])} at step {t['max_step']})"
+            out.append(f"{t['metric']} {moved} over {t['steps']} steps (fitted trend {t['slope_per_step']:+.3g} per step).")
+        elif t["metric"] == "train_rollout_logprob_abs_diff" and t["max"] >= ALIGNMENT_GATE:
             out.append(
-                f"{t['metric']} went from {t['first']:.3g} to {t['last']:.3g} over {t['steps']} steps "
-                f"(slope {t['slope_per_step']:+.3g} per step, max {t['max']:.3g})."
+                f"{t['metric']} held at a mean of {num(t['mean'])} (max {num(t['max'])}) over {t['steps']} steps, "
+                f"above the {ALIGNMENT_GATE:g} gate for exact alignment of rollout and training."
             )
     return out

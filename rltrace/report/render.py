@@ -1,17 +1,35 @@
-"""The terminal report: sentences first, then the tables behind them (rich)."""
+"""The terminal report: sentences first, then the tables behind them (rich).
+
+Times read as `231 µs` / `12.4 ms` / `1.23 s`; tables are narrow enough for an 80-column terminal.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 from rich.console import Console
 from rich.table import Table
 
+from rltrace.analysis._format import number_text as num
+from rltrace.analysis._format import seconds_text as sec
+
 MAX_STEP_ROWS = 30
+MAX_WAIT_ROWS = 10
+_UNIT = re.compile(r"(\d) (ns|µs|ms|s|min|h|B/s|kB/s|MB/s|GB/s|TB/s)\b")
 
 
-def _f(value, fmt: str = ".3g") -> str:
-    return "-" if value is None else format(value, fmt)
+def _keep_units(sentence: str) -> str:
+    """Non-breaking space between a number and its unit, so wrapping never splits `188 µs`."""
+    return _UNIT.sub("\\1\u00a0\\2", sentence)
+
+
+def _times(value) -> str:
+    return "-" if value is None else f"{value:.1f}x"
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _who(role, rank) -> str:
@@ -19,7 +37,7 @@ def _who(role, rank) -> str:
 
 
 def _table(title: str, columns: list[str]) -> Table:
-    t = Table(title=title, title_justify="left")
+    t = Table(title=title, title_justify="left", title_style="bold")
     for i, col in enumerate(columns):
         t.add_column(col, justify="left" if i == 0 else "right")
     return t
@@ -30,59 +48,114 @@ def render(r: dict, console: Console) -> None:
     steps = r["steps"]
     span = f"steps {steps[0]['step']}–{steps[-1]['step']} ({len(steps)})" if steps else "no steps"
     console.print(f"[bold]{run.get('name', '')}[/]  {run.get('run_dir', '')}  ·  {span}")
+    findings = Table.grid(padding=(0, 1))
+    findings.add_column(no_wrap=True)
+    findings.add_column()
     for sentence in r["findings"]:
-        console.print(f" • {sentence}")
+        findings.add_row(" •", _keep_units(sentence))
+    console.print(findings)
+    console.print(_cost_model(r))
+    console.print(_phases(r))
+    console.print(_steps(steps))
+    for table in (_waits(r), _paths(r), _stragglers(r), _open_spans(r)):
+        if table is not None:
+            console.print(table)
 
-    t = _table("Cost model (seconds, median per step)", ["t_R", "rollout", "reward", "t_T", "t_W", "t_sync",
-                                                       "async bound", "speed-up bound", "measured period"])
-    t.columns[0].justify = "right"
-    t.add_row(*[_f(r[k]) for k in ("t_R", "t_rollout", "t_reward", "t_T", "t_W", "t_sync", "async_bound")],
-              _f(r["async_speedup_bound"], ".2f") + "x", _f(r["async"]["period_s"]))
-    console.print(t)
 
-    t = _table("Phases (union time across processes)", ["phase", "stage", "total s", "mean s/step", "share", "spans"])
+def _cost_model(r: dict) -> Table:
+    a = r["async"]
+    t = _table("Cost model (median per step)", ["", "time", "what"])
+    t.add_row("t_R", sec(r["t_R"]), f"rollout {sec(r['t_rollout'])} + reward {sec(r['t_reward'])}")
+    t.add_row("t_T", sec(r["t_T"]), "train")
+    t.add_row("t_W", sec(r["t_W"]), "weight sync")
+    t.add_row("t_sync", sec(r["t_sync"]), "t_R + t_T + t_W: one synchronous step")
+    bound = r["async_speedup_bound"]
+    t.add_row("async bound", sec(r["async_bound"]),
+              "max(t_R, t_T) + t_W" + ("" if bound is None else f": at best {bound:.2f}x"))
+    if a.get("period_s"):
+        achieved = f": {a['achieved_speedup']:.2f}x t_sync" if a.get("achieved_speedup") else ""
+        t.add_row("period", sec(a["period_s"]), f"measured, between step ends{achieved}")
+    t.columns[2].justify = "left"
+    return t
+
+
+def _phases(r: dict) -> Table:
+    t = _table("Phases (union time across processes)", ["phase", "stage", "total", "per step", "share", "spans"])
     for p in r["phases"]:
-        t.add_row(p["phase"], p["stage"] or "", _f(p["total_s"]), _f(p["mean_s"]), _f(p["share"], ".0%"), str(p["spans"]))
-    console.print(t)
+        t.add_row(p["phase"], p["stage"] or "", sec(p["total_s"]), sec(p["mean_s"]), _pct(p["share"]), str(p["spans"]))
+    return t
 
-    t = _table("Steps", ["step", "wall s", "t_R", "t_T", "t_W", "tail s", "spans"])
+
+def _steps(steps: list[dict]) -> Table:
+    t = _table("Steps", ["step", "wall", "t_R", "t_T", "t_W", "tail", "spans"])
     for s in steps[-MAX_STEP_ROWS:]:
-        t.add_row(str(s["step"]), _f(s["wall_s"]), _f(s["t_R"]), _f(s["t_T"]), _f(s["t_W"]), _f(s["tail_s"]), str(s["spans"]))
+        t.add_row(str(s["step"]), sec(s["wall_s"]), sec(s["t_R"]), sec(s["t_T"]), sec(s["t_W"]), sec(s["tail_s"]),
+                  str(s["spans"]))
     if len(steps) > MAX_STEP_ROWS:
         t.caption = f"last {MAX_STEP_ROWS} of {len(steps)} steps (--json for all)"
-    console.print(t)
+    return t
 
-    waits = sorted(r["waits"], key=lambda w: -w["seconds"])[:10]
-    if waits:
-        t = _table("Longest waits", ["step", "process", "in", "waited for", "on", "seconds", "share"])
-        for w in waits:
-            t.add_row(str(w["step"]), _who(w["role"], w["rank"]), w["in_phase"], w["waited_for"],
-                      w.get("waited_for_name") or "", _f(w["seconds"]), _f(w["share"], ".0%"))
-        console.print(t)
 
-    if r["critical_path"]:
-        t = _table("Critical paths", ["path", "steps", "median s"])
-        for p in r["critical_path"][:5]:
-            t.add_row(p["path"], str(p["steps"]), _f(p["seconds"]))
-        console.print(t)
+def _waits(r: dict) -> Table | None:
+    waits = sorted(r["waits"], key=lambda w: -w["seconds"])[:MAX_WAIT_ROWS]
+    if not waits:
+        return None
+    t = _table("Longest waits", ["step", "process", "in", "waited for", "on", "time", "share"])
+    for w in waits:
+        other = "(thread)" if w.get("waited_for_process") == w["process_id"] else w.get("waited_for_name") or ""
+        t.add_row(str(w["step"]), _who(w["role"], w["rank"]), w["in_phase"], w["waited_for"], other,
+                  sec(w["seconds"]), _pct(w["share"]))
+    for col in t.columns[1:5]:
+        col.justify = "left"
+    if len(r["waits"]) > MAX_WAIT_ROWS:
+        t.caption = f"{MAX_WAIT_ROWS} longest of {len(r['waits'])} (--json for all)"
+    return t
 
-    if r["stragglers"]:
-        t = _table("Stragglers", ["step", "sample", "response len", "x median len", "gen s", "x median time", "after median s"])
-        for s in r["stragglers"][:10]:
-            t.add_row(str(s["step"]), str(s["sample_id"]), _f(s["response_len"], ".0f"), _f(s["len_ratio"], ".1f"),
-                      _f(s["gen_s"]), _f(s["time_ratio"], ".1f"), _f(s["after_median_s"]))
-        console.print(t)
 
-    if r["open_spans"]:
-        t = _table("[red]Open spans[/] (started, never ended: hung or killed)", ["process", "phase", "step", "started", "open s"])
-        for o in r["open_spans"]:
-            started = dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
-            t.add_row(o["process_id"], o["phase"], "" if o["step"] is None else str(o["step"]), started, _f(o["stalled_s"]))
-        console.print(t)
+def _paths(r: dict) -> Table | None:
+    if not r["critical_path"]:
+        return None
+    t = _table("Critical paths", ["path", "steps", "median"])
+    for p in r["critical_path"][:5]:
+        t.add_row(p["path"], str(p["steps"]), sec(p["seconds"]))
+    return t
+
+
+def _stragglers(r: dict) -> Table | None:
+    if not r["stragglers"]:
+        return None
+    t = _table("Stragglers", ["step", "sample", "length", "x median", "gen time", "x median", "after median"])
+    for s in r["stragglers"][:10]:
+        t.add_row(str(s["step"]), str(s["sample_id"]), num(s["response_len"]), _times(s["len_ratio"]),
+                  sec(s["gen_s"]), _times(s["time_ratio"]), sec(s["after_median_s"]))
+    return t
+
+
+def _open_spans(r: dict) -> Table | None:
+    if not r["open_spans"]:
+        return None
+    t = _table("[red]Open spans[/] (started, never ended: hung or killed)",
+               ["process", "thread", "phase", "step", "started", "open for"])
+    for o in r["open_spans"]:
+        started = dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
+        t.add_row(_who(o["role"], o["rank"]), o.get("thread_name") or "", o["phase"],
+                  "" if o["step"] is None else str(o["step"]), started, sec(o["stalled_s"]))
+    for col in t.columns[1:3]:
+        col.justify = "left"
+    return t
+
+
+#: How the compare table shows each unit of `compare()` rows (times in seconds read as `12.4 ms`).
+_COMPARE_UNITS = {"s/step (median)": "median/step", "s/step (mean)": "mean/step", "s (median)": "median",
+                  "mean over steps": "mean", "last step": "last step", "mean": "mean"}
 
 
 def render_compare(rows: list[dict], this_name: str, other_name: str, console: Console) -> None:
-    t = _table(f"Compare: {this_name} vs {other_name}", ["what", "unit", this_name, other_name, "ratio"])
+    t = _table(f"Compare: {this_name} vs {other_name}", ["what", "", this_name, other_name, "ratio"])
+    t.columns[0].overflow = "fold"
+    t.columns[1].justify = "left"
     for row in rows:
-        t.add_row(row["what"], row["unit"], _f(row["this"]), _f(row["other"]), _f(row["ratio"], ".2f"))
+        show = sec if row["unit"].startswith("s") else num
+        t.add_row(row["what"], _COMPARE_UNITS.get(row["unit"], row["unit"]), show(row["this"]), show(row["other"]),
+                  "-" if row["ratio"] is None else f"{row['ratio']:.{2 if row['ratio'] < 10 else 0}f}x")
     console.print(t)

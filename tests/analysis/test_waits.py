@@ -60,8 +60,13 @@ def test_declared_and_measured_wait_spans(disaggregated):
     declared = w[w["kind"] == "declared"]
     assert declared[["process_id", "in_phase", "waited_for"]].values.tolist() == [[pid["trainer"], "step", "weight_sync"]]
     assert declared["seconds"].iloc[0] == pytest.approx(0.5, abs=1e-9)
-    # rollout0's wait inside its weight_sync: it is busy in weight_sync itself, so the wait does not count
-    assert w[(w["kind"] == "wait_span")].empty
+    # rollout0's wait inside its own weight_sync: its thread waits there (the enclosing span is not
+    # work meanwhile), for the trainer's weight_sync
+    inside = w[w["kind"] == "wait_span"]
+    assert inside[["process_id", "in_phase", "waited_for", "waited_for_process"]].values.tolist() == [
+        [pid["rollout"], "weight_sync", "weight_sync", pid["trainer"]]
+    ]
+    assert inside["seconds"].iloc[0] == pytest.approx(0.5, abs=1e-9)
     rollout_idle = w[(w["process_id"] == pid["rollout"]) & (w["kind"] == "idle")]
     assert _seconds(rollout_idle, waited_for_group="train") == pytest.approx(3.0, abs=1e-9)
     assert _seconds(rollout_idle, waited_for="reward") == pytest.approx(1.0, abs=1e-9)
@@ -109,3 +114,78 @@ def test_user_container_phase_counts_as_idle(tmp_path):
     w = analysis.waits(store.open(b.run_dir))
     trainer = w[w["process_id"] == tr.process_id]
     assert trainer[["waited_for", "seconds"]].values.tolist() == [["rollout", 4.0]]
+
+
+@pytest.fixture(scope="module")
+def colocated(tmp_path_factory):
+    """Colocated, as the demo runs it: generation on a second thread of the trainer process.
+
+    step 0 (0..6): the main thread is in rollout [0,3] and inside it in a declared wait [0.5,3]
+    (waiting_for=generate); the engine thread generates [0.5,2.5] (a child of rollout) and then
+    nothing runs until 3; reward [3,3.5], train [3.5,5.5], weight_sync [5.5,6].
+    step 1 (6..9): the same wait [6.5,8] without waiting_for, generate [6.5,8] on the engine
+    thread, then train [8,9].
+    """
+    b = RunBuilder(tmp_path_factory.mktemp("runs") / "run")
+    tr = b.process("trainer")
+    st = tr.span("step", 0, 6, step=0)
+    r = tr.span("rollout", 0, 3, step=0, parent=st)
+    tr.span("wait", 0.5, 3, step=0, parent=r, waiting_for="generate")
+    tr.span("generate", 0.5, 2.5, step=0, parent=r, thread=2)
+    tr.span("reward", 3, 3.5, step=0, parent=st)
+    tr.span("train", 3.5, 5.5, step=0, parent=st)
+    tr.span("weight_sync", 5.5, 6, step=0, parent=st)
+    st = tr.span("step", 6, 9, step=1)
+    r = tr.span("rollout", 6, 8, step=1, parent=st)
+    tr.span("wait", 6.5, 8, step=1, parent=r)
+    tr.span("generate", 6.5, 8, step=1, parent=r, thread=2)
+    tr.span("train", 8, 9, step=1, parent=st)
+    b.write()
+    return store.open(b.run_dir), tr.process_id
+
+
+def test_a_wait_inside_a_busy_span_counts_for_work_on_another_thread(colocated):
+    con, trainer = colocated
+    w = analysis.waits(con)
+    declared = w[w["kind"] == "declared"]
+    assert declared[["step", "process_id", "in_phase", "waited_for", "waited_for_process"]].values.tolist() == [
+        [0, trainer, "rollout", "generate", trainer]
+    ]
+    assert declared["seconds"].iloc[0] == pytest.approx(2.5, abs=1e-9)
+    measured = w[(w["kind"] == "wait_span") & (w["step"] == 1)]
+    # the waiting thread's own rollout span is not the work it waits for; the engine thread's generate is
+    assert measured[["in_phase", "waited_for", "waited_for_process"]].values.tolist() == [
+        ["rollout", "generate", trainer]
+    ]
+    assert measured["seconds"].iloc[0] == pytest.approx(1.5, abs=1e-9)
+    assert w[w["kind"] == "idle"].empty  # the main thread is always inside some span
+
+
+def test_top_waits_say_the_work_ran_on_another_thread(colocated):
+    con, _ = colocated
+    top = analysis.top_waits(con, n=1)
+    assert top["text"].tolist() == [
+        "trainer0 in a wait inside rollout 2.50 s (42% of step 0) waiting for rollout on another thread",
+        "trainer0 in a wait inside rollout 1.50 s (50% of step 1) waiting for rollout on another thread",
+    ]
+
+
+def test_waits_go_to_the_innermost_work(tmp_path):
+    """Waiting is attributed to the deepest work running elsewhere: generate and its prefill on the
+    worker, not the rollout that encloses them (also while the trainer is still in rollout itself)."""
+    b = RunBuilder(tmp_path / "run")
+    tr, ro, rw = b.process("trainer"), b.process("rollout"), b.process("reward")
+    r = tr.span("rollout", 0, 4, step=0)
+    tr.span("wait", 0.5, 4, step=0, parent=r)
+    g = ro.span("generate", 0, 4, step=0, parent=r)
+    ro.span("prefill", 0, 1, step=0, parent=g)
+    rw.span("reward", 4, 5, step=0)  # idle over [0, 4]
+    b.write()
+    w = analysis.waits(store.open(b.run_dir))
+    w = w[w["waited_for"] != "reward"]  # the trainer is idle in [4, 5]
+    assert sorted(w.loc[w["process_id"] == tr.process_id, ["waited_for", "seconds"]].values.tolist()) == [
+        ["generate", 3.0], ["prefill", 0.5]
+    ]
+    assert sorted(w.loc[w["process_id"] == rw.process_id, ["waited_for", "seconds"]].values.tolist()) == [
+        ["generate", 3.0], ["prefill", 1.0]
+    ]

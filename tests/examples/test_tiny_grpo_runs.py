@@ -1,15 +1,13 @@
 """Whole demo runs, as a user starts them (`python -m examples.tiny_grpo`), read back through the store.
 
-Each run is a subprocess from the repo root with a fixed seed. The Ray runs are few: one async
-run (staleness, overlap, object-store sync) and one sync run that also hangs on purpose
-(trace context across the process boundary, gloo sync, the open span of a hung worker).
+The runs come from `conftest.RUNS` (one subprocess per configuration per session). The Ray runs
+are few: one async run (staleness, overlap, object-store sync) and one sync run that also hangs
+on purpose (trace context across the process boundary, gloo sync, the open span of a hung worker).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -17,20 +15,7 @@ import rltrace.store
 from examples.tiny_grpo.train import Config, prepare_out
 from rltrace import _names
 
-from ..conftest import PYTHON, REPO, python_env
-
-FAST_WARMUP = ("--warmup-max-steps", "3")  # runs that test plumbing, not learning, skip most of the warm-up
-
-
-def run_demo(out: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "examples.tiny_grpo", "--out", str(out), *args],
-        cwd=REPO,
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from .conftest import FAST_WARMUP, run_demo
 
 
 def rows(con, sql: str, params=None) -> list[dict]:
@@ -43,12 +28,9 @@ def metric(con, name: str) -> list[float]:
     return [r[0] for r in con.execute("SELECT value FROM metrics WHERE name = ? ORDER BY step", [name]).fetchall()]
 
 
-@pytest.fixture(scope="module")
-def colocated_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "run"
-    proc = run_demo(out, "--steps", "40", "--seed", "0")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc
+@pytest.fixture
+def colocated_run(demo):
+    return demo("colocated")
 
 
 @pytest.mark.slow
@@ -116,17 +98,16 @@ def test_bf16_rollout_has_larger_mismatch_than_fp32(tmp_path):
     assert diffs["bf16"] > 100 * diffs["fp32"]
 
 
-def test_hang_leaves_an_open_generate_span_and_exits_nonzero(tmp_path):
-    out = tmp_path / "hang"
-    proc = run_demo(out, "--steps", "5", "--hang-after", "2", "--hang-timeout", "6", *FAST_WARMUP)
-    assert proc.returncode == 3, proc.stderr[-3000:]
+def test_hang_leaves_an_open_generate_span_and_exits_nonzero(demo):
+    out, proc = demo("hang")
     assert "did not finish step 2 within 6 s" in proc.stdout
     con = rltrace.store.open(out)
     open_spans = rows(con, "SELECT name, step, role FROM spans WHERE is_open")
     assert {"name": "generate", "step": 2, "role": "trainer"} in open_spans
     failed = rows(con, "SELECT name FROM spans WHERE status = 'ERROR' AND step = 2")
     assert {"name": "wait"} in failed  # the trainer's wait ended with the timeout recorded on it
-    assert json.loads((out / "demo_summary.json").read_text())["exit_code"] == 3
+    summary = json.loads((out / "demo_summary.json").read_text())
+    assert summary["exit_code"] == 3 and [r["step"] for r in summary["steps"]] == [0, 1]
 
 
 def test_existing_run_is_kept_unless_overwrite(tmp_path, capsys):
@@ -148,11 +129,8 @@ def test_existing_run_is_kept_unless_overwrite(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_async_on_ray_overlaps_generation_with_training_and_is_stale(tmp_path):
-    out = tmp_path / "async"
-    proc = run_demo(out, "--placement", "disaggregated", "--mode", "async", "--steps", "8", "--max-staleness", "3",
-                    *FAST_WARMUP)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_async_on_ray_overlaps_generation_with_training_and_is_stale(demo):
+    out, _ = demo("ray_async")
     con = rltrace.store.open(out)
     staleness = [r[0] for r in con.execute("SELECT staleness FROM samples").fetchall()]
     assert max(staleness) >= 1 and max(staleness) <= 3
@@ -169,11 +147,25 @@ def test_async_on_ray_overlaps_generation_with_training_and_is_stale(tmp_path):
 
 
 @pytest.mark.slow
-def test_sync_on_ray_continues_the_trace_and_records_a_hung_worker(tmp_path):
-    out = tmp_path / "sync"
-    proc = run_demo(out, "--placement", "disaggregated", "--sync-method", "gloo", "--steps", "6",
-                    "--hang-after", "3", "--hang-timeout", "8", *FAST_WARMUP)
-    assert proc.returncode == 3, proc.stderr[-3000:]
+def test_async_generate_names_the_weight_sync_that_sent_its_weights(demo):
+    con = rltrace.store.open(demo("ray_async")[0])
+    pairs = rows(
+        con,
+        """SELECT g.weight_version AS used, s.weight_version AS sent, s.role
+           FROM spans g JOIN spans s ON attr(g.attributes, 'rl.weight_sync_span_id') = s.span_id
+            AND attr(g.attributes, 'rl.weight_sync_trace_id') = s.trace_id
+           WHERE g.name = 'generate' AND g.role = 'rollout' AND NOT g.is_open""",
+    )
+    generated = con.execute("SELECT count(*) FROM spans WHERE name = 'generate' AND NOT is_open").fetchone()[0]
+    assert len(pairs) == generated >= 8
+    assert all(p["used"] == p["sent"] and p["role"] == "trainer" for p in pairs)
+
+
+@pytest.mark.slow
+def test_sync_on_ray_continues_the_trace_and_records_a_hung_worker(demo):
+    out, proc = demo("ray_sync_hang")
+    assert "rollout hung:" in proc.stdout and "did not answer 'generate at step 3' within 8 s" in proc.stdout
+    assert "step   2  reward" in proc.stdout  # the driver printed the trainer actor's progress
     con = rltrace.store.open(out)
     pairs = rows(
         con,
@@ -181,9 +173,17 @@ def test_sync_on_ray_continues_the_trace_and_records_a_hung_worker(tmp_path):
            FROM spans c JOIN spans p ON c.parent_span_id = p.span_id
            WHERE c.role = 'rollout' AND p.role = 'trainer' AND NOT c.is_open ORDER BY c.step, c.name""",
     )
+    procs = rows(con, "SELECT role, argv FROM processes")
+    assert sorted(p["role"] for p in procs) == ["rollout", "trainer"]  # the driver records nothing
+    trainer_argv = json.loads(next(p["argv"] for p in procs if p["role"] == "trainer"))
+    assert trainer_argv[0].endswith("default_worker.py")  # the trainer is a Ray actor process
     assert {"child": "generate", "parent": "rollout", "step": 1, "same_trace": True} in pairs
     assert {"child": "weight_load", "parent": "weight_sync", "step": 1, "same_trace": True} in pairs
     hung = rows(con, "SELECT name, step, role FROM spans WHERE is_open")
     assert {"name": "generate", "step": 3, "role": "rollout"} in hung
+    failed = rows(con, "SELECT name, role FROM spans WHERE status = 'ERROR' AND step = 3")
+    assert {"name": "wait", "role": "trainer"} in failed  # the trainer's bounded wait gave up
+    summary = json.loads((out / "demo_summary.json").read_text())
+    assert summary["exit_code"] == 3 and [r["step"] for r in summary["steps"]] == [0, 1, 2]
     load = rows(con, "SELECT attributes FROM spans WHERE name = 'weight_load' AND step = 1")[0]
     assert json.loads(load["attributes"])["rl.method"] == "gloo"

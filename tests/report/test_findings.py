@@ -1,0 +1,95 @@
+"""The report's sentences say something only when it matters, and read well in a terminal."""
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from rltrace import report, store
+from rltrace.testing import RunBuilder
+
+from ..cli.test_report import _run
+
+
+def _mismatch_run(path):
+    b = RunBuilder(path)
+    tr = b.process("trainer")
+    for step in range(6):
+        tr.span("train", step, step + 0.5, step=step)
+        b.metric(step, "tis_mean", 1.0 + (1e-17 if step % 2 else -1e-17))  # flat: float noise around 1
+        b.metric(step, "tis_clipfrac", 0.0)
+        b.metric(step, "train_rollout_logprob_abs_diff", 3e-3 + 1e-5 * (step % 2))  # flat, above the gate
+        b.metric(step, "mismatch_k3", 1e-3 * (step + 1))  # rises six-fold
+    b.write()
+    return store.open(b.run_dir)
+
+
+def test_only_material_mismatch_gets_a_sentence(tmp_path):
+    data = report.build(_mismatch_run(tmp_path / "run"), now_ns=0)
+    said = [s for s in data["findings"] if s.split()[0] in ("tis_mean", "tis_clipfrac", "mismatch_k3",
+                                                            "train_rollout_logprob_abs_diff")]
+    assert said == [
+        "mismatch_k3 went from 0.001 to 0.006 (max 0.006 at step 5) over 6 steps (fitted trend +0.001 per step).",
+        ("train_rollout_logprob_abs_diff held at a mean of 0.00301 (max 0.00301) over 6 steps, above the 1e-06 "
+         "gate for exact alignment of rollout and training."),
+    ]
+    trends = {t["metric"]: t for t in data["mismatch"]["trends"]}
+    assert trends["tis_mean"]["mean"] == pytest.approx(1.0) and trends["tis_mean"]["min"] == pytest.approx(1.0)
+    assert trends["mismatch_k3"]["max_step"] == 5
+
+
+def test_json_keeps_seconds_as_numbers_while_text_uses_units(tmp_path):
+    data = report.build(store.open(_run(tmp_path / "run", reward_s=6.0)), now_ns=0)
+    assert json.loads(json.dumps(report.plain(data)))["t_R"] == pytest.approx(9.0)
+    trainer = next(w for w in data["waits"] if w["role"] == "trainer")
+    assert trainer["seconds"] == pytest.approx(6.0) and isinstance(trainer["seconds"], float)
+    assert trainer["text"] == "trainer0 idle 6.00 s (52% of step 1) waiting for reward on reward0"
+    text = " ".join(data["findings"])
+    assert "t_R = 9.00 s (rollout 3.00 s + reward 6.00 s), t_T = 2.00 s, t_W = 500 ms" in text
+    assert "t_0 = 500 ms" in text
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_terminal_report_fits_the_width_without_cutting_values(tmp_path, width):
+    data = report.build(store.open(_run(tmp_path / "run", reward_s=6.0, hang=True)))
+    data["run"] = {"name": "run", "run_dir": str(tmp_path / "run")}
+    out = io.StringIO()
+    report.render(data, Console(file=out, width=width, color_system=None))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "…" not in text  # no cell truncated
+    assert "Open span: rollout on rollout0 at step 5" in " ".join(text.split())
+    assert "│ t_W         │ 500 ms │ weight sync" in text
+
+
+def test_an_occasional_slow_stage_is_named_with_its_profile(tmp_path):
+    """One slow reward in six steps: the medians hide it, the outlier sentence names it and its profile."""
+    b = RunBuilder(tmp_path / "run")
+    tr = b.process("trainer")
+    for step in range(6):
+        o = 2.0 * step
+        tr.span("rollout", o, o + 0.5, step=step)
+        tr.span("reward", o + 0.5, o + (1.7 if step == 3 else 0.51), step=step)
+        tr.span("train", o + 1.8, o + 2.0, step=step)
+    hung = tr.span("generate", 12.0, None, step=6)
+    b.write()
+    con = store.open(b.run_dir)
+    slow = con.execute("SELECT span_id FROM spans WHERE phase = 'reward' AND step = 3").fetchone()[0]
+    assert slow.isalnum() and hung.span_id.isalnum()  # safe to inline: views cannot take parameters
+    con.execute(
+        "CREATE OR REPLACE VIEW profiles AS SELECT * FROM (VALUES "
+        f"('t', '{slow}', 'p1', 'pyspy_record', 'profiles/files/p1.json'), "
+        f"('t', '{hung.span_id}', 'p2', 'pyspy_dump', 'profiles/files/p2.txt')) "
+        "AS v(trace_id, span_id, profile_id, kind, path)")
+    data = report.build(con)
+    assert data["bottleneck"]["stage"] == "rollout"  # the median step is not slowed by reward
+    [outlier] = data["outliers"]
+    assert (outlier["stage"], outlier["step"], outlier["steps_over"]) == ("reward", 3, 1)
+    assert outlier["seconds"] == pytest.approx(1.2) and outlier["median_s"] == pytest.approx(0.01)
+    assert [p["profile_id"] for p in outlier["profiles"]] == ["p1"]
+    assert [p["profile_id"] for p in data["open_spans"][0]["profiles"]] == ["p2"]
+    said = " ".join(data["findings"])
+    assert ("Outlier: reward took 1.20 s at step 3 against a median of 10.0 ms per step (1 of 6 steps took over "
+            "3x the median). Profile: pyspy_record p1 at profiles/files/p1.json.") in said
+    assert "hung or killed. Profile: pyspy_dump p2 at profiles/files/p2.txt." in said
