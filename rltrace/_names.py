@@ -17,6 +17,9 @@ WEIGHT_VERSION = "rl.weight_version"
 ROLE = "rl.role"
 RANK = "rl.rank"
 RUN_ID = "rl.run_id"
+SYNC_BYTES = "rl.bytes"  # weight_sync payload size
+SYNC_METHOD = "rl.method"  # weight_sync path: ipc, nccl, gloo, disk, delta, object_store, ...
+WAITING_FOR = "rl.waiting_for"  # wait spans: the phase being awaited, when the caller knows it
 THREAD_ID = "thread.id"  # OpenTelemetry semantic convention
 THREAD_NAME = "thread.name"
 
@@ -150,6 +153,29 @@ PROCESSES_SCHEMA = pa.schema(
 )
 
 
+#: Per-step results that `rltrace compact` precomputes so reports over millions of spans stay fast
+#: (see docs/analysis.md). One long table: `kind` says which columns a row uses.
+STEP_SUMMARY_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.int64()),
+        pa.field("kind", pa.string()),  # step / phase / stage / wait / path
+        pa.field("seq", pa.int64()),  # order within a step's critical path
+        pa.field("process_id", pa.string()),
+        pa.field("phase", pa.string()),
+        pa.field("other", pa.string()),  # waits: phase waited for; path: phase of the child that ended last
+        pa.field("other_process_id", pa.string()),
+        pa.field("detail", pa.string()),  # waits: idle / wait_span / declared; path: span name
+        pa.field("span_id", pa.string()),
+        pa.field("start_ns", pa.int64()),
+        pa.field("end_ns", pa.int64()),
+        pa.field("seconds", pa.float64()),
+        pa.field("count", pa.int64()),
+        pa.field("total_ns", pa.int64()),  # sum of span durations; with count, the step's fingerprint
+        pa.field("version", pa.int64()),  # version of the algorithm that computed the row
+    ]
+)
+
+
 class Table:
     """A table of the store: a folder of Parquet parts with one schema."""
 
@@ -166,9 +192,10 @@ OPEN_SPANS = Table("open_spans", "open_spans", SPANS_SCHEMA, 1, SPANS.required)
 METRICS_TABLE = Table("metrics", "metrics", METRICS_SCHEMA, 1, ("step", "name", "value"))
 SAMPLES = Table("samples", "samples", SAMPLES_SCHEMA, 1, ("step",))
 PROCESSES = Table("processes", "processes", PROCESSES_SCHEMA, 1, ("process_id", "role", "pid"))
+STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 
 #: Every table `rltrace.store.open` makes a view of. Later parts of rltrace add theirs here.
-TABLES: dict[str, Table] = {t.name: t for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES)}
+TABLES: dict[str, Table] = {t.name: t for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY)}
 
 #: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.
 COMPACTABLE: dict[str, tuple[str, ...]] = {

@@ -1,1 +1,54 @@
-"""Analyses of a run as plain functions returning tables (issue 4)."""
+"""Analyses of a run: plain functions over the connection from `rltrace.store.open(run_dir)`
+that return pandas DataFrames or plain dicts (columns and units in each docstring; the
+definitions in docs/analysis.md). No plotting, no paths: `rltrace report` and the dashboard draw.
+
+    con = rltrace.store.open("runs/exp1")
+    analysis.cost_summary(con)             # t_R, t_T, t_W, t_sync, async bound, ...
+    analysis.top_waits(con, steps=(10, 20))
+"""
+
+from rltrace.analysis._steps import StepRangeError, parse_steps
+from rltrace.analysis.costs import cost_model, cost_summary, fit_bandwidth, weight_sync_fit, weight_sync_points
+from rltrace.analysis.critical_path import common_paths, critical_path
+from rltrace.analysis.health import drops, open_spans
+from rltrace.analysis.long_tail import long_tail, stragglers
+from rltrace.analysis.metrics import step_metrics
+from rltrace.analysis.mismatch import mismatch, trends
+from rltrace.analysis.profiles import attached, for_phase, has_profiles
+from rltrace.analysis.staleness import histogram as staleness_histogram
+from rltrace.analysis.staleness import staleness
+from rltrace.analysis.steps import phase_breakdown, phase_totals, step_breakdown
+from rltrace.analysis.summary import table as summary_table
+from rltrace.analysis.timeline import step_timeline
+from rltrace.analysis.waits import top_waits, waits
+
+__all__ = [
+    "StepRangeError",
+    "parse_steps",
+    "step_breakdown",
+    "phase_breakdown",
+    "phase_totals",
+    "cost_model",
+    "cost_summary",
+    "weight_sync_points",
+    "weight_sync_fit",
+    "fit_bandwidth",
+    "waits",
+    "top_waits",
+    "critical_path",
+    "common_paths",
+    "long_tail",
+    "stragglers",
+    "staleness",
+    "staleness_histogram",
+    "step_metrics",
+    "mismatch",
+    "trends",
+    "open_spans",
+    "drops",
+    "step_timeline",
+    "has_profiles",
+    "attached",
+    "for_phase",
+    "summary_table",
+]

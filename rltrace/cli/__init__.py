@@ -10,9 +10,9 @@ import argparse
 import sys
 
 from rltrace._config import RltraceError
-from rltrace.cli import compact, info
+from rltrace.cli import compact, export, info, report
 
-COMMANDS = [info, compact]
+COMMANDS = [info, compact, report, export]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
 
-from rltrace import store
+from rltrace import _names, analysis, store
 from rltrace.store.compact import GRACE_S, TARGET_ROWS
+from rltrace.store.writer import write_part
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,4 +39,15 @@ def main(args: argparse.Namespace) -> int:
         results = store.compact(args.run_dir, target_rows=args.target_rows, grace_s=args.grace, progress=progress)
     for r in results:
         console.print(f"{r.table}: {r.parts_before} parts -> {r.parts_after} ({r.rows} rows)")
+    with console.status("precomputing per-step summaries…"):
+        rows = write_summaries(args.run_dir)
+    console.print(f"step_summary: {rows} rows (reports reuse them while the steps are unchanged)")
     return 0
+
+
+def write_summaries(run_dir) -> int:
+    """Store every step's summary (docs/analysis.md) so reports over large runs stay fast."""
+    table = analysis.summary_table(store.open(run_dir))
+    folder = Path(run_dir) / _names.STEP_SUMMARY.folder
+    write_part(folder, "step_summary.parquet", table, _names.STEP_SUMMARY)
+    return table.num_rows

@@ -1,0 +1,213 @@
+"""Analysis at scale: one step's timeline and the full report on a synthetic 10M-span run.
+
+    python benchmarks/bench_analysis.py [--spans 10000000] [--dir /tmp/rltrace-bench]
+
+Targets (issue 4): one step's timeline query < 0.3 s; the full report < 10 s on 2 cores.
+Baselines measured in the same run: the timeline query on the run before compaction (many
+unsorted parts), and the report computing its per-step summaries from the spans (what a run
+that was never compacted costs) instead of reading the ones `rltrace compact` stored.
+
+The run is written straight as Arrow tables in the store schema (no OTel on the way): per step,
+a trainer (step container, train with forward/backward micro-batches, optimizer, weight_sync),
+8 rollout workers (a rollout span over 4 threads of short generate spans, one straggler) and a
+reward worker (reward with per-sample score spans): ~10,000 spans a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rltrace import _names, analysis, report, store
+from rltrace.cli import main as cli
+from rltrace.store import layout
+from rltrace.store.writer import write_part
+
+STEP_NS = 10 * 10**9
+T0 = 1_700_000_000 * 10**9
+PROCS = [("trainer", 0)] + [("rollout", r) for r in range(8)] + [("reward", 0)]
+PHASES = ["step", "train", "forward", "backward", "optimizer", "weight_sync", "rollout", "generate", "reward", "score"]
+
+
+def _template(rng) -> dict[str, np.ndarray]:
+    """One step's spans: relative times (ns), process, thread, phase and parent index."""
+    rows = []  # (proc, thread, phase, start, end, parent)
+
+    def add(proc, thread, phase, start, end, parent=-1) -> int:
+        rows.append((proc, thread, phase, int(start), int(end), parent))
+        return len(rows) - 1
+
+    ms = 10**6
+    step = add(0, 1, "step", 0, 9500 * ms)
+    train = add(0, 1, "train", 6000 * ms, 9000 * ms, step)
+    for i in range(200):
+        t = 6000 * ms + i * 14 * ms
+        add(0, 1, "forward", t, t + 5 * ms, train)
+        add(0, 1, "backward", t + 5 * ms, t + 14 * ms, train)
+    add(0, 1, "optimizer", 8800 * ms, 9000 * ms, train)
+    add(0, 1, "weight_sync", 9000 * ms, 9500 * ms, step)
+    for w in range(1, 9):
+        roll = add(w, 1, "rollout", 0, 5000 * ms, step)
+        for thread in range(2, 6):
+            t = 0
+            for _ in range(287):
+                dur = int(rng.uniform(10, 14) * ms)
+                add(w, thread, "generate", t, t + dur, roll)
+                t += dur + 1000
+    rows[-1] = rows[-1][:4] + (5000 * ms,) + rows[-1][5:]  # a straggler sets the rollout's end
+    rew = add(9, 1, "reward", 5000 * ms, 6000 * ms, step)
+    for i in range(385):
+        add(9, 1, "score", 5000 * ms + i * 2 * ms, 5000 * ms + i * 2 * ms + ms, rew)
+    cols = list(zip(*rows))
+    return {k: np.asarray(v, np.int64) if k != "phase" else np.asarray([PHASES.index(p) for p in v])
+            for k, v in zip(("proc", "thread", "phase", "start", "end", "parent"), cols)}
+
+
+def _ids(values: np.ndarray, width: int) -> pa.Array:
+    return pc.utf8_lpad(pc.cast(pa.array(values), pa.string()), width, "0")
+
+
+def _batch(tpl: dict, steps: range, rng) -> pa.Table:
+    n, k = len(tpl["start"]), len(steps)
+    step = np.repeat(np.asarray(steps, np.int64), n)
+    base = np.tile(np.arange(n, dtype=np.int64), k) + (step * n)
+    jitter = np.repeat(rng.integers(0, 50 * 10**6, k), n)
+    start = T0 + step * STEP_NS + np.tile(tpl["start"], k) + jitter
+    end = T0 + step * STEP_NS + np.tile(tpl["end"], k) + jitter
+    parent = np.tile(tpl["parent"], k)
+    proc = np.tile(tpl["proc"], k)
+    phase = np.tile(tpl["phase"], k)
+    has_parent = parent >= 0
+    parent_ids = _ids(np.where(has_parent, step * n + parent + 1, 0), 16)
+    parent_ids = pc.if_else(pa.array(has_parent), parent_ids, pa.nulls(len(step), pa.string()))
+    roles = [r for r, _ in PROCS]
+    process_ids = [f"{r}{rank}-bench-{4000 + i}" for i, (r, rank) in enumerate(PROCS)]
+    phase_names = pa.DictionaryArray.from_arrays(pa.array(phase.astype(np.int32)), pa.array(PHASES)).cast(pa.string())
+    attributes = np.where(phase == PHASES.index("weight_sync"), json.dumps({"rl.bytes": 2_000_000_000, "rl.method": "nccl"}), "{}")
+    thread = np.tile(tpl["thread"], k)
+    cols = {
+        "trace_id": _ids(step + 1, 32),
+        "span_id": _ids(base + 1, 16),
+        "parent_span_id": parent_ids,
+        "name": phase_names,
+        "phase": phase_names,
+        "step": pa.array(step),
+        "weight_version": pa.array(step),
+        "start_ns": pa.array(start),
+        "end_ns": pa.array(end),
+        "status": pa.array(["UNSET"] * len(step)),
+        "status_message": pa.nulls(len(step), pa.string()),
+        "kind": pa.array(["INTERNAL"] * len(step)),
+        "thread_id": pa.array(thread),
+        "thread_name": pc.if_else(pa.array(thread == 1), "MainThread", "worker"),
+        "process_id": pa.DictionaryArray.from_arrays(pa.array(proc.astype(np.int32)), pa.array(process_ids)).cast(pa.string()),
+        "role": pa.DictionaryArray.from_arrays(pa.array(proc.astype(np.int32)), pa.array(roles)).cast(pa.string()),
+        "rank": pa.array(np.array([rank for _, rank in PROCS])[proc]),
+        "host": pa.array(["bench"] * len(step)),
+        "pid": pa.array(4000 + proc),
+        "service_name": pa.array(["rltrace-bench"] * len(step)),
+        "attributes": pa.array(attributes),
+        "events": pa.nulls(len(step), pa.string()),
+        "links": pa.nulls(len(step), pa.string()),
+    }
+    return pa.table(cols, schema=_names.SPANS_SCHEMA)
+
+
+def generate(run_dir: Path, spans: int, seed: int = 0) -> int:
+    rng = np.random.default_rng(seed)
+    layout.create_or_join(run_dir, run_name="bench", config={"spans": spans})
+    tpl = _template(rng)
+    n_steps = max(1, spans // len(tpl["start"]))
+    per_part = max(1, 500_000 // len(tpl["start"]))
+    written = 0
+    for first in range(0, n_steps, per_part):
+        steps = range(first, min(first + per_part, n_steps))
+        table = _batch(tpl, steps, rng)
+        write_part(run_dir / "spans", f"bench-{first:08d}.parquet", table, _names.SPANS)
+        written += table.num_rows
+        samples = {
+            "step": np.repeat(np.asarray(steps), 256),
+            "logged_ns": np.repeat(T0 + np.asarray(steps) * STEP_NS, 256),
+            "sample_id": np.tile(np.arange(256), len(steps)),
+            "response_len": rng.integers(50, 400, 256 * len(steps)),
+            "gen_start": np.repeat((T0 + np.asarray(steps) * STEP_NS) / 1e9, 256),
+        }
+        samples["gen_end"] = samples["gen_start"] + samples["response_len"] / 80.0
+        samples["weight_version"] = samples["step"] - rng.integers(0, 3, 256 * len(steps))
+        samples["train_version"] = samples["step"]
+        write_part(run_dir / "samples", f"bench-{first:08d}.parquet", pa.table(samples), _names.SAMPLES)
+        metrics = pa.table({"step": np.repeat(np.asarray(steps), 2), "name": ["reward_mean", "train_rollout_logprob_abs_diff"] * len(steps),
+                            "value": rng.uniform(0, 1, 2 * len(steps)),
+                            "time_ns": np.repeat(T0 + np.asarray(steps) * STEP_NS + 9 * 10**9, 2)})
+        write_part(run_dir / "metrics", f"bench-{first:08d}.parquet", metrics, _names.METRICS_TABLE)
+    return written
+
+
+def _time(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _timeline(run_dir: Path, step: int) -> None:
+    analysis.step_timeline(store.open(run_dir), step)
+
+
+def _report(run_dir: Path) -> None:
+    report.build(store.open(run_dir))
+
+
+def _report_raw(run_dir: Path) -> None:
+    snap = store.scan(run_dir)
+    snap.parts[_names.STEP_SUMMARY.name] = []  # as if never compacted: summaries come from the spans
+    report.build(store.connect(snap))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--spans", type=int, default=10_000_000)
+    p.add_argument("--dir", default="/tmp/rltrace-bench")
+    args = p.parse_args()
+    run_dir = Path(args.dir) / f"run-{args.spans}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    rows = []
+
+    t = time.perf_counter()
+    written = generate(run_dir, args.spans)
+    rows.append(("generate run", f"{written:,} spans", f"{time.perf_counter() - t:.1f} s", "", ""))
+    step = written // 10_000 // 2
+    before = _time(lambda: _timeline(run_dir, step))
+    t = time.perf_counter()
+    cli(["compact", str(run_dir)])
+    rows.append(("rltrace compact (+ summaries)", "", f"{time.perf_counter() - t:.1f} s", "", ""))
+    after = _time(lambda: _timeline(run_dir, step))
+    rows.append(("one step's timeline (open + query)", "< 0.3 s", f"{after:.3f} s", f"{before:.3f} s uncompacted", f"{before / after:.1f}x"))
+    full = _time(lambda: _report(run_dir), repeat=2)
+    raw = _time(lambda: _report_raw(run_dir), repeat=1)
+    rows.append(("full report (report.build)", "< 10 s", f"{full:.2f} s", f"{raw:.1f} s without summaries", f"{raw / full:.1f}x"))
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"bench_analysis: {written:,} spans, {os.cpu_count()} cores")
+    for col in ("what", "target", "measured", "baseline (same run)", "speed-up"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

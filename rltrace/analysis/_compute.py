@@ -1,0 +1,285 @@
+"""Per-step results that need interval arithmetic: phase and stage times, waits, critical path.
+
+`compute(spans, checks)` turns the finished spans overlapping a batch of steps into rows of the
+`step_summary` table (schema in `rltrace._names`); `summary.py` caches them per connection and
+`rltrace compact` stores them. Definitions (docs/analysis.md):
+
+- phase seconds: length of the union of that phase's spans of the step (per process, and across
+  processes with process_id NULL); `count` spans, `total_ns` summed durations.
+- stage seconds (`R`, `T`, `W`, and `reward`): union over every process of the step's spans
+  whose phase is in that category, so nested or concurrent spans count once.
+- waits: inside the step's window (first start to last end over all processes), each process
+  that has spans in the step is *idle* where none of its busy or wait spans runs (any step);
+  a `wait` span counts where that process is not busy. Each such interval is attributed to the
+  busy phases running meanwhile (a phase with child phases only where no child runs).
+- critical path: from the top-level busy span that ends last, repeatedly step back to the
+  top-level busy span of the step that ended last before the current one started.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from rltrace.analysis import _intervals as iv
+from rltrace.analysis._phases import STAGE_OF, WAIT, containers
+
+VERSION = 1
+TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
+
+_COLUMNS = (
+    "step kind seq process_id phase other other_process_id detail span_id start_ns end_ns seconds count total_ns version"
+).split()
+
+
+def _rows(kind: str, **cols) -> pd.DataFrame:
+    n = len(next(iter(cols.values())))
+    frame = pd.DataFrame({c: cols.get(c, [None] * n) for c in _COLUMNS if c != "kind"})
+    frame.insert(1, "kind", kind)
+    frame["version"] = VERSION
+    return frame
+
+
+def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
+    """Summary rows for the steps in `checks` (step, count, start_ns, end_ns, total_ns).
+
+    `spans`: every finished span overlapping those steps' windows, with columns span_id,
+    parent_span_id, phase, name, step, process_id, start_ns, end_ns, waiting_for.
+    """
+    spans = spans.reset_index(drop=True)
+    parent_row = pd.Series(np.arange(len(spans)), index=spans["span_id"])
+    parent_row = parent_row[~parent_row.index.duplicated()]
+    prow = spans["parent_span_id"].map(parent_row).fillna(-1).astype(np.int64).to_numpy()
+    phase = spans["phase"].to_numpy(object)
+    has_parent = prow >= 0
+    pairs = set(zip(phase[prow[has_parent]], phase[has_parent]))
+    container_phases = containers(pairs)
+    busy = ~np.isin(phase, sorted(container_phases | {WAIT}))
+    in_batch = spans["step"].isin(checks["step"]).to_numpy()
+    frames = [
+        _rows(
+            "step",
+            step=checks["step"].to_numpy(),
+            start_ns=checks["start_ns"].to_numpy(),
+            end_ns=checks["end_ns"].to_numpy(),
+            seconds=(checks["end_ns"] - checks["start_ns"]).to_numpy() / 1e9,
+            count=checks["count"].to_numpy(),
+            total_ns=checks["total_ns"].to_numpy(),
+        ),
+        _phase_rows(spans[in_batch]),
+        _stage_rows(spans[in_batch]),
+        _wait_rows(spans, checks, prow, busy, in_batch),
+        _path_rows(spans, prow, busy, in_batch),
+    ]
+    return pd.concat([f for f in frames if len(f)], ignore_index=True)
+
+
+def _union_seconds(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    groups = frame.groupby(keys, sort=True, dropna=False)
+    codes = groups.ngroup().to_numpy()
+    covered = iv.total(codes, frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy(), groups.ngroups)
+    out = groups.agg(count=("span_id", "size"), total_ns=("duration_ns", "sum")).reset_index()
+    out["seconds"] = covered / 1e9
+    return out
+
+
+def _phase_rows(spans: pd.DataFrame) -> pd.DataFrame:
+    if spans.empty:
+        return pd.DataFrame()
+    spans = spans.assign(duration_ns=spans["end_ns"] - spans["start_ns"])
+    per_process = _union_seconds(spans, ["step", "process_id", "phase"])
+    overall = _union_seconds(spans, ["step", "phase"]).assign(process_id=None)
+    both = pd.concat([per_process, overall], ignore_index=True)
+    return _rows(
+        "phase",
+        step=both["step"].to_numpy(),
+        process_id=both["process_id"].to_numpy(object),
+        phase=both["phase"].to_numpy(object),
+        seconds=both["seconds"].to_numpy(),
+        count=both["count"].to_numpy(),
+        total_ns=both["total_ns"].to_numpy(),
+    )
+
+
+def _stage_rows(spans: pd.DataFrame) -> pd.DataFrame:
+    cat = spans["phase"].map(STAGE_OF)
+    parts = [spans.assign(stage=cat).dropna(subset=["stage"]), spans[spans["phase"] == "reward"].assign(stage="reward")]
+    tagged = pd.concat(parts, ignore_index=True)
+    if tagged.empty:
+        return pd.DataFrame()
+    tagged["duration_ns"] = tagged["end_ns"] - tagged["start_ns"]
+    out = _union_seconds(tagged, ["step", "stage"])
+    return _rows(
+        "stage",
+        step=out["step"].to_numpy(),
+        phase=out["stage"].to_numpy(object),
+        seconds=out["seconds"].to_numpy(),
+        count=out["count"].to_numpy(),
+        total_ns=out["total_ns"].to_numpy(),
+    )
+
+
+def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
+    proc_codes, procs = pd.factorize(spans["process_id"])
+    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    phase = spans["phase"].to_numpy(object)
+    nproc = len(procs)
+    if nproc == 0:
+        return pd.DataFrame()
+    lo = np.full(nproc, min(start.min(), checks["start_ns"].min()), np.int64)
+    hi = np.full(nproc, max(end.max(), checks["end_ns"].max()), np.int64)
+    waiting = phase == WAIT
+
+    # idle: windows of (step, participating process) minus that process's busy and wait spans
+    idle_g, idle_s, idle_e = iv.complement(proc_codes[busy | waiting], start[busy | waiting], end[busy | waiting], lo, hi)
+    pairs = spans[in_batch].assign(proc=proc_codes[in_batch])[["step", "proc"]].drop_duplicates()
+    pairs = pairs.merge(checks[["step", "start_ns", "end_ns"]], on="step")
+    win, a, b = iv.clip(idle_g, idle_s, idle_e, pairs["proc"], pairs["start_ns"], pairs["end_ns"])
+    idle = pd.DataFrame(
+        {"step": pairs["step"].to_numpy()[win], "proc": pairs["proc"].to_numpy()[win], "a": a, "b": b}
+    ).assign(in_phase="idle", detail="idle", declared=None)
+
+    # wait spans of the batch's steps, where their process is not busy
+    free_g, free_s, free_e = iv.complement(proc_codes[busy], start[busy], end[busy], lo, hi)
+    w_idx = np.flatnonzero(waiting & in_batch)
+    win, a, b = iv.clip(free_g, free_s, free_e, proc_codes[w_idx], start[w_idx], end[w_idx])
+    rows = w_idx[win]
+    parent_phase = np.where(prow[rows] >= 0, phase[np.maximum(prow[rows], 0)], WAIT)
+    declared = spans["waiting_for"].to_numpy(object)[rows]
+    waits = pd.DataFrame(
+        {
+            "step": spans["step"].to_numpy()[rows],
+            "proc": proc_codes[rows],
+            "a": a,
+            "b": b,
+            "in_phase": parent_phase,
+            "detail": np.where(pd.isna(declared), "wait_span", "declared"),
+            "declared": declared,
+        }
+    )
+    pieces = pd.concat([idle, waits], ignore_index=True)
+    if pieces.empty:
+        return pd.DataFrame()
+    attributed = _attribute(pieces, spans, prow, busy)
+    attributed["process_id"] = procs[attributed["proc"].to_numpy()]
+    keys = ["step", "process_id", "detail", "in_phase", "waited_for"]
+    agg = attributed.groupby(keys, dropna=False, sort=True).agg(seconds=("ns", "sum"), count=("ns", "size")).reset_index()
+    agg["seconds"] = agg["seconds"] / 1e9
+    agg["other_process_id"] = _who_ran(spans, agg)
+    return _rows(
+        "wait",
+        step=agg["step"].to_numpy(),
+        process_id=agg["process_id"].to_numpy(object),
+        phase=agg["in_phase"].to_numpy(object),
+        other=agg["waited_for"].to_numpy(object),
+        other_process_id=agg["other_process_id"].to_numpy(object),
+        detail=agg["detail"].to_numpy(object),
+        seconds=agg["seconds"].to_numpy(),
+        count=agg["count"].to_numpy(),
+    )
+
+
+def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy) -> pd.DataFrame:
+    """One row per (piece, phase waited for) with the overlapping ns; waited_for None = nothing ran."""
+    codes, names = pd.factorize(spans["phase"])
+    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    busy_codes = np.unique(codes[busy])
+    nested = np.flatnonzero(busy & (prow >= 0))
+    nested = nested[busy[prow[nested]] & (codes[prow[nested]] != codes[nested])]
+    pairs = pd.DataFrame({"parent": codes[prow[nested]], "child": codes[nested]}).drop_duplicates()
+    children = {int(p): set(g["child"].tolist()) for p, g in pairs.groupby("parent")}
+    # coverage groups: each busy phase; each parent phase with its children; the children alone; all busy
+    groups: list[tuple[object, set[int]]] = [(int(c), {int(c)}) for c in busy_codes]
+    groups += [((c, "+"), {c} | kids) for c, kids in children.items()]
+    groups += [((c, ":"), kids) for c, kids in children.items()]
+    groups.append(("*", {int(c) for c in busy_codes}))
+    index = {key: k for k, (key, _) in enumerate(groups)}
+    g_list, s_list, e_list = [], [], []
+    for k, (_, members) in enumerate(groups):
+        mask = busy & np.isin(codes, list(members))
+        g_list.append(np.full(mask.sum(), k, np.int64))
+        s_list.append(start[mask])
+        e_list.append(end[mask])
+    cov = iv.Coverage(np.concatenate(g_list), np.concatenate(s_list), np.concatenate(e_list))
+    a, b = pieces["a"].to_numpy(np.int64), pieces["b"].to_numpy(np.int64)
+    n = len(pieces)
+
+    def covered(key) -> np.ndarray:
+        return cov.between(np.full(n, index[key], np.int64), a, b)
+
+    out = []
+    measured = pieces["declared"].isna().to_numpy()
+    for c in busy_codes:
+        c = int(c)
+        ns = covered((c, "+")) - covered((c, ":")) if c in children else covered(c)
+        out.append(pieces.assign(waited_for=names[c], ns=ns)[measured & (ns > 0)])
+    nothing = (b - a) - covered("*")
+    out.append(pieces.assign(waited_for=None, ns=nothing)[measured & (nothing > 0)])
+    out.append(pieces.assign(waited_for=pieces["declared"], ns=b - a)[~measured])
+    return pd.concat(out, ignore_index=True)
+
+
+def _who_ran(spans: pd.DataFrame, waits: pd.DataFrame) -> np.ndarray:
+    """For each wait row, the other process where the awaited phase ran longest in that step."""
+    ran = spans.assign(ns=spans["end_ns"] - spans["start_ns"]).groupby(["step", "phase", "process_id"])["ns"].sum()
+    ran = ran.reset_index().sort_values("ns", ascending=False)
+    best: dict[tuple, list[str]] = {}
+    for step, ph, proc in zip(ran["step"], ran["phase"], ran["process_id"]):
+        best.setdefault((step, ph), []).append(proc)
+        best.setdefault((None, ph), []).append(proc)  # the awaited work may belong to another step
+    out = []
+    for step, ph, proc in zip(waits["step"], waits["waited_for"], waits["process_id"]):
+        candidates = [p for p in best.get((step, ph), []) + best.get((None, ph), []) if p != proc]
+        out.append(candidates[0] if candidates else None)
+    return np.array(out, object)
+
+
+def _path_rows(spans, prow, busy, in_batch) -> pd.DataFrame:
+    phase = spans["phase"].to_numpy(object)
+    proc = spans["process_id"].to_numpy(object)
+    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    parent = np.maximum(prow, 0)
+    top = busy & in_batch & ((prow < 0) | ~busy[parent] | (proc[parent] != proc))
+    with_parent = np.flatnonzero(prow >= 0)
+    order = np.lexsort((end[with_parent], prow[with_parent]))
+    kids = with_parent[order]
+    is_last = np.ones(len(kids), bool)
+    is_last[:-1] = prow[kids[1:]] != prow[kids[:-1]]
+    last_child = dict(zip(prow[kids[is_last]].tolist(), kids[is_last].tolist()))
+    steps = spans["step"].to_numpy()
+    out = []
+    for step in pd.unique(steps[top]):
+        idx = np.flatnonzero(top & (steps == step))
+        idx = idx[np.lexsort((-(end[idx] - start[idx]), end[idx]))]  # by end, longer first on ties
+        ends = end[idx]
+        chain = [idx[-1]]
+        while True:
+            cur = chain[-1]
+            k = np.searchsorted(ends, start[cur] + TOLERANCE_NS, side="right")
+            cand = [j for j in idx[:k][::-1][:64] if j != cur and start[j] < start[cur]]
+            if not cand:
+                break
+            best_end = end[cand[0]]
+            ties = [j for j in cand if best_end - end[j] <= TOLERANCE_NS]
+            chain.append(next((j for j in ties if proc[j] == proc[cur]), ties[0]))
+        for seq, i in enumerate(reversed(chain)):
+            child = last_child.get(i)
+            out.append(
+                {
+                    "step": step,
+                    "seq": seq,
+                    "process_id": proc[i],
+                    "phase": phase[i],
+                    "other": None if child is None else phase[child],
+                    "other_process_id": None if child is None else proc[child],
+                    "detail": spans["name"].iat[i],
+                    "span_id": spans["span_id"].iat[i],
+                    "start_ns": start[i],
+                    "end_ns": end[i],
+                    "seconds": (end[i] - start[i]) / 1e9,
+                }
+            )
+    if not out:
+        return pd.DataFrame()
+    frame = pd.DataFrame(out)
+    return _rows("path", **{c: frame[c].to_numpy(object if frame[c].dtype == object else None) for c in frame})

@@ -1,0 +1,45 @@
+"""Role, rank and host of processes, for labelling rows that carry only a process_id."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+_COLS = ["process_id", "role", "rank", "host"]
+
+
+def processes(con, process_ids) -> pd.DataFrame:
+    """process_id, role, rank, host for each id (from `processes`, else from the spans)."""
+    ids = sorted({p for p in process_ids if isinstance(p, str)})
+    if not ids:
+        return pd.DataFrame(columns=_COLS)
+    marks = ", ".join("?" for _ in ids)
+    found = con.execute(
+        f"""SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host
+            FROM processes WHERE process_id IN ({marks}) GROUP BY process_id""",
+        ids,
+    ).df()
+    missing = sorted(set(ids) - set(found["process_id"]))
+    if missing:
+        marks = ", ".join("?" for _ in missing)
+        extra = con.execute(
+            f"""SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host
+                FROM spans WHERE process_id IN ({marks}) GROUP BY process_id""",
+            missing,
+        ).df()
+        found = pd.concat([found, extra], ignore_index=True)
+    return found[_COLS]
+
+
+def label(frame: pd.DataFrame, con, column: str = "process_id", prefix: str = "") -> pd.DataFrame:
+    """`frame` with role, rank (and host) of `column` joined in as `<prefix>role`, `<prefix>rank`."""
+    who = processes(con, frame[column].dropna().unique()).rename(
+        columns={"process_id": column, "role": prefix + "role", "rank": prefix + "rank", "host": prefix + "host"}
+    )
+    return frame.merge(who, on=column, how="left")
+
+
+def name(role, rank) -> str:
+    """`trainer0`-style short name of a process."""
+    if role is None or (isinstance(role, float) and pd.isna(role)):
+        return "?"
+    return f"{role}{'' if rank is None or pd.isna(rank) else int(rank)}"

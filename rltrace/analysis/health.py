@@ -1,0 +1,51 @@
+"""Health of a run: spans that started and never ended (hangs, kills), and what was dropped."""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+
+def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
+    """Spans that started and have not ended: running, hung, or their process was killed.
+
+    Returns:
+        process_id, role, rank, host, phase, name, step, span_id, start_ns; age_s (now - start);
+        stalled_s (the run's last activity - start: how long it had been open when the run
+        last wrote anything, which is what matters for a dead run); last_heard_ns (the process's
+        last heartbeat, Unix ns, or None); ended_cleanly (the process called shutdown).
+    """
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    frame = con.execute(
+        """WITH last AS (SELECT greatest(
+                 (SELECT max(end_ns) FROM spans WHERE NOT is_open),
+                 (SELECT max(heartbeat_ns) FROM processes),
+                 (SELECT max(start_ns) FROM spans)) AS ns),
+           proc AS (SELECT process_id, max(heartbeat_ns) AS heard, bool_or(ended_ns IS NOT NULL) AS ended
+                    FROM processes GROUP BY process_id)
+           SELECT s.process_id, s.role, s.rank, s.host, coalesce(s.phase, s.name) AS phase, s.name, s.step,
+                  s.span_id, s.start_ns, (SELECT ns FROM last) AS last_ns, p.heard AS last_heard_ns,
+                  coalesce(p.ended, false) AS ended_cleanly
+           FROM spans s LEFT JOIN proc p USING (process_id)
+           WHERE s.is_open ORDER BY s.start_ns"""
+    ).df()
+    frame["age_s"] = (now_ns - frame["start_ns"]) / 1e9
+    frame["stalled_s"] = ((frame["last_ns"] - frame["start_ns"]) / 1e9).clip(lower=0)
+    cols = ["process_id", "role", "rank", "host", "phase", "name", "step", "span_id", "start_ns", "age_s",
+            "stalled_s", "last_heard_ns", "ended_cleanly"]
+    return frame[cols]
+
+
+def drops(con) -> pd.DataFrame:
+    """What each process lost before the store (or the OTLP backend) got it.
+
+    Returns: process_id, role, rank, spans_dropped, rows_dropped, otlp_spans_dropped (counts
+    from the process's latest heartbeat).
+    """
+    return con.execute(
+        """SELECT process_id, any_value(role) AS role, any_value(rank) AS rank,
+                  max(coalesce(spans_dropped, 0)) AS spans_dropped, max(coalesce(rows_dropped, 0)) AS rows_dropped,
+                  max(coalesce(otlp_spans_dropped, 0)) AS otlp_spans_dropped
+           FROM processes GROUP BY process_id ORDER BY role, rank, process_id"""
+    ).df()

@@ -1,0 +1,82 @@
+"""The rollout long tail: how long a step waits for its slowest samples, and which ones they are."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from rltrace.analysis import summary
+from rltrace.analysis._steps import Steps, step_filter
+
+
+def _samples(con, steps: Steps) -> pd.DataFrame:
+    where, params = step_filter(steps)
+    return con.execute(
+        f"""SELECT step, sample_id, group_id, response_len, gen_start, gen_end
+            FROM samples WHERE gen_start IS NOT NULL AND gen_end IS NOT NULL AND {where}""",
+        params,
+    ).df()
+
+
+def long_tail(con, steps: Steps = None) -> pd.DataFrame:
+    """Per step, the time from the median sample's finish to the last sample's finish.
+
+    Returns:
+        step; samples; gen_s (first gen_start to last gen_end, seconds); median_finish_s and
+        last_finish_s (seconds after the first gen_start); tail_s (last - median finish);
+        tail_share (tail_s / the step's wall time from its spans, or / gen_s without spans);
+        median_len, max_len (response tokens); median_gen_s, max_gen_s (per-sample gen_end - gen_start).
+    """
+    s = _samples(con, steps)
+    if s.empty:
+        return pd.DataFrame(columns=["step", "samples", "gen_s", "median_finish_s", "last_finish_s", "tail_s",
+                                     "tail_share", "median_len", "max_len", "median_gen_s", "max_gen_s"])
+    s["dur"] = s["gen_end"] - s["gen_start"]
+    g = s.groupby("step")
+    out = pd.DataFrame(
+        {
+            "samples": g.size(),
+            "first": g["gen_start"].min(),
+            "median_end": g["gen_end"].median(),
+            "last_end": g["gen_end"].max(),
+            "median_len": g["response_len"].median(),
+            "max_len": g["response_len"].max(),
+            "median_gen_s": g["dur"].median(),
+            "max_gen_s": g["dur"].max(),
+        }
+    )
+    out["gen_s"] = out["last_end"] - out["first"]
+    out["median_finish_s"] = out["median_end"] - out["first"]
+    out["last_finish_s"] = out["last_end"] - out["first"]
+    out["tail_s"] = out["last_end"] - out["median_end"]
+    checks = summary.checks(con, steps).set_index("step")
+    wall = ((checks["end_ns"] - checks["start_ns"]) / 1e9).reindex(out.index)
+    out["tail_share"] = out["tail_s"] / wall.fillna(out["gen_s"]).where(lambda w: w > 0)
+    cols = ["samples", "gen_s", "median_finish_s", "last_finish_s", "tail_s", "tail_share", "median_len",
+            "max_len", "median_gen_s", "max_gen_s"]
+    return out[cols].reset_index()
+
+
+def stragglers(con, steps: Steps = None, *, factor: float = 2.0, per_step: int = 5) -> pd.DataFrame:
+    """Samples that finished after the step's median and took `factor` times the median
+    generation time or response length, slowest first (at most `per_step` a step).
+
+    Returns:
+        step, sample_id, group_id, response_len, len_ratio (response_len / the step's median),
+        gen_s (gen_end - gen_start), time_ratio (gen_s / the step's median), after_median_s
+        (seconds it finished after the median sample).
+    """
+    s = _samples(con, steps)
+    cols = ["step", "sample_id", "group_id", "response_len", "len_ratio", "gen_s", "time_ratio", "after_median_s"]
+    if s.empty:
+        return pd.DataFrame(columns=cols)
+    s["gen_s"] = s["gen_end"] - s["gen_start"]
+    g = s.groupby("step")
+    s["len_ratio"] = s["response_len"] / g["response_len"].transform("median").where(lambda m: m > 0)
+    s["time_ratio"] = s["gen_s"] / g["gen_s"].transform("median").where(lambda m: m > 0)
+    s["after_median_s"] = s["gen_end"] - g["gen_end"].transform("median")
+    slow = (s["after_median_s"] > 0) & ((s["time_ratio"] >= factor) | (s["len_ratio"] >= factor))
+    out = s[slow].sort_values(["step", "after_median_s"], ascending=[True, False]).groupby("step").head(per_step)
+    out = out.astype({"len_ratio": float, "time_ratio": float})
+    out[["len_ratio", "time_ratio"]] = out[["len_ratio", "time_ratio"]].replace([np.inf], np.nan)
+    return out[cols].reset_index(drop=True)

@@ -1,0 +1,40 @@
+"""Profiles (py-spy, torch.profiler) attached to spans, when the run has a `profiles` view."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rltrace.analysis._steps import step_filter
+
+_COLS = ["trace_id", "span_id", "profile_id", "kind", "path"]
+
+
+def has_profiles(con) -> bool:
+    found = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'profiles'").fetchone()[0]
+    return bool(found)
+
+
+def attached(con, span_ids) -> pd.DataFrame:
+    """Profiles attached to the given spans (empty when the run records none).
+
+    Returns: trace_id, span_id, profile_id, kind, path (as stored; never opened here).
+    """
+    ids = sorted({s for s in span_ids if isinstance(s, str)})
+    if not ids or not has_profiles(con):
+        return pd.DataFrame(columns=_COLS)
+    marks = ", ".join("?" for _ in ids)
+    return con.execute(f"SELECT {', '.join(_COLS)} FROM profiles WHERE span_id IN ({marks})", ids).df()
+
+
+def for_phase(con, phase: str, steps=None, limit: int = 5) -> pd.DataFrame:
+    """Profiles attached to the longest spans of one phase (what to open next for a slow stage)."""
+    if not has_profiles(con):
+        return pd.DataFrame(columns=_COLS + ["duration_s", "step"])
+    where, params = step_filter(steps, "s.step")
+    return con.execute(
+        f"""SELECT p.trace_id, p.span_id, p.profile_id, p.kind, p.path, s.duration_s, s.step
+            FROM profiles p JOIN spans s ON s.span_id = p.span_id
+            WHERE coalesce(s.phase, s.name) = ? AND {where}
+            ORDER BY s.duration_s DESC NULLS LAST LIMIT ?""",
+        [phase, *params, limit],
+    ).df()

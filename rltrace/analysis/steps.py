@@ -1,0 +1,81 @@
+"""Where a step's time goes: wall time per step, time per phase per process, share of the step."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rltrace.analysis import _who, summary
+from rltrace.analysis._phases import stage
+from rltrace.analysis._steps import Steps
+
+
+def step_breakdown(con, steps: Steps = None) -> pd.DataFrame:
+    """Wall time of each step.
+
+    Returns:
+        step; start_ns, end_ns (first start and last end of the step's finished spans, Unix ns);
+        wall_s (seconds between them); spans (finished spans with that step).
+    Open spans are not counted (see `health.open_spans`); spans without a step are left out.
+    """
+    c = summary.checks(con, steps)
+    return pd.DataFrame(
+        {
+            "step": c["step"],
+            "start_ns": c["start_ns"],
+            "end_ns": c["end_ns"],
+            "wall_s": (c["end_ns"] - c["start_ns"]) / 1e9,
+            "spans": c["count"],
+        }
+    )
+
+
+def phase_breakdown(con, steps: Steps = None) -> pd.DataFrame:
+    """Time per phase per process per step.
+
+    Returns:
+        step, process_id, role, rank, phase, stage (R/T/W or None); seconds (length of the union
+        of that phase's spans on that process in the step, so concurrent spans count once);
+        spans (count); span_s (summed span durations); share (seconds / the step's wall_s).
+    Nested phases each count their own time, so shares of nested phases add up past 1.
+    """
+    rows = summary.rows(con, steps, kinds=("phase", "step"))
+    walls = rows[rows["kind"] == "step"].set_index("step")["seconds"]
+    phases = rows[(rows["kind"] == "phase") & rows["process_id"].notna()]
+    out = pd.DataFrame(
+        {
+            "step": phases["step"],
+            "process_id": phases["process_id"],
+            "phase": phases["phase"],
+            "stage": phases["phase"].map(stage),
+            "seconds": phases["seconds"],
+            "spans": phases["count"],
+            "span_s": phases["total_ns"] / 1e9,
+        }
+    )
+    out["share"] = out["seconds"] / out["step"].map(walls)
+    out = _who.label(out, con)
+    cols = ["step", "process_id", "role", "rank", "phase", "stage", "seconds", "spans", "span_s", "share"]
+    return out[cols].sort_values(["step", "seconds"], ascending=[True, False], ignore_index=True)
+
+
+def phase_totals(con, steps: Steps = None) -> pd.DataFrame:
+    """Each phase over the selected steps.
+
+    Returns:
+        phase, stage; steps (steps where it ran); spans; total_s (sum over steps of the phase's
+        union time across all processes); mean_s (total_s / steps); share (total_s / summed step
+        wall time); span_s (summed span durations, counts concurrent spans separately).
+    """
+    rows = summary.rows(con, steps, kinds=("phase", "step"))
+    wall = rows.loc[rows["kind"] == "step", "seconds"].sum()
+    phases = rows[(rows["kind"] == "phase") & rows["process_id"].isna()]
+    out = phases.groupby("phase").agg(
+        steps=("step", "nunique"), spans=("count", "sum"), total_s=("seconds", "sum"), span_ns=("total_ns", "sum")
+    )
+    out = out.reset_index()
+    out["stage"] = out["phase"].map(stage)
+    out["mean_s"] = out["total_s"] / out["steps"]
+    out["share"] = out["total_s"] / wall if wall > 0 else float("nan")
+    out["span_s"] = out["span_ns"] / 1e9
+    cols = ["phase", "stage", "steps", "spans", "total_s", "mean_s", "share", "span_s"]
+    return out[cols].sort_values("total_s", ascending=False, ignore_index=True)

@@ -1,0 +1,112 @@
+"""Per-step summaries: read the ones `rltrace compact` stored, compute the rest, cache per connection.
+
+A stored step is used only while it still matches the spans: its fingerprint (span count, first
+start, last end, summed durations) must equal the live one, so steps that gained spans after the
+last compaction, or runs never compacted, are recomputed from the spans. Results are cached in
+temporary tables of the connection (a connection is a snapshot, so they never go stale).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+
+from rltrace import _names
+from rltrace.analysis import _compute
+from rltrace.analysis._steps import Steps, step_filter
+
+_CACHE = "_rltrace_summary"
+_CHECKS = "_rltrace_checks"
+BATCH_SPANS = 1_000_000  # spans loaded at once when computing
+
+
+def _has_table(con, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchone()[0])
+
+
+def checks(con, steps: Steps = None) -> pd.DataFrame:
+    """Per step: step, count (finished spans), start_ns, end_ns, total_ns (summed durations)."""
+    if not _has_table(con, _CHECKS):
+        con.execute(
+            f"""CREATE TEMP TABLE {_CHECKS} AS
+            SELECT step, count(*) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+                   CAST(sum(end_ns - start_ns) AS BIGINT) AS total_ns
+            FROM spans WHERE NOT is_open AND step IS NOT NULL GROUP BY step"""
+        )
+    where, params = step_filter(steps)
+    return con.execute(f"SELECT * FROM {_CHECKS} WHERE {where} ORDER BY step", params).df()
+
+
+def rows(con, steps: Steps = None, kinds: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Summary rows (columns of `rltrace._names.STEP_SUMMARY_SCHEMA`) for the selected steps."""
+    _fill(con, steps)
+    where, params = step_filter(steps)
+    if kinds:
+        where += " AND kind IN (" + ", ".join("?" for _ in kinds) + ")"
+        params += list(kinds)
+    return con.execute(f"SELECT * FROM {_CACHE} WHERE {where} ORDER BY step, kind, seq", params).df()
+
+
+def table(con) -> pa.Table:
+    """Every step's summary as an Arrow table in the `step_summary` schema (what compact stores)."""
+    _fill(con, None)
+    return con.sql(f"SELECT * FROM {_CACHE} ORDER BY step, kind, seq").to_arrow_table().cast(
+        _names.STEP_SUMMARY_SCHEMA
+    )
+
+
+def _fill(con, steps: Steps) -> None:
+    if not _has_table(con, _CACHE):
+        con.execute(f"CREATE TEMP TABLE {_CACHE} AS SELECT * FROM step_summary LIMIT 0")
+    wanted = checks(con, steps)
+    done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
+    missing = wanted[~wanted["step"].isin(done)]
+    if missing.empty:
+        return
+    con.register("_rltrace_missing", missing)
+    try:
+        con.execute(
+            f"""INSERT INTO {_CACHE} BY NAME
+            SELECT s.* FROM step_summary s JOIN (
+                SELECT k.step FROM step_summary k JOIN _rltrace_missing m
+                  ON k.step = m.step AND k.count = m.count AND k.start_ns = m.start_ns
+                 AND k.end_ns = m.end_ns AND k.total_ns = m.total_ns
+                WHERE k.kind = 'step' AND k.version = ?) v USING (step)""",
+            [_compute.VERSION],
+        )
+    finally:
+        con.unregister("_rltrace_missing")
+    done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
+    for batch in _batches(missing[~missing["step"].isin(done)]):
+        spans = _load(con, batch)
+        computed = _compute.compute(spans, batch)
+        con.register("_rltrace_computed", computed)
+        try:
+            con.execute(f"INSERT INTO {_CACHE} BY NAME SELECT * FROM _rltrace_computed")
+        finally:
+            con.unregister("_rltrace_computed")
+
+
+def _batches(missing: pd.DataFrame):
+    """Consecutive steps cut into groups of about BATCH_SPANS spans."""
+    missing = missing.sort_values("step")
+    start, total = 0, 0
+    for i, n in enumerate(missing["count"].to_numpy()):
+        if i > start and total + n > BATCH_SPANS:
+            yield missing.iloc[start:i]
+            start, total = i, 0
+        total += n
+    if start < len(missing):
+        yield missing.iloc[start:]
+
+
+def _load(con, batch: pd.DataFrame) -> pd.DataFrame:
+    """Finished spans overlapping the batch's steps in time (other steps' spans keep processes busy)."""
+    lo, hi = int(batch["start_ns"].min()), int(batch["end_ns"].max())
+    return con.execute(
+        f"""SELECT span_id, parent_span_id, coalesce(phase, name) AS phase, name, step, process_id,
+                   start_ns, end_ns,
+                   CASE WHEN phase = 'wait' THEN attr(attributes, '{_names.WAITING_FOR}') END AS waiting_for
+            FROM spans WHERE NOT is_open AND end_ns >= ? AND start_ns <= ?""",
+        [lo, hi],
+    ).df()

@@ -1,0 +1,90 @@
+"""Which stage waits on which: idle time and `wait` spans per process, attributed to the phases
+running elsewhere at that moment."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rltrace.analysis import _who, summary
+from rltrace.analysis._steps import Steps
+
+#: Phases rolled up to the stage a person names ("waited for train", not "for backward").
+GROUP_OF = {
+    "generate": "rollout",
+    "rollout": "rollout",
+    "reward": "reward",
+    "train": "train",
+    "forward": "train",
+    "backward": "train",
+    "optimizer": "train",
+    "weight_sync": "weight_sync",
+}
+UNTRACED = "untraced"  # waited while no busy span ran anywhere
+
+
+def waits(con, steps: Steps = None) -> pd.DataFrame:
+    """Waiting time per step, process and what was awaited.
+
+    Returns:
+        step, process_id, role, rank; kind (`idle`: inside the step's window with no busy or
+        wait span on the process; `wait_span`: inside a `wait` span; `declared`: a `wait` span
+        whose `rl.waiting_for` names the phase); in_phase (`idle`, or the phase enclosing the
+        wait span); waited_for (a busy phase running on another process meanwhile, the declared
+        phase, or `untraced` when nothing recorded ran); waited_for_group (rollout, reward,
+        train, weight_sync or the phase itself); waited_for_process (the other process where
+        that phase ran longest in the step); seconds (time that phase ran during the waits;
+        phases running at once each get their full overlap); intervals (waits contributing).
+    """
+    rows = summary.rows(con, steps, kinds=("wait",))
+    out = pd.DataFrame(
+        {
+            "step": rows["step"],
+            "process_id": rows["process_id"],
+            "kind": rows["detail"],
+            "in_phase": rows["phase"],
+            "waited_for": rows["other"].fillna(UNTRACED),
+            "waited_for_process": rows["other_process_id"],
+            "seconds": rows["seconds"],
+            "intervals": rows["count"],
+        }
+    )
+    out["waited_for_group"] = out["waited_for"].map(lambda p: GROUP_OF.get(p, p))
+    out = _who.label(out, con)
+    cols = ["step", "process_id", "role", "rank", "kind", "in_phase", "waited_for", "waited_for_group",
+            "waited_for_process", "seconds", "intervals"]
+    return out[cols].sort_values(["step", "seconds"], ascending=[True, False], ignore_index=True)
+
+
+def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
+    """The `n` longest waits of each step, rolled up to stages, with a sentence each.
+
+    Returns:
+        step, process_id, role, rank, in_phase, waited_for (group), waited_for_process, seconds,
+        share (seconds / the step's wall time), text (e.g. "trainer0 idle 3.50 s (39% of step 4)
+        waiting for rollout on rollout0").
+    """
+    w = waits(con, steps)
+    if w.empty:
+        return pd.DataFrame(columns=["step", "process_id", "role", "rank", "in_phase", "waited_for",
+                                     "waited_for_process", "seconds", "share", "text"])
+    keys = ["step", "process_id", "role", "rank", "in_phase", "waited_for_group"]
+    g = w.groupby(keys, dropna=False).agg(seconds=("seconds", "sum"), waited_for_process=("waited_for_process", "first"))
+    g = g.reset_index().rename(columns={"waited_for_group": "waited_for"})
+    walls = summary.checks(con, steps).set_index("step")
+    g["share"] = g["seconds"] / g["step"].map((walls["end_ns"] - walls["start_ns"]) / 1e9)
+    g = g.sort_values(["step", "seconds"], ascending=[True, False]).groupby("step").head(n)
+    names = _who.processes(con, g["waited_for_process"].dropna().unique()).set_index("process_id")
+
+    def sentence(r) -> str:
+        who = _who.name(r["role"], r["rank"])
+        where = "idle" if r["in_phase"] == "idle" else f"in a wait inside {r['in_phase']}"
+        text = f"{who} {where} {r['seconds']:.2f} s ({r['share']:.0%} of step {r['step']})"
+        if r["waited_for"] == UNTRACED:
+            return text + " while no recorded phase ran anywhere"
+        other = r["waited_for_process"]
+        on = f" on {_who.name(names.at[other, 'role'], names.at[other, 'rank'])}" if other in names.index else ""
+        return text + f" waiting for {r['waited_for']}{on}"
+
+    g["text"] = g.apply(sentence, axis=1) if len(g) else []
+    cols = ["step", "process_id", "role", "rank", "in_phase", "waited_for", "waited_for_process", "seconds", "share", "text"]
+    return g[cols].reset_index(drop=True)

@@ -1,0 +1,62 @@
+"""`rltrace report RUN_DIR [--steps A:B] [--json] [--compare OTHER_RUN]`: where the time goes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from rltrace import report, store
+from rltrace.analysis import parse_steps
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="bottleneck, waits, critical path, stragglers, cost model and hangs of a run",
+        description="Where a run's step time goes (docs/analysis.md lists every --json key).",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--steps", metavar="A:B", help="only steps A to B inclusive (A:, :B or one step also work)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON with stable keys")
+    p.add_argument("--compare", metavar="OTHER_RUN", help="put another run side by side")
+    p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable part files (with a warning)")
+    p.set_defaults(func=main)
+
+
+def collect(run_dir: str, *, steps=None, skip_corrupt: bool = False) -> dict:
+    snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
+    con = store.connect(snap)
+    try:
+        data = report.build(con, steps=steps)
+    finally:
+        con.close()
+    manifest = snap.manifest
+    return {"run": {"name": manifest.get("name"), "run_id": manifest["run_id"], "run_dir": str(Path(run_dir))}, **data}
+
+
+def main(args: argparse.Namespace) -> int:
+    steps = parse_steps(args.steps)
+    console = Console()
+    with console.status("analysing run…", spinner="dots") if not args.json else _nothing():
+        data = collect(args.run_dir, steps=steps, skip_corrupt=args.skip_corrupt)
+        if args.compare:
+            other = collect(args.compare, steps=steps, skip_corrupt=args.skip_corrupt)
+            data["compare"] = {"run": other["run"], "rows": report.compare(data, other)}
+    if args.json:
+        print(json.dumps(report.plain(data), indent=2))
+        return 0
+    report.render(data, console)
+    if args.compare:
+        report.render_compare(data["compare"]["rows"], data["run"]["name"], data["compare"]["run"]["name"], console)
+    return 0
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,141 @@
+"""`build(con)`: every analysis of a run gathered into one plain dict with stable keys.
+
+This is what `rltrace report --json` prints and what the terminal report draws. Every key is
+documented in docs/analysis.md; add keys, never rename them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pandas as pd
+
+from rltrace import analysis
+from rltrace.analysis._steps import Steps
+from rltrace.report import findings
+
+STAGE_COLUMNS = {"rollout": "t_rollout", "reward": "t_reward", "train": "t_T", "weight_sync": "t_W"}
+STAGE_PHASES = {
+    "rollout": ("rollout", "generate"),
+    "reward": ("reward",),
+    "train": ("train", "forward", "backward", "optimizer"),
+    "weight_sync": ("weight_sync",),
+}
+WAITS_PER_STEP = 3
+
+
+def plain(value):
+    """JSON-ready copy: numpy scalars to Python, NaN to None, frames to lists of dicts."""
+    if isinstance(value, pd.DataFrame):
+        return [plain(r) for r in value.to_dict("records")]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return value
+
+
+def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
+    """The report of one run (a connection from `rltrace.store.open`) over a step range."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    per_step = analysis.step_breakdown(con, steps)
+    costs = analysis.cost_model(con, steps)
+    summary = analysis.cost_summary(con, steps)
+    tail = analysis.long_tail(con, steps)
+    step_rows = per_step.merge(costs.drop(columns=["wall_s"]), on="step", how="left")
+    step_rows = step_rows.merge(tail[["step", "tail_s", "tail_share"]], on="step", how="left")
+    phases = analysis.phase_totals(con, steps)
+    report = {
+        "steps": plain(step_rows),
+        "phases": plain(phases),
+        **{k: plain(summary.get(k)) for k in ("t_R", "t_T", "t_W", "t_reward", "t_rollout", "t_sync",
+                                               "async_bound", "async_speedup_bound")},
+        "async": plain({k: summary.get(k) for k in ("period_s", "achieved_speedup", "achieved_fraction", "overlapping")}),
+        "bottleneck": _bottleneck(con, steps, summary),
+        "critical_path": plain(analysis.common_paths(con, steps)),
+        "waits": plain(analysis.top_waits(con, steps, n=WAITS_PER_STEP)),
+        "long_tail": plain(tail),
+        "stragglers": plain(analysis.stragglers(con, steps)),
+        "weight_sync_fit": plain(analysis.weight_sync_fit(con, steps)),
+        "staleness": _staleness(con, steps),
+        "mismatch": _mismatch(con, steps),
+        "reward": _reward(con, steps),
+        "open_spans": plain(analysis.open_spans(con, now_ns=now_ns)),
+        "dropped": _dropped(con),
+    }
+    report["findings"] = findings.sentences(report)
+    return report
+
+
+def _bottleneck(con, steps: Steps, summary: dict) -> dict | None:
+    """The stage with the longest median time per step, where it ran and what to open next."""
+    medians = {stage: summary.get(col) for stage, col in STAGE_COLUMNS.items()}
+    medians = {k: v for k, v in medians.items() if v}
+    if not medians:
+        return None
+    stage = max(medians, key=medians.get)
+    breakdown = analysis.phase_breakdown(con, steps)
+    mine = breakdown[breakdown["phase"].isin(STAGE_PHASES[stage])]
+    by_process = mine.groupby("process_id")["seconds"].sum().sort_values(ascending=False)
+    by_phase = mine.groupby("phase")["seconds"].sum().sort_values(ascending=False)
+    process_id = by_process.index[0] if len(by_process) else None
+    who = mine[mine["process_id"] == process_id].iloc[0] if process_id else None
+    wall = summary.get("wall_s") or 0
+    out = {
+        "stage": stage,
+        "median_s": medians[stage],
+        "share": medians[stage] / wall if wall else None,
+        "phase": by_phase.index[0] if len(by_phase) else stage,
+        "process_id": process_id,
+        "role": None if who is None else who["role"],
+        "rank": None if who is None else who["rank"],
+        "profiles": plain(analysis.for_phase(con, by_phase.index[0], steps) if len(by_phase) else []),
+    }
+    return plain(out)
+
+
+def _staleness(con, steps: Steps) -> dict:
+    per_step = analysis.staleness(con, steps)
+    hist = analysis.staleness_histogram(con, steps)
+    by_step = {s: dict(zip(g["age"].astype(str), g["samples"])) for s, g in hist.groupby("step")}
+    rows = plain(per_step)
+    for row in rows:
+        row["histogram"] = plain(by_step.get(row["step"], {}))
+    return {
+        "mean": plain(per_step["mean"].mean()) if len(per_step) else None,
+        "max": plain(per_step["max"].max()) if len(per_step) else None,
+        "per_step": rows,
+    }
+
+
+def _mismatch(con, steps: Steps) -> dict:
+    values = analysis.mismatch(con, steps)
+    return {"trends": plain(analysis.trends(values)), "per_step": plain(values)}
+
+
+def _reward(con, steps: Steps) -> dict:
+    r = analysis.step_metrics(con, ["reward_mean"], steps)
+    if r.empty:
+        return {"first": None, "last": None, "mean": None, "per_step": []}
+    return plain({"first": r["value"].iloc[0], "last": r["value"].iloc[-1], "mean": r["value"].mean(),
+                  "per_step": r[["step", "value"]]})
+
+
+def _dropped(con) -> dict:
+    d = analysis.drops(con)
+    return plain(
+        {
+            "spans": int(d["spans_dropped"].sum()) if len(d) else 0,
+            "rows": int(d["rows_dropped"].sum()) if len(d) else 0,
+            "otlp_spans": int(d["otlp_spans_dropped"].sum()) if len(d) else 0,
+            "processes": d[(d["spans_dropped"] > 0) | (d["rows_dropped"] > 0) | (d["otlp_spans_dropped"] > 0)],
+        }
+    )

@@ -1,0 +1,31 @@
+"""Two runs side by side: phase times, the cost model, reward and mismatch."""
+
+from __future__ import annotations
+
+
+def _ratio(a, b):
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+def compare(this: dict, other: dict) -> list[dict]:
+    """Rows of {what, unit, this, other, ratio (this / other)} from two `build()` dicts."""
+    rows = []
+
+    def add(what: str, unit: str, a, b) -> None:
+        rows.append({"what": what, "unit": unit, "this": a, "other": b, "ratio": _ratio(a, b)})
+
+    for key in ("t_R", "t_T", "t_W", "t_sync", "async_bound"):
+        add(key, "s/step (median)", this[key], other[key])
+    add("step period", "s (median)", this["async"]["period_s"], other["async"]["period_s"])
+    phases_a = {p["phase"]: p["mean_s"] for p in this["phases"]}
+    phases_b = {p["phase"]: p["mean_s"] for p in other["phases"]}
+    for phase in sorted(set(phases_a) | set(phases_b), key=lambda p: -max(phases_a.get(p) or 0, phases_b.get(p) or 0)):
+        add(f"phase {phase}", "s/step (mean)", phases_a.get(phase), phases_b.get(phase))
+    add("reward_mean", "mean over steps", this["reward"]["mean"], other["reward"]["mean"])
+    add("reward_mean", "last step", this["reward"]["last"], other["reward"]["last"])
+    trends_a = {t["metric"]: t for t in this["mismatch"]["trends"]}
+    trends_b = {t["metric"]: t for t in other["mismatch"]["trends"]}
+    for metric in sorted(set(trends_a) | set(trends_b)):
+        add(metric, "mean over steps", (trends_a.get(metric) or {}).get("mean"), (trends_b.get(metric) or {}).get("mean"))
+    add("staleness", "mean", this["staleness"]["mean"], other["staleness"]["mean"])
+    return rows

@@ -1,0 +1,111 @@
+"""Waits are attributed to the right phase and process; the critical path follows the chain."""
+
+import pytest
+
+from rltrace import analysis, store
+from rltrace.testing import RunBuilder
+
+
+@pytest.fixture(scope="module")
+def disaggregated(tmp_path_factory):
+    """Sync, disaggregated: rollout worker generates, a reward worker scores, trainer trains and syncs.
+
+    step 1 (0..10): rollout [0,4] with generate [0,3.5] (thread 2); reward [4,5] on reward0;
+    trainer: step container [0,10], train [5,8] (forward/backward), a declared wait [8,8.5]
+    for weight_sync, weight_sync [8.5,9.5]; rollout0 receives weights in weight_sync [8.5,9.5]
+    and waits inside it [8.5,9] (undeclared); nothing is recorded anywhere in [9.5,10].
+    """
+    b = RunBuilder(tmp_path_factory.mktemp("runs") / "run")
+    tr, ro, rw = b.process("trainer"), b.process("rollout"), b.process("reward")
+    st = tr.span("step", 0, 10, step=1)
+    r = ro.span("rollout", 0, 4, step=1, parent=st)
+    ro.span("generate", 0, 3.5, step=1, parent=r, thread=2)
+    rw.span("reward", 4, 5, step=1, parent=st)
+    t = tr.span("train", 5, 8, step=1, parent=st)
+    tr.span("forward", 5, 6, step=1, parent=t)
+    tr.span("backward", 6, 8, step=1, parent=t)
+    tr.span("wait", 8, 8.5, step=1, parent=st, waiting_for="weight_sync")
+    tr.span("weight_sync", 8.5, 9.5, step=1, parent=st, bytes=10)
+    ws = ro.span("weight_sync", 8.5, 9.5, step=1, parent=st)
+    ro.span("wait", 8.5, 9, step=1, parent=ws)
+    tr.span("eval", 10, 10.0, step=1)  # a zero-length span at the end keeps the window [0, 10]
+    b.write()
+    return store.open(b.run_dir), {p.role: p.process_id for p in b.processes}
+
+
+def _seconds(w, **match):
+    sel = w
+    for key, value in match.items():
+        sel = sel[sel[key] == value]
+    return sel["seconds"].sum()
+
+
+def test_trainer_idle_time_is_attributed_to_rollout_and_reward(disaggregated):
+    con, pid = disaggregated
+    w = analysis.waits(con)
+    trainer = w[(w["process_id"] == pid["trainer"]) & (w["kind"] == "idle")]
+    assert _seconds(trainer, waited_for="generate") == pytest.approx(3.5, abs=1e-9)
+    assert _seconds(trainer, waited_for="rollout") == pytest.approx(0.5, abs=1e-9)  # rollout with no generate
+    assert _seconds(trainer, waited_for="reward") == pytest.approx(1.0, abs=1e-9)
+    assert _seconds(trainer, waited_for="untraced") == pytest.approx(0.5, abs=1e-9)  # [9.5, 10]
+    gen = trainer[trainer["waited_for"] == "generate"].iloc[0]
+    assert gen["waited_for_process"] == pid["rollout"] and gen["waited_for_group"] == "rollout"
+    reward = trainer[trainer["waited_for"] == "reward"].iloc[0]
+    assert reward["waited_for_process"] == pid["reward"]
+
+
+def test_declared_and_measured_wait_spans(disaggregated):
+    con, pid = disaggregated
+    w = analysis.waits(con)
+    declared = w[w["kind"] == "declared"]
+    assert declared[["process_id", "in_phase", "waited_for"]].values.tolist() == [[pid["trainer"], "step", "weight_sync"]]
+    assert declared["seconds"].iloc[0] == pytest.approx(0.5, abs=1e-9)
+    # rollout0's wait inside its weight_sync: it is busy in weight_sync itself, so the wait does not count
+    assert w[(w["kind"] == "wait_span")].empty
+    rollout_idle = w[(w["process_id"] == pid["rollout"]) & (w["kind"] == "idle")]
+    assert _seconds(rollout_idle, waited_for_group="train") == pytest.approx(3.0, abs=1e-9)
+    assert _seconds(rollout_idle, waited_for="reward") == pytest.approx(1.0, abs=1e-9)
+    assert _seconds(rollout_idle, waited_for="weight_sync") == 0  # it was in weight_sync itself
+
+
+def test_top_waits_name_the_stage_and_process_in_words(disaggregated):
+    con, _ = disaggregated
+    top = analysis.top_waits(con, n=2)
+    assert set(top["step"]) == {1} and len(top) == 2
+    trainer = top[top["role"] == "trainer"].iloc[0]
+    assert trainer["waited_for"] == "rollout" and trainer["seconds"] == pytest.approx(4.0, abs=1e-9)
+    assert trainer["text"] == "trainer0 idle 4.00 s (40% of step 1) waiting for rollout on rollout0"
+
+
+def test_critical_path_crosses_processes(disaggregated):
+    con, pid = disaggregated
+    cp = analysis.critical_path(con)
+    assert cp["phase"].tolist() == ["rollout", "reward", "train", "weight_sync", "eval"]
+    assert cp["process_id"].tolist()[:3] == [pid["rollout"], pid["reward"], pid["trainer"]]
+    assert cp.loc[0, "ended_by"] == "generate"
+    assert cp.loc[4, "gap_before_s"] == pytest.approx(0.5, abs=1e-9)
+    assert analysis.common_paths(con)["path"].iloc[0] == "rollout → reward → train → weight_sync → eval"
+
+
+def test_critical_path_picks_the_straggling_worker(tmp_path):
+    b = RunBuilder(tmp_path / "run")
+    tr, w0, w1 = b.process("trainer"), b.process("rollout", 0), b.process("rollout", 1)
+    w0.span("generate", 0, 2, step=3)
+    w1.span("generate", 0, 5, step=3)  # the straggler: train waits for it
+    tr.span("train", 5.0005, 7, step=3)  # starts 0.5 ms after: within the clock tolerance
+    b.write()
+    cp = analysis.critical_path(store.open(b.run_dir))
+    assert cp["process_id"].tolist() == [w1.process_id, tr.process_id]
+
+
+def test_user_container_phase_counts_as_idle(tmp_path):
+    """An `iteration` span around rollout and train is a container, not work."""
+    b = RunBuilder(tmp_path / "run")
+    tr, ro = b.process("trainer"), b.process("rollout")
+    it = tr.span("iteration", 0, 6, step=1)
+    ro.span("rollout", 0, 4, step=1, parent=it)
+    tr.span("train", 4, 6, step=1, parent=it)
+    b.write()
+    w = analysis.waits(store.open(b.run_dir))
+    trainer = w[w["process_id"] == tr.process_id]
+    assert trainer[["waited_for", "seconds"]].values.tolist() == [["rollout", 4.0]]
