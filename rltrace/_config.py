@@ -96,6 +96,13 @@ PARAMS: dict[str, Param] = {
             "Also send spans to this OpenTelemetry backend (OTLP over HTTP).",
         ),
         Param("service_name", ("OTEL_SERVICE_NAME",), str, None, "OTel service.name (default: rltrace-<role>)."),
+        Param(
+            "ui_runs",
+            ("RLTRACE_UI_RUNS",),
+            str,
+            None,
+            "Run directories the dashboard shows, separated by os.pathsep (set by `rltrace ui`).",
+        ),
     )
 }
 

@@ -10,9 +10,9 @@ import argparse
 import sys
 
 from rltrace._config import RltraceError
-from rltrace.cli import compact, export, info, report
+from rltrace.cli import compact, export, info, report, ui
 
-COMMANDS = [info, compact, report, export]
+COMMANDS = [info, compact, report, export, ui]
 
 
 def build_parser() -> argparse.ArgumentParser:

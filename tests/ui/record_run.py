@@ -1,0 +1,166 @@
+"""A short RL-shaped run recorded with the real rltrace API, for the dashboard's tests.
+
+    python tests/ui/record_run.py RUN_DIR --layout colocated|async [--steps 6] [--hang]
+
+`colocated`: one process does rollout (generate per sample), reward, train (forward, backward,
+optimizer) and weight_sync (CUDA-IPC-like, growing payloads) inside a `step` span, in turn.
+`async`: a rollout process generates step s+1 while the trainer trains on step s; the trainer
+waits (`wait` spans, `waiting_for="rollout"`) when no batch is ready; with `--hang` the rollout
+process is killed inside a `generate` span, leaving it open (a hang).
+
+Both log the brief's step scalars and per-sample rows (with a per-sample mismatch column).
+Phases sleep for their work (a few ms), so a run takes about a second plus start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import random
+import time
+
+import rltrace
+
+GROUP, SAMPLES = 4, 8  # samples per group, samples per step
+MS = 1e-3
+
+
+def _rollout(step: int, version: int, rng: random.Random, *, straggler: bool) -> list[dict]:
+    """Generate SAMPLES answers (one `generate` span each); returns the per-sample rows."""
+    rows = []
+    with rltrace.phase("rollout", step=step, weight_version=version, samples=SAMPLES):
+        for i in range(SAMPLES):
+            length = rng.randint(8, 24) * (4 if straggler and i == SAMPLES - 1 else 1)
+            start = time.time()
+            with rltrace.phase("generate", sample=i, tokens=length):
+                time.sleep(length * 0.25 * MS)
+            rows.append(
+                {
+                    "sample_id": step * SAMPLES + i,
+                    "group_id": step * (SAMPLES // GROUP) + i // GROUP,
+                    "prompt_len": 12,
+                    "response_len": length,
+                    "finish_reason": "length" if length > 60 else "stop",
+                    "weight_version": version,
+                    "gen_start": start,
+                    "gen_end": time.time(),
+                    "train_rollout_logprob_abs_diff": abs(rng.gauss(0.002, 0.001)) * (1 + length / 24),
+                }
+            )
+    return rows
+
+
+def _score(step: int, rows: list[dict], rng: random.Random) -> None:
+    with rltrace.phase("reward", step=step):
+        time.sleep(3 * MS)
+        for r in rows:
+            r["reward"] = float(rng.random() < 0.3 + 0.05 * step)
+
+
+def _train(step: int, version: int, rows: list[dict], rng: random.Random) -> int:
+    """One update; logs the step scalars; returns the new weight version."""
+    for r in rows:
+        r["train_version"] = version
+    with rltrace.phase("train", step=step, weight_version=version) as train:
+        for _ in range(2):
+            with rltrace.phase("forward"):
+                time.sleep(4 * MS)
+            with rltrace.phase("backward"):
+                time.sleep(6 * MS)
+        with rltrace.phase("optimizer"):
+            time.sleep(2 * MS)
+        train.set(grad_norm=round(1.0 / (1 + step), 4))
+    rewards = [r["reward"] for r in rows]
+    mean = sum(rewards) / len(rewards)
+    ages = [version - r["weight_version"] for r in rows]
+    rltrace.log_metrics(
+        step,
+        reward_mean=mean,
+        reward_std=math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards)),
+        response_len_mean=sum(r["response_len"] for r in rows) / len(rows),
+        train_rollout_logprob_abs_diff=sum(r["train_rollout_logprob_abs_diff"] for r in rows) / len(rows),
+        mismatch_k3=abs(rng.gauss(1e-5, 5e-6)),
+        tis_mean=1.0 + rng.gauss(0, 0.01),
+        tis_clipfrac=max(0.0, rng.gauss(0.02, 0.01)),
+        staleness_mean=sum(ages) / len(ages),
+        staleness_max=max(ages),
+        loss=1.0 / (1 + step),
+        grad_norm=1.0 / (1 + step),
+    )
+    rltrace.log_samples(step, rows)
+    return version + 1
+
+
+def _sync(step: int, version: int, *, method: str) -> None:
+    nbytes = (1 + step % 3) * 50_000_000
+    with rltrace.phase("weight_sync", step=step, weight_version=version, bytes=nbytes, method=method):
+        time.sleep(2 * MS + nbytes / 25e9)
+
+
+def colocated(run_dir: str, steps: int) -> None:
+    rltrace.init(run_dir, role="actor", rank=0, run_name="colocated-sync", config={"layout": "colocated", "steps": steps})
+    rng, version = random.Random(0), 0
+    for step in range(steps):
+        with rltrace.phase("step", step=step, weight_version=version):
+            rows = _rollout(step, version, rng, straggler=step == steps - 2)
+            _score(step, rows, rng)
+            version = _train(step, version, rows, rng)
+            _sync(step, version, method="ipc")
+    rltrace.shutdown()
+
+
+def _rollout_worker(run_dir: str, steps: int, batches, versions, hang: bool) -> None:
+    rltrace.init(run_dir, role="rollout", rank=0)
+    batches.put(None)  # started: the trainer's first wait is for rollout, not for process start-up
+    rng, version = random.Random(1), 0
+    for step in range(steps):
+        while not versions.empty():
+            version = versions.get()
+        rows = _rollout(step, version, rng, straggler=step == 2)
+        batches.put((step, rows))
+    if hang:
+        with rltrace.phase("generate", step=steps, weight_version=version):
+            rltrace.flush()  # the open-span record reaches the store, then the process dies
+            os._exit(0)
+    rltrace.shutdown()
+
+
+def disaggregated_async(run_dir: str, steps: int, hang: bool) -> None:
+    rltrace.init(run_dir, role="trainer", rank=0, run_name="disaggregated-async",
+                 config={"layout": "disaggregated", "mode": "async", "steps": steps})
+    ctx = mp.get_context("spawn")
+    batches, versions = ctx.Queue(), ctx.Queue()
+    worker = ctx.Process(target=_rollout_worker, args=(run_dir, steps, batches, versions, hang))
+    worker.start()
+    if batches.get(timeout=120) is not None:
+        raise RuntimeError("the rollout worker sent a batch before its start-up signal")
+    rng, version = random.Random(2), 0
+    for _ in range(steps):
+        with rltrace.phase("wait", waiting_for="rollout") as wait:
+            step, rows = batches.get(timeout=120)
+            wait.set(step=step)
+        _score(step, rows, rng)
+        version = _train(step, version, rows, rng)
+        _sync(step, version, method="disk")
+        versions.put(version)
+    worker.join(timeout=120)
+    rltrace.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run_dir")
+    p.add_argument("--layout", choices=("colocated", "async"), default="colocated")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--hang", action="store_true", help="async: leave a generate span open (killed rollout process)")
+    args = p.parse_args()
+    if args.layout == "colocated":
+        colocated(args.run_dir, args.steps)
+    else:
+        disaggregated_async(args.run_dir, args.steps, args.hang)
+
+
+if __name__ == "__main__":
+    main()

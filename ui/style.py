@@ -1,0 +1,77 @@
+"""How the dashboard writes numbers and colours phases: one place, so every page agrees."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+#: Phases of one stage share a hue: rollout blues, reward green, train oranges, weight sync purple.
+PHASE_COLORS = {
+    "step": "#d4d4d8",
+    "rollout": "#3b6fb6",
+    "generate": "#7fb2e5",
+    "reward": "#3f9e4d",
+    "train": "#e0861a",
+    "forward": "#f6b25c",
+    "backward": "#c8620c",
+    "optimizer": "#9a4a05",
+    "weight_sync": "#8e5bb5",
+    "eval": "#8c6d52",
+    "wait": "#b8b8c0",
+}
+OTHER_COLORS = ["#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#9edae5", "#dbdb8d", "#f7b6d2", "#c49c94"]
+STAGE_COLORS = {"rollout": "#3b6fb6", "reward": "#3f9e4d", "train": "#e0861a", "weight_sync": "#8e5bb5"}
+IDLE_COLOR = "#e4572e"  # waiting, open (hung) spans
+RUN_COLORS = ["#3b6fb6", "#e0861a", "#3f9e4d", "#8e5bb5", "#e4572e", "#17becf", "#8c6d52", "#bcbd22"]
+
+
+def phase_color(phase: str) -> str:
+    """The colour of a phase; unknown phases get a stable colour from their name."""
+    if phase in PHASE_COLORS:
+        return PHASE_COLORS[phase]
+    return OTHER_COLORS[sum(map(ord, str(phase))) % len(OTHER_COLORS)]
+
+
+def missing(value) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def seconds(value, digits: int = 3) -> str:
+    """3.52 s, 84.1 ms, 120 µs; '–' when unknown."""
+    if missing(value):
+        return "–"
+    value = float(value)
+    if abs(value) >= 1 or value == 0:
+        return f"{value:.{digits}g} s"
+    if abs(value) >= 1e-3:
+        return f"{value * 1e3:.{digits}g} ms"
+    return f"{value * 1e6:.{digits}g} µs"
+
+
+def number(value, digits: int = 3) -> str:
+    return "–" if missing(value) else f"{float(value):.{digits}g}"
+
+
+def share(value) -> str:
+    return "–" if missing(value) else f"{float(value):.0%}"
+
+
+def nbytes(value) -> str:
+    if missing(value):
+        return "–"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def who(role, rank) -> str:
+    """`trainer0`, `rollout3`; '?' for a process nobody named."""
+    if missing(role):
+        return "?"
+    return f"{role}{'' if missing(rank) else int(rank)}"
+
+
+def run_label(name: str, path: str) -> str:
+    return name if name == path.rstrip("/").rsplit("/", 1)[-1] else f"{name} ({path.rstrip('/').rsplit('/', 1)[-1]})"
