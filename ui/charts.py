@@ -12,13 +12,18 @@ from rltrace.ui import style
 STAGES = [("t_rollout", "rollout"), ("t_reward", "reward"), ("t_T", "train"), ("t_W", "weight_sync")]
 
 
-def base(fig: go.Figure, *, height: int = 320, title: str | None = None, y: str | None = None, x: str | None = None) -> go.Figure:
+def base(fig: go.Figure, *, height: int = 320, title: str | None = None, y: str | None = None, x: str | None = None,
+         legend_below: bool = False) -> go.Figure:
+    """The dashboard's look: white, tight margins, legend on top (or below small charts)."""
+    legend = ({"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0, "title": None}
+              if legend_below else
+              {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0, "title": None})
     fig.update_layout(
         template="plotly_white",
         height=height,
         margin={"l": 10, "r": 10, "t": 48 if title else 16, "b": 10},
         title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}} if title else None,
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0, "title": None},
+        legend=legend,
         hovermode="closest",
         font={"size": 12},
     )
@@ -60,7 +65,7 @@ def waits_by_step(waits: pd.DataFrame, *, height: int = 340) -> go.Figure:
         fig.add_bar(x=g["step"], y=g["seconds"], name=series, marker_color=color,
                     marker_pattern_shape=["", "/", "x", "."][i // 4 % 4] if i >= 4 else "",
                     hovertemplate=f"step %{{x}}<br>{series}: %{{y:.3g}} s<extra></extra>")
-    fig.update_layout(barmode="stack", bargap=0.15)
+    fig.update_layout(barmode="stack", bargap=0.15, showlegend=True)
     return base(fig, height=height, y="seconds waiting", x="step")
 
 
@@ -90,7 +95,7 @@ def sync_fit(points: pd.DataFrame, fit: dict, *, height: int = 320) -> go.Figure
     return base(fig, height=height, y="seconds", x="payload S_W (GB)")
 
 
-def metric_lines(frames: dict[str, pd.DataFrame], *, title: str, y: str, height: int = 280,
+def metric_lines(frames: dict[str, pd.DataFrame], *, title: str, y: str, height: int = 320,
                  band: dict[str, pd.DataFrame] | None = None, log: bool = False) -> go.Figure:
     """One line per run over steps (`frames`: run label -> step, value); optional ± band per run."""
     fig = go.Figure()
@@ -105,8 +110,8 @@ def metric_lines(frames: dict[str, pd.DataFrame], *, title: str, y: str, height:
         fig.add_scatter(x=f["step"], y=f["value"], name=label, mode="lines+markers", line={"color": color, "width": 2},
                         marker={"size": 4}, hovertemplate=f"{label}<br>step %{{x}}: %{{y:.4g}}<extra></extra>")
     if log:
-        fig.update_yaxes(type="log")
-    return base(fig, height=height, title=title, y=y, x="step")
+        fig.update_yaxes(type="log", exponentformat="e")
+    return base(fig, height=height, title=title, y=y, x="step", legend_below=True)
 
 
 def merge_phases(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:

@@ -103,6 +103,12 @@ def report(run: RunRef, steps: Steps) -> dict:
     return report_mod.plain(_with(run, report_mod.build, steps=steps))
 
 
+@st.cache_data(**CACHE)
+def open_spans(run: RunRef) -> pd.DataFrame:
+    """Spans that started and never ended, with how long they had been open at the run's last write."""
+    return _with(run, analysis.open_spans)
+
+
 def compare(this: dict, other: dict) -> pd.DataFrame:
     """Rows of `rltrace report --compare`: what, unit, this, other, ratio."""
     return pd.DataFrame(report_mod.compare(this, other), columns=["what", "unit", "this", "other", "ratio"])

@@ -40,11 +40,13 @@ def rows(start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
     return out
 
 
-def layout(spans: pd.DataFrame, *, max_bars: int = MAX_BARS, keep: set[str] = frozenset()) -> tuple[pd.DataFrame, int]:
+def layout(spans: pd.DataFrame, *, max_bars: int = MAX_BARS, keep: set[str] = frozenset(),
+           open_until: dict[str, int] | None = None) -> tuple[pd.DataFrame, int]:
     """Spans with plot positions (x0_s, x1_s, y, process label) and how many were left out.
 
-    Open spans end at the window's end. Beyond `max_bars`, the shortest spans are left out
-    (open spans and those in `keep` always stay).
+    Open spans end where `open_until` (span_id -> Unix ns: the run's last write) says, else at
+    the window's end. Beyond `max_bars`, the shortest spans are left out (open spans and those
+    in `keep` always stay).
     """
     s = spans.copy()
     if s.empty:
@@ -53,7 +55,8 @@ def layout(spans: pd.DataFrame, *, max_bars: int = MAX_BARS, keep: set[str] = fr
     finished_end = s.loc[~s["is_open"], "end_ns"]
     window_end = int(max(finished_end.max() if len(finished_end) else t0, s["start_ns"].max()))
     s["open"] = s["is_open"].astype(bool) | s["end_ns"].isna()
-    s["end_plot"] = s["end_ns"].fillna(window_end).astype("int64").clip(lower=s["start_ns"])
+    until = s["span_id"].map(open_until or {}).fillna(window_end)
+    s["end_plot"] = s["end_ns"].fillna(until).astype("int64").clip(lower=s["start_ns"])
     left_out = 0
     if len(s) > max_bars:
         must = s["open"] | s["span_id"].isin(keep)

@@ -75,3 +75,22 @@ def who(role, rank) -> str:
 
 def run_label(name: str, path: str) -> str:
     return name if name == path.rstrip("/").rsplit("/", 1)[-1] else f"{name} ({path.rstrip('/').rsplit('/', 1)[-1]})"
+
+
+def wait_text(row, names: dict[str, str]) -> str:
+    """One `top_waits` row as a sentence: who waited, how long, for what, on which process.
+
+    `names` maps process_id to a short name (see `process_names`).
+    """
+    who_ = who(row["role"], row["rank"])
+    where = "idle" if row["in_phase"] == "idle" else "in a wait span" if row["in_phase"] == "wait" else f"waiting inside {row['in_phase']}"
+    text = f"**{who_}** {where} **{seconds(row['seconds'])}** ({share(row['share'])} of step {row['step']})"
+    if row["waited_for"] == "untraced":
+        return text + " while no recorded phase ran anywhere"
+    other = names.get(row["waited_for_process"])
+    return text + f" for **{row['waited_for']}**" + (f" on {other}" if other else "")
+
+
+def process_names(processes: pd.DataFrame) -> dict[str, str]:
+    """process_id -> `trainer0` for a frame with process_id, role, rank."""
+    return {p: who(r, k) for p, r, k in zip(processes["process_id"], processes["role"], processes["rank"])}

@@ -9,6 +9,7 @@ import streamlit as st
 from rltrace.ui import charts, data, gantt, state, style
 
 STEPS_MODE, RUNS_MODE = "Two steps of this run", "The same steps of two runs"
+CONTAINER = "step"  # a span around the whole step: its time is the wall time, not a phase's
 
 run, other = state.selected(), state.comparison()
 steps = state.steps()
@@ -57,27 +58,30 @@ def _median(r: dict, key: str):
     return pd.Series(values).median() if values else None
 
 
+st.markdown(f":blue-badge[A] **{label_a}** &nbsp; vs &nbsp; :orange-badge[B] **{label_b}** — B's median per step, "
+            "and how far it is from A's (red: B is slower)")
 cols = st.columns(5)
 for col, (title, key) in zip(cols, [("wall time", "wall_s"), ("t_R", "t_R"), ("t_T", "t_T"), ("t_W", "t_W"), ("t_sync", "t_sync")]):
     va, vb = _median(ra, key), _median(rb, key)
-    delta = None if style.missing(va) or style.missing(vb) else f"{vb - va:+.3g} s"
-    col.metric(f"{title} · {label_b}", style.seconds(vb), delta=delta, delta_color="inverse",
-               help=f"median per step; {label_a}: {style.seconds(va)}. The delta is {label_b} − {label_a}.")
+    delta = None if style.missing(va) or style.missing(vb) else f"{vb - va:+.3g} s vs A"
+    col.metric(title, style.seconds(vb), delta=delta, delta_color="inverse", help=f"A ({label_a}): {style.seconds(va)}")
 
 st.subheader("Phase times")
-merged = charts.merge_phases(pd.DataFrame(ra["phases"], columns=["phase", "mean_s"]),
-                             pd.DataFrame(rb["phases"], columns=["phase", "mean_s"]))
+phases_a = pd.DataFrame(ra["phases"], columns=["phase", "mean_s"])
+phases_b = pd.DataFrame(rb["phases"], columns=["phase", "mean_s"])
+merged = charts.merge_phases(phases_a[phases_a["phase"] != CONTAINER], phases_b[phases_b["phase"] != CONTAINER])
 left, right = st.columns(2)
 left.plotly_chart(charts.phase_bars(merged, label_a, label_b), key="compare_phases")
 right.plotly_chart(charts.diff_bars(merged, label_a, label_b), key="compare_diff")
 
 st.subheader("Waits")
 left, right = st.columns(2)
-for col, label, r in ((left, label_a, ra), (right, label_b, rb)):
+for col, (ref, label, r) in ((left, (ref_a, label_a, ra)), (right, (ref_b, label_b, rb))):
     with col:
         st.markdown(f"**{label}**")
+        names = style.process_names(data.info(ref)["processes"])
         waits = sorted(r["waits"], key=lambda w: -w["seconds"])[:5]
-        st.markdown("\n".join(f"- {w['text']}" for w in waits) or "No waiting recorded.")
+        st.markdown("\n".join(f"- {style.wait_text(w, names)}" for w in waits) or "No waiting recorded.")
 
 st.subheader("Reward, mismatch and the cost model")
 table = data.compare(ra, rb).rename(columns={"this": label_a, "other": label_b, "ratio": f"{label_a} / {label_b}"})

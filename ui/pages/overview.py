@@ -22,10 +22,12 @@ live = data.is_live(info, time.time_ns())
 status = ":red-badge[:material/circle: live]" if live else ":gray-badge[finished]"
 if report["open_spans"]:
     status += f" :orange-badge[:material/warning: {len(report['open_spans'])} open span(s)]"
-st.markdown(f"{status} &nbsp; {span_text} · {info['spans']:,} spans · {len(info['processes'])} processes · "
-            f"created {info['created'] or '?'} · run id `{info['run_id']}`")
+created = dt.datetime.fromisoformat(info["created"]).strftime("%Y-%m-%d %H:%M UTC") if info["created"] else "?"
+n_procs = len(info["processes"])
+st.markdown(f"{status} &nbsp; {span_text} · {info['spans']:,} spans · {n_procs} process{'es' if n_procs != 1 else ''} · "
+            f"created {created} · run id `{info['run_id']}`")
 
-findings = report["findings"]
+findings = list(dict.fromkeys(report["findings"]))  # a metric logged both per step and per sample reads twice
 if findings:
     st.info(findings[0], icon=":material/bolt:")
     with st.container(border=True):
@@ -111,6 +113,5 @@ if len(refs) > 1:
                                  "reward (last)")})
 
 with st.expander("Run configuration (run.json)"):
-    created = info["created"]
-    st.caption(f"created {dt.datetime.fromisoformat(created).strftime('%Y-%m-%d %H:%M:%S %Z') if created else '?'} · {info['path']}")
+    st.caption(info["path"])
     st.json(info["config"], expanded=True)

@@ -50,8 +50,7 @@ for ref in chosen_refs:
 left, right = st.columns(2)
 with left:
     if any(len(f) for f in reward.values()):
-        st.plotly_chart(charts.metric_lines(reward, title="reward_mean (band: ± reward_std)", y="reward",
-                                            band={k: v.rename(columns={"value": "value"}) for k, v in reward_std.items()}),
+        st.plotly_chart(charts.metric_lines(reward, title="reward_mean (band: ± reward_std)", y="reward", band=reward_std),
                         key="reward_reward")
     else:
         st.info("No `reward_mean` logged: `rltrace.log_metrics(step, reward_mean=...)`.")
@@ -105,14 +104,17 @@ color_options = [c for c in ("staleness", "reward", "finish_reason", "step") if 
 color = c3.selectbox("colour", color_options, key="samples_color", persist_state="session") if color_options else None
 if len(samples) == MAX_POINTS:
     st.caption(f"The latest {MAX_POINTS:,} samples of the range.")
-fig = px.scatter(samples.reset_index(names="row"), x=x, y=y, color=color, custom_data=["row"],
+points = samples.reset_index(names="row")
+if color and points[color].nunique() <= 12:
+    points[color] = points[color].astype(str)  # few values: one colour each, not a scale
+fig = px.scatter(points, x=x, y=y, color=color, custom_data=["row"],
                  hover_data={c: True for c in ("step", "sample_id", "reward", "response_len") if c in samples.columns},
                  color_continuous_scale="Viridis", opacity=0.75)
 fig.update_traces(marker={"size": 7})
 event = st.plotly_chart(charts.base(fig, height=380, x=x, y=y), key=f"samples-{run.version}-{x}-{y}-{color}",
                         on_select="rerun", selection_mode="points")
-points = event.selection.points if event and event.selection else []
-rows = [p["customdata"][0] for p in points if p.get("customdata")]
+picked = event.selection.points if event and event.selection else []
+rows = [p["customdata"][0] for p in picked if p.get("customdata")]
 st.caption("Click a point for the whole sample.")
 if rows:
     sample = samples.iloc[int(rows[0])]

@@ -20,19 +20,27 @@ if steps is None:
     st.stop()
 
 walls = data.step_breakdown(run, steps)
-if walls.empty:
-    st.info(f"No finished spans in steps {steps[0]}–{steps[1]}; widen the step range in the sidebar.")
+hung = data.open_spans(run)
+hung = hung[hung["step"].between(*steps)]
+choices = sorted(set(walls["step"].astype(int)) | set(hung["step"].dropna().astype(int)))
+if not choices:
+    st.info(f"No spans in steps {steps[0]}–{steps[1]}; widen the step range in the sidebar.")
     st.stop()
 wall_of = dict(zip(walls["step"], walls["wall_s"]))
 recent = walls.tail(DEFAULT_RECENT)
-slowest = int(recent.loc[recent["wall_s"].idxmax(), "step"])
-choices = walls["step"].astype(int).tolist()
+slowest = int(recent.loc[recent["wall_s"].idxmax(), "step"]) if len(recent) else choices[-1]
 state.choose(state.TIMELINE_STEP, choices, slowest)
+
+
+def _step_label(s: int) -> str:
+    text = f"step {s} · {style.seconds(wall_of[s])}" if s in wall_of else f"step {s} · open spans only"
+    return text + ("  (slowest recent)" if s == slowest else "")
+
 
 left, mid, right = st.columns([3, 2, 2], vertical_alignment="bottom")
 step = left.selectbox(
     "Step", choices, key=state.TIMELINE_STEP, persist_state="session",
-    format_func=lambda s: f"step {s} · {style.seconds(wall_of.get(s))}" + ("  (slowest recent)" if s == slowest else ""),
+    format_func=_step_label,
     help=f"defaults to the slowest of the last {DEFAULT_RECENT} steps in the sidebar's range",
 )
 count = mid.number_input("Steps shown", 1, data.TIMELINE_MAX_STEPS, 1, key="timeline_count", persist_state="session",
@@ -64,7 +72,8 @@ m[3].metric("Open spans", int(spans["is_open"].sum()), help="started and never e
 m[4].metric("Waiting", style.seconds(waits["seconds"].sum()) if len(waits) else "0 s",
             help="longest waits of the steps shown (idle time and wait spans, see Waiting stages)")
 
-laid, left_out = gantt.layout(spans, keep=critical)
+open_until = dict(zip(hung["span_id"], hung["start_ns"] + (hung["stalled_s"] * 1e9).astype("int64")))
+laid, left_out = gantt.layout(spans, keep=critical, open_until=open_until)
 t0 = int(spans["start_ns"].min()) if len(spans) else 0
 starts = {int(s): (int(walls.loc[walls["step"] == s, "start_ns"].iloc[0]) - t0) / 1e9
           for s in range(step, last + 1) if s in wall_of} if last > step else None
@@ -72,8 +81,12 @@ selected = st.session_state.get(state.TIMELINE_SPAN)
 st.subheader(f"{info['name']} · {span_label}")
 st.caption("Bars are spans, coloured by phase; hatched grey = `wait` spans, red cross-hatch = open spans "
            "(started, never ended), thick outline = the critical path. Click a bar to inspect it; drag to zoom.")
-for text in waits["text"] if len(waits) else []:
-    st.markdown(f"- :orange[waiting] {text}")
+names = style.process_names(info["processes"])
+for _, w in waits.iterrows():
+    st.markdown(f"- :orange[:material/hourglass_top:] {style.wait_text(w, names)}")
+for _, h in hung[hung["step"].between(step, last)].iterrows():
+    st.markdown(f"- :red[:material/warning:] **{h['name']}** on {style.who(h['role'], h['rank'])} started and never ended "
+                f"(open {style.seconds(h['stalled_s'])} before the run's last write)")
 if left_out:
     st.caption(f"Showing the {len(laid):,} longest spans; {left_out:,} shorter ones are left out to keep the chart fast.")
 event = st.plotly_chart(gantt.figure(laid, critical=critical, selected=selected, step_starts=starts),

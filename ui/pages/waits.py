@@ -36,19 +36,19 @@ if waits.empty:
 else:
     st.plotly_chart(charts.waits_by_step(waits), key="waits_by_step")
     top = data.top_waits(run, steps, n=3)
-    worst = top.sort_values("seconds", ascending=False).head(8)
-    st.markdown("**Longest waits**")
-    st.markdown("\n".join(f"- {t}" for t in worst["text"]))
+    worst = top.sort_values("seconds", ascending=False).head(10).reset_index(drop=True)
+    names = style.process_names(data.info(run)["processes"])
+    st.markdown("**Longest waits** — select one to open its step on the Timeline")
     picked = st.dataframe(
-        worst.assign(who=[style.who(r, k) for r, k in zip(worst["role"], worst["rank"])])[
-            ["step", "who", "in_phase", "waited_for", "seconds", "share"]],
+        worst.assign(wait=[style.wait_text(w, names).replace("**", "") for _, w in worst.iterrows()])[
+            ["step", "wait", "seconds", "share"]],
         hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key="waits_top",
-        column_config={"seconds": st.column_config.NumberColumn("seconds", format="%.4f"),
+        column_config={"wait": st.column_config.TextColumn("who waited, for what", width="large"),
+                       "seconds": st.column_config.NumberColumn("seconds", format="%.4f"),
                        "share": st.column_config.ProgressColumn("share of step", format="percent", min_value=0, max_value=1)},
     )
     if picked.selection.rows:
         state.open_timeline(int(worst.iloc[picked.selection.rows[0]]["step"]))
-    st.caption("Select a row to open that step on the Timeline.")
 
 st.subheader("Critical path")
 paths = data.common_paths(run, steps)
