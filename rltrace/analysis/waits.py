@@ -59,14 +59,14 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
     """The `n` longest waits of each step, rolled up to stages, with a sentence each.
 
     Returns:
-        step, process_id, role, rank, in_phase, waited_for (group), waited_for_process, seconds,
-        share (seconds / the step's wall time), text (e.g. "trainer0 idle 3.50 s (39% of step 4)
+        step, process_id, role, rank, in_phase, waited_for (group), waited_for_process,
+        waited_for_name (e.g. rollout0), seconds, share (seconds / the step's wall time), text (e.g. "trainer0 idle 3.50 s (39% of step 4)
         waiting for rollout on rollout0").
     """
     w = waits(con, steps)
     if w.empty:
         return pd.DataFrame(columns=["step", "process_id", "role", "rank", "in_phase", "waited_for",
-                                     "waited_for_process", "seconds", "share", "text"])
+                                     "waited_for_process", "waited_for_name", "seconds", "share", "text"])
     keys = ["step", "process_id", "role", "rank", "in_phase", "waited_for_group"]
     g = w.groupby(keys, dropna=False).agg(seconds=("seconds", "sum"), waited_for_process=("waited_for_process", "first"))
     g = g.reset_index().rename(columns={"waited_for_group": "waited_for"})
@@ -85,6 +85,11 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
         on = f" on {_who.name(names.at[other, 'role'], names.at[other, 'rank'])}" if other in names.index else ""
         return text + f" waiting for {r['waited_for']}{on}"
 
+    def short(other) -> str | None:
+        return _who.name(names.at[other, "role"], names.at[other, "rank"]) if other in names.index else None
+
     g["text"] = g.apply(sentence, axis=1) if len(g) else []
-    cols = ["step", "process_id", "role", "rank", "in_phase", "waited_for", "waited_for_process", "seconds", "share", "text"]
+    g["waited_for_name"] = g["waited_for_process"].map(short)
+    cols = ["step", "process_id", "role", "rank", "in_phase", "waited_for", "waited_for_process", "waited_for_name",
+            "seconds", "share", "text"]
     return g[cols].reset_index(drop=True)

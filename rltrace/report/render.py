@@ -57,7 +57,7 @@ def render(r: dict, console: Console) -> None:
         t = _table("Longest waits", ["step", "process", "in", "waited for", "on", "seconds", "share"])
         for w in waits:
             t.add_row(str(w["step"]), _who(w["role"], w["rank"]), w["in_phase"], w["waited_for"],
-                      w["waited_for_process"] or "", _f(w["seconds"]), _f(w["share"], ".0%"))
+                      w.get("waited_for_name") or "", _f(w["seconds"]), _f(w["share"], ".0%"))
         console.print(t)
 
     if r["critical_path"]:
