@@ -43,6 +43,41 @@ def _parse_positive_int(text: str) -> int:
     return value
 
 
+def _parse_names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise ValueError("expected a comma-separated list of names")
+    return names
+
+
+def _parse_thresholds(text: str) -> dict[str, float]:
+    """`"5"` (every phase) or `"reward=2,train=30"` (seconds per phase) -> {phase or "*": seconds}."""
+    out = {}
+    for part in text.split(","):
+        phase, sep, seconds = part.strip().rpartition("=")
+        phase = phase.strip() if sep else "*"
+        if not phase:
+            raise ValueError(f"{part.strip()!r} names no phase: write PHASE=SECONDS")
+        out[phase] = _parse_positive_float(seconds.strip())
+    return out
+
+
+def _parse_windows(text: str) -> tuple[tuple[str, int, int], ...]:
+    """`"train:5-7,rollout:3"` -> ((phase, first_step, last_step), ...)."""
+    out = []
+    for part in text.split(","):
+        phase, sep, steps = part.strip().rpartition(":")
+        first, dash, last = steps.partition("-")
+        try:
+            window = (phase.strip(), int(first), int(last) if dash else int(first))
+        except ValueError:
+            window = None
+        if not sep or not phase.strip() or window is None or not 0 <= window[1] <= window[2]:
+            raise ValueError(f"{part.strip()!r} is not PHASE:STEP or PHASE:FIRST-LAST (e.g. train:5-7)")
+        out.append(window)
+    return tuple(out)
+
+
 def _parse_rank(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -96,6 +131,87 @@ PARAMS: dict[str, Param] = {
             "Also send spans to this OpenTelemetry backend (OTLP over HTTP).",
         ),
         Param("service_name", ("OTEL_SERVICE_NAME",), str, None, "OTel service.name (default: rltrace-<role>)."),
+        # --- profiling (rltrace.profiling; see docs/profiling.md) --------------------------------
+        Param(
+            "profile_slow",
+            ("RLTRACE_PROFILE_SLOW",),
+            _parse_positive_float,
+            None,
+            "Record a py-spy profile of any phase running longer than this many times its rolling median.",
+        ),
+        Param(
+            "profile_after",
+            ("RLTRACE_PROFILE_AFTER",),
+            _parse_thresholds,
+            None,
+            "Record a py-spy profile of any phase running longer than SECONDS, or per phase: 'reward=2,train=30'.",
+        ),
+        Param(
+            "hang_timeout",
+            ("RLTRACE_HANG_TIMEOUT",),
+            _parse_positive_float,
+            None,
+            "Dump the stacks of this process and its children (py-spy dump) when a phase stays open this long (s).",
+        ),
+        Param(
+            "torch_profile",
+            ("RLTRACE_TORCH_PROFILE",),
+            _parse_windows,
+            None,
+            "torch.profiler windows: 'train:5-7' traces each train phase of steps 5..7; several separated by commas.",
+        ),
+        Param(
+            "profile_phases",
+            ("RLTRACE_PROFILE_PHASES",),
+            _parse_names,
+            None,
+            "Only these phases (comma-separated) trigger the slow and absolute rules (default: every phase).",
+        ),
+        Param(
+            "profile_min_samples",
+            ("RLTRACE_PROFILE_MIN_SAMPLES",),
+            _parse_positive_int,
+            5,
+            "Finished runs of a phase needed before its rolling median is trusted by RLTRACE_PROFILE_SLOW.",
+        ),
+        Param(
+            "profile_min_seconds",
+            ("RLTRACE_PROFILE_MIN_SECONDS",),
+            _parse_positive_float,
+            0.5,
+            "A phase is never 'slow' before running this long (py-spy needs ~0.1 s to attach).",
+        ),
+        Param(
+            "profile_max_seconds",
+            ("RLTRACE_PROFILE_MAX_SECONDS",),
+            _parse_positive_float,
+            30.0,
+            "Longest py-spy recording; it stops earlier when the phase ends.",
+        ),
+        Param(
+            "profile_max_count",
+            ("RLTRACE_PROFILE_MAX",),
+            _parse_positive_int,
+            20,
+            "Most profiles (recordings, dumps, torch windows) one process takes; bounds disk use.",
+        ),
+        Param("pyspy", ("RLTRACE_PYSPY",), str, None, "The py-spy executable (default: py-spy on PATH or beside python)."),
+        Param("pyspy_rate", ("RLTRACE_PYSPY_RATE",), _parse_positive_int, 100, "py-spy samples per second."),
+        Param(
+            "pyspy_flags",
+            ("RLTRACE_PYSPY_FLAGS",),
+            _parse_names,
+            (),
+            "Extra py-spy record options, comma-separated: subprocesses, native, idle.",
+        ),
+        Param(
+            "torch_rank0_only",
+            ("RLTRACE_TORCH_RANK0_ONLY",),
+            _parse_bool,
+            False,
+            "Take torch.profiler windows on rank 0 only (traces are large; one rank is usually enough).",
+        ),
+        # --- the dashboard (rltrace.ui; see docs/ui.md) ----------------------------------------------
         Param(
             "ui_runs",
             ("RLTRACE_UI_RUNS",),
@@ -105,6 +221,14 @@ PARAMS: dict[str, Param] = {
         ),
     )
 }
+
+#: Settings that arm the profiling watchdog; `init` imports rltrace.profiling only if one is set.
+PROFILE_TRIGGERS = ("profile_slow", "profile_after", "hang_timeout", "torch_profile")
+
+
+def env_sets_any(names: tuple[str, ...]) -> bool:
+    """Whether an environment variable of one of these settings is set (to a non-empty value)."""
+    return any(os.environ.get(var) for name in names for var in PARAMS[name].env)
 
 
 def resolve(name: str, value: Any = None) -> Any:

@@ -175,6 +175,49 @@ STEP_SUMMARY_SCHEMA = pa.schema(
     ]
 )
 
+#: One row per profile (py-spy recording or dump, torch.profiler window), tied to the span it explains.
+PROFILES_SCHEMA = pa.schema(
+    [
+        pa.field("profile_id", pa.string()),
+        pa.field("trace_id", pa.string()),  # the span it explains (join spans on trace_id, span_id)
+        pa.field("span_id", pa.string()),
+        pa.field("span_name", pa.string()),
+        pa.field("phase", pa.string()),
+        pa.field("step", pa.int64()),
+        *_PROCESS_COLUMNS,
+        pa.field("thread_id", pa.int64()),  # native id of the thread that ran the phase
+        pa.field("kind", pa.string()),  # pyspy_record / pyspy_dump / torch
+        pa.field("trigger", pa.string()),  # slow (relative or absolute limit) / hang / window / manual
+        pa.field("reason", pa.string()),  # why it was taken, in words
+        pa.field("elapsed_s", pa.float64()),  # how long the phase had run when it was triggered
+        pa.field("threshold_s", pa.float64()),  # the limit it crossed
+        pa.field("median_s", pa.float64()),  # the phase's rolling median then (null for an absolute limit)
+        pa.field("path", pa.string()),  # artefact, relative to the run dir; null if none was made
+        pa.field("size_bytes", pa.int64()),
+        pa.field("status", pa.string()),  # running / ok / no_samples / missing_executable / permission_denied / failed
+        pa.field("message", pa.string()),
+        pa.field("samples", pa.int64()),  # py-spy samples of the process, torch events
+        pa.field("command", pa.string()),  # the py-spy command line (JSON list), null for torch
+        pa.field("started_ns", pa.int64()),
+        pa.field("ended_ns", pa.int64()),
+    ]
+)
+
+#: The hottest frames of a profile, so nobody has to open the file to see where time went.
+PROFILE_FRAMES_SCHEMA = pa.schema(
+    [
+        pa.field("profile_id", pa.string()),
+        pa.field("rank", pa.int64()),  # 0 = most self time (a dump: 0 = innermost frame)
+        pa.field("frame", pa.string()),  # function, or torch operator
+        pa.field("file", pa.string()),
+        pa.field("line", pa.int64()),
+        pa.field("self_share", pa.float64()),  # share of samples with this frame innermost (0..1)
+        pa.field("total_share", pa.float64()),  # share of samples with this frame on the stack (0..1)
+        pa.field("samples", pa.int64()),  # samples with this frame innermost (torch: self time in us)
+        pa.field("thread", pa.string()),  # thread (or process/thread) the samples come from
+    ]
+)
+
 
 class Table:
     """A table of the store: a folder of Parquet parts with one schema."""
@@ -193,9 +236,15 @@ METRICS_TABLE = Table("metrics", "metrics", METRICS_SCHEMA, 1, ("step", "name", 
 SAMPLES = Table("samples", "samples", SAMPLES_SCHEMA, 1, ("step",))
 PROCESSES = Table("processes", "processes", PROCESSES_SCHEMA, 1, ("process_id", "role", "pid"))
 STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
+PROFILES = Table("profiles", "profiles", PROFILES_SCHEMA, 1, ("profile_id", "trace_id", "span_id", "kind", "status"))
+PROFILE_FRAMES = Table("profile_frames", "profile_frames", PROFILE_FRAMES_SCHEMA, 1, ("profile_id", "rank", "frame"))
+PROFILE_FILES = "profiles/files"  # profile artefacts (speedscope, dumps, torch traces), relative to the run dir
 
 #: Every table `rltrace.store.open` makes a view of. Later parts of rltrace add theirs here.
-TABLES: dict[str, Table] = {t.name: t for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY)}
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY, PROFILES, PROFILE_FRAMES)
+}
 
 #: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.
 COMPACTABLE: dict[str, tuple[str, ...]] = {

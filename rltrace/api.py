@@ -31,7 +31,7 @@ from opentelemetry.trace import Status, StatusCode, get_current_span, set_span_i
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from rltrace import _names
-from rltrace._config import RltraceConfigError, resolve
+from rltrace._config import PROFILE_TRIGGERS, RltraceConfigError, env_sets_any, resolve
 from rltrace.run import Run
 
 logger = logging.getLogger("rltrace")
@@ -75,6 +75,7 @@ def init(
     flush_interval: float | None = None,
     max_queue: int | None = None,
     max_pending_rows: int | None = None,
+    profile: Any = None,
 ) -> Run | DisabledRun:
     """Start recording this process into `run_dir`; every process of a run passes the same dir.
 
@@ -85,7 +86,9 @@ def init(
     `RLTRACE_RANK` or `RANK`, `RLTRACE_DISABLED`, `RLTRACE_FLUSH_INTERVAL`, `RLTRACE_MAX_QUEUE`,
     `RLTRACE_MAX_PENDING_ROWS`, `OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`), then to its
     default; see `rltrace._config.PARAMS`. `config` (dict, dataclass or Namespace) is saved in
-    `run.json` by the first process. Calling `init` again with the same dir, role and rank
+    `run.json` by the first process. `profile` (a `rltrace.profiling.ProfilePolicy`, a dict of
+    its fields, or False to ignore the `RLTRACE_PROFILE_*`/`RLTRACE_HANG_TIMEOUT` variables)
+    attaches py-spy / torch.profiler captures to slow phases; see docs/profiling.md. Calling `init` again with the same dir, role and rank
     returns the same run; with others it ends the current run first.
     """
     global _run, _env_checked
@@ -112,6 +115,11 @@ def init(
             if rank < 0:
                 raise RltraceConfigError(f"rank must be an integer >= 0, got {rank!r}")
         path = Path(dir_value)
+        policy = None
+        if profile is not False and (profile is not None or env_sets_any(PROFILE_TRIGGERS)):
+            from rltrace.profiling import resolve_policy  # only when asked: profiling is optional
+
+            policy = resolve_policy(profile)
         if _run is not None:
             if _run.run_dir.resolve() == path.resolve() and _run.role == role and _run.rank == rank:
                 return _run
@@ -129,6 +137,13 @@ def init(
             max_pending_rows=resolve("max_pending_rows", max_pending_rows),
             otlp_endpoint=resolve("otlp_endpoint", otlp_endpoint),
         )
+        if policy is not None and policy.armed:
+            try:
+                from rltrace.profiling import arm
+
+                arm(_run, policy)
+            except Exception:
+                _internal_error("arming profiling")
         return _run
 
 

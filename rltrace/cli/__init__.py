@@ -10,9 +10,9 @@ import argparse
 import sys
 
 from rltrace._config import RltraceError
-from rltrace.cli import compact, export, info, report, ui
+from rltrace.cli import compact, export, info, profile, report, ui
 
-COMMANDS = [info, compact, report, export, ui]
+COMMANDS = [info, compact, report, export, profile, ui]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,248 @@
+"""Running py-spy on this process and reading what it wrote.
+
+`record` samples the process into a speedscope file until stopped (SIGINT makes py-spy write
+the file and exit) or until its `--duration` cap. `dump` prints every thread's stack once, for
+hangs. Never `--nonblocking`: it reads the process while it runs and gives impossible stacks.
+Every failure is returned as a (status, message) pair, never raised: profiling must not break
+the loop it watches.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import re
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, NamedTuple
+
+_THREAD = re.compile(r"Thread (\d+)")
+_PROCESS = re.compile(r"Process (\d+)")
+_STOP_TIMEOUT_S = 10.0
+_DUMP_TIMEOUT_S = 20.0
+MAX_CHILDREN = 16  # descendants dumped on a hang
+
+PTRACE_HINT = (
+    "py-spy needs ptrace rights on the process: run as root, or start the container with CAP_SYS_PTRACE "
+    "(docker run --cap-add SYS_PTRACE; Kubernetes: securityContext.capabilities.add: [SYS_PTRACE]), "
+    "or allow it with `sysctl kernel.yama.ptrace_scope=0`"
+)
+
+
+class Frame(NamedTuple):
+    """One row of `profile_frames` (without the profile id)."""
+
+    frame: str
+    file: str | None
+    line: int | None
+    self_share: float
+    total_share: float
+    samples: int
+    thread: str
+
+
+def missing_message(executable: str, exc: OSError) -> tuple[str, str]:
+    if isinstance(exc, FileNotFoundError):
+        return "missing_executable", (
+            f"py-spy executable {executable!r} not found: pip install py-spy (or 'rltrace[profile]'), "
+            "or point RLTRACE_PYSPY at it"
+        )
+    return "failed", f"py-spy executable {executable!r} could not be started: {exc}"
+
+
+def classify(returncode: int | None, output: str, pid: int) -> tuple[str, str]:
+    """(status, message) for a py-spy run that did not produce what was asked."""
+    lowered = output.lower()
+    if "permission denied" in lowered or "operation not permitted" in lowered or "eperm" in lowered:
+        return "permission_denied", f"py-spy may not read process {pid} (Permission Denied): {PTRACE_HINT}"
+    if "no such process" in lowered:
+        return "failed", f"process {pid} exited before py-spy could read it"
+    lines = [line.removeprefix("py-spy> ").strip() for line in output.splitlines() if line.strip()]
+    last = lines[-1] if lines else "no output"
+    return "failed", f"py-spy exited with status {returncode}: {last}"
+
+
+@dataclass
+class Recording:
+    """A running `py-spy record`: its process and the unnamed file holding its output."""
+
+    proc: subprocess.Popen
+    output: IO[bytes]
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> tuple[int | None, str]:
+        """Ask py-spy to write its file and exit (SIGINT, like Control-C); kill it if it does not."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.output.close()
+            return None, f"py-spy did not stop within {_STOP_TIMEOUT_S:.0f} s after SIGINT and was killed"
+        self.output.seek(0)
+        text = self.output.read().decode(errors="replace")
+        self.output.close()
+        return self.proc.returncode, text
+
+
+def record_command(
+    executable: str, pid: int, path: Path, *, rate: int, max_seconds: float, flags: tuple[str, ...]
+) -> list[str]:
+    command = [executable, "record", "--pid", str(pid), "--format", "speedscope", "--output", str(path)]
+    command += ["--duration", str(max(1, math.ceil(max_seconds))), "--rate", str(rate)]
+    return command + [f"--{flag}" for flag in flags]
+
+
+def start_record(command: list[str]) -> Recording:
+    """Start py-spy record; raises OSError when the executable cannot be run."""
+    output = tempfile.TemporaryFile()
+    try:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT)
+    except OSError:
+        output.close()
+        raise
+    return Recording(proc, output)
+
+
+def dump_command(executable: str, pid: int, *, json_output: bool, flags: tuple[str, ...]) -> list[str]:
+    command = [executable, "dump", "--pid", str(pid)]
+    return command + (["--json"] if json_output else []) + (["--native"] if "native" in flags else [])
+
+
+def run_dump(command: list[str]) -> tuple[int | None, str]:
+    """Run one py-spy dump; raises OSError when the executable cannot be run."""
+    try:
+        done = subprocess.run(
+            command, stdin=subprocess.DEVNULL, capture_output=True, timeout=_DUMP_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy dump did not finish within {_DUMP_TIMEOUT_S:.0f} s"
+    return done.returncode, done.stdout.decode(errors="replace") + done.stderr.decode(errors="replace")
+
+
+def descendants(pid: int, limit: int = MAX_CHILDREN) -> list[int]:
+    """Child processes of `pid`, their children, ... (Linux /proc; empty elsewhere), at most `limit`."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process exited meanwhile
+        children[int(fields[1])].append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo and len(found) < limit:
+        for child in sorted(children.get(todo.pop(0), [])):
+            found.append(child)
+            todo.append(child)
+    return found[:limit]
+
+
+def dump_tree(executable: str, pid: int, flags: tuple[str, ...]) -> tuple[int | None, str]:
+    """`py-spy dump` of the process, then of each descendant (py-spy's own --subprocesses fails
+    when py-spy is itself a child of the process). The status is the process's own dump's."""
+    children = descendants(pid)
+    returncode, text = run_dump(dump_command(executable, pid, json_output=False, flags=flags))
+    if returncode != 0:
+        return returncode, text
+    parts = [text]
+    for child in children:
+        code, child_text = run_dump(dump_command(executable, child, json_output=False, flags=flags))
+        if code != 0:
+            why = child_text.strip().splitlines()[0] if child_text.strip() else f"status {code}"
+            child_text = f"Process {child}: no Python stacks ({why})\n"
+        parts.append(child_text)
+    return 0, ("\n" + "-" * 80 + "\n").join(parts)
+
+
+# --- reading the output ---------------------------------------------------------------------
+def _thread_label(name: str) -> str:
+    """'Process 7 Thread 9 "worker"' -> 'worker (9)' (py-spy's speedscope profile names)."""
+    thread = _THREAD.search(name)
+    quoted = name.split('"')[1] if name.count('"') >= 2 else ""
+    if thread is None:
+        return name.strip()
+    return f"{quoted} ({thread.group(1)})" if quoted else f"thread {thread.group(1)}"
+
+
+def speedscope_frames(path: Path, pid: int, thread_id: int | None, top: int = 20) -> tuple[list[Frame], int, str]:
+    """Top frames by self share, from the samples of the phase's thread (all threads if it has none).
+
+    Returns (frames, samples of the whole process, note saying which threads were used).
+    """
+    data = json.loads(Path(path).read_text())
+    shared = data.get("shared", {}).get("frames", [])
+    profiles = [p for p in data.get("profiles", []) if p.get("type") == "sampled"]
+    total = sum(len(p.get("samples", [])) for p in profiles)
+
+    def ours(profile: dict) -> bool:
+        name = profile.get("name", "")
+        thread, process = _THREAD.search(name), _PROCESS.search(name)
+        if process and int(process.group(1)) != pid:
+            return False
+        return thread is not None and int(thread.group(1)) == thread_id
+
+    chosen = [p for p in profiles if ours(p) and p.get("samples")]
+    note = ""
+    if not chosen:
+        chosen = [p for p in profiles if p.get("samples")]
+        if chosen:
+            note = f"the phase's thread {thread_id} was not sampled (idle?); frames are from all threads"
+    label = _thread_label(chosen[0]["name"]) if len(chosen) == 1 else "all threads"
+    selfs: collections.Counter = collections.Counter()
+    totals: collections.Counter = collections.Counter()
+    lines: dict[tuple, collections.Counter] = collections.defaultdict(collections.Counter)
+    count = 0
+    for profile in chosen:
+        for stack in profile["samples"]:
+            if not stack:
+                continue
+            count += 1
+            keys = []
+            for index in stack:
+                frame = shared[index]
+                keys.append((frame.get("name") or "?", frame.get("file")))
+            leaf = shared[stack[-1]]
+            selfs[keys[-1]] += 1
+            lines[keys[-1]][leaf.get("line")] += 1
+            for key in set(keys):
+                totals[key] += 1
+    frames = [
+        Frame(name, file, lines[(name, file)].most_common(1)[0][0], n / count, totals[(name, file)] / count, n, label)
+        for (name, file), n in selfs.most_common(top)
+    ]
+    return frames, total, note
+
+
+def dump_threads(text: str) -> list[dict]:
+    """The threads of `py-spy dump --json` output (a list of {os_thread_id, thread_name, frames})."""
+    start = text.find("[")
+    threads = json.loads(text[start:]) if start >= 0 else []
+    if not isinstance(threads, list):
+        raise ValueError("py-spy dump --json did not print a list of threads")
+    return threads
+
+
+def dump_frames(threads: list[dict], thread_id: int | None) -> tuple[list[Frame], str]:
+    """The stack of the phase's thread, innermost first (an active thread if it is not found)."""
+    chosen = next((t for t in threads if t.get("os_thread_id") == thread_id), None)
+    note = ""
+    if chosen is None and threads:
+        chosen = next((t for t in threads if t.get("active")), threads[0])
+        note = f"the phase's thread {thread_id} was not in the dump; showing thread {chosen.get('os_thread_id')}"
+    if chosen is None:
+        return [], "py-spy dump listed no threads"
+    state = "active" if chosen.get("active") else "idle"
+    label = f"{chosen.get('thread_name') or 'thread'} ({chosen.get('os_thread_id')}, {state})"
+    frames = [
+        Frame(f.get("name") or "?", f.get("filename"), f.get("line"), 1.0 if i == 0 else 0.0, 1.0, 1, label)
+        for i, f in enumerate(chosen.get("frames") or [])
+    ]
+    return frames, note

@@ -1,0 +1,82 @@
+"""Helpers for the profiling tests: run the instrumented test program, wait for stored profiles."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import rltrace
+from rltrace import store
+
+PROGRAM = Path(__file__).with_name("program.py")
+PYSPY = str(Path(sys.executable).parent / "py-spy")
+
+
+def program_env(**settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLTRACE_")}
+    env["RLTRACE_PYSPY"] = PYSPY
+    env.update(settings)
+    return env
+
+
+def run_program(run_dir: Path, mode: str, timeout: float = 120, **settings: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(PROGRAM), str(run_dir), mode],
+        env=program_env(**settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def start_program(run_dir: Path, mode: str, **settings: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(PROGRAM), str(run_dir), mode],
+        env=program_env(**settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for(fetch, done, timeout: float = 60.0, what: str = "the store"):
+    """Poll `fetch()` until `done(value)` holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = fetch()
+        if done(value):
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"{what} never reached the expected state; last value: {value}")
+
+
+def wait_for_profiles(run_dir: Path, done, timeout: float = 60.0) -> list[dict]:
+    """Poll the store until `done(rows)` holds for its profiles rows."""
+    return wait_for(lambda: profiles(run_dir) if (run_dir / "run.json").exists() else [], done, timeout, "profiles")
+
+
+def profiles(run_dir: Path) -> list[dict]:
+    cur = store.open(run_dir).execute("SELECT * FROM profiles ORDER BY started_ns")
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def frames(run_dir: Path, profile_id: str) -> list[dict]:
+    cur = store.open(run_dir).execute("SELECT * FROM profile_frames WHERE profile_id = ? ORDER BY rank", [profile_id])
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+@pytest.fixture
+def fresh_run():
+    """Make sure no run (and its watchdog) outlives a test."""
+    rltrace.shutdown()
+    yield
+    rltrace.shutdown()

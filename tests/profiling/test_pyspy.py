@@ -1,0 +1,137 @@
+"""py-spy captures with the real py-spy: a slow phase gets a recording naming the slow function,
+a hang gets a stack dump, and every failure leaves a clear status while the loop carries on."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+import rltrace
+from rltrace import store
+from rltrace.profiling import artefact_path, watchdog_of
+
+from .conftest import PYSPY, frames, profiles, run_program, start_program, wait_for, wait_for_profiles
+
+SLOW = {"RLTRACE_PROFILE_SLOW": "3", "RLTRACE_PROFILE_MIN_SECONDS": "0.3", "RLTRACE_PROFILE_MIN_SAMPLES": "3"}
+
+
+@pytest.fixture(scope="module")
+def slow_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("slow") / "run"
+    done = run_program(run_dir, "slow", **SLOW)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return run_dir
+
+
+def test_slow_phase_gets_a_recording_linked_to_its_span(slow_run):
+    [profile] = profiles(slow_run)
+    assert (profile["kind"], profile["trigger"], profile["status"]) == ("pyspy_record", "slow", "ok")
+    con = store.open(slow_run)
+    span = con.execute(
+        "SELECT phase, step, duration_s, attr(attributes, 'rl.profile_id') FROM spans WHERE trace_id = ? AND span_id = ?",
+        [profile["trace_id"], profile["span_id"]],
+    ).fetchall()
+    assert span == [("reward", 6, pytest.approx(1.5, abs=0.3), profile["profile_id"])]
+    assert profile["step"] == 6 and profile["phase"] == "reward"
+    assert profile["median_s"] < 0.1 and profile["elapsed_s"] > profile["threshold_s"] >= 0.3
+    assert profile["samples"] > 20  # the rest of a 1.5 s phase at 100 samples/s
+
+
+def test_recording_names_the_slow_function(slow_run):
+    [profile] = profiles(slow_run)
+    top = frames(slow_run, profile["profile_id"])
+    assert top[0]["frame"] == "slow_verifier" and top[0]["file"].endswith("program.py")
+    assert top[0]["self_share"] > 0.8
+    assert "MainThread" in top[0]["thread"]
+    path = artefact_path(slow_run, profile["path"])
+    assert path.is_relative_to(slow_run.resolve()) and not Path(profile["path"]).is_absolute()
+    speedscope = json.loads(path.read_text())
+    assert "speedscope" in speedscope["$schema"] and path.stat().st_size == profile["size_bytes"]
+    assert json.loads(profile["command"])[1:3] == ["record", "--pid"]
+
+
+def test_a_hang_gets_a_stack_dump_of_the_process_and_its_children(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start_program(run_dir, "hang", RLTRACE_HANG_TIMEOUT="0.5")
+    try:
+        [dump] = wait_for_profiles(run_dir, lambda rows: rows and rows[0]["status"] != "running")
+        span = wait_for(
+            lambda: store.open(run_dir).execute("SELECT is_open FROM spans WHERE span_id = ?", [dump["span_id"]]).fetchall(),
+            lambda rows: rows,
+            what="the generate span",
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert span == [(True,)]  # the dump explains a span that never ended
+    assert (dump["kind"], dump["trigger"], dump["status"], dump["phase"]) == ("pyspy_dump", "hang", "ok", "generate")
+    assert "hang timeout 0.5" in dump["reason"]
+    stack = [f["frame"] for f in frames(run_dir, dump["profile_id"])]
+    assert "wait_for_engine" in stack and stack.index("wait_for_engine") < stack.index("hang.<locals>.worker")
+    assert "rollout-worker" in frames(run_dir, dump["profile_id"])[0]["thread"]
+    text = artefact_path(run_dir, dump["path"]).read_text()
+    assert "wait_for_engine" in text and "stuck_child" in text  # the child process is dumped too
+
+
+@pytest.mark.parametrize("executable", ["/nonexistent/py-spy", "denied"])
+def test_a_failed_capture_leaves_a_status_and_the_loop_finishes(tmp_path, executable):
+    if executable == "denied":
+        executable = _ptrace_denied_pyspy(tmp_path)
+    run_dir = tmp_path / "run"
+    done = run_program(run_dir, "slow", RLTRACE_PYSPY=executable, **SLOW)
+    assert done.returncode == 0 and "loop finished" in done.stdout, done.stdout + done.stderr
+    [profile] = profiles(run_dir)
+    if executable.startswith("/nonexistent"):
+        assert profile["status"] == "missing_executable" and "not found: pip install py-spy" in profile["message"]
+    else:
+        assert profile["status"] == "permission_denied" and "CAP_SYS_PTRACE" in profile["message"]
+    assert profile["path"] is None and profile["size_bytes"] is None
+    con = store.open(run_dir)
+    assert con.execute("SELECT count(*) FROM spans WHERE phase = 'reward' AND NOT is_open").fetchone() == (9,)
+    (events,) = con.execute("SELECT events FROM spans WHERE span_id = ?", [profile["span_id"]]).fetchone()
+    statuses = [e["attributes"]["status"] for e in json.loads(events) if e["name"] == "rltrace.profile"]
+    assert statuses[-1] == profile["status"]  # the span itself says why it has no profile
+
+
+def _ptrace_denied_pyspy(tmp_path: Path) -> str:
+    """The real py-spy, run as an unprivileged user: the kernel refuses ptrace, as in a container
+    without CAP_SYS_PTRACE. Not root (so no setpriv): a stand-in that fails the way py-spy does."""
+    script = tmp_path / "py-spy-denied"
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        body = f'exec setpriv --reuid=65534 --regid=65534 --clear-groups "{PYSPY}" "$@"\n'
+    else:
+        body = "echo \"Permission Denied: Try running again with elevated permissions\" >&2\nexit 1\n"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+def test_a_phase_ending_before_sampling_starts_is_no_samples(tmp_path, fresh_run):
+    rltrace.init(tmp_path / "run", profile={"after": 0.05, "pyspy": PYSPY})
+    watchdog = watchdog_of(rltrace.current_run())
+    with rltrace.phase("reward", step=0):
+        deadline = time.monotonic() + 10
+        while watchdog._recording is None and time.monotonic() < deadline:
+            time.sleep(0.005)  # the phase ends as soon as py-spy is launched
+    rltrace.shutdown()
+    [profile] = profiles(tmp_path / "run")
+    assert profile["status"] == "no_samples", profile
+
+
+def test_dump_stacks_attaches_a_manual_dump_to_the_running_phase(tmp_path, fresh_run):
+    rltrace.init(tmp_path / "run", profile=False)
+    with rltrace.phase("eval", step=3) as p:
+        profile_id = rltrace.profiling.dump_stacks("checking")
+        rows = wait_for_profiles(tmp_path / "run", lambda rows: rows and rows[0]["status"] != "running")
+        span_id = p.span_id
+    assert rows[0]["profile_id"] == profile_id and rows[0]["span_id"] == span_id
+    assert (rows[0]["trigger"], rows[0]["status"]) == ("manual", "ok")
+    stack = [f["frame"] for f in frames(tmp_path / "run", profile_id)]
+    assert "test_dump_stacks_attaches_a_manual_dump_to_the_running_phase" in stack
+    assert rltrace.profiling.dump_stacks() is None  # no phase running
