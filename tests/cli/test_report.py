@@ -85,7 +85,7 @@ def test_bottleneck_names_an_attached_profile(tmp_path):
     span_id = con.execute("SELECT span_id FROM spans WHERE phase = 'reward' ORDER BY duration_s DESC LIMIT 1").fetchone()[0]
     assert span_id.isalnum()  # safe to inline: views cannot take parameters
     con.execute(
-        f"CREATE VIEW profiles AS SELECT '0' AS trace_id, '{span_id}' AS span_id, 'p1' AS profile_id, "
+        f"CREATE OR REPLACE VIEW profiles AS SELECT '0' AS trace_id, '{span_id}' AS span_id, 'p1' AS profile_id, "
         "'py-spy' AS kind, 'profiles/p1.json' AS path")
     data = report.build(con)
     assert data["bottleneck"]["profiles"][0]["profile_id"] == "p1"
