@@ -17,7 +17,7 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
-from rltrace import analysis, report as report_mod
+from rltrace import analysis, profiling, report as report_mod
 from rltrace.analysis._steps import Steps
 from rltrace.export import chrome
 from rltrace.store import read_manifest
@@ -252,3 +252,27 @@ def chrome_trace(run: RunRef, steps: Steps) -> bytes:
     """The Chrome Trace Event JSON of these steps (open it in ui.perfetto.dev); built on demand."""
     trace = _with(run, chrome.chrome_trace, steps=steps)
     return json.dumps(trace, separators=(",", ":")).encode()
+
+
+# --- profiles ------------------------------------------------------------------------------------
+@st.cache_data(**CACHE)
+def profiles(run: RunRef) -> pd.DataFrame:
+    """Every profile with the span it explains and its hottest frame (`rltrace profile list`)."""
+    return _with(run, profiling.profiles_for_spans)
+
+
+@st.cache_data(**CACHE)
+def profile_frames(run: RunRef, profile_id: str) -> pd.DataFrame:
+    """The stored top frames of one profile, by rank (0 = most self time)."""
+    return pd.DataFrame(_with(run, profiling.top_frames, profile_id),
+                        columns=["profile_id", "rank", "frame", "file", "line", "self_share", "total_share", "samples", "thread"])
+
+
+def artefact(run: RunRef, stored: str | None):
+    """The profile file `stored` names, only if it resolves to a file inside the run dir.
+
+    Returns the path, or None when there is no file; raises `profiling.UnsafePathError` when the
+    stored path leaves the run dir (`..`, an absolute path, a symlink out).
+    """
+    path = profiling.artefact_path(run.path, stored)
+    return path if path is not None and path.is_file() else None

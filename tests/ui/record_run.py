@@ -3,7 +3,8 @@
     python tests/ui/record_run.py RUN_DIR --layout colocated|async [--steps 6] [--hang]
 
 `colocated`: one process does rollout (generate per sample), reward, train (forward, backward,
-optimizer) and weight_sync (CUDA-IPC-like, growing payloads) inside a `step` span, in turn.
+optimizer) and weight_sync (CUDA-IPC-like, growing payloads) inside a `step` span, in turn; the
+middle step's reward is slow and gets a real py-spy recording (rltrace.profiling).
 `async`: a rollout process generates step s+1 while the trainer trains on step s; the trainer
 waits (`wait` spans, `waiting_for="rollout"`) when no batch is ready; with `--hang` the rollout
 process is killed inside a `generate` span, leaving it open (a hang).
@@ -25,6 +26,8 @@ import rltrace
 
 GROUP, SAMPLES = 4, 8  # samples per group, samples per step
 MS = 1e-3
+SLOW_REWARD_S = 0.7  # colocated: one reward this slow gets a py-spy recording
+PROFILE = {"after": {"reward": 0.25}, "min_seconds": 0.25}  # profile a reward phase past 0.25 s
 
 
 def _rollout(step: int, version: int, rng: random.Random, *, straggler: bool) -> list[dict]:
@@ -52,9 +55,18 @@ def _rollout(step: int, version: int, rng: random.Random, *, straggler: bool) ->
     return rows
 
 
-def _score(step: int, rows: list[dict], rng: random.Random) -> None:
+def slow_verifier(seconds: float) -> None:
+    """A reward model stuck on one sample: busy (py-spy sees it on the CPU), not sleeping."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(1000))
+
+
+def _score(step: int, rows: list[dict], rng: random.Random, *, slow: bool = False) -> None:
     with rltrace.phase("reward", step=step):
         time.sleep(3 * MS)
+        if slow:
+            slow_verifier(SLOW_REWARD_S)
         for r in rows:
             r["reward"] = float(rng.random() < 0.3 + 0.05 * step)
 
@@ -100,12 +112,13 @@ def _sync(step: int, version: int, *, method: str) -> None:
 
 
 def colocated(run_dir: str, steps: int) -> None:
-    rltrace.init(run_dir, role="actor", rank=0, run_name="colocated-sync", config={"layout": "colocated", "steps": steps})
+    rltrace.init(run_dir, role="actor", rank=0, run_name="colocated-sync", profile=PROFILE,
+                 config={"layout": "colocated", "steps": steps})
     rng, version = random.Random(0), 0
     for step in range(steps):
         with rltrace.phase("step", step=step, weight_version=version):
             rows = _rollout(step, version, rng, straggler=step == steps - 2)
-            _score(step, rows, rng)
+            _score(step, rows, rng, slow=step == steps // 2)
             version = _train(step, version, rows, rng)
             _sync(step, version, method="ipc")
     rltrace.shutdown()

@@ -146,7 +146,7 @@ if span_id is not None:
             if len(profiles):
                 st.dataframe(profiles, hide_index=True, width="stretch")
                 if st.button("Open in Profiles", icon=":material/local_fire_department:"):
-                    st.session_state["_profiles_span"] = span_id
+                    st.session_state["profiles_span"] = span_id
                     st.switch_page(state.PAGES["profiles"])
             else:
                 st.caption("No profile is attached to this span.")
