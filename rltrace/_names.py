@@ -158,7 +158,7 @@ PROCESSES_SCHEMA = pa.schema(
 STEP_SUMMARY_SCHEMA = pa.schema(
     [
         pa.field("step", pa.int64()),
-        pa.field("kind", pa.string()),  # step / phase / stage / wait / path
+        pa.field("kind", pa.string()),  # step / phase / stage / wait / path / sync
         pa.field("seq", pa.int64()),  # order within a step's critical path
         pa.field("process_id", pa.string()),
         pa.field("phase", pa.string()),

@@ -12,6 +12,7 @@
   that has spans in the step is *idle* where none of its busy or wait spans runs (any step);
   a `wait` span counts where that process is not busy. Each such interval is attributed to the
   busy phases running meanwhile (a phase with child phases only where no child runs).
+- sync: each `weight_sync` span with `rl.bytes` (seconds = duration, count = bytes, other = method).
 - critical path: from the top-level busy span that ends last, repeatedly step back to the
   top-level busy span of the step that ended last before the current one started.
 """
@@ -24,7 +25,7 @@ import pandas as pd
 from rltrace.analysis import _intervals as iv
 from rltrace.analysis._phases import STAGE_OF, WAIT, containers
 
-VERSION = 1
+VERSION = 2
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -44,7 +45,7 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
     """Summary rows for the steps in `checks` (step, count, start_ns, end_ns, total_ns).
 
     `spans`: every finished span overlapping those steps' windows, with columns span_id,
-    parent_span_id, phase, name, step, process_id, start_ns, end_ns, waiting_for.
+    parent_span_id, phase, name, step, process_id, start_ns, end_ns, waiting_for, sync_bytes, sync_method.
     """
     spans = spans.reset_index(drop=True)
     parent_row = pd.Series(np.arange(len(spans)), index=spans["span_id"])
@@ -70,8 +71,26 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
         _stage_rows(spans[in_batch]),
         _wait_rows(spans, checks, prow, busy, in_batch),
         _path_rows(spans, prow, busy, in_batch),
+        _sync_rows(spans[in_batch]),
     ]
     return pd.concat([f for f in frames if len(f)], ignore_index=True)
+
+
+def _sync_rows(spans: pd.DataFrame) -> pd.DataFrame:
+    """Weight-sync spans with a payload size: seconds = duration, count = bytes, other = method."""
+    sync = spans[(spans["phase"] == "weight_sync") & spans["sync_bytes"].notna()]
+    if sync.empty:
+        return pd.DataFrame()
+    return _rows(
+        "sync",
+        step=sync["step"].to_numpy(),
+        process_id=sync["process_id"].to_numpy(object),
+        phase=sync["phase"].to_numpy(object),
+        other=sync["sync_method"].to_numpy(object),
+        span_id=sync["span_id"].to_numpy(object),
+        seconds=((sync["end_ns"] - sync["start_ns"]) / 1e9).to_numpy(),
+        count=sync["sync_bytes"].round().astype("int64").to_numpy(),
+    )
 
 
 def _union_seconds(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

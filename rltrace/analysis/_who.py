@@ -7,11 +7,30 @@ import pandas as pd
 _COLS = ["process_id", "role", "rank", "host"]
 
 
+_CACHE = "_rltrace_who"
+
+
 def processes(con, process_ids) -> pd.DataFrame:
-    """process_id, role, rank, host for each id (from `processes`, else from the spans)."""
+    """process_id, role, rank, host for each id (from `processes`, else from the spans; cached)."""
     ids = sorted({p for p in process_ids if isinstance(p, str)})
     if not ids:
         return pd.DataFrame(columns=_COLS)
+    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_CACHE} (process_id VARCHAR, role VARCHAR, rank BIGINT, host VARCHAR)")
+    marks = ", ".join("?" for _ in ids)
+    cached = con.execute(f"SELECT * FROM {_CACHE} WHERE process_id IN ({marks})", ids).df()
+    if len(cached) == len(ids):
+        return cached[_COLS]
+    found = _lookup(con, ids)
+    con.register("_rltrace_who_new", found)
+    try:
+        con.execute(f"INSERT INTO {_CACHE} BY NAME SELECT * FROM _rltrace_who_new "
+                    f"WHERE process_id NOT IN (SELECT process_id FROM {_CACHE})")
+    finally:
+        con.unregister("_rltrace_who_new")
+    return found
+
+
+def _lookup(con, ids: list[str]) -> pd.DataFrame:
     marks = ", ".join("?" for _ in ids)
     found = con.execute(
         f"""SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host

@@ -14,9 +14,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from rltrace import _names
 from rltrace.analysis import summary
-from rltrace.analysis._steps import Steps, step_filter
+from rltrace.analysis._steps import Steps
 
 
 def cost_model(con, steps: Steps = None) -> pd.DataFrame:
@@ -91,16 +90,17 @@ def weight_sync_points(con, steps: Steps = None) -> pd.DataFrame:
         step, process_id, span_id, bytes (the span's `rl.bytes`), seconds (duration), method
         (`rl.method`, or None).
     """
-    where, params = step_filter(steps)
-    return con.execute(
-        f"""SELECT step, process_id, span_id, bytes, seconds, method FROM (
-              SELECT step, process_id, span_id, duration_s AS seconds,
-                     TRY_CAST(attr(attributes, '{_names.SYNC_BYTES}') AS DOUBLE) AS bytes,
-                     attr(attributes, '{_names.SYNC_METHOD}') AS method
-              FROM spans WHERE phase = 'weight_sync' AND NOT is_open AND {where})
-            WHERE bytes IS NOT NULL ORDER BY step, span_id""",
-        params,
-    ).df()
+    rows = summary.rows(con, steps, kinds=("sync",))
+    return pd.DataFrame(
+        {
+            "step": rows["step"],
+            "process_id": rows["process_id"],
+            "span_id": rows["span_id"],
+            "bytes": rows["count"].astype(float),
+            "seconds": rows["seconds"],
+            "method": rows["other"],
+        }
+    ).sort_values(["step", "span_id"], ignore_index=True)
 
 
 def weight_sync_fit(con, steps: Steps = None) -> dict:

@@ -6,6 +6,8 @@ import time
 
 import pandas as pd
 
+from rltrace.analysis import summary
+
 
 def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
     """Spans that started and have not ended: running, hung, or their process was killed.
@@ -13,22 +15,24 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
     Returns:
         process_id, role, rank, host, phase, name, step, span_id, start_ns; age_s (now - start);
         stalled_s (the run's last activity - start: how long it had been open when the run
-        last wrote anything, which is what matters for a dead run); last_heard_ns (the process's
+        last wrote anything, which is what matters for a dead run; activity = the last end of a
+        stepped span, a heartbeat or an open span's start); last_heard_ns (the process's
         last heartbeat, Unix ns, or None); ended_cleanly (the process called shutdown).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
+    checks = summary.checks(con)  # per-step first start / last end, cached per connection
+    last_step_ns = int(checks["end_ns"].max()) if len(checks) else None
     frame = con.execute(
-        """WITH last AS (SELECT greatest(
-                 (SELECT max(end_ns) FROM spans WHERE NOT is_open),
-                 (SELECT max(heartbeat_ns) FROM processes),
-                 (SELECT max(start_ns) FROM spans)) AS ns),
+        """WITH last AS (SELECT greatest(?, (SELECT max(heartbeat_ns) FROM processes),
+                                         (SELECT max(start_ns) FROM spans WHERE is_open)) AS ns),
            proc AS (SELECT process_id, max(heartbeat_ns) AS heard, bool_or(ended_ns IS NOT NULL) AS ended
                     FROM processes GROUP BY process_id)
            SELECT s.process_id, s.role, s.rank, s.host, coalesce(s.phase, s.name) AS phase, s.name, s.step,
                   s.span_id, s.start_ns, (SELECT ns FROM last) AS last_ns, p.heard AS last_heard_ns,
                   coalesce(p.ended, false) AS ended_cleanly
            FROM spans s LEFT JOIN proc p USING (process_id)
-           WHERE s.is_open ORDER BY s.start_ns"""
+           WHERE s.is_open ORDER BY s.start_ns""",
+        [last_step_ns],
     ).df()
     frame["age_s"] = (now_ns - frame["start_ns"]) / 1e9
     frame["stalled_s"] = ((frame["last_ns"] - frame["start_ns"]) / 1e9).clip(lower=0)

@@ -106,7 +106,10 @@ def _load(con, batch: pd.DataFrame) -> pd.DataFrame:
     return con.execute(
         f"""SELECT span_id, parent_span_id, coalesce(phase, name) AS phase, name, step, process_id,
                    start_ns, end_ns,
-                   CASE WHEN phase = 'wait' THEN attr(attributes, '{_names.WAITING_FOR}') END AS waiting_for
+                   CASE WHEN phase = 'wait' THEN attr(attributes, '{_names.WAITING_FOR}') END AS waiting_for,
+                   CASE WHEN phase = 'weight_sync'
+                        THEN TRY_CAST(attr(attributes, '{_names.SYNC_BYTES}') AS DOUBLE) END AS sync_bytes,
+                   CASE WHEN phase = 'weight_sync' THEN attr(attributes, '{_names.SYNC_METHOD}') END AS sync_method
             FROM spans WHERE NOT is_open AND end_ns >= ? AND start_ns <= ?""",
         [lo, hi],
     ).df()

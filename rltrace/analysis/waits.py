@@ -73,23 +73,20 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
     walls = summary.checks(con, steps).set_index("step")
     g["share"] = g["seconds"] / g["step"].map((walls["end_ns"] - walls["start_ns"]) / 1e9)
     g = g.sort_values(["step", "seconds"], ascending=[True, False]).groupby("step").head(n)
-    names = _who.processes(con, g["waited_for_process"].dropna().unique()).set_index("process_id")
-
-    def sentence(r) -> str:
-        who = _who.name(r["role"], r["rank"])
-        where = "idle" if r["in_phase"] == "idle" else f"in a wait inside {r['in_phase']}"
-        text = f"{who} {where} {r['seconds']:.2f} s ({r['share']:.0%} of step {r['step']})"
-        if r["waited_for"] == UNTRACED:
-            return text + " while no recorded phase ran anywhere"
-        other = r["waited_for_process"]
-        on = f" on {_who.name(names.at[other, 'role'], names.at[other, 'rank'])}" if other in names.index else ""
-        return text + f" waiting for {r['waited_for']}{on}"
-
-    def short(other) -> str | None:
-        return _who.name(names.at[other, "role"], names.at[other, "rank"]) if other in names.index else None
-
-    g["text"] = g.apply(sentence, axis=1) if len(g) else []
+    names = _who.processes(con, g["waited_for_process"].dropna().unique())
+    short = {p: _who.name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
     g["waited_for_name"] = g["waited_for_process"].map(short)
+    texts = []
+    for step, role, rank, in_phase, what, other, seconds, share in zip(
+        g["step"], g["role"], g["rank"], g["in_phase"], g["waited_for"], g["waited_for_name"], g["seconds"], g["share"]
+    ):
+        where = "idle" if in_phase == "idle" else f"in a wait inside {in_phase}"
+        text = f"{_who.name(role, rank)} {where} {seconds:.2f} s ({share:.0%} of step {step})"
+        if what == UNTRACED:
+            texts.append(text + " while no recorded phase ran anywhere")
+        else:
+            texts.append(text + f" waiting for {what}" + (f" on {other}" if isinstance(other, str) else ""))
+    g["text"] = texts
     cols = ["step", "process_id", "role", "rank", "in_phase", "waited_for", "waited_for_process", "waited_for_name",
             "seconds", "share", "text"]
     return g[cols].reset_index(drop=True)

@@ -105,7 +105,9 @@ def _bottleneck(con, steps: Steps, summary: dict) -> dict | None:
 def _staleness(con, steps: Steps) -> dict:
     per_step = analysis.staleness(con, steps)
     hist = analysis.staleness_histogram(con, steps)
-    by_step = {s: dict(zip(g["age"].astype(str), g["samples"])) for s, g in hist.groupby("step")}
+    by_step: dict[int, dict[str, int]] = {}
+    for step, age, n in zip(hist["step"].tolist(), hist["age"].tolist(), hist["samples"].tolist()):
+        by_step.setdefault(step, {})[str(age)] = n
     rows = plain(per_step)
     for row in rows:
         row["histogram"] = plain(by_step.get(row["step"], {}))
