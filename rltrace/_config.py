@@ -131,6 +131,20 @@ PARAMS: dict[str, Param] = {
             "Also send spans to this OpenTelemetry backend (OTLP over HTTP).",
         ),
         Param("service_name", ("OTEL_SERVICE_NAME",), str, None, "OTel service.name (default: rltrace-<role>)."),
+        Param(
+            "replay_budget_mb",
+            ("RLTRACE_REPLAY_BUDGET_MB",),
+            _parse_positive_float,
+            2048.0,
+            "Disk for frozen batches per run (MB); beyond it freezes are skipped and counted.",
+        ),
+        Param(
+            "replay_queue",
+            ("RLTRACE_REPLAY_QUEUE",),
+            _parse_positive_int,
+            2,
+            "Frozen batches waiting for the writer thread; beyond this new freezes are skipped and counted.",
+        ),
         # --- profiling (rltrace.profiling; see docs/profiling.md) --------------------------------
         Param(
             "profile_slow",

@@ -10,9 +10,9 @@ import argparse
 import sys
 
 from rltrace._config import RltraceError
-from rltrace.cli import compact, export, info, profile, report, ui
+from rltrace.cli import compact, export, importer, info, profile, replay, report, ui
 
-COMMANDS = [info, compact, report, export, profile, ui]
+COMMANDS = [info, compact, report, export, importer, replay, profile, ui]
 
 
 def build_parser() -> argparse.ArgumentParser:

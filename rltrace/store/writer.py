@@ -67,8 +67,18 @@ class ProcessInfo:
         }
 
 
-def write_part(folder: Path, name: str, table: pa.Table, spec: _names.Table, extra_metadata: dict | None = None) -> Path:
-    """Write `table` as `folder/name` atomically, tagged with the table's name and schema version."""
+def write_part(
+    folder: Path,
+    name: str,
+    table: pa.Table,
+    spec: _names.Table,
+    extra_metadata: dict | None = None,
+    write_options: dict | None = None,
+) -> Path:
+    """Write `table` as `folder/name` atomically, tagged with the table's name and schema version.
+
+    `write_options` go to `pyarrow.parquet.write_table` (e.g. per-column compression); zstd by default.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     metadata = dict(table.schema.metadata or {})
     metadata[_names.META_TABLE] = spec.name.encode()
@@ -78,7 +88,7 @@ def write_part(folder: Path, name: str, table: pa.Table, spec: _names.Table, ext
     final = folder / name
     tmp = folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, **{"compression": "zstd", **(write_options or {})})
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)

@@ -1,0 +1,293 @@
+"""A frozen batch on disk (`RUN_DIR/batches/<step>-<batch_id>.parquet`) and in memory (`FrozenBatch`).
+
+One part file holds one batch, one row per sample: the batch-level fields of
+`rltrace._names.BATCH_COLUMNS` repeated on every row (dictionary-encoded), then the user's
+columns encoded by `rltrace.replay.codec`. A part becomes visible whole (temp file + rename),
+so a reader never sees half a batch. Every column is described in docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rltrace import _names
+from rltrace.replay import codec
+from rltrace.replay.errors import ReplayError
+from rltrace.replay.tokenizer import check_tokenizer, tokenizer_identity
+from rltrace.store import scan
+from rltrace.store.writer import ProcessInfo, write_part
+
+RESERVED = frozenset(_names.BATCH_COLUMNS)
+_BATCH_META_COLUMNS = ("weight_version", "train_version", "tokenizer", "tokenizer_name", "tokenizer_hash", "checkpoint", "config")
+_JSON_FIELDS = ("config", "batch_meta", "codec")
+
+
+def part_name(step: int, batch_id: str) -> str:
+    return f"{step:010d}-{batch_id}.parquet"
+
+
+def _step_of(path: Path) -> int | None:
+    head = path.name.split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+# --- writing -----------------------------------------------------------------------------------
+def _constant(value: Any, typ: pa.DataType, n: int) -> pa.Array:
+    """A column holding one value n times, stored once (dictionary-encoded)."""
+    if value is None:
+        return pa.nulls(n, typ)
+    if pa.types.is_string(typ):
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value], typ))
+    return pa.array(np.full(n, value), typ)
+
+
+def batch_fields(meta: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Split a user's `batch_meta` into the fixed batch columns and the free rest (stored as JSON)."""
+    meta = dict(meta or {})
+    fields: dict[str, Any] = {}
+    version = meta.pop("weight_version", meta.pop("train_version", None))
+    fields["train_version"] = None if version is None else int(version)
+    tokenizer = meta.pop("tokenizer", None)
+    name, digest = meta.pop("tokenizer_name", None), meta.pop("tokenizer_hash", None)
+    if tokenizer is not None:
+        name, digest = tokenizer_identity(tokenizer)
+        if "special_token_ids" not in meta and getattr(tokenizer, "all_special_ids", None) is not None:
+            meta["special_token_ids"] = [int(i) for i in tokenizer.all_special_ids]
+        if "special_tokens" not in meta and getattr(tokenizer, "all_special_tokens", None) is not None:
+            meta["special_tokens"] = [str(t) for t in tokenizer.all_special_tokens]
+    fields["tokenizer_name"], fields["tokenizer_hash"] = name, digest
+    checkpoint = meta.pop("checkpoint", None)
+    fields["checkpoint"] = None if checkpoint is None else str(checkpoint)
+    fields["config"] = json.dumps(meta.pop("config", None), default=str)
+    fields["batch_meta"] = json.dumps(meta, default=str)
+    return fields
+
+
+def check_columns(names: Sequence[str]) -> None:
+    """User column names must not shadow the batch columns (done on the caller's thread)."""
+    bad = [n for n in names if not isinstance(n, str) or n in RESERVED or n.startswith(codec.SHAPE_PREFIX)]
+    if bad:
+        raise ValueError(f"freeze: column name(s) {bad} are used by rltrace itself (see docs/replay.md); rename yours")
+
+
+def user_columns(form: str, data: Any, n: int) -> tuple[dict[str, pa.Array], dict[str, dict]]:
+    """Encode the samples (list of dicts, or dict of columns) into Arrow columns and their specs."""
+    arrays: dict[str, pa.Array] = {}
+    specs: dict[str, dict] = {}
+    if form == "rows":
+        names = list(dict.fromkeys(k for sample in data for k in sample))
+        columns = {name: [sample.get(name) for sample in data] for name in names}
+    else:
+        columns = data
+    for name, column in columns.items():
+        kind = codec.kind_of(column)
+        if form == "columns" and kind in codec.ARRAY_KINDS and np.ndim(column) >= 1:
+            encoded, spec = codec.encode_batched(name, column, n)
+        else:
+            encoded, spec = codec.encode_rows(name, column)
+        arrays.update(encoded)
+        specs[name] = spec
+    return arrays, specs
+
+
+def build_table(
+    step: int,
+    batch_id: str,
+    form: str,
+    data: Any,
+    n: int,
+    *,
+    fields: Mapping[str, Any],
+    trigger: str,
+    reason: str | None,
+    frozen_ns: int,
+    process: ProcessInfo | None,
+) -> pa.Table:
+    """The Arrow table of one frozen batch (runs on the writer thread)."""
+    arrays, specs = user_columns(form, data, n)
+    header = {
+        "step": step,
+        "batch_id": batch_id,
+        "n_samples": n,
+        "frozen_ns": frozen_ns,
+        "trigger": trigger,
+        "reason": reason,
+        "codec": json.dumps(specs, separators=(",", ":")),
+        "form": form,
+        **fields,
+    }
+    if process is not None:
+        header.update(process_id=process.process_id, role=process.role, rank=process.rank, host=process.host, pid=process.pid)
+    columns: dict[str, pa.Array] = {}
+    for name, typ in _names.BATCH_COLUMNS.items():
+        columns[name] = pa.array(np.arange(n, dtype=np.int64)) if name == "sample_index" else _constant(header.get(name), typ, n)
+    columns.update(arrays)
+    fields_ = [pa.field(name, arr.type, nullable=not name == "sample_index" and _nullable(arr)) for name, arr in columns.items()]
+    return pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields_))
+
+
+def _nullable(arr: pa.Array) -> bool:
+    # a required list column reads twice as fast; a column with nulls must stay optional
+    return not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or arr.null_count > 0
+
+
+def write_options(table: pa.Table) -> dict:
+    """Fast where the bytes are (lz4, no statistics or dictionary on arrays), small elsewhere."""
+    lists = {f.name for f in table.schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)}
+    dictionary = [n for n, t in _names.BATCH_COLUMNS.items() if pa.types.is_string(t)] + ["finish_reason"]
+    return {
+        # keys are Parquet leaf paths: a list column's values live in `<name>.list.element`
+        "compression": {(f"{n}.list.element" if n in lists else n): ("lz4" if n in lists else "zstd") for n in table.column_names},
+        "use_dictionary": [n for n in dictionary if n in table.column_names],
+        "write_statistics": ["step", "sample_index", "train_version"],
+    }
+
+
+def write_batch(run_dir: Path, table: pa.Table, step: int, batch_id: str) -> Path:
+    folder = Path(run_dir) / _names.BATCHES.folder
+    return write_part(folder, part_name(step, batch_id), table, _names.BATCHES, write_options=write_options(table))
+
+
+def new_batch_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+# --- reading -----------------------------------------------------------------------------------
+class StoredColumns:
+    """Columns read from one part, decoded lazily (on first access) to the kind they were given in."""
+
+    def __init__(self, table: pa.Table, path: Path):
+        self.table = table
+        self.path = Path(path)
+        first = table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
+        fixed = set(_names.BATCH_COLUMNS) | (set(_names.REPLAYS_SCHEMA.names) - {"reward"})
+        self._header = {k: first[k] for k in first if k in fixed}
+        try:
+            self.specs: dict[str, dict] = json.loads(self._header.get("codec") or "{}")
+        except json.JSONDecodeError:
+            raise ReplayError(f"{self.path}: field codec is not valid JSON; the part is damaged") from None
+        self._decoded: dict[str, Any] = {}
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.specs)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.specs
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._decoded:
+            spec = self.specs.get(name)
+            if spec is None:
+                raise KeyError(f"{name!r} is not a column of {self.path.name} (columns: {', '.join(self.specs)})")
+            if name not in self.table.column_names:
+                raise ReplayError(f"{self.path}: field {name} is described in codec but missing from the file")
+            shapes = self.table.column(spec["shape_column"]) if spec.get("shape_column") else None
+            try:
+                self._decoded[name] = codec.decode(self.table.column(name), spec, shapes)
+            except (KeyError, ValueError, TypeError, AttributeError, pa.ArrowException) as exc:
+                raise ReplayError(f"{self.path}: field {name} cannot be decoded ({exc})") from None
+        return self._decoded[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self.specs else default
+
+    def sample(self, i: int) -> dict[str, Any]:
+        """One sample: every column's value for row `i` (a row of a batched tensor is a view)."""
+        return {name: self[name][i] for name in self.specs}
+
+    @property
+    def samples(self) -> list[dict[str, Any]]:
+        return [self.sample(i) for i in range(len(self))]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.specs)
+
+
+class FrozenBatch(StoredColumns):
+    """A frozen batch: `batch["response_tokens"]` is the column as it was given to `freeze`
+    (one [B, ...] tensor, or a list with one value per sample), with its original dtype and shape.
+
+    `batch.meta` holds the batch-level fields (train_version, tokenizer_name, tokenizer_hash,
+    checkpoint, config, trigger, reason, ...); `batch.original()` the structure given to freeze.
+    """
+
+    def __init__(self, table: pa.Table, path: Path):
+        super().__init__(table, path)
+        self.meta: dict[str, Any] = {k: v for k, v in self._header.items() if k != "codec"}
+        for key in ("config", "batch_meta"):
+            try:
+                self.meta[key] = json.loads(self.meta[key]) if self.meta.get(key) else None
+            except json.JSONDecodeError:
+                raise ReplayError(f"{self.path}: field {key} is not valid JSON; the part is damaged") from None
+        self.step: int = self.meta["step"]
+        self.batch_id: str = self.meta["batch_id"]
+        self.form: str = self.meta.get("form") or "rows"
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The free `batch_meta` keys given to freeze (max_response_len, special_tokens, ...)."""
+        return self.meta.get("batch_meta") or {}
+
+    def original(self) -> list[dict[str, Any]] | dict[str, Any]:
+        """The samples in the form given to freeze: a list of dicts (every column in every dict;
+        None where a sample had no value), or a dict of columns."""
+        if self.form == "columns":
+            return {name: self[name] for name in self.specs}
+        return self.samples
+
+    def __repr__(self) -> str:
+        return f"FrozenBatch(step={self.step}, batch_id={self.batch_id!r}, samples={len(self)}, columns={self.columns})"
+
+
+def read_part(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ReplayError(f"{path}: cannot be read ({reason}); the file is damaged, delete it or freeze again") from None
+
+
+def batch_parts(run_dir: str | Path) -> tuple[list[Path], list[str]]:
+    """Readable batch parts of a run (footers checked), and 'path: why' for the unreadable ones."""
+    snap = scan(run_dir, skip_corrupt=True, tables={"batches": _names.BATCHES})
+    return [p.path for p in snap.parts["batches"]], snap.skipped
+
+
+def load(run_dir: str | Path, step: int, *, batch_id: str | None = None, tokenizer: Any = None) -> FrozenBatch:
+    """The batch frozen at `step` (the latest one if several; pick one with `batch_id`).
+
+    With `tokenizer`, checks that its vocabulary hash equals the batch's `tokenizer_hash`
+    (`TokenizerMismatchError` otherwise). Raises `ReplayError`/`StoreError` naming the file.
+    """
+    parts, skipped = batch_parts(run_dir)
+    candidates = [p for p in parts if _step_of(p) == step and (batch_id is None or p.stem.endswith(batch_id))]
+    if not candidates:
+        bad = [s for s in skipped if f"{step:010d}-" in s]
+        if bad:
+            raise ReplayError(bad[0])
+        have = sorted({s for s in (_step_of(p) for p in parts) if s is not None})
+        which = f"batch {batch_id} at step {step}" if batch_id else f"batch at step {step}"
+        raise ReplayError(f"{Path(run_dir) / 'batches'}: no frozen {which}; frozen steps: {have or 'none'}")
+    if len(candidates) > 1:
+        candidates.sort(key=lambda p: read_part_column(p, "frozen_ns"))
+    path = candidates[-1]
+    batch = FrozenBatch(read_part(path), path)
+    check_tokenizer(tokenizer, batch.meta.get("tokenizer_name"), batch.meta.get("tokenizer_hash"), str(path))
+    return batch
+
+
+def read_part_column(path: Path, name: str) -> Any:
+    """The first value of one column of a part (batch-level columns hold one value)."""
+    table = pq.read_table(path, columns=[name])
+    return table.column(0)[0].as_py() if table.num_rows else None

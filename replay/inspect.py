@@ -1,0 +1,87 @@
+"""What is frozen in a run, and what each sample looks like: the data behind `replay list` and `show`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from rltrace import _names
+from rltrace.replay.batch import FrozenBatch, batch_parts
+from rltrace.replay.diff import rows_of
+from rltrace.replay.errors import ReplayError
+from rltrace.replay.flags import TextRules, batch_flags
+
+_LIST_COLUMNS = ("step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version", "tokenizer_name", "checkpoint")
+
+
+def list_batches(run_dir: str | Path) -> tuple[list[dict], list[str]]:
+    """One dict per frozen batch (oldest step first, with its replay count), and unreadable parts."""
+    parts, skipped = batch_parts(run_dir)
+    replays_dir = Path(run_dir) / _names.REPLAYS.folder
+    replay_ids: dict[str, set[str]] = {}
+    for path in replays_dir.glob("*.parquet") if replays_dir.is_dir() else ():
+        pieces = path.stem.split("-")
+        if len(pieces) == 4:
+            replay_ids.setdefault(pieces[1], set()).add(pieces[2])
+    out = []
+    for path in parts:
+        try:
+            table = pq.read_table(path, columns=[c for c in _LIST_COLUMNS if c in pq.read_schema(path).names])
+        except OSError as exc:
+            skipped.append(f"{path}: {exc}")
+            continue
+        row = table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
+        row.update(path=str(path), bytes=path.stat().st_size, replays=len(replay_ids.get(row.get("batch_id"), ())))
+        out.append(row)
+    out.sort(key=lambda r: (r.get("step") or 0, r.get("frozen_ns") or 0))
+    return out, skipped
+
+
+def _decode(tokenizer: Any, ids: Any) -> str | None:
+    if tokenizer is None or ids is None:
+        return None
+    values = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    return tokenizer.decode([int(v) for v in values])
+
+
+def sample_views(batch: FrozenBatch, tokenizer: Any = None) -> list[dict[str, Any]]:
+    """Per sample: ids, versions, lengths, reward, texts (stored, or decoded with `tokenizer`), flags."""
+    n = len(batch)
+    columns = {name: rows_of(batch[name], n) for name in batch.columns}
+    rules = TextRules.from_meta(batch.extra)
+    views = []
+    for i in range(n):
+        get = lambda name: columns[name][i] if name in columns else None  # noqa: E731
+        response, prompt = get("response_tokens"), get("prompt_tokens")
+        response_text = get("response_text")
+        prompt_text = get("prompt_text")
+        if response_text is None:
+            response_text = _decode(tokenizer, response)
+        if prompt_text is None:
+            prompt_text = _decode(tokenizer, prompt)
+        views.append(
+            {
+                "sample_index": i,
+                "sample_id": get("sample_id"),
+                "group_id": get("group_id"),
+                "weight_version": get("weight_version"),
+                "reward": None if get("reward") is None else float(get("reward")),
+                "finish_reason": get("finish_reason"),
+                "prompt_len": None if prompt is None else len(prompt),
+                "response_len": None if response is None else len(response),
+                "prompt_text": prompt_text,
+                "response_text": response_text,
+                "response_tokens": response,
+            }
+        )
+    for view, found in zip(views, batch_flags(views, rules)):
+        view["flags"] = found
+    return views
+
+
+def pick_sample(views: list[dict], index: int, where: str) -> dict:
+    if not 0 <= index < len(views):
+        raise ReplayError(f"{where}: --sample {index} is out of range; the batch has {len(views)} samples (0..{len(views) - 1})")
+    return views[index]

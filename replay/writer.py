@@ -1,0 +1,207 @@
+"""The thread that turns freezes into batch parts, so the training loop never waits for the disk.
+
+One `BatchWriter` per run and process. A freeze is a reference to the caller's samples put on a
+bounded queue (`RLTRACE_REPLAY_QUEUE`, default 2): conversion to Arrow and the write happen on
+this thread. When the queue is full, or the run's batches would exceed the disk budget
+(`RLTRACE_REPLAY_BUDGET_MB`), the freeze is skipped and counted, never waited for. The counts
+are logged as metrics `replay_frozen`, `replay_skipped`, `replay_failed` and `replay_bytes`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rltrace import _names
+from rltrace._config import resolve
+from rltrace.api import log_metrics
+from rltrace.replay.batch import batch_fields, build_table, write_batch
+from rltrace.store.writer import after_fork_in_child
+
+logger = logging.getLogger("rltrace")
+_IDLE_CHECK_S = 2.0  # how often an idle writer checks whether its run still exists
+
+
+@dataclass
+class Job:
+    """One freeze waiting to be written: references to the caller's data, not copies."""
+
+    step: int
+    batch_id: str
+    form: str
+    data: Any
+    n: int
+    batch_meta: dict
+    trigger: str
+    reason: str | None
+    frozen_ns: int
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the visible parts in `folder` (all processes' batches count against the budget)."""
+    total = 0
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.endswith(".parquet") and not entry.name.startswith("."):
+                    try:
+                        total += entry.stat().st_size
+                    except FileNotFoundError:
+                        pass
+    except FileNotFoundError:
+        pass
+    return total
+
+
+class BatchWriter:
+    """A bounded queue of freezes and the daemon thread that writes them; skips are counted."""
+
+    def __init__(self, run, *, budget_mb: float | None = None, queue_size: int | None = None):
+        self._run = weakref.ref(run)  # the thread ends once the run is gone and the queue is empty
+        self.run_dir = Path(run.run_dir)
+        self.process = run.process
+        self.folder = self.run_dir / _names.BATCHES.folder
+        self.budget_bytes = int(resolve("replay_budget_mb", budget_mb) * 1024 * 1024)
+        self.queue_size = resolve("replay_queue", queue_size)
+        self._ratio = 1.0  # bytes on disk per byte of Arrow data, from the last write
+        self._start()
+        after_fork_in_child(self._start)
+
+    def _start(self) -> None:
+        self.frozen = self.skipped_queue = self.skipped_budget = self.failed = 0
+        self.bytes_written = 0
+        self.last_error: str | None = None
+        self.last_path: Path | None = None
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=self.queue_size)
+        self._thread = threading.Thread(target=self._loop, name="rltrace-replay-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def skipped(self) -> int:
+        return self.skipped_queue + self.skipped_budget
+
+    def submit(self, job: Job) -> bool:
+        """Queue a freeze; False (and counted) if the queue is full. Never blocks."""
+        try:
+            self._queue.put_nowait(job)
+            return True
+        except queue.Full:
+            self.skipped_queue += 1
+            logger.warning("rltrace: replay writer busy, skipped freezing step %d (queue of %d full)", job.step, self.queue_size)
+            self._log(job.step)
+            return False
+
+    def flush(self) -> None:
+        """Wait until every queued freeze is written (for tests, checkpoints and exit; not the hot path)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                job = self._queue.get(timeout=_IDLE_CHECK_S)
+            except queue.Empty:
+                if self._run() is None:
+                    return
+                continue
+            try:
+                if job is None:
+                    return
+                self._write(job)
+            except Exception as exc:  # a bad batch must not kill the thread: count, say why, go on
+                self.failed += 1
+                self.last_error = f"step {job.step}: {exc}"
+                logger.warning("rltrace: could not freeze step %d: %s", job.step, exc)
+                self._log(job.step)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, job: Job) -> None:
+        used = folder_bytes(self.folder)
+        if used >= self.budget_bytes:
+            self._over_budget(job, used)
+            return
+        table = build_table(
+            job.step,
+            job.batch_id,
+            job.form,
+            job.data,
+            job.n,
+            fields=batch_fields(job.batch_meta),
+            trigger=job.trigger,
+            reason=job.reason,
+            frozen_ns=job.frozen_ns,
+            process=self.process,
+        )
+        job.data = None  # let the caller's arrays go as soon as they are converted
+        if used + table.nbytes * self._ratio > self.budget_bytes:
+            self._over_budget(job, used)
+            return
+        path = write_batch(self.run_dir, table, job.step, job.batch_id)
+        size = path.stat().st_size
+        self._ratio = max(size / max(table.nbytes, 1), 0.05)
+        self.frozen += 1
+        self.bytes_written += size
+        self.last_path = path
+        self._log(job.step)
+
+    def _over_budget(self, job: Job, used: int) -> None:
+        self.skipped_budget += 1
+        logger.warning(
+            "rltrace: skipped freezing step %d: frozen batches use %.0f of %.0f MB (raise RLTRACE_REPLAY_BUDGET_MB)",
+            job.step,
+            used / 2**20,
+            self.budget_bytes / 2**20,
+        )
+        self._log(job.step)
+
+    def _log(self, step: int) -> None:
+        from rltrace.api import current_run
+
+        if current_run() is self._run():
+            log_metrics(
+                step,
+                replay_frozen=self.frozen,
+                replay_skipped=self.skipped,
+                replay_failed=self.failed,
+                replay_bytes=self.bytes_written,
+            )
+
+
+_writers: "weakref.WeakKeyDictionary[Any, BatchWriter]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def writer_for(run) -> BatchWriter:
+    """The writer of `run` in this process (made on first use)."""
+    writer = _writers.get(run)
+    if writer is None:
+        with _lock:
+            writer = _writers.get(run)
+            if writer is None:
+                writer = _writers[run] = BatchWriter(run)
+    return writer
+
+
+def flush_all() -> None:
+    """Write every queued freeze of every run of this process."""
+    for writer in list(_writers.values()):
+        writer.flush()
+
+
+@atexit.register
+def _close_all() -> None:
+    # registered after rltrace's own shutdown hook, so it runs first: batches land before the run ends
+    for writer in list(_writers.values()):
+        writer.close()

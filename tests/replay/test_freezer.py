@@ -1,0 +1,178 @@
+"""Freezing from a loop: never waits for the writer, skips and counts when full or over budget,
+and freezes on the steps the policy picks."""
+
+import threading
+
+import pytest
+import torch
+from tiny import CharTokenizer, make_samples
+
+import rltrace
+import rltrace.replay as replay
+from rltrace.replay import writer as writer_module
+from rltrace.replay.freezer import Freezer, FreezePolicy, write_request
+
+
+def _steps(run_dir) -> list[int]:
+    return sorted(int(p.name.split("-")[0]) for p in (run_dir / "batches").glob("*.parquet"))
+
+
+@pytest.fixture
+def blocked_writer(monkeypatch):
+    """The writer thread stops inside its first conversion until `release` is set."""
+    started, release = threading.Event(), threading.Event()
+    real = writer_module.build_table
+
+    def slow_build(*args, **kwargs):
+        started.set()
+        assert release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "build_table", slow_build)
+    yield started, release
+    release.set()
+
+
+def test_freeze_before_init_does_nothing():
+    assert replay.freeze(1, [{"reward": 1.0}]) is False
+
+
+def test_a_full_queue_skips_and_counts_without_waiting(tmp_path, monkeypatch, blocked_writer):
+    started, release = blocked_writer
+    monkeypatch.setenv("RLTRACE_REPLAY_QUEUE", "1")
+    run = rltrace.init(tmp_path / "run")
+    assert replay.freeze(1, [{"reward": 1.0}])
+    assert started.wait(30)  # the writer holds step 1; the queue is empty again
+    assert replay.freeze(2, [{"reward": 2.0}])  # fills the queue of 1
+    assert replay.freeze(3, [{"reward": 3.0}]) is False  # returns at once, counted
+    w = writer_module.writer_for(run)
+    assert w.skipped_queue == 1
+    release.set()
+    replay.flush()
+    assert _steps(tmp_path / "run") == [1, 2]
+    rltrace.flush()
+    con = rltrace.store.open(tmp_path / "run")
+    last = dict(con.execute("SELECT name, value FROM metrics WHERE step = 2 AND name LIKE 'replay_%'").fetchall())
+    assert last == {"replay_frozen": 2.0, "replay_skipped": 1.0, "replay_failed": 0.0, "replay_bytes": float(w.bytes_written)}
+
+
+def test_the_disk_budget_skips_and_counts(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLTRACE_REPLAY_BUDGET_MB", "0.2")
+    run = rltrace.init(tmp_path / "run")
+    assert replay.freeze(1, [{"reward": 1.0}])
+    assert replay.freeze(2, {"x": torch.randn(64, 4096)})  # 1 MB: does not fit, skipped
+    replay.flush()
+    w = writer_module.writer_for(run)
+    assert _steps(tmp_path / "run") == [1] and w.skipped_budget == 1 and w.frozen == 1
+
+
+def test_a_batch_that_cannot_be_converted_is_counted_and_the_writer_goes_on(tmp_path, caplog):
+    run = rltrace.init(tmp_path / "run")
+    assert replay.freeze(1, [{"x": torch.zeros(2)}, {"x": 1.0}])  # only the first sample is checked here
+    assert replay.freeze(2, [{"x": torch.zeros(2)}])
+    replay.flush()
+    w = writer_module.writer_for(run)
+    assert w.failed == 1 and "step 1" in w.last_error and "mixes" in w.last_error
+    assert _steps(tmp_path / "run") == [2]
+    assert "could not freeze step 1" in caplog.text
+
+
+def test_copy_true_protects_against_in_place_changes(tmp_path, blocked_writer):
+    started, release = blocked_writer
+    rltrace.init(tmp_path / "run")
+    tokens = torch.arange(5)
+    assert replay.freeze(1, [{"response_tokens": tokens}], copy=True)
+    assert started.wait(30)
+    tokens.add_(100)
+    release.set()
+    replay.flush()
+    assert torch.equal(replay.load(tmp_path / "run", 1)["response_tokens"][0], torch.arange(5))
+
+
+@pytest.mark.parametrize(
+    "samples, message",
+    [
+        ({"a": torch.zeros(3, 2), "b": [1, 2]}, "has 2 rows"),
+        ([{"step": 1}], "used by rltrace itself"),
+        ([{"weight_version": [1, 2]}], "weight_versions"),
+        ({"reward": [[1.0, 2.0]]}, "reward_components"),
+        ({"x": 3}, "must be a tensor/array"),
+        ("text", "list of dicts or a dict of columns"),
+        ([1, 2], "must be dicts"),
+    ],
+)
+def test_mistakes_are_raised_at_the_call_site(tmp_path, samples, message):
+    rltrace.init(tmp_path / "run")
+    with pytest.raises((TypeError, ValueError), match=message):
+        replay.freeze(1, samples)
+
+
+def test_every_n_steps(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLTRACE_REPLAY_QUEUE", "10")
+    rltrace.init(tmp_path / "run")
+    freezer = Freezer(FreezePolicy(every=3))
+    triggers = [freezer.step(s, [{"reward": float(s)}]) for s in range(7)]
+    replay.flush()
+    assert triggers == ["every_n", None, None, "every_n", None, None, "every_n"]
+    assert _steps(tmp_path / "run") == [0, 3, 6]
+
+
+def test_on_demand_in_code_and_from_the_command_line(tmp_path):
+    rltrace.init(tmp_path / "run")
+    freezer = Freezer(FreezePolicy())
+    assert freezer.decide(0) is None  # first look: an old request file would not count
+    freezer.request("checking the template")
+    assert freezer.decide(1) == ("on_demand", "checking the template")
+    assert freezer.decide(2) is None
+    write_request(tmp_path / "run", "text looks wrong")
+    assert freezer.decide(3) == ("request", "text looks wrong")
+    assert freezer.decide(4) is None
+    write_request(tmp_path / "run")
+    assert freezer.decide(5)[0] == "request"
+
+
+def test_reward_drop_against_the_recent_mean_with_a_cooldown(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLTRACE_REPLAY_QUEUE", "10")
+    rltrace.init(tmp_path / "run")
+    freezer = Freezer(FreezePolicy(reward_drop=0.2, window=3, cooldown=2))
+    rewards = [0.5, 0.6, 0.55, 0.2, 0.1, 0.6, 0.6, 0.1]
+    frozen = [freezer.step(s, [{"reward": r}], metrics={"reward_mean": r}) for s, r in enumerate(rewards)]
+    # step 3 drops below 0.55 - 0.2; steps 4-5 are in the cooldown; step 7 drops below mean(0.1, 0.6, 0.6) - 0.2
+    assert frozen == [None, None, None, "anomaly", None, None, None, "anomaly"]
+    replay.flush()
+    assert "reward drop" in replay.load(tmp_path / "run", 3).meta["reason"]
+
+
+def test_mismatch_spike(tmp_path):
+    rltrace.init(tmp_path / "run")
+    freezer = Freezer(FreezePolicy(mismatch_threshold=0.05))
+    assert freezer.decide(1, metrics={"train_rollout_logprob_abs_diff": 0.01}) is None
+    trigger, reason = freezer.decide(2, metrics={"train_rollout_logprob_abs_diff": 0.2})
+    assert trigger == "anomaly" and "mismatch spike" in reason
+
+
+def test_bad_text_probe_finds_leaked_template_tokens(tmp_path):
+    rltrace.init(tmp_path / "run")
+    tok = CharTokenizer()
+    good = [{"response_text": "hello there", "response_tokens": torch.tensor(tok.encode("hello there"))}]
+    bad = [{"response_text": "hi<|im_start|>assistant\nhi", "response_tokens": torch.tensor(tok.encode("hi"))}]
+    freezer = Freezer(FreezePolicy(bad_text=True))
+    assert freezer.decide(1, good) is None
+    trigger, reason = freezer.decide(2, bad)
+    assert trigger == "anomaly" and "template_leak" in reason
+    looping = {"response_tokens": torch.tensor([[5, 6, 7] * 10]), "finish_reason": ["length"]}
+    assert "repetition" in Freezer(FreezePolicy(bad_text=True)).decide(3, looping)[1]
+
+
+def test_a_real_batch_freezes_through_the_policy(tmp_path):
+    tok = CharTokenizer()
+    from tiny import checkpoint
+
+    checkpoint(tmp_path / "ckpt", 1, len(tok.tokens))
+    samples = make_samples(tok, tmp_path / "ckpt", n=4)
+    rltrace.init(tmp_path / "run")
+    freezer = Freezer(FreezePolicy(every=2))
+    assert freezer.step(2, samples, batch_meta={"weight_version": 1, "tokenizer": tok}) == "every_n"
+    replay.flush()
+    batch = replay.load(tmp_path / "run", 2, tokenizer=tok)
+    assert batch.meta["trigger"] == "every_n" and batch.meta["reason"] == "every 2 steps"

@@ -1,0 +1,116 @@
+"""Entry points run on a frozen batch; results are stored next to it and compared with the record."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import CharTokenizer, make_run
+
+import rltrace
+from rltrace.replay.diff import diff_against_record, diff_replays, repeatability
+from rltrace.replay.errors import ReplayError, TokenizerMismatchError
+from rltrace.replay.rerun import latest_replay, load_entry, load_replays, run_entry
+
+ENTRIES = str(Path(__file__).parent / "entries.py")
+
+
+def test_a_recomputed_reward_matches_the_record_and_is_stored(tmp_path):
+    run_dir, _, samples = make_run(tmp_path)
+    result = run_entry(run_dir, 3, f"{ENTRIES}:reward", repeat=2)
+    assert [r.repeat for r in result.repeats] == [0, 1]
+    assert repeatability(result.repeats) == {"reward": True}
+    stored = latest_replay(run_dir, 3)
+    assert [r.replay_id for r in stored] == [result.replay_id] * 2
+    assert stored[0]["reward"] == [s["reward"] for s in samples]
+    (d,) = diff_against_record(rltrace.replay.load(run_dir, 3), stored[0])
+    assert (d.a, d.b, d.bitwise_equal, d.samples_different, d.max_abs) == ("reward", "reward", True, 0, 0.0)
+    con = rltrace.store.open(run_dir)
+    assert con.execute("SELECT count(*), count(DISTINCT repeat) FROM replays WHERE replay_id = ?", [result.replay_id]).fetchone() == (16, 2)  # 8 samples x 2 repeats
+
+
+def test_training_forward_against_the_bf16_rollout_engine_shows_the_mismatch(tmp_path):
+    run_dir, _, samples = make_run(tmp_path, versions=(2,), rollout_dtype=torch.bfloat16)
+    result = run_entry(run_dir, 3, f"{ENTRIES}:logprobs_fp32")
+    batch = rltrace.replay.load(run_dir, 3)
+    (d,) = diff_against_record(batch, result.repeats[0])
+    assert (d.a, d.b, d.per_token) == ("rollout_log_probs", "log_probs", True)
+    assert d.tokens == sum(len(s["response_tokens"]) for s in samples)
+    assert 0 < d.mean_abs < 0.1 and d.k3 > 0 and not d.aligned
+    worst = d.top_tokens[0]
+    assert worst["token_id"] == int(samples[worst["sample_index"]]["response_tokens"][worst["position"]])
+
+
+def test_an_fp32_rollout_engine_is_aligned_with_the_fp32_trainer(tmp_path):
+    run_dir, _, _ = make_run(tmp_path, versions=(2,), rollout_dtype=torch.float32)
+    result = run_entry(run_dir, 3, f"{ENTRIES}:logprobs_fp32")
+    (d,) = diff_against_record(rltrace.replay.load(run_dir, 3), result.repeats[0])
+    assert d.bitwise_equal and d.aligned and d.mean_abs == 0.0
+
+
+def test_repeatable_is_not_aligned(tmp_path):
+    run_dir, _, _ = make_run(tmp_path)
+    a = run_entry(run_dir, 3, f"{ENTRIES}:logprobs_fp32", repeat=2)
+    b = run_entry(run_dir, 3, f"{ENTRIES}:logprobs_bf16", repeat=2)
+    assert repeatability(a.repeats) == {"log_probs": True} and repeatability(b.repeats) == {"log_probs": True}
+    (d,) = diff_replays(a.repeats[0], b.repeats[0], rltrace.replay.load(run_dir, 3))
+    assert not d.bitwise_equal and not d.aligned and d.mean_abs > 1e-4
+
+
+def test_a_noisy_entry_is_not_repeatable(tmp_path):
+    run_dir, _, _ = make_run(tmp_path)
+    result = run_entry(run_dir, 3, f"{ENTRIES}:noisy", repeat=2)
+    assert repeatability(result.repeats) == {"reward": False}
+
+
+def test_each_repeat_gets_a_fresh_batch(tmp_path):
+    run_dir, _, _ = make_run(tmp_path)
+    result = run_entry(run_dir, 3, f"{ENTRIES}:mutating", repeat=3)
+    assert repeatability(result.repeats) == {"reward": True}
+    assert rltrace.replay.load(run_dir, 3)["response_tokens"][0][0] < 100  # the part on disk is untouched
+
+
+def test_entries_named_by_module(tmp_path, monkeypatch):
+    monkeypatch.chdir(Path(__file__).parent)
+    assert load_entry("entries:reward").__name__ == "reward"
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ("entries.py", "expected module:name"),
+        ("no/such/file.py:f", "does not exist"),
+        ("no_such_module_xyz:f", "cannot import no_such_module_xyz"),
+        (f"{ENTRIES}:nope", "has no attribute 'nope'"),
+        (f"{ENTRIES}:_VOCAB", "is not a function"),
+    ],
+)
+def test_bad_entry_names_are_clear(entry, message):
+    with pytest.raises(ReplayError, match=message):
+        load_entry(entry)
+
+
+def test_a_failing_entry_says_where_and_stores_nothing(tmp_path):
+    run_dir, _, _ = make_run(tmp_path)
+    with pytest.raises(ReplayError, match=r"failed on repeat 1: RuntimeError: the reward server is down \(.*entries.py:\d+\)"):
+        run_entry(run_dir, 3, f"{ENTRIES}:broken")
+    assert load_replays(run_dir, step=3) == []
+
+
+def test_a_result_with_the_wrong_number_of_rows_is_refused(tmp_path):
+    run_dir, _, _ = make_run(tmp_path)
+    with pytest.raises(ReplayError, match="returned 'reward' with 1 rows; the batch has 8 samples"):
+        run_entry(run_dir, 3, f"{ENTRIES}:wrong_rows")
+
+
+def test_rerunning_with_another_tokenizer_is_refused(tmp_path):
+    run_dir, _, _ = make_run(tmp_path)
+    with pytest.raises(TokenizerMismatchError, match="tokenizer_hash"):
+        run_entry(run_dir, 3, f"{ENTRIES}:reward", tokenizer=CharTokenizer(alphabet="xyz"))
+
+
+def test_unknown_replay_id_is_clear(tmp_path):
+    run_dir, _, _ = make_run(tmp_path)
+    with pytest.raises(ReplayError, match="no replay abc"):
+        load_replays(run_dir, replay_id="abc")
+    with pytest.raises(ReplayError, match="no replay of step 3 yet"):
+        latest_replay(run_dir, 3)
