@@ -14,17 +14,20 @@ import json
 from typing import Any, Callable
 
 import duckdb
+import numpy as np
 import pandas as pd
 import streamlit as st
 
-from rltrace import analysis, profiling, report as report_mod
+from rltrace import analysis, profiling, replay, report as report_mod
 from rltrace.analysis._steps import Steps
 from rltrace.export import chrome
+from rltrace.replay import diff, inspect, rerun
 from rltrace.store import read_manifest
 from rltrace.ui.runs import RunRef, connection, forget, skipped_parts
 
 CACHE = {"ttl": 3600, "max_entries": 512, "show_spinner": False}
 TIMELINE_MAX_STEPS = 20  # steps one timeline may cover
+TOKEN_COLUMNS = ("response_tokens", "rollout_log_probs", "train_log_probs", "loss_mask")  # drawn per token
 LIVE_HEARTBEAT_S = 120  # a process that wrote this recently and has not shut down makes the run live
 
 
@@ -276,3 +279,49 @@ def artefact(run: RunRef, stored: str | None):
     """
     path = profiling.artefact_path(run.path, stored)
     return path if path is not None and path.is_file() else None
+
+
+# --- frozen batches and replays (rltrace.replay) -------------------------------------------------
+@st.cache_data(**CACHE)
+def batches(run: RunRef) -> pd.DataFrame:
+    """Every frozen batch (`rltrace replay list`): step, batch_id, n_samples, trigger, reason, ..."""
+    rows, _ = inspect.list_batches(run.path)
+    return pd.DataFrame(rows, columns=["step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version",
+                                       "tokenizer_name", "checkpoint", "path", "bytes", "replays"])
+
+
+def _tokens(value) -> list | None:
+    return None if value is None else np.asarray(value).reshape(-1).tolist()
+
+
+@st.cache_data(**CACHE)
+def batch(run: RunRef, step: int, batch_id: str) -> dict:
+    """One frozen batch as plain data (`rltrace replay show`): meta, one row per sample with its
+    flags, and per-token arrays (response_tokens, rollout/train log-probs, loss_mask) by sample."""
+    frozen = replay.load(run.path, step, batch_id=batch_id)
+    views = inspect.sample_views(frozen)
+    per_token = {name: [_tokens(v) for v in diff.rows_of(frozen[name], len(frozen))]
+                 for name in TOKEN_COLUMNS if name in frozen}
+    rows = pd.DataFrame([{k: v for k, v in view.items() if k != "response_tokens"} for view in views])
+    rows["flag_names"] = [", ".join(v["flags"]) for v in views]
+    meta = {k: v for k, v in frozen.meta.items() if k not in ("config",)}
+    return {"meta": meta, "samples": rows, "tokens": per_token, "columns": frozen.columns}
+
+
+@st.cache_data(**CACHE)
+def replays(run: RunRef, step: int, batch_id: str) -> list[dict]:
+    """Each replay of the batch (`rltrace replay diff`): label, entry, repeats, durations, repeatability,
+    the recorded-vs-replayed diffs of its first repeat, and its per-token log-probs by sample."""
+    frozen = replay.load(run.path, step, batch_id=batch_id)
+    found = [r for r in rerun.load_replays(run.path, step=step) if r.batch_id == batch_id]
+    out = []
+    for replay_id in dict.fromkeys(r.replay_id for r in found):
+        repeats = [r for r in found if r.replay_id == replay_id]
+        first = repeats[0]
+        out.append({
+            "replay_id": replay_id, "label": first.label, "entry": first.entry, "repeats": len(repeats),
+            "durations_s": [r.duration_s for r in repeats], "repeatable": diff.repeatability(repeats),
+            "diffs": [d.to_dict() for d in diff.diff_against_record(frozen, first)],
+            "log_probs": [_tokens(v) for v in diff.rows_of(first["log_probs"], len(first))] if "log_probs" in first else None,
+        })
+    return out

@@ -4,7 +4,8 @@
 
 `colocated`: one process does rollout (generate per sample), reward, train (forward, backward,
 optimizer) and weight_sync (CUDA-IPC-like, growing payloads) inside a `step` span, in turn; the
-middle step's reward is slow and gets a real py-spy recording (rltrace.profiling).
+middle step's reward is slow and gets a real py-spy recording (rltrace.profiling); every third
+batch is frozen (rltrace.replay, two samples with bad text) and step 1 is replayed twice.
 `async`: a rollout process generates step s+1 while the trainer trains on step s; the trainer
 waits (`wait` spans, `waiting_for="rollout"`) when no batch is ready; with `--hang` the rollout
 process is killed inside a `generate` span, leaving it open (a hang).
@@ -21,13 +22,20 @@ import multiprocessing as mp
 import os
 import random
 import time
+from pathlib import Path
+
+import numpy as np
 
 import rltrace
+import rltrace.replay
+from rltrace.replay.rerun import run_entry
 
 GROUP, SAMPLES = 4, 8  # samples per group, samples per step
 MS = 1e-3
 SLOW_REWARD_S = 0.7  # colocated: one reward this slow gets a py-spy recording
 PROFILE = {"after": {"reward": 0.25}, "min_seconds": 0.25}  # profile a reward phase past 0.25 s
+FREEZE_EVERY = 3  # colocated: freeze the batch of steps 1, 4, ... (debug replay)
+ALPHABET = " abcdefghijklmnopqrstuvwxyz"
 
 
 def _rollout(step: int, version: int, rng: random.Random, *, straggler: bool) -> list[dict]:
@@ -111,6 +119,37 @@ def _sync(step: int, version: int, *, method: str) -> None:
         time.sleep(2 * MS + nbytes / 25e9)
 
 
+def _text(tokens: np.ndarray) -> str:
+    return "".join(ALPHABET[t % len(ALPHABET)] for t in tokens)
+
+
+def _freeze(step: int, version: int, rows: list[dict], rng: random.Random) -> None:
+    """Freeze the step's batch (debug replay): tokens, both engines' log-probs, text with two bad samples."""
+    samples = []
+    for i, r in enumerate(rows):
+        response = np.array([rng.randrange(1, 27) for _ in range(r["response_len"])], np.int64)
+        text = _text(response)
+        if i == 1:  # a loop at the end of the answer
+            text = text[:4] + "abc" * 8
+        if i == 2:  # the chat template leaks into the answer
+            text = text[:3] + "<|im_end|>" + text[3:]
+        rollout = np.array([-abs(rng.gauss(1.0, 0.5)) for _ in response], np.float32)
+        train = rollout + np.array([rng.gauss(0, 2e-3) for _ in response], np.float32)
+        samples.append({
+            "sample_id": r["sample_id"], "group_id": r["group_id"], "reward": r["reward"], "weight_version": version,
+            "finish_reason": r["finish_reason"], "prompt_tokens": np.arange(1, 13, dtype=np.int64),
+            "response_tokens": response, "loss_mask": np.ones(len(response), np.int8), "rollout_log_probs": rollout,
+            "train_log_probs": train, "prompt_text": "reverse the digits 12345", "response_text": text,
+        })
+    rltrace.replay.freeze(step, samples, batch_meta={"weight_version": version, "max_response_len": 60},
+                          trigger="every_n", reason=f"every {FREEZE_EVERY} steps")
+
+
+def recompute(batch) -> dict:
+    """Replay entry: the training forward again (here: the stored train log-probs, bit for bit)."""
+    return {"log_probs": [np.asarray(lp, np.float32) for lp in batch["train_log_probs"]]}
+
+
 def colocated(run_dir: str, steps: int) -> None:
     rltrace.init(run_dir, role="actor", rank=0, run_name="colocated-sync", profile=PROFILE,
                  config={"layout": "colocated", "steps": steps})
@@ -119,9 +158,13 @@ def colocated(run_dir: str, steps: int) -> None:
         with rltrace.phase("step", step=step, weight_version=version):
             rows = _rollout(step, version, rng, straggler=step == steps - 2)
             _score(step, rows, rng, slow=step == steps // 2)
+            if step % FREEZE_EVERY == 1:
+                _freeze(step, version, rows, rng)
             version = _train(step, version, rows, rng)
             _sync(step, version, method="ipc")
+    rltrace.replay.flush()
     rltrace.shutdown()
+    run_entry(run_dir, 1, f"{Path(__file__).resolve()}:recompute", repeat=2, label="train forward again")
 
 
 def _rollout_worker(run_dir: str, steps: int, batches, versions, hang: bool) -> None:

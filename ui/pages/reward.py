@@ -123,7 +123,7 @@ if rows:
                  hide_index=True, width="stretch")
     if data.info(run)["batches"]:
         if st.button("Look for it in the frozen batches", icon=":material/data_table:"):
-            st.session_state["_batches_step"] = int(sample["step"])
+            st.session_state["batches_step"] = int(sample["step"])
             st.switch_page(state.PAGES["batches"])
     if not style.missing(sample["step"]) and st.button("Open its step on the Timeline", icon=":material/view_timeline:"):
         state.open_timeline(int(sample["step"]))
