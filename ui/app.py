@@ -1,5 +1,5 @@
 """The dashboard's entrypoint: the shared sidebar (run, comparison run, step range, live refresh)
-and the router over the pages in `pages/`. Start it with `rltrace ui RUN_DIR [RUN_DIR ...]`."""
+and the router over the pages in `views/`. Start it with `rltrace ui RUN_DIR [RUN_DIR ...]`."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def _step_range(info: dict) -> None:
         a, b = max(first, min(a, last)), max(first, min(b, last))
         value = (a, b) if a <= b else (first, last)
     st.session_state["step_range"] = value
-    picked = st.sidebar.slider("Steps", first, last, key="step_range", persist_state="session", help="every page shows these steps (inclusive)")
+    picked = st.sidebar.slider("Steps", first, last, key="step_range", help="every page shows these steps (inclusive)")
     st.session_state[state.STEPS] = (int(picked[0]), int(picked[1]))
     st.session_state["_step_bounds"] = (first, last)
     st.session_state["_steps_of"] = info["path"]

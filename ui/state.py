@@ -61,11 +61,11 @@ def open_timeline(step: int, span_id: str | None = None) -> None:
 
 #: Page files, relative to the entrypoint (st.switch_page takes these).
 PAGES = {
-    "overview": "pages/overview.py",
-    "timeline": "pages/timeline.py",
-    "waits": "pages/waits.py",
-    "reward": "pages/reward.py",
-    "batches": "pages/batches.py",
-    "profiles": "pages/profiles.py",
-    "compare": "pages/compare.py",
+    "overview": "views/overview.py",
+    "timeline": "views/timeline.py",
+    "waits": "views/waits.py",
+    "reward": "views/reward.py",
+    "batches": "views/batches.py",
+    "profiles": "views/profiles.py",
+    "compare": "views/compare.py",
 }
