@@ -95,7 +95,7 @@ def sidebar(paths: list[str]) -> None:
     with st.sidebar:
         if live:
             _live_watch(paths)
-        if st.button("Reload", icon=":material/refresh:", help="read the run's files again (new steps, compactions)"):
+        if st.button("Reload", key="reload", icon=":material/refresh:", help="read the run's files again (new steps, compactions)"):
             if _reload(paths):
                 st.rerun()
         st.caption(f"{info['spans']:,} spans · {len(info['processes'])} processes · read-only  \n`{info['path']}`")
