@@ -44,8 +44,9 @@ def _reload(paths: list[str]) -> bool:
 
 
 @st.fragment(run_every=LIVE_REFRESH_S)
-def _live_watch(paths: list[str]) -> None:
-    st.caption(f":red[●] live run: checking for new steps every {LIVE_REFRESH_S} s")
+def _live_watch(paths: list[str], names: list[str]) -> None:
+    st.caption(f":red[●] {', '.join(names)} {'is' if len(names) == 1 else 'are'} still being written: "
+               f"checking for new steps every {LIVE_REFRESH_S} s")
     if _reload(paths):
         st.rerun()
 
@@ -94,11 +95,12 @@ def sidebar(paths: list[str]) -> None:
     live = [p for p in paths if data.is_live(infos[p], time.time_ns())]
     with st.sidebar:
         if live:
-            _live_watch(paths)
+            _live_watch(paths, [infos[p]["name"] for p in live])
         if st.button("Reload", key="reload", icon=":material/refresh:", help="read the run's files again (new steps, compactions)"):
             if _reload(paths):
                 st.rerun()
-        st.caption(f"{info['spans']:,} spans · {len(info['processes'])} processes · read-only  \n`{info['path']}`")
+        st.caption(f"{style.plural(info['spans'], 'span')} · {style.plural(len(info['processes']), 'process', 'processes')}"
+                   f" · read-only  \n`{info['path']}`")
         for skipped in info["skipped"]:
             st.warning(f"Skipped an unreadable part: {skipped}")
 

@@ -82,29 +82,35 @@ def layout(spans: pd.DataFrame, *, max_bars: int = MAX_BARS, keep: set[str] = fr
     return s, left_out
 
 
+def _bars(fig: go.Figure, g: pd.DataFrame, name: str, color: str, pattern: str = "") -> None:
+    """One trace of bars with scalar styling (per-bar style arrays make plotly validate every element)."""
+    fig.add_bar(
+        y=g["y"], x=g["x1_s"] - g["x0_s"], base=g["x0_s"], orientation="h", name=name, legendgroup=name, width=0.82,
+        marker={"color": color, "line": {"color": "rgba(0,0,0,0.25)", "width": 0.5},
+                                   "pattern": {"shape": pattern, "fgcolor": "#52525b" if pattern == "/" else "#ffffff", "size": 6}},
+        customdata=np.column_stack([g["span_id"], g["name"], g["who"], g["x1_s"] - g["x0_s"], g["step"]]),
+        hovertemplate="<b>%{customdata[1]}</b> (step %{customdata[4]}) on %{customdata[2]}<br>"
+                      "%{base:.4f} s → +%{customdata[3]:.4g} s<extra>" + name + "</extra>",
+    )
+
+
 def figure(laid: pd.DataFrame, *, critical: set[str] = frozenset(), selected: str | None = None,
            step_starts: dict[int, float] | None = None, x_range: tuple[float, float] | None = None) -> go.Figure:
     """The Gantt of `layout()` output; `step_starts` (step -> seconds) draws step boundaries."""
     fig = go.Figure()
     if laid.empty:
         return fig
-    for phase, g in laid.groupby("phase", sort=False):
-        is_wait = phase == "wait"
-        crit = g["span_id"].isin(critical).to_numpy()
-        hatch = np.where(g["open"], "x", "/" if is_wait else "")
-        fig.add_bar(
-            y=g["y"], x=g["x1_s"] - g["x0_s"], base=g["x0_s"], orientation="h", name=phase, width=0.82,
-            marker={
-                "color": np.where(g["open"], style.IDLE_COLOR, style.phase_color(phase)),
-                "pattern": {"shape": hatch, "fgcolor": "#52525b" if is_wait else "#ffffff", "size": 6},
-                "line": {"color": np.where(crit, "#18181b", "rgba(0,0,0,0.25)"), "width": np.where(crit, 2.5, 0.5)},
-            },
-            customdata=np.column_stack([g["span_id"], g["name"], g["who"], (g["x1_s"] - g["x0_s"]),
-                                        np.where(g["open"], "open: never ended", ""), g["step"],
-                                        np.where(crit, "on the critical path", "")]),
-            hovertemplate="<b>%{customdata[1]}</b> (step %{customdata[5]}) on %{customdata[2]}<br>"
-                          "%{base:.4f} s → +%{customdata[3]:.4g} s<br>%{customdata[4]} %{customdata[6]}<extra></extra>",
-        )
+    finished = laid[~laid["open"]]
+    for phase, g in finished.groupby("phase", sort=False):
+        _bars(fig, g, phase, style.phase_color(phase), "/" if phase == "wait" else "")
+    still_open = laid[laid["open"]]
+    if len(still_open):
+        _bars(fig, still_open, "open (never ended)", style.IDLE_COLOR, "x")
+    on_path = laid[laid["span_id"].isin(critical)]
+    if len(on_path):
+        fig.add_bar(y=on_path["y"], x=on_path["x1_s"] - on_path["x0_s"], base=on_path["x0_s"], orientation="h", width=0.82,
+                    name="critical path", marker={"color": "rgba(0,0,0,0)", "line": {"color": "#18181b", "width": 2.5}},
+                    hoverinfo="skip")
     if selected is not None and selected in set(laid["span_id"]):
         sel = laid[laid["span_id"] == selected].iloc[0]
         fig.add_shape(type="rect", x0=sel["x0_s"], x1=sel["x1_s"], y0=sel["y"] - 0.5, y1=sel["y"] + 0.5,
@@ -123,6 +129,7 @@ def figure(laid: pd.DataFrame, *, critical: set[str] = frozenset(), selected: st
                      range=list(x_range) if x_range else None)
     height = int(np.clip((laid["y"].max() + 2) * ROW_PX + 120, 260, 1600))
     fig.update_layout(template="plotly_white", barmode="overlay", height=height, bargap=0,
-                      margin={"l": 10, "r": 10, "t": 30, "b": 10}, clickmode="event+select", dragmode="zoom",
-                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1, "title": None})
+                      margin={"l": 10, "r": 10, "t": 30, "b": 70}, clickmode="event+select", dragmode="zoom",
+                      legend={"orientation": "h", "yanchor": "top", "y": -60 / max(height - 100, 100), "xanchor": "left", "x": 0,
+                              "title": None})
     return fig

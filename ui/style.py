@@ -54,7 +54,11 @@ def number(value, digits: int = 3) -> str:
 
 
 def share(value) -> str:
-    return "–" if missing(value) else f"{float(value):.0%}"
+    """42%, 3.5%, 0.07%: small shares keep two significant digits instead of reading 0%."""
+    if missing(value):
+        return "–"
+    value = float(value)
+    return f"{value:.0%}" if abs(value) >= 0.1 or value == 0 else f"{value * 100:.2g}%"
 
 
 def nbytes(value) -> str:
@@ -71,6 +75,10 @@ def who(role, rank) -> str:
     if missing(role):
         return "?"
     return f"{role}{'' if missing(rank) else int(rank)}"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
 def run_label(name: str, path: str) -> str:

@@ -137,7 +137,10 @@ if span_id is not None:
                 st.caption(":material/route: on the critical path of its step")
         with b:
             st.markdown("#### Attributes")
-            st.json(detail["attributes"] or {}, expanded=True)
+            if detail["attributes"]:
+                st.json(detail["attributes"], expanded=True)
+            else:
+                st.caption("No attributes beyond phase, step and weight version.")
             if detail["events"]:
                 st.markdown("#### Events")
                 st.json(detail["events"], expanded=False)
