@@ -23,8 +23,10 @@ browser:  # the dashboard's end-to-end test drives Debian's Chromium (Playwright
 	@command -v chromium >/dev/null 2>&1 || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium)
 
 demo: install
-	$(BIN)/python examples/quickstart.py runs/quickstart
-	$(BIN)/rltrace info runs/quickstart
+	$(BIN)/python -m examples.tiny_grpo --out runs/demo --overwrite
+	$(BIN)/rltrace info runs/demo
+	$(BIN)/rltrace report runs/demo
+	@echo "Next: $(BIN)/rltrace ui runs/demo   (the dashboard; docs/demo.md lists the fault flags to try)"
 
 test: install-dev browser
 	$(BIN)/python -m pytest

@@ -1,0 +1,64 @@
+"""The task: reverse a short string of digits. Verifiable, with partial credit per position.
+
+    prompt  "reverse 3141"      answer "1413"      reward = matching positions / max(len)
+
+A random policy scores about 0.05; a perfect one 1.0. `slow_verifier` is the `--slow-reward`
+fault: a CPU-bound checker standing for an LLM judge or a sandboxed test run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    digits: str
+
+    @property
+    def user_text(self) -> str:
+        return f"reverse {self.digits}"
+
+    @property
+    def answer(self) -> str:
+        return self.digits[::-1]
+
+
+class ProblemSource:
+    """An endless, seeded stream of problems with `min_digits`..`max_digits` digits."""
+
+    def __init__(self, seed: int, min_digits: int = 3, max_digits: int = 6):
+        if not 1 <= min_digits <= max_digits:
+            raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}..{max_digits}")
+        self._rng = random.Random(seed)
+        self.min_digits, self.max_digits = min_digits, max_digits
+
+    def next(self) -> Problem:
+        n = self._rng.randint(self.min_digits, self.max_digits)
+        return Problem("".join(self._rng.choice("0123456789") for _ in range(n)))
+
+
+def reward(problem: Problem, response_text: str) -> float:
+    """Partial credit: fraction of positions where the response matches the reversed digits.
+
+    `response_text` is the decoded response without its final `<|eos|>`; leaked special
+    tokens count as characters, so a broken template costs reward.
+    """
+    target = problem.answer
+    matches = sum(a == b for a, b in zip(response_text, target))
+    return matches / max(len(target), len(response_text), 1)
+
+
+def slow_verifier(problem: Problem, response_text: str, rounds: int = 1_000_000) -> float:
+    """Reward computed the slow way (pure Python, about 0.5 s): a stand-in for an LLM judge.
+
+    Burns CPU instead of sleeping, so a py-spy profile of a slow `reward` span names this function.
+    """
+    digest = (problem.digits + "|" + response_text).encode()
+    for _ in range(rounds // 1000):
+        for _ in range(1000):
+            digest = digest[1:] + digest[:1]
+        digest = hashlib.blake2b(digest, digest_size=16).digest()
+    return reward(problem, response_text)
