@@ -1,6 +1,5 @@
-"""Runs for the dashboard's tests, recorded once per session with the real rltrace API
-(`record_run.py`: real processes, OTel spans, Parquet parts, a py-spy profile, frozen batches),
-and an AppTest factory pointed at them."""
+"""Runs for the dashboard's tests: the tiny GRPO demo (`python -m examples.tiny_grpo`), short and
+with its fault flags on, recorded once per session; and an AppTest factory pointed at them."""
 
 from __future__ import annotations
 
@@ -13,30 +12,40 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.conftest import python_env
+from tests.conftest import REPO, python_env
 
-RECORDER = Path(__file__).with_name("record_run.py")
-APP = Path(__file__).resolve().parents[2] / "ui" / "app.py"
+APP = REPO / "ui" / "app.py"
 RUN_TIMEOUT_S = 120  # an AppTest script run (the first one imports plotly, pandas, the analyses)
+DEMO_SHORT = ("--steps", "5", "--warmup-max-steps", "3", "--seed", "0")  # plumbing, not learning
+HANG_AT = 4  # the async run's worker hangs here
 
 
-def record(run_dir: Path, *args: str) -> Path:
-    done = subprocess.run([sys.executable, str(RECORDER), str(run_dir), *args], env=python_env(),
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return run_dir
+def _run(*args: str, expect: int = 0, **env: str) -> None:
+    done = subprocess.run([sys.executable, *args], cwd=REPO, env=python_env(**env), capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.fixture(scope="session")
 def colocated_run(tmp_path_factory) -> Path:
-    """Sync, one process: 6 steps, a profiled slow reward at step 3, batches frozen at steps 1 and 4."""
-    return record(tmp_path_factory.mktemp("ui") / "colocated", "--layout", "colocated")
+    """Colocated sync demo with a straggler and slow rewards (profiled by py-spy); afterwards the
+    batches of steps 1 and 3 are frozen and step 1 is replayed twice with the final checkpoint."""
+    out = tmp_path_factory.mktemp("ui") / "colocated"
+    _run("-m", "examples.tiny_grpo", "--out", str(out), *DEMO_SHORT, "--straggler", "--slow-reward", "0.05",
+         RLTRACE_PROFILE_AFTER="reward=0.3")
+    _run(str(Path(__file__).with_name("demo_batches.py")), str(out), "1", "3")
+    _run("-m", "rltrace", "replay", "run", str(out), "--step", "1", "--repeat", "2",
+         "--entry", "tests/ui/demo_batches.py:train_logprobs", "--label", "trainer forward, final weights")
+    return out
 
 
 @pytest.fixture(scope="session")
 def async_run(tmp_path_factory) -> Path:
-    """Async, trainer + rollout process: 6 overlapping steps, then a generate span left open (a hang)."""
-    return record(tmp_path_factory.mktemp("ui") / "async", "--layout", "async", "--hang")
+    """Disaggregated async demo (trainer + a Ray rollout worker) whose worker hangs at step HANG_AT."""
+    out = tmp_path_factory.mktemp("ui") / "async"
+    _run("-m", "examples.tiny_grpo", "--out", str(out), *DEMO_SHORT, "--placement", "disaggregated", "--mode", "async",
+         "--hang-after", str(HANG_AT), "--hang-timeout", "5", expect=3)
+    return out
 
 
 @pytest.fixture

@@ -27,13 +27,13 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 ARTIFACTS = REPO / "test-artifacts" / "ui"
 START_TIMEOUT_S = 90
 PAGE_TIMEOUT_MS = 90_000
-#: url path -> (title shown, text the page must show)
+#: url path -> (title shown, text the page must show) for the colocated run (named "colocated")
 PAGES = {
-    "": ("colocated-sync", "Cost model (median seconds per step)"),
+    "": ("colocated", "Cost model (median seconds per step)"),
     "timeline": ("Timeline", "Chrome trace (Perfetto)"),
     "waits": ("Waiting stages", "Weight sync: t_W ≈ S_W / B_W + t_0"),
-    "profiles": ("Profiles", "pyspy_record of reward (step 3)"),
-    "reward": ("Reward & mismatch", "Samples of colocated-sync"),
+    "profiles": ("Profiles", "pyspy_record of reward"),
+    "reward": ("Reward & mismatch", "Samples of colocated"),
     "batches": ("Batches", "Per-token log-prob difference"),
     "compare": ("Compare", "Timelines on one time scale"),
 }
@@ -134,19 +134,19 @@ def test_every_page_in_a_real_browser(dashboard, colocated_run, async_run):
         bars.first.wait_for(state="attached", timeout=PAGE_TIMEOUT_MS)
         widest = max((b.bounding_box() for b in bars.all()), key=lambda box: box["width"] if box else 0)
         page.mouse.click(widest["x"] + widest["width"] / 2, widest["y"] + widest["height"] / 2)
-        page.get_by_text("Attributes").wait_for(timeout=PAGE_TIMEOUT_MS)
+        page.get_by_text("Attributes", exact=True).wait_for(timeout=PAGE_TIMEOUT_MS)
         _settle(page)
         _no_exception(page, "timeline after a click")
         _shoot(page, "colocated-timeline-span")
 
         page.locator("[data-testid=stSidebar] [data-testid=stSelectbox]").first.click()  # the run picker
-        page.get_by_role("option", name="disaggregated-async (async)").click()
+        page.get_by_role("option", name="async", exact=True).click()
         page.wait_for_selector("h1:has-text('Timeline')", timeout=PAGE_TIMEOUT_MS)
         _settle(page)
         for link, must_show in (("Overview", "open span"), ("Timeline", "Chrome trace (Perfetto)"),
                                 ("Waiting stages", "Who waits for what"), ("Compare", "Phase times")):
             page.locator("[data-testid=stSidebarNav] a", has_text=link).click()  # same session: the run stays picked
-            page.wait_for_selector(f"h1:has-text('{'disaggregated-async' if link == 'Overview' else link}')",
+            page.wait_for_selector(f"h1:has-text('{'async' if link == 'Overview' else link}')",
                                    timeout=PAGE_TIMEOUT_MS)
             _settle(page)
             page.get_by_text(must_show).first.wait_for(timeout=PAGE_TIMEOUT_MS)

@@ -27,7 +27,9 @@ if steps is not None:
     table = in_range if len(in_range) else table
 table = table.reset_index(drop=True)
 wanted = st.session_state.pop("batches_step", None)  # sent here from Reward & mismatch
-default = int(table.index[table["step"] == wanted][-1]) if wanted in set(table["step"]) else len(table) - 1
+with_replays = table.index[table["replays"] > 0]
+default = (int(table.index[table["step"] == wanted][-1]) if wanted in set(table["step"])
+           else int(with_replays[-1]) if len(with_replays) else len(table) - 1)  # the latest batch that was replayed
 st.caption("A frozen batch holds what the step's reward and train forward need to be recomputed bit for bit. "
            "Select a batch, then a sample.")
 picked = st.dataframe(

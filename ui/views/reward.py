@@ -94,7 +94,7 @@ if samples.empty:
     st.stop()
 numeric = [c for c in samples.columns if pd.api.types.is_numeric_dtype(samples[c])
            and c not in ("logged_ns", "pid", "rank", "gen_start", "gen_end") and samples[c].notna().any()]
-mismatch_cols = [c for c in numeric if c in dict((p[0], 1) for p in PANELS)]
+mismatch_cols = [c for c in numeric if any(word in c for word in ("logprob", "mismatch", "k3", "tis"))]
 x_default = "response_len" if "response_len" in numeric else numeric[0]
 y_default = mismatch_cols[0] if mismatch_cols else ("reward" if "reward" in numeric else numeric[-1])
 c1, c2, c3 = st.columns(3)
