@@ -27,6 +27,8 @@ def base(fig: go.Figure, *, height: int = 320, title: str | None = None, y: str 
         hovermode="closest",
         font={"size": 12},
     )
+    fig.update_xaxes(exponentformat="e")  # 2.5e-07, not plotly's SI "250n"
+    fig.update_yaxes(exponentformat="e")
     if y:
         fig.update_yaxes(title_text=y)
     if x:
@@ -48,7 +50,7 @@ def stage_times(costs: pd.DataFrame, *, height: int = 340) -> go.Figure:
                         line={"color": "#71717a", "dash": "dot"},
                         hovertemplate="step %{x}<br>async bound: %{y:.3g} s<extra></extra>")
     fig.update_layout(barmode="stack", bargap=0.15)
-    return base(fig, height=height, y="seconds", x="step")
+    return base(fig, height=height, y="seconds", x="step", legend_below=True)
 
 
 def waits_by_step(waits: pd.DataFrame, *, height: int = 340) -> go.Figure:
@@ -109,8 +111,8 @@ def metric_lines(frames: dict[str, pd.DataFrame], *, title: str, y: str, height:
                             showlegend=False)
         fig.add_scatter(x=f["step"], y=f["value"], name=label, mode="lines+markers", line={"color": color, "width": 2},
                         marker={"size": 4}, hovertemplate=f"{label}<br>step %{{x}}: %{{y:.4g}}<extra></extra>")
-    if log:
-        fig.update_yaxes(type="log", exponentformat="e")
+    if log and all((f["value"] > 0).all() for f in frames.values() if len(f)):  # a log axis drops zeros
+        fig.update_yaxes(type="log")
     return base(fig, height=height, title=title, y=y, x="step", legend_below=True)
 
 

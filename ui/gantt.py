@@ -88,8 +88,9 @@ def _bars(fig: go.Figure, g: pd.DataFrame, name: str, color: str, pattern: str =
         y=g["y"], x=g["x1_s"] - g["x0_s"], base=g["x0_s"], orientation="h", name=name, legendgroup=name, width=0.82,
         marker={"color": color, "line": {"color": "rgba(0,0,0,0.25)", "width": 0.5},
                                    "pattern": {"shape": pattern, "fgcolor": "#52525b" if pattern == "/" else "#ffffff", "size": 6}},
-        customdata=np.column_stack([g["span_id"], g["name"], g["who"], g["x1_s"] - g["x0_s"], g["step"]]),
-        hovertemplate="<b>%{customdata[1]}</b> (step %{customdata[4]}) on %{customdata[2]}<br>"
+        customdata=np.column_stack([g["span_id"], g["name"], g["who"], g["x1_s"] - g["x0_s"], g["step"],
+                                    g["thread_name"].fillna("")]),
+        hovertemplate="<b>%{customdata[1]}</b> (step %{customdata[4]}) on %{customdata[2]} · %{customdata[5]}<br>"
                       "%{base:.4f} s → +%{customdata[3]:.4g} s<extra>" + name + "</extra>",
     )
 

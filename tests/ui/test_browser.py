@@ -88,15 +88,26 @@ def dashboard(colocated_run, async_run):
         server.wait(timeout=30)
 
 
+#: True once the page stopped changing: no running indicator, and the same height as last time asked.
+SETTLED = """() => {
+    const main = document.querySelector('[data-testid=stMain]');
+    if (!main || document.querySelector('[data-testid=stStatusWidget]')) return false;
+    const same = window.__lastHeight === main.scrollHeight;
+    window.__lastHeight = main.scrollHeight;
+    return same;
+}"""
+
+
 def _settle(page) -> None:
-    """Wait until the script run finished (Streamlit's running indicator is gone)."""
+    """Wait until the script run finished and the page stopped growing (charts and tables drawn)."""
     page.wait_for_selector("h1", timeout=PAGE_TIMEOUT_MS)
-    page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_function(SETTLED, polling=500, timeout=PAGE_TIMEOUT_MS)
 
 
 def _shoot(page, name: str) -> None:
     height = page.evaluate("() => document.querySelector('[data-testid=stMain]').scrollHeight")
     page.set_viewport_size({"width": 1440, "height": max(900, height + 40)})
+    page.wait_for_function(SETTLED, polling=500, timeout=PAGE_TIMEOUT_MS)  # relaid out at the new size
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
     page.set_viewport_size({"width": 1440, "height": 900})
 

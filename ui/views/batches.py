@@ -35,7 +35,7 @@ st.caption("A frozen batch holds what the step's reward and train forward need t
 picked = st.dataframe(
     table.assign(frozen=pd.to_datetime(table["frozen_ns"], unit="ns").dt.strftime("%H:%M:%S"))[
         ["step", "batch_id", "n_samples", "trigger", "reason", "train_version", "replays", "frozen"]],
-    hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key="batches_table",
+    hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key="batches_table", placeholder="–",
     column_config={"train_version": st.column_config.NumberColumn("v_t"), "n_samples": st.column_config.NumberColumn("samples")},
 )
 row = table.iloc[picked.selection.rows[0] if picked.selection.rows else default]

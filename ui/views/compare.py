@@ -120,6 +120,7 @@ for col, side in zip(st.columns(2), (A, B)):
 
 st.subheader("Reward, mismatch and the cost model")
 st.dataframe(table.rename(columns={"A": A.label, "B": B.label, "ratio": "A / B"}), hide_index=True, width="stretch",
+             height="content", placeholder="–",
              column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in (A.label, B.label, "A / B")})
 
 st.subheader("Timelines on one time scale")

@@ -105,6 +105,8 @@ color = c3.selectbox("colour", color_options, key="samples_color", persist_state
 if len(samples) == MAX_POINTS:
     st.caption(f"The latest {MAX_POINTS:,} samples of the range.")
 points = samples.reset_index(names="row")
+if color and points[color].nunique() <= 1:
+    color = None  # one value: a colour says nothing
 if color and points[color].nunique() <= 12:
     points[color] = points[color].astype(str)  # few values: one colour each, not a scale
 fig = px.scatter(points, x=x, y=y, color=color, custom_data=["row"],
