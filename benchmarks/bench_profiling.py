@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -81,25 +82,34 @@ def hook_cost(root: Path, calls: int = 100_000) -> float:
     return cost
 
 
-def timed_job(iterations: int, rate: int | None, pyspy: str, out: Path) -> float:
-    """Seconds for cpu_job(iterations), while py-spy samples this process at `rate` (None: alone)."""
+def timed_job(iterations: int, rate: int | None, pyspy: str, out: Path) -> tuple[float, float | None]:
+    """(wall seconds of cpu_job(iterations), py-spy's CPU seconds per second attached or None),
+    while py-spy samples this process at `rate` (None: alone).
+
+    In blocking mode py-spy reads the process while it is paused, so its CPU share bounds the
+    share of time the process is stopped: a measure that other jobs on the machine do not blur."""
     proc = None
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    attached = time.perf_counter()
     if rate is not None:
         command = [pyspy, "record", "--pid", str(os.getpid()), "--rate", str(rate), "--format", "speedscope"]
         proc = subprocess.Popen(command + ["--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.5)  # py-spy attaches and starts sampling
+    time.sleep(0.5)  # py-spy attaches and starts sampling; the baseline sleeps too (a sleeper is favoured on waking)
     start = time.perf_counter()
     cpu_job(iterations)
     elapsed = time.perf_counter() - start
-    if proc is not None:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
-    return elapsed
+    if proc is None:
+        return elapsed, None
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    spy_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, spy_cpu / (time.perf_counter() - attached)
 
 
-def pyspy_overhead(root: Path, rounds: int, iterations: int) -> dict[int | None, list[float]]:
+def pyspy_overhead(root: Path, rounds: int, iterations: int) -> dict[int | None, list[tuple[float, float | None]]]:
     pyspy = pyspy_executable(None)
-    times: dict[int | None, list[float]] = {None: [], 100: [], 1000: []}
+    times: dict[int | None, list[tuple[float, float | None]]] = {None: [], 100: [], 1000: []}
     for r in range(rounds):
         for rate in times:
             times[rate].append(timed_job(iterations, rate, pyspy, root / f"pyspy{r}-{rate}.json"))
@@ -126,11 +136,11 @@ def _table(title: str, first: str) -> Table:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300, help="steps per measured loop")
-    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds")
+    parser.add_argument("--steps", type=int, default=100, help="steps per measured loop")
+    parser.add_argument("--rounds", type=int, default=21, help="alternating rounds")
     parser.add_argument("--job", type=int, default=2000, help="cpu_job iterations per phase (~100-200 us)")
-    parser.add_argument("--pyspy-iterations", type=int, default=15_000_000, help="CPU job timed under py-spy")
-    parser.add_argument("--pyspy-rounds", type=int, default=5, help="alternating rounds of the py-spy measurement")
+    parser.add_argument("--pyspy-iterations", type=int, default=5_000_000, help="CPU job timed under py-spy")
+    parser.add_argument("--pyspy-rounds", type=int, default=15, help="alternating rounds of the py-spy measurement")
     args = parser.parse_args()
     console = Console()
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,7 +149,10 @@ def main() -> None:
         hooks = hook_cost(root)
         spy = pyspy_overhead(root, args.pyspy_rounds, args.pyspy_iterations)
 
-    t = _table(f"Per step, watchdog armed and nothing triggering ({args.steps} steps x 5 phases, {args.rounds} rounds)", "setup")
+    t = _table(
+        f"Per step, watchdog armed and nothing triggering ({args.steps} steps x 5 phases, {args.rounds} rounds)",
+        "setup",
+    )
     plain_cpu, armed_cpu = [c for c, _ in loop["plain"]], [c for c, _ in loop["armed"]]
     _row(t, "rltrace, no profiling (baseline): thread CPU", plain_cpu, plain_cpu, 1e3, "ms")
     _row(t, "rltrace + armed watchdog: thread CPU", armed_cpu, plain_cpu, 1e3, "ms")
@@ -150,10 +163,21 @@ def main() -> None:
     console.print(f"watchdog on_start + on_end, called directly: {hooks:.2f} us per phase (thread CPU)")
 
     t = _table(f"py-spy sampling the process: {args.pyspy_iterations:,}-iteration CPU job, wall s", "py-spy")
-    for rate, seconds in spy.items():
-        label = "not attached (baseline)" if rate is None else f"record --rate {rate}" + (" (default)" if rate == 100 else "")
-        _row(t, label, seconds, spy[None], 1, "s")
+    base = [wall for wall, _ in spy[None]]
+    shares = []
+    for rate, results in spy.items():
+        label = (
+            "not attached (baseline)"
+            if rate is None
+            else f"record --rate {rate}" + (" (default)" if rate == 100 else "")
+        )
+        _row(t, label, [wall for wall, _ in results], base, 1, "s")
+        if rate is not None:
+            shares.append(f"--rate {rate}: {statistics.median(share for _, share in results):.2%}")
     console.print(t)
+    console.print(
+        "py-spy CPU time per second attached (bounds the share of time the process is paused): " + ", ".join(shares)
+    )
     console.print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
 
 

@@ -49,7 +49,9 @@ __all__ = [
 _armed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # run -> its watchdog
 
 
-def arm(run, profile: ProfilePolicy | Mapping[str, Any] | bool | None = None, *, force: bool = False) -> Watchdog | None:
+def arm(
+    run, profile: ProfilePolicy | Mapping[str, Any] | bool | None = None, *, force: bool = False
+) -> Watchdog | None:
     """Watch `run`'s phases by `profile` (resolved against the environment). Returns the watchdog,
     or None when the policy has nothing to trigger (unless `force`). Arming a run twice returns
     the first watchdog."""

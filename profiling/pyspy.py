@@ -15,6 +15,7 @@ import math
 import re
 import signal
 import subprocess
+import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,8 +242,20 @@ def dump_frames(threads: list[dict], thread_id: int | None) -> tuple[list[Frame]
         return [], "py-spy dump listed no threads"
     state = "active" if chosen.get("active") else "idle"
     label = f"{chosen.get('thread_name') or 'thread'} ({chosen.get('os_thread_id')}, {state})"
+    stack = chosen.get("frames") or []
+    stuck = next((i for i, f in enumerate(stack) if not _in_stdlib(f.get("filename"))), 0)
     frames = [
-        Frame(f.get("name") or "?", f.get("filename"), f.get("line"), 1.0 if i == 0 else 0.0, 1.0, 1, label)
-        for i, f in enumerate(chosen.get("frames") or [])
+        Frame(f.get("name") or "?", f.get("filename"), f.get("line"), 1.0 if i == stuck else 0.0, 1.0, 1, label)
+        for i, f in enumerate(stack)
     ]
     return frames, note
+
+
+_STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
+
+
+def _in_stdlib(filename: str | None) -> bool:
+    """Frames of Python's own library (threading, queue, selectors): where a thread waits, not why."""
+    if not filename:
+        return False
+    return filename.startswith("<frozen") or (filename.startswith(_STDLIB) and "site-packages" not in filename)

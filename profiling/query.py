@@ -13,13 +13,17 @@ import duckdb
 
 from rltrace._config import RltraceError
 
-#: One row per profile with its hottest frame; join to spans on (trace_id, span_id).
+#: One row per profile with its top frame (most self time; for a dump, the innermost frame outside
+#: Python's standard library: where the thread is stuck in your code); join spans on (trace_id, span_id).
 PROFILES_FOR_SPANS_SQL = """
 SELECT p.trace_id, p.span_id, p.profile_id, p.phase, p.step, p.process_id, p.role, p.rank,
        p.kind, p.trigger, p.status, p.message, p.reason, p.path, p.size_bytes,
        f.frame AS top_frame, f.file AS top_file, f.line AS top_line, f.self_share AS top_self_share
 FROM profiles p
-LEFT JOIN profile_frames f ON f.profile_id = p.profile_id AND f.rank = 0
+LEFT JOIN (
+    SELECT * FROM profile_frames
+    QUALIFY row_number() OVER (PARTITION BY profile_id ORDER BY self_share DESC, rank) = 1
+) f ON f.profile_id = p.profile_id
 ORDER BY p.started_ns, p.profile_id
 """
 
@@ -45,7 +49,8 @@ def profiles_for_spans(con: duckdb.DuckDBPyConnection):
         One row per profile: trace_id, span_id (the span it explains), profile_id, phase, step,
         process_id, role, rank, kind (pyspy_record / pyspy_dump / torch), trigger (slow / hang /
         window / manual), status, message, reason, path (relative to the run dir), size_bytes,
-        and its hottest frame: top_frame, top_file, top_line, top_self_share (0..1).
+        and its top frame: top_frame, top_file, top_line, top_self_share (0..1); for a dump, the
+        innermost frame outside Python's standard library (where the thread is stuck in your code).
         A span may have several (a recording and a hang dump).
     """
     return con.execute(PROFILES_FOR_SPANS_SQL).df()
@@ -62,7 +67,9 @@ def get_profile(con: duckdb.DuckDBPyConnection, profile_id: str) -> dict:
         raise ProfileNotFoundError("give a profile id (see `rltrace profile list RUN_DIR`)")
     found = _rows(con, "SELECT * FROM profiles WHERE starts_with(profile_id, ?) ORDER BY profile_id", [profile_id])
     if not found:
-        raise ProfileNotFoundError(f"no profile id starts with {profile_id!r}; `rltrace profile list RUN_DIR` lists them")
+        raise ProfileNotFoundError(
+            f"no profile id starts with {profile_id!r}; `rltrace profile list RUN_DIR` lists them"
+        )
     exact = [row for row in found if row["profile_id"] == profile_id]
     if len(found) > 1 and not exact:
         ids = ", ".join(row["profile_id"] for row in found[:5])
@@ -94,5 +101,7 @@ def how_to_open(kind: str, path: Path) -> str:
     if kind == "pyspy_record":
         return f"speedscope: drop the file on https://www.speedscope.app, or run `npx speedscope {path}`"
     if kind == "torch":
-        return f"Perfetto: open https://ui.perfetto.dev and drop the file (or chrome://tracing); {path.name} is gzip JSON"
+        return (
+            f"Perfetto: open https://ui.perfetto.dev and drop the file (or chrome://tracing); {path.name} is gzip JSON"
+        )
     return f"plain text: `less {path}`"

@@ -42,7 +42,7 @@ class Capture:
     span_name: str
     phase: str | None
     step: int | None
-    thread_id: int | None
+    native_thread_id: int | None
     elapsed_s: float | None = None
     threshold_s: float | None = None
     median_s: float | None = None
@@ -98,7 +98,7 @@ def write(run_dir: Path, process: ProcessInfo, capture: Capture) -> None:
         "rank": process.rank,
         "host": process.host,
         "pid": process.pid,
-        "thread_id": capture.thread_id,
+        "native_thread_id": capture.native_thread_id,
         "kind": capture.kind,
         "trigger": capture.trigger,
         "reason": capture.reason,
@@ -132,7 +132,12 @@ def mark_span(capture: Capture) -> None:
         return
     try:
         span.set_attribute(PROFILE_ID_ATTR, capture.profile_id)
-        attrs = {"profile_id": capture.profile_id, "kind": capture.kind, "trigger": capture.trigger, "status": capture.status}
+        attrs = {
+            "profile_id": capture.profile_id,
+            "kind": capture.kind,
+            "trigger": capture.trigger,
+            "status": capture.status,
+        }
         if capture.message:
             attrs["message"] = capture.message
         if capture.path and capture.status in ("running", "ok"):

@@ -15,7 +15,6 @@ import collections
 import logging
 import os
 import queue
-import signal
 import statistics
 import threading
 import time
@@ -26,7 +25,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from rltrace import _names
-from rltrace.profiling import pyspy, records, torch_prof
+from rltrace.profiling import records, torch_prof
+from rltrace.profiling.captures import Capturer
 from rltrace.profiling.policy import ProfilePolicy, pyspy_executable
 from rltrace.profiling.records import Capture
 from rltrace.store.writer import after_fork_in_child
@@ -47,10 +47,16 @@ def _internal_error(what: str) -> None:
 class _Running:
     """A phase that has started and not ended."""
 
-    __slots__ = ("span", "phase", "step", "start_ns", "thread_id", "recorded", "dumped", "torch")
+    __slots__ = ("span", "phase", "step", "start_ns", "native_thread_id", "recorded", "dumped", "torch")
 
-    def __init__(self, span: Span, phase: str, step, start_ns: int, thread_id: int):
-        self.span, self.phase, self.step, self.start_ns, self.thread_id = span, phase, step, start_ns, thread_id
+    def __init__(self, span: Span, phase: str, step, start_ns: int, native_thread_id: int):
+        self.span, self.phase, self.step, self.start_ns, self.native_thread_id = (
+            span,
+            phase,
+            step,
+            start_ns,
+            native_thread_id,
+        )
         self.recorded = self.dumped = False
         self.torch: Capture | None = None
 
@@ -62,7 +68,7 @@ class Watchdog(SpanProcessor):
         self.run_dir = Path(run_dir)
         self.process = process
         self.policy = policy
-        self._pyspy = pyspy_executable(policy.pyspy)
+        self._capturer = Capturer(self.run_dir, process, pyspy_executable(policy.pyspy), policy)
         self._after = dict(policy.thresholds())
         self._phases = set(policy.phases) if policy.phases else None
         self._windows = tuple(policy.torch or ()) if not (policy.torch_rank0_only and rank not in (None, 0)) else ()
@@ -78,6 +84,7 @@ class Watchdog(SpanProcessor):
         self._history: dict[str, collections.deque] = {}
         self._recording: Capture | None = None
         self._torch_busy = False
+        self._dumping = 0  # dumps queued or running: no recording starts meanwhile
         self._count = 0
         self._closed = False
         self._wake = threading.Event()
@@ -145,7 +152,7 @@ class Watchdog(SpanProcessor):
             too_long = (now_ns - recording.started_ns) / 1e9 > self.policy.max_seconds + 5
             if recording.span.end_time is not None or not recording.recording.running() or too_long:
                 self._recording = None
-                self._submit(self._finish_record, recording)
+                self._submit(self._capturer.finish_record, recording)
         with self._lock:
             running = sorted(self._running.values(), key=lambda r: r.start_ns, reverse=True)  # innermost first
         hang = self.policy.hang_timeout
@@ -153,27 +160,40 @@ class Watchdog(SpanProcessor):
         for phase in running:
             elapsed = (now_ns - phase.start_ns) / 1e9
             if hang and not phase.dumped and elapsed >= hang and self._take():
-                phase.dumped = True
-                if self._recording is not None:  # py-spy attaches one at a time: end the recording first
-                    recording, self._recording = self._recording, None
-                    self._submit(self._finish_record, recording)
-                reason = f"{phase.phase} open for {elapsed:.1f} s (hang timeout {hang:g} s)"
-                capture = self._capture(phase, "pyspy_dump", "hang", reason, elapsed, hang)
-                self._submit(self._dump, capture)
-            if phase.recorded or self._recording is not None:
+                self._dump_hang(phase, running, elapsed, hang)
+            if phase.recorded or self._recording is not None or self._dumping:
                 continue
             limit = self._limit(phase.phase, memo)
             if limit is not None and elapsed > limit[0] and self._take():
-                phase.recorded = True
+                for r in running:  # phases enclosing it on its thread are slow because of it: not again
+                    if r.native_thread_id == phase.native_thread_id and r.start_ns <= phase.start_ns:
+                        r.recorded = True
                 threshold, median = limit
                 if median is None:
-                    reason = f"{phase.phase} ran {elapsed:.2f} s > limit {threshold:g} s"
+                    reason = f"{phase.phase} ran {elapsed:.3g} s > limit {threshold:g} s"
                 else:
                     reason = (
-                        f"{phase.phase} ran {elapsed:.2f} s > {self.policy.slow:g} x its rolling median "
-                        f"{median:.3f} s (limit {threshold:.2f} s)"
+                        f"{phase.phase} ran {elapsed:.3g} s > {self.policy.slow:g} x its rolling median "
+                        f"{median:.3g} s (limit {threshold:.3g} s)"
                     )
                 self._start_record(self._capture(phase, "pyspy_record", "slow", reason, elapsed, threshold, median))
+
+    def _dump_hang(self, phase: _Running, running: list[_Running], elapsed: float, hang: float) -> None:
+        """One dump per hung thread, attached to the innermost phase running on it (its enclosing
+        phases, which cross the timeout first, are the same hang)."""
+        same_thread = [r for r in running if r.native_thread_id == phase.native_thread_id]
+        for r in same_thread:
+            r.dumped = True
+        target = max(same_thread, key=lambda r: r.start_ns)
+        reason = f"{phase.phase} open for {elapsed:.1f} s (hang timeout {hang:g} s)"
+        if target is not phase:
+            reason += f"; innermost running phase: {target.phase}"
+        if self._recording is not None:  # py-spy attaches one at a time: end the recording first
+            recording, self._recording = self._recording, None
+            self._submit(self._capturer.finish_record, recording)
+        with self._lock:
+            self._dumping += 1
+        self._submit(self._dump, self._capture(target, "pyspy_dump", "hang", reason, elapsed, hang))
 
     def _limit(self, phase: str, memo: dict[str, float | None]) -> tuple[float, float | None] | None:
         """(threshold_s, median_s or None) of the tightest slow rule for `phase`, or None."""
@@ -209,7 +229,9 @@ class Watchdog(SpanProcessor):
             logger.warning("rltrace: this process took %d profiles, its maximum (RLTRACE_PROFILE_MAX)", self._count)
         return True
 
-    def _capture(self, phase: _Running, kind: str, trigger: str, reason: str, elapsed=None, threshold=None, median=None):
+    def _capture(
+        self, phase: _Running, kind: str, trigger: str, reason: str, elapsed=None, threshold=None, median=None
+    ):
         ctx = phase.span.context
         return Capture(
             kind=kind,
@@ -221,7 +243,7 @@ class Watchdog(SpanProcessor):
             span_name=phase.span.name,
             phase=phase.phase,
             step=phase.step,
-            thread_id=phase.thread_id,
+            native_thread_id=phase.native_thread_id,
             elapsed_s=elapsed,
             threshold_s=threshold,
             median_s=median,
@@ -229,72 +251,16 @@ class Watchdog(SpanProcessor):
 
     # --- py-spy ------------------------------------------------------------------------------
     def _start_record(self, capture: Capture) -> None:
-        path = records.artefact(self.run_dir, self.process, capture, ".speedscope.json")
-        policy = self.policy
-        capture.command = pyspy.record_command(
-            self._pyspy, os.getpid(), path, rate=policy.rate, max_seconds=policy.max_seconds, flags=policy.pyspy_flags
-        )
-        try:
-            capture.recording = pyspy.start_record(capture.command)
-        except OSError as exc:
-            capture.end(*pyspy.missing_message(self._pyspy, exc))
-            records.mark_span(capture)
-            self._submit(self._write, capture)
-            return
-        self._recording = capture
-        records.mark_span(capture)
-        self._submit(self._write, capture)
-
-    def _finish_record(self, capture: Capture) -> None:
-        returncode, output = capture.recording.stop()
-        capture.recording = None
-        path = self.run_dir / capture.path
-        if returncode == -signal.SIGINT:  # stopped before py-spy had set up its Control-C handler
-            capture.end("no_samples", "the phase ended before py-spy started sampling")
-        elif returncode != 0 or not path.is_file():
-            capture.end(*pyspy.classify(returncode, output, os.getpid()))
-        else:
-            try:
-                capture.frames, capture.samples, note = pyspy.speedscope_frames(path, os.getpid(), capture.thread_id)
-            except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-                capture.end("failed", f"py-spy wrote {capture.path} but it could not be read: {exc}")
-            else:
-                if capture.frames:
-                    capture.end("ok", note)
-                else:
-                    capture.end(
-                        "no_samples",
-                        "py-spy took no samples during the phase: it ended before sampling started, or every "
-                        "thread was idle (waiting); add idle to RLTRACE_PYSPY_FLAGS to see where it waits",
-                    )
-        records.mark_span(capture)
-        self._write(capture)
+        if self._capturer.start_record(capture):
+            self._recording = capture
+        self._submit(self._capturer.write, capture)
 
     def _dump(self, capture: Capture) -> None:
-        path = records.artefact(self.run_dir, self.process, capture, ".dump.txt")
-        pid, flags = os.getpid(), self.policy.pyspy_flags
-        capture.command = pyspy.dump_command(self._pyspy, pid, json_output=False, flags=flags)
         try:
-            returncode, text = pyspy.dump_tree(self._pyspy, pid, flags)
-            if returncode == 0:
-                header = f"# rltrace hang dump {capture.profile_id}: {capture.reason}\n# span {capture.trace_id}/{capture.span_id}\n\n"
-                path.write_text(header + text)
-                returncode, text = pyspy.run_dump(pyspy.dump_command(self._pyspy, pid, json_output=True, flags=flags))
-        except OSError as exc:
-            capture.end(*pyspy.missing_message(self._pyspy, exc))
-        else:
-            if returncode != 0:
-                capture.end(*pyspy.classify(returncode, text, pid))
-            else:
-                try:
-                    threads = pyspy.dump_threads(text)
-                    capture.frames, note = pyspy.dump_frames(threads, capture.thread_id)
-                    capture.samples = 1
-                    capture.end("ok", note)
-                except ValueError as exc:
-                    capture.end("ok", f"the stacks are in the file, but py-spy's JSON could not be read: {exc}")
-        records.mark_span(capture)
-        self._write(capture)
+            self._capturer.dump(capture)
+        finally:
+            with self._lock:
+                self._dumping = max(0, self._dumping - 1)
 
     # --- torch.profiler windows (phase thread for start/stop) --------------------------------
     def _start_window(self, phase: _Running) -> None:
@@ -307,12 +273,12 @@ class Watchdog(SpanProcessor):
         except Exception as exc:  # torch missing, or another profiler already running
             capture.end("failed", f"torch.profiler could not start: {type(exc).__name__}: {exc}")
             records.mark_span(capture)
-            self._submit(self._write, capture)
+            self._submit(self._capturer.write, capture)
             return
         self._torch_busy = True
         phase.torch = capture
         records.mark_span(capture)
-        self._submit(self._write, capture)
+        self._submit(self._capturer.write, capture)
 
     def _stop_window(self, capture: Capture) -> None:
         self._torch_busy = False
@@ -322,26 +288,11 @@ class Watchdog(SpanProcessor):
         except Exception as exc:
             capture.torch_profiler = None
             capture.end("failed", f"torch.profiler could not stop: {type(exc).__name__}: {exc}")
-            self._submit(self._write, capture)
+            self._submit(self._capturer.write, capture)
             return
-        self._submit(self._export_window, capture)
-
-    def _export_window(self, capture: Capture) -> None:
-        path = records.artefact(self.run_dir, self.process, capture, ".pt.trace.json.gz")
-        try:
-            torch_prof.export(capture, path)
-            capture.end("ok")
-        except Exception as exc:
-            capture.end("failed", f"the torch.profiler trace could not be written: {type(exc).__name__}: {exc}")
-        self._write(capture)
+        self._submit(self._capturer.export_window, capture)
 
     # --- the profiling thread ----------------------------------------------------------------
-    def _write(self, capture: Capture) -> None:
-        try:
-            records.write(self.run_dir, self.process, capture)
-        except Exception as exc:
-            logger.warning("rltrace: could not store profile %s: %s", capture.profile_id, exc)
-
     def _submit(self, task: Callable, *args) -> None:
         if self._worker is None:
             self._worker = threading.Thread(target=self._work, name="rltrace-profiler", daemon=True)
@@ -364,10 +315,14 @@ class Watchdog(SpanProcessor):
             phase = self._running.get(span.context.span_id)
         if phase is None:  # started before profiling was armed: it runs on the calling thread
             attrs = span.attributes or {}
-            phase = _Running(span, attrs.get(_names.PHASE), attrs.get(_names.STEP), span.start_time, threading.get_native_id())
+            phase = _Running(
+                span, attrs.get(_names.PHASE), attrs.get(_names.STEP), span.start_time, threading.get_native_id()
+            )
         if not self._take():
             return None
         capture = self._capture(phase, "pyspy_dump", "manual", reason)
+        with self._lock:
+            self._dumping += 1
         self._submit(self._dump, capture)
         return capture.profile_id
 
@@ -380,7 +335,7 @@ class Watchdog(SpanProcessor):
         self._thread.join(timeout=5)
         recording, self._recording = self._recording, None
         if recording is not None:
-            self._submit(self._finish_record, recording)
+            self._submit(self._capturer.finish_record, recording)
         if self._worker is not None:
             self._tasks.put((None, ()))
             self._worker.join(timeout=30)

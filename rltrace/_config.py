@@ -209,7 +209,7 @@ PARAMS: dict[str, Param] = {
             20,
             "Most profiles (recordings, dumps, torch windows) one process takes; bounds disk use.",
         ),
-        Param("pyspy", ("RLTRACE_PYSPY",), str, None, "The py-spy executable (default: py-spy on PATH or beside python)."),
+        Param("pyspy", ("RLTRACE_PYSPY",), str, None, "The py-spy executable (default: on PATH, else beside python)."),
         Param("pyspy_rate", ("RLTRACE_PYSPY_RATE",), _parse_positive_int, 100, "py-spy samples per second."),
         Param(
             "pyspy_flags",

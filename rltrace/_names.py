@@ -153,28 +153,6 @@ PROCESSES_SCHEMA = pa.schema(
 )
 
 
-#: Per-step results that `rltrace compact` precomputes so reports over millions of spans stay fast
-#: (see docs/analysis.md). One long table: `kind` says which columns a row uses.
-STEP_SUMMARY_SCHEMA = pa.schema(
-    [
-        pa.field("step", pa.int64()),
-        pa.field("kind", pa.string()),  # step / phase / stage / wait / path / sync
-        pa.field("seq", pa.int64()),  # order within a step's critical path
-        pa.field("process_id", pa.string()),
-        pa.field("phase", pa.string()),
-        pa.field("other", pa.string()),  # waits: phase waited for; path: phase of the child that ended last
-        pa.field("other_process_id", pa.string()),
-        pa.field("detail", pa.string()),  # waits: idle / wait_span / declared; path: span name
-        pa.field("span_id", pa.string()),
-        pa.field("start_ns", pa.int64()),
-        pa.field("end_ns", pa.int64()),
-        pa.field("seconds", pa.float64()),
-        pa.field("count", pa.int64()),
-        pa.field("total_ns", pa.int64()),  # sum of span durations; with count, the step's fingerprint
-        pa.field("version", pa.int64()),  # version of the algorithm that computed the row
-    ]
-)
-
 #: One row per profile (py-spy recording or dump, torch.profiler window), tied to the span it explains.
 PROFILES_SCHEMA = pa.schema(
     [
@@ -185,7 +163,7 @@ PROFILES_SCHEMA = pa.schema(
         pa.field("phase", pa.string()),
         pa.field("step", pa.int64()),
         *_PROCESS_COLUMNS,
-        pa.field("thread_id", pa.int64()),  # native id of the thread that ran the phase
+        pa.field("native_thread_id", pa.int64()),  # OS thread id (py-spy's) of the thread that ran the phase
         pa.field("kind", pa.string()),  # pyspy_record / pyspy_dump / torch
         pa.field("trigger", pa.string()),  # slow (relative or absolute limit) / hang / window / manual
         pa.field("reason", pa.string()),  # why it was taken, in words
@@ -217,6 +195,29 @@ PROFILE_FRAMES_SCHEMA = pa.schema(
         pa.field("thread", pa.string()),  # thread (or process/thread) the samples come from
     ]
 )
+
+#: Per-step results that `rltrace compact` precomputes so reports over millions of spans stay fast
+#: (see docs/analysis.md). One long table: `kind` says which columns a row uses.
+STEP_SUMMARY_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.int64()),
+        pa.field("kind", pa.string()),  # step / phase / stage / wait / path / sync
+        pa.field("seq", pa.int64()),  # order within a step's critical path
+        pa.field("process_id", pa.string()),
+        pa.field("phase", pa.string()),
+        pa.field("other", pa.string()),  # waits: phase waited for; path: phase of the child that ended last
+        pa.field("other_process_id", pa.string()),
+        pa.field("detail", pa.string()),  # waits: idle / wait_span / declared; path: span name
+        pa.field("span_id", pa.string()),
+        pa.field("start_ns", pa.int64()),
+        pa.field("end_ns", pa.int64()),
+        pa.field("seconds", pa.float64()),
+        pa.field("count", pa.int64()),
+        pa.field("total_ns", pa.int64()),  # sum of span durations; with count, the step's fingerprint
+        pa.field("version", pa.int64()),  # version of the algorithm that computed the row
+    ]
+)
+
 
 #: Frozen batches (debug replay, docs/replay.md): one row per sample, one part per frozen batch.
 #: Batch-level fields are repeated on every row (dictionary-encoded, so nearly free); user
@@ -298,10 +299,10 @@ OPEN_SPANS = Table("open_spans", "open_spans", SPANS_SCHEMA, 1, SPANS.required)
 METRICS_TABLE = Table("metrics", "metrics", METRICS_SCHEMA, 1, ("step", "name", "value"))
 SAMPLES = Table("samples", "samples", SAMPLES_SCHEMA, 1, ("step",))
 PROCESSES = Table("processes", "processes", PROCESSES_SCHEMA, 1, ("process_id", "role", "pid"))
-STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 PROFILES = Table("profiles", "profiles", PROFILES_SCHEMA, 1, ("profile_id", "trace_id", "span_id", "kind", "status"))
 PROFILE_FRAMES = Table("profile_frames", "profile_frames", PROFILE_FRAMES_SCHEMA, 1, ("profile_id", "rank", "frame"))
 PROFILE_FILES = "profiles/files"  # profile artefacts (speedscope, dumps, torch traces), relative to the run dir
+STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 BATCHES = Table("batches", "batches", BATCHES_SCHEMA, 1, ("step", "batch_id", "sample_index", "codec"))
 REPLAYS = Table("replays", "replays", REPLAYS_SCHEMA, 1, ("replay_id", "step", "batch_id", "repeat", "sample_index", "codec"))
 

@@ -88,8 +88,9 @@ def init(
     default; see `rltrace._config.PARAMS`. `config` (dict, dataclass or Namespace) is saved in
     `run.json` by the first process. `profile` (a `rltrace.profiling.ProfilePolicy`, a dict of
     its fields, or False to ignore the `RLTRACE_PROFILE_*`/`RLTRACE_HANG_TIMEOUT` variables)
-    attaches py-spy / torch.profiler captures to slow phases; see docs/profiling.md. Calling `init` again with the same dir, role and rank
-    returns the same run; with others it ends the current run first.
+    attaches py-spy / torch.profiler captures to slow phases; see docs/profiling.md. Calling
+    `init` again with the same dir, role and rank returns the same run; with others it ends the
+    current run first.
     """
     global _run, _env_checked
     with _lock:

@@ -65,7 +65,9 @@ def main_list(args: argparse.Namespace) -> int:
         return 0
     t = Table(title=f"Profiles of {args.run_dir}", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("id", "step", "phase", "process", "kind", "trigger", "status", "size", "top frame"):
-        t.add_column(col, justify="right" if col in ("step", "size") else "left", no_wrap=col not in ("process", "top frame"))
+        t.add_column(
+            col, justify="right" if col in ("step", "size") else "left", no_wrap=col not in ("process", "top frame")
+        )
     for r in rows:
         who = r["role"] + ("" if r["rank"] is None else str(r["rank"]))
         top = "-" if r["top_frame"] is None else f"{r['top_frame']} ({r['top_self_share']:.0%})"
@@ -101,7 +103,9 @@ def main_show(args: argparse.Namespace) -> int:
     started = dt.datetime.fromtimestamp(p["started_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
     seconds = "" if p["ended_ns"] is None else f", {(p['ended_ns'] - p['started_ns']) / 1e9:.2f} s"
     console.print(f"[bold]profile {p['profile_id']}[/]  {p['kind']} ({p['trigger']})  {_status(p['status'])}")
-    console.print(f"phase {p['phase']} · step {p['step']} · {p['process_id']} (pid {p['pid']}, thread {p['thread_id']})")
+    console.print(
+        f"phase {p['phase']} · step {p['step']} · {p['process_id']} (pid {p['pid']}, thread {p['native_thread_id']})"
+    )
     console.print(f"span {p['trace_id']}/{p['span_id']} ({p['span_name']})")
     console.print(f"why: {p['reason']}")
     console.print(f"taken {started}{seconds}" + ("" if p["samples"] is None else f", {p['samples']} samples/events"))
@@ -115,7 +119,14 @@ def main_show(args: argparse.Namespace) -> int:
             t.add_column(col, justify="right" if col in ("#", "self", "total") else "left")
         for f in frames:
             where = "" if f["file"] is None else f"{f['file']}:{f['line']}"
-            t.add_row(str(f["rank"]), f["frame"], where, f"{f['self_share']:.1%}", f"{f['total_share']:.1%}", f["thread"] or "")
+            t.add_row(
+                str(f["rank"]),
+                f["frame"],
+                where,
+                f"{f['self_share']:.1%}",
+                f"{f['total_share']:.1%}",
+                f["thread"] or "",
+            )
         console.print(t)
     if path is None:
         console.print("No file was written.")

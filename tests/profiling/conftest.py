@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -10,18 +9,15 @@ from pathlib import Path
 
 import pytest
 
-import rltrace
 from rltrace import store
+from tests.conftest import python_env
 
 PROGRAM = Path(__file__).with_name("program.py")
 PYSPY = str(Path(sys.executable).parent / "py-spy")
 
 
 def program_env(**settings: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLTRACE_")}
-    env["RLTRACE_PYSPY"] = PYSPY
-    env.update(settings)
-    return env
+    return python_env(**{"RLTRACE_PYSPY": PYSPY, **settings})
 
 
 def run_program(run_dir: Path, mode: str, timeout: float = 120, **settings: str) -> subprocess.CompletedProcess:
@@ -72,11 +68,3 @@ def frames(run_dir: Path, profile_id: str) -> list[dict]:
     cur = store.open(run_dir).execute("SELECT * FROM profile_frames WHERE profile_id = ? ORDER BY rank", [profile_id])
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
-
-
-@pytest.fixture
-def fresh_run():
-    """Make sure no run (and its watchdog) outlives a test."""
-    rltrace.shutdown()
-    yield
-    rltrace.shutdown()

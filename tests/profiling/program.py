@@ -39,10 +39,12 @@ def slow(steps: int = 9) -> None:
 
 
 def hang() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time\ndef stuck_child():\n    time.sleep(600)\nstuck_child()"])
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time\ndef stuck_child():\n    time.sleep(600)\nstuck_child()"]
+    )
 
     def worker() -> None:
-        with rltrace.phase("generate", step=0):
+        with rltrace.phase("rollout", step=0), rltrace.phase("generate"):
             wait_for_engine(threading.Event())
 
     threading.Thread(target=worker, name="rollout-worker", daemon=True).start()

@@ -85,14 +85,14 @@ def test_profiling_is_imported_only_when_a_setting_asks_for_it(tmp_path):
 import os, sys, threading, rltrace
 def state():
     return "rltrace.profiling" in sys.modules, "rltrace-watchdog" in [t.name for t in threading.enumerate()]
-rltrace.init({str(tmp_path / 'a')!r})
+rltrace.init({str(tmp_path / "a")!r})
 print(state())
 rltrace.shutdown()
 os.environ["RLTRACE_PROFILE_SLOW"] = "3"
-rltrace.init({str(tmp_path / 'b')!r}, profile=False)
+rltrace.init({str(tmp_path / "b")!r}, profile=False)
 print(state())
 rltrace.shutdown()
-rltrace.init({str(tmp_path / 'c')!r})
+rltrace.init({str(tmp_path / "c")!r})
 print(state())
 rltrace.shutdown()
 """

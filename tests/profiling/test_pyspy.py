@@ -14,7 +14,7 @@ import pytest
 
 import rltrace
 from rltrace import store
-from rltrace.profiling import artefact_path, watchdog_of
+from rltrace.profiling import artefact_path, profiles_for_spans, watchdog_of
 
 from .conftest import PYSPY, frames, profiles, run_program, start_program, wait_for, wait_for_profiles
 
@@ -34,7 +34,8 @@ def test_slow_phase_gets_a_recording_linked_to_its_span(slow_run):
     assert (profile["kind"], profile["trigger"], profile["status"]) == ("pyspy_record", "slow", "ok")
     con = store.open(slow_run)
     span = con.execute(
-        "SELECT phase, step, duration_s, attr(attributes, 'rl.profile_id') FROM spans WHERE trace_id = ? AND span_id = ?",
+        "SELECT phase, step, duration_s, attr(attributes, 'rl.profile_id') FROM spans "
+        "WHERE trace_id = ? AND span_id = ?",
         [profile["trace_id"], profile["span_id"]],
     ).fetchall()
     assert span == [("reward", 6, pytest.approx(1.5, abs=0.3), profile["profile_id"])]
@@ -56,25 +57,39 @@ def test_recording_names_the_slow_function(slow_run):
     assert json.loads(profile["command"])[1:3] == ["record", "--pid"]
 
 
+def test_the_report_names_the_profile_of_the_slow_stage(slow_run):
+    from rltrace import report
+
+    [profile] = profiles(slow_run)
+    data = report.build(store.open(slow_run))
+    assert [p["profile_id"] for p in data["bottleneck"]["profiles"]] == [profile["profile_id"]]
+    assert any(profile["profile_id"] in line and profile["path"] in line for line in data["findings"])
+
+
 def test_a_hang_gets_a_stack_dump_of_the_process_and_its_children(tmp_path):
     run_dir = tmp_path / "run"
     proc = start_program(run_dir, "hang", RLTRACE_HANG_TIMEOUT="0.5")
     try:
         [dump] = wait_for_profiles(run_dir, lambda rows: rows and rows[0]["status"] != "running")
         span = wait_for(
-            lambda: store.open(run_dir).execute("SELECT is_open FROM spans WHERE span_id = ?", [dump["span_id"]]).fetchall(),
+            lambda: (
+                store.open(run_dir).execute("SELECT is_open FROM spans WHERE span_id = ?", [dump["span_id"]]).fetchall()
+            ),
             lambda rows: rows,
             what="the generate span",
         )
+        assert len(profiles(run_dir)) == 1  # not one more for the enclosing rollout phase
     finally:
         proc.kill()
         proc.wait()
     assert span == [(True,)]  # the dump explains a span that never ended
     assert (dump["kind"], dump["trigger"], dump["status"], dump["phase"]) == ("pyspy_dump", "hang", "ok", "generate")
-    assert "hang timeout 0.5" in dump["reason"]
+    assert "hang timeout 0.5" in dump["reason"]  # one dump for the hung thread, on its innermost phase
     stack = [f["frame"] for f in frames(run_dir, dump["profile_id"])]
-    assert "wait_for_engine" in stack and stack.index("wait_for_engine") < stack.index("hang.<locals>.worker")
+    assert stack.index("wait_for_engine") < stack.index("hang.<locals>.worker")
     assert "rollout-worker" in frames(run_dir, dump["profile_id"])[0]["thread"]
+    # the stack starts in threading.py; the top frame is where the worker is stuck in its own code
+    assert profiles_for_spans(store.open(run_dir))["top_frame"].tolist() == ["wait_for_engine"]
     text = artefact_path(run_dir, dump["path"]).read_text()
     assert "wait_for_engine" in text and "stuck_child" in text  # the child process is dumped too
 
@@ -106,13 +121,13 @@ def _ptrace_denied_pyspy(tmp_path: Path) -> str:
     if os.geteuid() == 0 and shutil.which("setpriv"):
         body = f'exec setpriv --reuid=65534 --regid=65534 --clear-groups "{PYSPY}" "$@"\n'
     else:
-        body = "echo \"Permission Denied: Try running again with elevated permissions\" >&2\nexit 1\n"
+        body = 'echo "Permission Denied: Try running again with elevated permissions" >&2\nexit 1\n'
     script.write_text("#!/bin/sh\n" + body)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return str(script)
 
 
-def test_a_phase_ending_before_sampling_starts_is_no_samples(tmp_path, fresh_run):
+def test_a_phase_ending_before_sampling_starts_is_no_samples(tmp_path):
     rltrace.init(tmp_path / "run", profile={"after": 0.05, "pyspy": PYSPY})
     watchdog = watchdog_of(rltrace.current_run())
     with rltrace.phase("reward", step=0):
@@ -124,7 +139,7 @@ def test_a_phase_ending_before_sampling_starts_is_no_samples(tmp_path, fresh_run
     assert profile["status"] == "no_samples", profile
 
 
-def test_dump_stacks_attaches_a_manual_dump_to_the_running_phase(tmp_path, fresh_run):
+def test_dump_stacks_attaches_a_manual_dump_to_the_running_phase(tmp_path):
     rltrace.init(tmp_path / "run", profile=False)
     with rltrace.phase("eval", step=3) as p:
         profile_id = rltrace.profiling.dump_stacks("checking")

@@ -20,7 +20,7 @@ from .conftest import PYSPY, wait_for_profiles
 
 
 @pytest.fixture
-def dumped_run(tmp_path, fresh_run):
+def dumped_run(tmp_path):
     """A run with one real py-spy dump attached to an eval phase."""
     run_dir = tmp_path / "run"
     rltrace.init(run_dir, profile={"pyspy": PYSPY, "hang_timeout": 600})
@@ -68,7 +68,7 @@ def test_unknown_profile_id_is_a_one_line_error(dumped_run, capsys):
     assert err.startswith("rltrace: error: no profile id starts with 'zz'") and err.count("\n") == 1
 
 
-def test_empty_run_says_how_to_turn_profiling_on(tmp_path, fresh_run, capsys):
+def test_empty_run_says_how_to_turn_profiling_on(tmp_path, capsys):
     rltrace.init(tmp_path / "run", profile=False)
     rltrace.shutdown()
     assert main(["profile", "list", str(tmp_path / "run")]) == 0
@@ -88,7 +88,9 @@ def test_paths_leaving_the_run_dir_are_refused(tmp_path, stored):
 def test_show_refuses_a_tampered_path(dumped_run, capsys):
     run_dir, _, _ = dumped_run
     row = store.open(run_dir).sql("SELECT * EXCLUDE (path, profile_id) FROM profiles").to_arrow_table()
-    row = row.append_column("path", pa.array(["../../../etc/passwd"])).append_column("profile_id", pa.array(["feedface"]))
+    row = row.append_column("path", pa.array(["../../../etc/passwd"])).append_column(
+        "profile_id", pa.array(["feedface"])
+    )
     write_part(run_dir / "profiles", "tampered.parquet", row.select(_names.PROFILES_SCHEMA.names), _names.PROFILES)
     assert main(["profile", "show", str(run_dir), "feedface"]) == 2
     assert "refusing" in capsys.readouterr().err

@@ -64,14 +64,14 @@ def _train(run_dir, **profile):
     return profiles(run_dir)
 
 
-def test_rank0_only_takes_windows_on_rank_0(tmp_path, fresh_run):
+def test_rank0_only_takes_windows_on_rank_0(tmp_path):
     policy = {"torch": "train:0", "torch_rank0_only": True}
     assert _train(tmp_path / "r1", rank=1, profile=policy) == []
     [row] = _train(tmp_path / "r0", rank=0, profile=policy)
     assert row["status"] == "ok" and row["rank"] == 0
 
 
-def test_a_users_own_profiler_is_left_alone(tmp_path, fresh_run):
+def test_a_users_own_profiler_is_left_alone(tmp_path):
     with torch.profiler.profile() as outer:
         [row] = _train(tmp_path / "run", profile={"torch": "train:0"})
     assert row["status"] == "failed" and "another torch profiler" in row["message"]

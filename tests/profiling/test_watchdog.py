@@ -23,19 +23,20 @@ def busy(seconds: float) -> None:
         pass
 
 
-def test_only_the_innermost_slow_phase_is_recorded(tmp_path, fresh_run):
+def test_only_the_innermost_slow_phase_is_recorded(tmp_path):
     rltrace.init(tmp_path / "run", profile={"after": 0.2})
     with rltrace.phase("step", step=0):
         with rltrace.phase("reward") as reward:
             busy(0.5)
             reward_span = reward.span_id
+        busy(0.3)  # the step is still over its limit, but its slowness was the reward's
     rltrace.shutdown()
     [profile] = profiles(tmp_path / "run")
     assert (profile["span_id"], profile["phase"], profile["step"]) == (reward_span, "reward", 0)
     assert profile["threshold_s"] == 0.2 and profile["median_s"] is None
 
 
-def test_limits_per_phase_and_phase_filter(tmp_path, fresh_run):
+def test_limits_per_phase_and_phase_filter(tmp_path):
     rltrace.init(tmp_path / "run", profile={"after": {"reward": 0.1}, "pyspy": NO_PYSPY})
     for name in ("train", "reward"):
         with rltrace.phase(name, step=1):
@@ -50,7 +51,7 @@ def test_limits_per_phase_and_phase_filter(tmp_path, fresh_run):
     assert [p["phase"] for p in profiles(tmp_path / "run2")] == ["train"]
 
 
-def test_slow_needs_enough_history(tmp_path, fresh_run):
+def test_slow_needs_enough_history(tmp_path):
     rltrace.init(tmp_path / "run", profile={"slow": 3, "min_samples": 4, "min_seconds": 0.1, "pyspy": NO_PYSPY})
     for step, seconds in enumerate([0.25, 0.01, 0.01, 0.01, 0.01, 0.25]):
         with rltrace.phase("reward", step=step):
@@ -61,7 +62,7 @@ def test_slow_needs_enough_history(tmp_path, fresh_run):
     assert 0.005 < profile["median_s"] < 0.05 and profile["threshold_s"] == 0.1  # 3 x median, floored
 
 
-def test_a_process_takes_at_most_max_profiles(tmp_path, fresh_run):
+def test_a_process_takes_at_most_max_profiles(tmp_path):
     rltrace.init(tmp_path / "run", profile={"after": 0.05, "max_profiles": 2, "pyspy": NO_PYSPY})
     for step in range(4):
         with rltrace.phase("reward", step=step):
@@ -70,7 +71,7 @@ def test_a_process_takes_at_most_max_profiles(tmp_path, fresh_run):
     assert [p["step"] for p in profiles(tmp_path / "run")] == [0, 1]
 
 
-def test_memory_is_bounded(tmp_path, fresh_run):
+def test_memory_is_bounded(tmp_path):
     rltrace.init(tmp_path / "run", profile={"slow": 3})
     watchdog = watchdog_of(rltrace.current_run())
     for i in range(HISTORY * 2):
@@ -84,7 +85,7 @@ def test_memory_is_bounded(tmp_path, fresh_run):
     rltrace.shutdown()
 
 
-def test_a_forked_child_keeps_watching(tmp_path, fresh_run):
+def test_a_forked_child_keeps_watching(tmp_path):
     rltrace.init(tmp_path / "run", profile={"after": 0.1, "pyspy": NO_PYSPY})
     pid = os.fork()
     if pid == 0:  # the child: its own watchdog thread must notice its slow phase
@@ -97,4 +98,6 @@ def test_a_forked_child_keeps_watching(tmp_path, fresh_run):
     os.waitpid(pid, 0)
     rows = wait_for_profiles(tmp_path / "run", lambda rows: rows)
     rltrace.shutdown()
-    assert [(r["pid"], r["phase"], r["step"], r["status"]) for r in rows] == [(pid, "generate", 7, "missing_executable")]
+    assert [(r["pid"], r["phase"], r["step"], r["status"]) for r in rows] == [
+        (pid, "generate", 7, "missing_executable")
+    ]
