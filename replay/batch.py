@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -147,6 +148,7 @@ def write_options(table: pa.Table) -> dict:
         "compression": {(f"{n}.list.element" if n in lists else n): ("lz4" if n in lists else "zstd") for n in table.column_names},
         "use_dictionary": [n for n in dictionary if n in table.column_names],
         "write_statistics": ["step", "sample_index", "train_version"],
+        "data_page_version": "2.0",  # repetition levels stay uncompressed: list columns decode faster
     }
 
 
@@ -166,9 +168,8 @@ class StoredColumns:
     def __init__(self, table: pa.Table, path: Path):
         self.table = table
         self.path = Path(path)
-        first = table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
-        fixed = set(_names.BATCH_COLUMNS) | (set(_names.REPLAYS_SCHEMA.names) - {"reward"})
-        self._header = {k: first[k] for k in first if k in fixed}
+        fixed = [n for n in (*_names.BATCH_COLUMNS, *_names.REPLAYS_SCHEMA.names) if n != "reward" and n in table.column_names]
+        self._header = {n: table.column(n)[0].as_py() for n in fixed} if table.num_rows else {}
         try:
             self.specs: dict[str, dict] = json.loads(self._header.get("codec") or "{}")
         except json.JSONDecodeError:
@@ -195,7 +196,7 @@ class StoredColumns:
             shapes = self.table.column(spec["shape_column"]) if spec.get("shape_column") else None
             try:
                 self._decoded[name] = codec.decode(self.table.column(name), spec, shapes)
-            except (KeyError, ValueError, TypeError, AttributeError, pa.ArrowException) as exc:
+            except (KeyError, ValueError, TypeError, AttributeError, RuntimeError, pa.ArrowException) as exc:
                 raise ReplayError(f"{self.path}: field {name} cannot be decoded ({exc})") from None
         return self._decoded[name]
 
@@ -252,7 +253,8 @@ class FrozenBatch(StoredColumns):
 
 def read_part(path: Path) -> pa.Table:
     try:
-        return pq.read_table(path)
+        with pq.ParquetFile(path) as part:
+            return part.read()
     except (OSError, pa.ArrowException) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ReplayError(f"{path}: cannot be read ({reason}); the file is damaged, delete it or freeze again") from None

@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +47,20 @@ def _torch():
     return torch
 
 
+_GIL_SLICE_S = 0.0005  # the writer thread holds the GIL at most about this long at a time
+
+
+def _paced(column: Sequence[Any]):
+    """Iterate, releasing the GIL every half millisecond: this runs on the writer thread, and the
+    training thread must never wait the interpreter's 5 ms switch interval to get the GIL back."""
+    last = time.perf_counter()
+    for i, value in enumerate(column):
+        if i & 31 == 31 and time.perf_counter() - last > _GIL_SLICE_S:
+            time.sleep(0)
+            last = time.perf_counter()
+        yield value
+
+
 def kind_of(value: Any) -> str | None:
     """The kind of one value (see the module docstring); None for None."""
     if value is None:
@@ -59,27 +75,6 @@ def kind_of(value: Any) -> str | None:
     if isinstance(value, (list, tuple)) and value and all(type(v) in (int, float, bool) for v in value[:8]):
         return "list"
     return "json"
-
-
-def _is_scalar(value: Any, kind: str) -> bool:
-    if kind == "torch":
-        return value.dim() == 0
-    if kind == "numpy":
-        return np.ndim(value) == 0
-    return kind == "scalar"
-
-
-def check_canonical(name: str, value: Any) -> None:
-    """Cheap check, on the caller's thread, that a column with a fixed meaning holds the right thing."""
-    kind = kind_of(value)
-    if kind is None or name not in _names.BATCH_SAMPLE_COLUMNS:
-        return
-    if name == "weight_version" and not _is_scalar(value, kind):
-        raise ValueError("weight_version holds one version per sample (v_s); pass several as weight_versions=[...]")
-    if name == "reward" and not _is_scalar(value, kind):
-        raise ValueError("reward holds one number per sample; put reward parts in reward_components={...}")
-    if name in ("finish_reason", "prompt_text", "response_text") and not isinstance(value, str):
-        raise ValueError(f"{name} must be a str per sample, got {type(value).__name__}")
 
 
 # --- encode ------------------------------------------------------------------------------------
@@ -137,7 +132,9 @@ def _list_array(values: pa.Array, lengths: np.ndarray, nulls: np.ndarray | None)
     return cls.from_arrays(pa.array(offsets), values, type=typ, mask=mask)
 
 
-def _encode_batched(name: str, value: Any, kind: str, n: int) -> tuple[dict[str, pa.Array], dict]:
+def encode_batched(name: str, value: Any, n: int) -> tuple[dict[str, pa.Array], dict]:
+    """Arrow column and spec for one [n, ...] tensor or array holding the whole batch."""
+    kind = kind_of(value)
     flat, dtype, storage, shape = _flat_numpy(value, kind)
     if not shape or shape[0] != n:
         raise ValueError(f"column {name!r}: batched array of shape {list(shape)} does not have {n} rows")
@@ -157,7 +154,7 @@ def _canonical_scalar(name: str, values: pa.Array) -> pa.Array:
 
 def _encode_array_rows(name: str, column: Sequence[Any], kind: str) -> tuple[dict[str, pa.Array], dict]:
     parts, shapes, dtypes, storages = [], [], set(), set()
-    for value in column:
+    for value in _paced(column):
         if value is None:
             parts.append(None)
             shapes.append(None)
@@ -201,7 +198,7 @@ def _encode_array_rows(name: str, column: Sequence[Any], kind: str) -> tuple[dic
 def _encode_lists(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array], dict] | None:
     """Python lists of numbers; None if some row holds something else (then the column is JSON)."""
     rows, types = [], set()
-    for value in column:
+    for value in _paced(column):
         if value is None:
             rows.append(None)
             continue
@@ -240,7 +237,7 @@ def json_default(value: Any) -> Any:
 def _encode_json(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array], dict]:
     dumps = json.JSONEncoder(separators=(",", ":"), default=json_default).encode
     out = []
-    for i, value in enumerate(column):
+    for i, value in enumerate(_paced(column)):
         try:
             out.append(None if value is None else dumps(value))
         except (TypeError, ValueError) as exc:
@@ -273,7 +270,7 @@ def _encode_scalars(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Arra
 
 def encode_rows(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array], dict]:
     """Arrow column(s) and spec for one value per sample (None where a sample lacks it)."""
-    kinds = {kind_of(v) for v in column} - {None}
+    kinds = {kind_of(v) for v in _paced(column)} - {None}
     if name in _JSON_CANONICAL:
         return _encode_json(name, column)
     if not kinds:
@@ -289,11 +286,6 @@ def encode_rows(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array], 
     if kinds <= {"scalar", "json"}:
         return _encode_json(name, column)
     raise TypeError(f"column {name!r}: mixes value kinds {sorted(kinds)} across samples; use one kind per column")
-
-
-def encode_batched(name: str, value: Any, n: int) -> tuple[dict[str, pa.Array], dict]:
-    """Arrow column(s) and spec for one [n, ...] tensor or array holding the whole batch."""
-    return _encode_batched(name, value, kind_of(value), n)
 
 
 # --- decode ------------------------------------------------------------------------------------
@@ -339,7 +331,10 @@ def _numpy_values(arr: pa.Array) -> np.ndarray:
 
 def decode(column: pa.ChunkedArray, spec: dict, shapes: pa.ChunkedArray | None = None) -> Any:
     """The column as it was given: a [B, ...] tensor/array (batched) or a list with one value per row."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if isinstance(column, pa.ChunkedArray):
+        arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    else:
+        arr = column
     kind = spec["kind"]
     if kind not in ("none", "json", "scalar", "list", *ARRAY_KINDS):
         raise ValueError(f"unknown kind {kind!r} (written by a newer rltrace?)")
@@ -360,6 +355,9 @@ def decode(column: pa.ChunkedArray, spec: dict, shapes: pa.ChunkedArray | None =
         return [None if nulls[i] else flat[i] for i in range(len(flat))]
     if arr.offset:
         arr = pa.concat_arrays([arr])
+    if spec["layout"] == "batched":  # every row has the same length: the values are the whole tensor
+        values = arr.values
+        return _restore(values.to_numpy(zero_copy_only=False), spec).reshape(spec["shape"])
     offsets = arr.offsets.to_numpy()
     values = arr.values
     if len(values) != offsets[-1] - offsets[0]:
@@ -372,8 +370,6 @@ def decode(column: pa.ChunkedArray, spec: dict, shapes: pa.ChunkedArray | None =
         rows = [flat[offsets[i] - base : offsets[i + 1] - base].tolist() for i in range(len(arr))]
         return [None if nulls is not None and nulls[i] else r for i, r in enumerate(rows)]
     restored = _restore(flat, spec)
-    if spec["layout"] == "batched":
-        return restored.reshape(spec["shape"])
     return _split_rows(restored, offsets - offsets[0], arr, spec, shapes)
 
 

@@ -13,8 +13,9 @@ share is its part of sum |S| + sum |E| over masked response tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

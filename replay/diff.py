@@ -5,8 +5,9 @@ same bits) says nothing about *aligned* (two implementations give the same numbe
 `repeatable(p) and repeatable(q)` does not imply `p == q`. `repeatability` tests the first,
 `compare_columns` measures the second.
 
-Per-token columns (log-probs) are compared on response tokens where `loss_mask` is set, up to
-the shorter of the two; `k3` is `mean(exp(r) - 1 - r)` with `r = b - a` (for a = rollout
+Log-prob columns (a name holding `log_prob`) are compared on response tokens where `loss_mask`
+is set, up to the shorter of the two (a length mismatch makes the sample differ); other array
+columns element by element; `k3` is `mean(exp(r) - 1 - r)` with `r = b - a` (for a = rollout
 log-probs q, b = recomputed p: the k3 estimate of KL(q || p)), and mean |b - a| is the
 brief's `train_rollout_logprob_abs_diff`. Alignment gate: mean |b - a| < 1e-6.
 """
@@ -16,8 +17,9 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -132,9 +134,10 @@ def compare_columns(
         fa, fb = as_float64(va), as_float64(vb)
         if fa is None or fb is None:
             continue
+        length_differs = per_token and len(fa) != len(fb)
         if per_token:
             m = min(len(fa), len(fb))
-            if len(fa) != len(fb):
+            if length_differs:
                 out.length_mismatch.append(i)
             keep = np.ones(m, dtype=bool)
             mk = as_float64(mask_rows[i])
@@ -155,7 +158,7 @@ def compare_columns(
         signed_sum += float(d.sum())
         if logprob and len(d):
             k3_sum += float(np.sum(np.expm1(d) - d))
-        if ad.size and (ad.max() > 0 or one_nan.any()):
+        if length_differs or (ad.size and (ad.max() > 0 or one_nan.any())):
             out.samples_different += 1
         if ad.size:
             out.max_abs = max(out.max_abs, float(ad.max()))
@@ -202,10 +205,10 @@ def pairs_for(recorded: Sequence[str], replayed: Sequence[str], explicit: Mappin
 def diff_against_record(batch, replay, *, pairs: Mapping[str, str] | None = None, top: int = 5) -> list[ColumnDiff]:
     """Recorded (a) vs replayed (b), for every matching pair of columns."""
     n = len(batch)
-    mask, tokens = batch.get("loss_mask"), batch.get("response_tokens")
     out = []
     for rec, rep in pairs_for(batch.columns, replay.columns, pairs):
-        logprob = "log_prob" in rec or "log_prob" in rep
+        logprob = "log_prob" in rec or "log_prob" in rep  # aligned with response tokens: masked, token ids shown
+        mask, tokens = (batch.get("loss_mask"), batch.get("response_tokens")) if logprob else (None, None)
         out.append(compare_columns(rec, batch[rec], rep, replay[rep], n, mask=mask, tokens=tokens, logprob=logprob, top=top))
     return out
 
@@ -213,12 +216,12 @@ def diff_against_record(batch, replay, *, pairs: Mapping[str, str] | None = None
 def diff_replays(a, b, batch=None, *, top: int = 5) -> list[ColumnDiff]:
     """Two replays of the same batch (a vs b), column by column: alignment, or repeatability."""
     n = len(a)
-    mask = batch.get("loss_mask") if batch is not None else None
-    tokens = batch.get("response_tokens") if batch is not None else None
-    shared = [c for c in a.columns if c in b.columns]
-    return [
-        compare_columns(c, a[c], c, b[c], n, mask=mask, tokens=tokens, logprob="log_prob" in c, top=top) for c in shared
-    ]
+    out = []
+    for c in (c for c in a.columns if c in b.columns):
+        logprob = "log_prob" in c
+        mask, tokens = (batch.get("loss_mask"), batch.get("response_tokens")) if logprob and batch is not None else (None, None)
+        out.append(compare_columns(c, a[c], c, b[c], n, mask=mask, tokens=tokens, logprob=logprob, top=top))
+    return out
 
 
 def repeatability(repeats: Sequence[Any]) -> dict[str, bool] | None:

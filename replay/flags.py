@@ -1,16 +1,18 @@
 """Signs of bad text in a sample: what to look at first when "the text looks wrong".
 
 Each check returns a short reason or nothing; `sample_flags` runs them all on one sample,
-`reward_outliers` looks across a batch. The checks read `response_tokens` (any array or list)
-and `response_text` when present, `finish_reason`, and the batch's `max_response_len`,
-`special_token_ids`, `eos_token_ids` and `special_tokens` (from `batch_meta`).
+`reward_outliers` looks across a batch. The checks read `response_tokens` (any array or list),
+`response_text` and `prompt_text` when present, `finish_reason`, and the batch's `max_response_len`,
+`special_token_ids`, `eos_token_ids`, `special_tokens` and `generation_prompt` (from `batch_meta`).
 
     repetition      the response ends in a loop (a pattern of <= 128 tokens or chars repeated >= 4
                     times), or fewer than 25% of its 4-grams are distinct
     invalid_text    U+FFFD replacement characters (invalid UTF-8 decoded) or non-printable characters
-    truncated       finish_reason says length, or the response reached max_response_len
+    truncated       finish_reason says length; without a finish_reason, the response reached max_response_len
     template_leak   chat-template markers or special tokens inside the response (one at the very end,
                     the end-of-sequence token, is allowed)
+    prompt_template the prompt does not end with the template's generation prompt (batch_meta
+                    `generation_prompt`, e.g. "<|im_start|>assistant\n"): add_generation_prompt was off
     empty           no response tokens, or a response of only whitespace
     reward_outlier  reward is NaN/inf, or more than 3.5 robust standard deviations from the batch median
 """
@@ -20,14 +22,15 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-FLAGS = ("repetition", "invalid_text", "truncated", "template_leak", "empty", "reward_outlier")
+FLAGS = ("repetition", "invalid_text", "truncated", "template_leak", "prompt_template", "empty", "reward_outlier")
 #: Flags that mean the text itself is bad (the anomaly trigger of `FreezePolicy(bad_text=True)`).
-BAD_TEXT = ("repetition", "invalid_text", "template_leak", "empty")
+BAD_TEXT = ("repetition", "invalid_text", "template_leak", "prompt_template", "empty")
 
 _TRUNCATED_REASONS = frozenset(("length", "truncated", "max_tokens", "max_length"))
 _MARKERS = (
@@ -49,6 +52,7 @@ class TextRules:
     max_response_len: int | None = None
     special_token_ids: frozenset[int] = frozenset()
     eos_token_ids: frozenset[int] = frozenset()
+    generation_prompt: str | None = None
     markers: re.Pattern = field(default_factory=lambda: re.compile("|".join(_MARKERS)))
 
     @classmethod
@@ -62,6 +66,7 @@ class TextRules:
             max_response_len=int(limit) if limit is not None else None,
             special_token_ids=frozenset(int(i) for i in meta.get("special_token_ids") or ()),
             eos_token_ids=frozenset(int(i) for i in eos),
+            generation_prompt=meta.get("generation_prompt") or None,
             markers=re.compile("|".join((*_MARKERS, *(re.escape(t) for t in special)))),
         )
 
@@ -140,16 +145,25 @@ def _invalid_text(text: str | None) -> str | None:
 
 
 def _truncated(tokens: np.ndarray | None, finish_reason: Any, rules: TextRules) -> str | None:
-    if isinstance(finish_reason, str) and finish_reason.lower() in _TRUNCATED_REASONS:
-        return f"finish_reason={finish_reason}"
+    if isinstance(finish_reason, str):  # the engine knows best: an EOS on the last allowed token is no cut
+        return f"finish_reason={finish_reason}" if finish_reason.lower() in _TRUNCATED_REASONS else None
     if tokens is not None and rules.max_response_len and len(tokens) >= rules.max_response_len:
         return f"reached max_response_len={rules.max_response_len}"
     return None
 
 
+def _is_special(tokens: np.ndarray, ids: frozenset[int]) -> np.ndarray:
+    if len(ids) > 32:
+        return np.isin(tokens, np.fromiter(ids, np.int64))
+    mask = np.zeros(len(tokens), dtype=bool)
+    for token_id in ids:  # a few comparisons beat np.isin's sort for the usual handful of special tokens
+        mask |= tokens == token_id
+    return mask
+
+
 def _template_leak(tokens: np.ndarray | None, text: str | None, rules: TextRules) -> str | None:
     if tokens is not None and len(tokens) and rules.special_token_ids:
-        special = np.isin(tokens, np.fromiter(rules.special_token_ids, np.int64))
+        special = _is_special(tokens, rules.special_token_ids)
         last_ok = special[-1] and (not rules.eos_token_ids or int(tokens[-1]) in rules.eos_token_ids)
         where = np.flatnonzero(special[:-1] if last_ok else special)
         if where.size:
@@ -163,6 +177,12 @@ def _template_leak(tokens: np.ndarray | None, text: str | None, rules: TextRules
     return None
 
 
+def _prompt_template(prompt: str | None, rules: TextRules) -> str | None:
+    if not prompt or not rules.generation_prompt or prompt.rstrip().endswith(rules.generation_prompt.rstrip()):
+        return None
+    return f"prompt does not end with the generation prompt {rules.generation_prompt!r} (add_generation_prompt off?)"
+
+
 def _empty(tokens: np.ndarray | None, text: str | None) -> str | None:
     if tokens is not None and len(tokens) == 0:
         return "no response tokens"
@@ -172,7 +192,7 @@ def _empty(tokens: np.ndarray | None, text: str | None) -> str | None:
 
 
 def sample_flags(sample: Mapping[str, Any], rules: TextRules | None = None, *, only: Sequence[str] = FLAGS) -> dict[str, str]:
-    """Flags of one sample (a dict with response_tokens / response_text / finish_reason): {flag: reason}."""
+    """Flags of one sample (a dict with response_tokens / response_text / prompt_text / finish_reason): {flag: reason}."""
     rules = rules or TextRules()
     tokens = as_ints(sample.get("response_tokens"))
     text = sample.get("response_text")
@@ -182,6 +202,7 @@ def sample_flags(sample: Mapping[str, Any], rules: TextRules | None = None, *, o
         "invalid_text": lambda: _invalid_text(text),
         "truncated": lambda: _truncated(tokens, sample.get("finish_reason"), rules),
         "template_leak": lambda: _template_leak(tokens, text, rules),
+        "prompt_template": lambda: _prompt_template(sample.get("prompt_text"), rules),
         "empty": lambda: _empty(tokens, text),
     }
     out = {}

@@ -19,12 +19,14 @@ import json
 import operator
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from rltrace import _names
 from rltrace.api import current_run
 from rltrace.replay import codec, flags
 from rltrace.replay.batch import check_columns, new_batch_id
@@ -41,14 +43,38 @@ def _step(value: Any) -> int:
 
 
 def _clone(value: Any) -> Any:
+    """A copy the caller cannot change: tensors and arrays cloned, containers copied (`copy=True`)."""
     kind = codec.kind_of(value)
     if kind == "torch":
         return value.detach().clone()
     if kind == "numpy":
         return np.array(value, copy=True)
-    if kind == "list":
-        return list(value)
+    if isinstance(value, (list, tuple)):
+        return [_clone(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _clone(v) for k, v in value.items()}
     return value
+
+
+def _is_scalar(value: Any, kind: str) -> bool:
+    if kind == "torch":
+        return value.dim() == 0
+    if kind == "numpy":
+        return np.ndim(value) == 0
+    return kind == "scalar"
+
+
+def check_canonical(name: str, value: Any) -> None:
+    """Cheap check, on the caller's thread, that a column with a fixed meaning holds the right thing."""
+    kind = codec.kind_of(value)
+    if kind is None or name not in _names.BATCH_SAMPLE_COLUMNS:
+        return
+    if name == "weight_version" and not _is_scalar(value, kind):
+        raise ValueError("weight_version holds one version per sample (v_s); pass several as weight_versions=[...]")
+    if name == "reward" and not _is_scalar(value, kind):
+        raise ValueError("reward holds one number per sample; put reward parts in reward_components={...}")
+    if name in ("finish_reason", "prompt_text", "response_text") and not isinstance(value, str):
+        raise ValueError(f"{name} must be a str per sample, got {type(value).__name__}")
 
 
 def snapshot(samples: Any, copy: bool = False) -> tuple[str, Any, int]:
@@ -67,8 +93,6 @@ def snapshot(samples: Any, copy: bool = False) -> tuple[str, Any, int]:
                 rows = column.shape[0]
             elif isinstance(column, (list, tuple)):
                 rows = len(column)
-                if rows:
-                    codec.check_canonical(name, column[0])
             else:
                 raise TypeError(
                     f"freeze: column {name!r} must be a tensor/array with one row per sample or a list, "
@@ -76,6 +100,8 @@ def snapshot(samples: Any, copy: bool = False) -> tuple[str, Any, int]:
                 )
             if n is not None and rows != n:
                 raise ValueError(f"freeze: column {name!r} has {rows} rows, other columns have {n}")
+            if rows:
+                check_canonical(name, column[0])  # a view of a tensor: no copy, no device sync
             n = rows
             data[name] = _clone(column) if copy else (list(column) if isinstance(column, (list, tuple)) else column)
         return "columns", data, n or 0
@@ -85,7 +111,7 @@ def snapshot(samples: Any, copy: bool = False) -> tuple[str, Any, int]:
         check_columns(list(set().union(*samples)) if samples else [])
         if samples:
             for name, value in samples[0].items():
-                codec.check_canonical(name, value)
+                check_canonical(name, value)
         if copy:
             return "rows", [{k: _clone(v) for k, v in s.items()} for s in samples], len(samples)
         return "rows", [dict(s) for s in samples], len(samples)
@@ -170,7 +196,7 @@ class Freezer:
         batch_meta: Mapping[str, Any] | None = None,
     ) -> str | None:
         """Freeze this step's batch if the policy says so; returns the trigger, or None."""
-        decision = self.decide(step, samples, metrics)
+        decision = self.decide(step, samples, metrics, batch_meta)
         if decision is None:
             return None
         trigger, reason = decision
@@ -179,11 +205,19 @@ class Freezer:
         queued = freeze(step, samples, batch_meta=batch_meta, trigger=trigger, reason=reason, copy=self.copy)
         return trigger if queued else None
 
-    def decide(self, step: int, samples: Any = None, metrics: Mapping[str, float] | None = None) -> tuple[str, str] | None:
+    def decide(
+        self,
+        step: int,
+        samples: Any = None,
+        metrics: Mapping[str, float] | None = None,
+        batch_meta: Mapping[str, Any] | None = None,
+    ) -> tuple[str, str] | None:
         """(trigger, reason) if `step` should be frozen, else None. Cheap: no device syncs, no disk writes."""
+        if current_run() is None:  # not recording (no init, or RLTRACE_DISABLED=1): nothing to decide
+            return None
         p = self.policy
         metrics = metrics or {}
-        anomaly = self._anomaly(step, samples, metrics)
+        anomaly = self._anomaly(step, samples, metrics, batch_meta)
         reward = metrics.get("reward_mean")
         if reward is not None:
             self._rewards.append(float(reward))
@@ -199,7 +233,7 @@ class Freezer:
             return "every_n", f"every {p.every} steps"
         return None
 
-    def _anomaly(self, step: int, samples: Any, metrics: Mapping[str, float]) -> str | None:
+    def _anomaly(self, step: int, samples: Any, metrics: Mapping[str, float], batch_meta: Mapping[str, Any] | None) -> str | None:
         p = self.policy
         if self._last_anomaly_step is not None and step - self._last_anomaly_step <= p.cooldown:
             return None
@@ -212,18 +246,18 @@ class Freezer:
         if p.mismatch_threshold is not None and mismatch is not None and float(mismatch) > p.mismatch_threshold:
             return f"mismatch spike: {p.mismatch_metric} {float(mismatch):.4g} > {p.mismatch_threshold}"
         if p.bad_text and samples is not None:
-            return self._probe(samples)
+            return self._probe(samples, flags.TextRules.from_meta(batch_meta))
         return None
 
-    def _probe(self, samples: Any) -> str | None:
-        keys = ("response_tokens", "response_text", "finish_reason")
+    def _probe(self, samples: Any, rules: flags.TextRules) -> str | None:
+        keys = ("response_tokens", "response_text", "prompt_text", "finish_reason")
         if isinstance(samples, Mapping):
             n = len(next(iter(samples.values()), ()))
             rows = [{k: samples[k][i] for k in keys if k in samples} for i in range(min(n, self.policy.probe_samples))]
         else:
             rows = list(samples[: self.policy.probe_samples])
         for i, row in enumerate(rows):
-            found = flags.sample_flags(row, only=flags.BAD_TEXT)
+            found = flags.sample_flags(row, rules, only=flags.BAD_TEXT)
             if found:
                 name, why = next(iter(found.items()))
                 return f"bad text in sample {i}: {name} ({why})"

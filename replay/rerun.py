@@ -23,16 +23,23 @@ import sys
 import time
 import traceback
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rltrace import _names
-from rltrace.replay.batch import StoredColumns, load, read_part, user_columns, write_options
+from rltrace.replay.batch import (
+    StoredColumns,
+    load,
+    read_part,
+    user_columns,
+    write_options,
+)
 from rltrace.replay.errors import ReplayError
 from rltrace.store import scan
 from rltrace.store.writer import write_part
@@ -45,6 +52,8 @@ def load_object(spec: str, what: str = "--entry") -> Any:
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise ReplayError(f"{what} {spec!r}: expected module:name or path/to/file.py:name")
+    if str(Path.cwd()) not in sys.path and "" not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # like `python -m`: modules of the current directory import
     try:
         if target.endswith(".py"):
             path = Path(target)
@@ -58,8 +67,6 @@ def load_object(spec: str, what: str = "--entry") -> Any:
                 sys.modules[module_name] = module
                 loader.loader.exec_module(module)
         else:
-            if str(Path.cwd()) not in sys.path and "" not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))  # like `python -m`: modules of the current directory
             module = importlib.import_module(target)
     except ImportError as exc:
         raise ReplayError(f"{what} {spec!r}: cannot import {target} ({exc})") from None

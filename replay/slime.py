@@ -1,4 +1,4 @@
-"""slime's debug dumps in and out: `rltrace import slime` and `rltrace export --format slime`.
+"""slime's debug dumps into a run: `rltrace import slime PATH... --out RUN_DIR` (export: slime_export.py).
 
 slime (THUDM/slime) writes, per rollout id, with `torch.save`:
   --save-debug-rollout-data  {"rollout_id": id, "samples": [Sample.to_dict(), ...]}
@@ -8,8 +8,7 @@ slime (THUDM/slime) writes, per rollout id, with `torch.save`:
                              "dp_shards", "raw_reward"}; older dumps: {"rollout_id", "rank", "rollout_data"}
 Import makes one frozen batch per rollout id (step = rollout id), joins each train sample to its
 rollout sample (train `sample_index` = rollout `index`; else `rollout_position`), and turns the
-traces into spans and `samples` rows (`rltrace.replay.slime_trace`). Export writes a frozen batch
-back as a rollout dump that `--load-debug-rollout-data` replays and `torch.load(weights_only=True)` reads.
+traces into spans and `samples` rows (`rltrace.replay.slime_trace`).
 
 Dumps are pickles: they are read with torch's restricted unpickler (`weights_only=True`: containers,
 numbers, strings and tensors). A dump that needs more (custom classes, images) is refused unless
@@ -21,8 +20,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +129,7 @@ def rollout_row(sample: Any, where: str, drop: frozenset[str]) -> dict[str, Any]
             if isinstance(value, dict):
                 row["reward_components"] = value
             elif value is not None:
-                row["reward"] = float(value)
+                row["reward"] = value
         elif key == "weight_versions":
             extra[key] = value
             try:

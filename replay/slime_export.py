@@ -103,6 +103,8 @@ def export_command(args) -> int:
     """`rltrace export RUN_DIR --format slime [--step N] --out FILE`."""
     from rich.console import Console
 
+    if not args.out:
+        raise SlimeDumpError("--format slime needs --out FILE (it may hold {rollout_id}, as slime's path templates do)")
     for path in export_slime(args.run_dir, args.out, step=args.step):
         Console().print(f"wrote {path}")
     return 0

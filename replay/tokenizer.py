@@ -3,7 +3,7 @@
 Token ids mean nothing without their vocabulary, so every batch records both, and loading or
 rerunning it with a tokenizer whose vocabulary hashes differently is an error, not a silent
 misreading. Works with Hugging Face tokenizers (`get_vocab()`), any object with `get_vocab()` or
-`vocab`, and a plain `{token: id}` dict.
+a `vocab` (a `{token: id}` dict or an id -> token list), and a plain `{token: id}` dict.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import hashlib
 import json
 import threading
 import weakref
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from rltrace.replay.errors import ReplayError, TokenizerMismatchError
 
-_cache: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
+_cache: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -25,6 +26,8 @@ def _vocab(tokenizer: Any) -> Mapping[str, int]:
         return tokenizer
     get_vocab = getattr(tokenizer, "get_vocab", None)
     vocab = get_vocab() if callable(get_vocab) else getattr(tokenizer, "vocab", None)
+    if isinstance(vocab, (list, tuple)):  # id -> token list
+        vocab = {token: i for i, token in enumerate(vocab)}
     if not isinstance(vocab, Mapping):
         raise ReplayError(
             f"cannot read the vocabulary of tokenizer {type(tokenizer).__name__}: it needs get_vocab() or a "

@@ -60,6 +60,11 @@ def folder_bytes(folder: Path) -> int:
     return total
 
 
+def _milestone(count: int) -> bool:
+    """Warn on the 1st, 10th, 100th, ... skip: visible, without flooding the log."""
+    return count in (1, 10, 100) or (count >= 1000 and count % 1000 == 0)
+
+
 class BatchWriter:
     """A bounded queue of freezes and the daemon thread that writes them; skips are counted."""
 
@@ -94,7 +99,11 @@ class BatchWriter:
             return True
         except queue.Full:
             self.skipped_queue += 1
-            logger.warning("rltrace: replay writer busy, skipped freezing step %d (queue of %d full)", job.step, self.queue_size)
+            if _milestone(self.skipped_queue):
+                logger.warning(
+                    "rltrace: replay writer busy, skipped freezing step %d (queue of %d full; %d skipped so far)",
+                    job.step, self.queue_size, self.skipped_queue,
+                )
             self._log(job.step)
             return False
 
@@ -104,7 +113,10 @@ class BatchWriter:
 
     def close(self) -> None:
         if self._thread.is_alive():
-            self._queue.put(None)
+            try:
+                self._queue.put(None, timeout=60)
+            except queue.Full:
+                return
             self._thread.join(timeout=60)
 
     def _loop(self) -> None:
@@ -158,12 +170,11 @@ class BatchWriter:
 
     def _over_budget(self, job: Job, used: int) -> None:
         self.skipped_budget += 1
-        logger.warning(
-            "rltrace: skipped freezing step %d: frozen batches use %.0f of %.0f MB (raise RLTRACE_REPLAY_BUDGET_MB)",
-            job.step,
-            used / 2**20,
-            self.budget_bytes / 2**20,
-        )
+        if _milestone(self.skipped_budget):
+            logger.warning(
+                "rltrace: skipped freezing step %d: frozen batches use %.0f of %.0f MB (raise RLTRACE_REPLAY_BUDGET_MB; "
+                "%d skipped so far)", job.step, used / 2**20, self.budget_bytes / 2**20, self.skipped_budget,
+            )
         self._log(job.step)
 
     def _log(self, step: int) -> None:
@@ -179,7 +190,7 @@ class BatchWriter:
             )
 
 
-_writers: "weakref.WeakKeyDictionary[Any, BatchWriter]" = weakref.WeakKeyDictionary()
+_writers: weakref.WeakKeyDictionary[Any, BatchWriter] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 

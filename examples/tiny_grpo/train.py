@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 import rltrace
-from examples.tiny_grpo import grpo, weight_sync
+import rltrace.replay
+from examples.tiny_grpo import grpo, replay, weight_sync
 from examples.tiny_grpo.display import Display
 from examples.tiny_grpo.placement import LocalRollout, RayRollout, RolloutTimeout
 from examples.tiny_grpo.policy import Policy, PolicyConfig, pack, save_checkpoint, token_logprobs, write_model_config
@@ -82,6 +83,7 @@ class Config:
     slow_sync_bandwidth: float = knob(1e6, "bytes/s of the throttled link under --slow-sync")
     save_checkpoints: bool = knob(False, "save every weight version to checkpoints/ (always on in async)")
     keep_checkpoints: int = knob(4, "keep the newest K version checkpoints")
+    freeze_every: int = knob(10, "debug replay: freeze the step's batch every N steps (0: only on anomalies)")
     # faults (see docs/demo.md for what each looks like in rltrace)
     slow_reward: float = knob(0.0, "fault: this fraction of reward calls run slow_verifier (~0.5 s of CPU)")
     straggler: bool = knob(False, "fault: one sample per batch ignores <|eos|> and runs to 96 tokens")
@@ -126,6 +128,8 @@ def validate(cfg: Config) -> str | None:
                  "updates_per_batch", "torch_threads", "queue_steps", "warmup_batch"):
         if getattr(cfg, name) < 1:
             return f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}"
+    if cfg.freeze_every < 0:
+        return f"--freeze-every must be >= 0 (0: freeze only on anomalies), got {cfg.freeze_every}"
     if cfg.group_size < 2:
         return f"--group-size must be >= 2 (advantages compare samples of a group), got {cfg.group_size}"
     if not 0.0 <= cfg.slow_reward <= 1.0:
@@ -267,6 +271,8 @@ def train(cfg: Config, display: Display, history: list[dict]) -> None:
             save_version(policy, ckpt, 0, cfg.keep_checkpoints)
         opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=0.0)
         reward_rng = random.Random(cfg.seed + 13)
+        freezer = rltrace.replay.Freezer(rltrace.replay.FreezePolicy(  # debug replay: frozen batches are written
+            every=cfg.freeze_every or None, reward_drop=0.3, bad_text=True))  # on their own thread, never waited for
         version = 0  # weights are at version v during step v; the update makes v + 1
         for step in range(cfg.steps):
             started, cpu_started = time.perf_counter(), time.process_time()
@@ -277,6 +283,9 @@ def train(cfg: Config, display: Display, history: list[dict]) -> None:
                 with rltrace.phase("reward") as span:
                     rewards = score(samples, reward_rng, cfg.slow_reward)
                     span.set(samples=len(samples))
+                if freezer.step(step, replay.rows(samples, rewards, cfg.group_size), batch_meta=replay.batch_meta(
+                        tokenizer, ckpt, version, cfg), metrics={"reward_mean": sum(rewards) / len(rewards)}):
+                    replay.pin_checkpoints(policy, ckpt, version, {s.weight_version for s in samples})
                 with rltrace.phase("train") as span:
                     stats = train_step(policy, ref, opt, samples, rewards, cfg, tokenizer.pad_id)
                     span.set(loss=stats["loss"])

@@ -3,7 +3,7 @@
 A small dispatcher: each format lives in its own module and registers its options here.
   chrome  Chrome Trace Event JSON for Perfetto / chrome://tracing (rltrace.export.chrome)
   otlp    replay the spans to an OpenTelemetry backend over OTLP/HTTP (rltrace.export.otlp)
-  slime   a frozen batch as a slime rollout dump (rltrace.replay.slime_export)
+  slime   a frozen batch as a slime rollout dump for --load-debug-rollout-data (rltrace.replay.slime_export)
 """
 
 from __future__ import annotations
@@ -22,21 +22,23 @@ FORMATS = ("chrome", "otlp", "slime")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a run as a Perfetto/Chrome trace, or replay it to an OTLP backend")
+    p = sub.add_parser("export", help="write a run as a Perfetto/Chrome trace or a slime rollout dump, or replay it to an OTLP backend")
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--format", required=True, choices=FORMATS,
-                   help="chrome: trace JSON; otlp: send to --endpoint; slime: a frozen batch as a rollout dump")
-    p.add_argument("--out", metavar="FILE",
-                   help="chrome: output file (default RUN_DIR/trace.json); slime: required, may hold {rollout_id}")
-    p.add_argument("--step", type=int, default=None, help="slime: only the batch frozen at this step")
+    p.add_argument("--format", required=True, choices=FORMATS, help="chrome: trace JSON; otlp: send to --endpoint; slime: rollout dump")
+    p.add_argument("--out", metavar="FILE", help="chrome: output file (default RUN_DIR/trace.json); slime: output file, may hold {rollout_id}")
     p.add_argument("--endpoint", metavar="URL", help="otlp: backend address, e.g. http://localhost:6006")
     p.add_argument("--steps", metavar="A:B", help="only steps A to B inclusive")
+    p.add_argument("--step", type=int, metavar="N", help="slime: the frozen batch of step N (default: every batch)")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.format == "slime":
+        from rltrace.replay.slime_export import export_command
+
+        return export_command(args)
     steps = parse_steps(args.steps)
-    return {"chrome": _chrome, "otlp": _otlp, "slime": _slime}[args.format](args, steps)
+    return {"chrome": _chrome, "otlp": _otlp}[args.format](args, steps)
 
 
 def _chrome(args: argparse.Namespace, steps) -> int:
@@ -67,11 +69,3 @@ def _otlp(args: argparse.Namespace, steps) -> int:
     console.print(f"sent {result.sent} spans to {result.url}"
                   + (f"; {result.open_skipped} open spans left out (OTLP needs an end time)" if result.open_skipped else ""))
     return 0
-
-
-def _slime(args: argparse.Namespace, steps) -> int:
-    from rltrace.replay.slime_export import export_command
-
-    if not args.out:
-        raise RltraceError("--format slime needs --out FILE (it may hold {rollout_id})")
-    return export_command(args)

@@ -99,7 +99,7 @@ def _print_json(console: Console, data) -> None:
 
 
 def _list(args) -> int:
-    from rltrace.replay.inspect import list_batches
+    from rltrace.replay.browse import list_batches
 
     rows, skipped = list_batches(args.run_dir)
     console = Console()
@@ -112,7 +112,7 @@ def _list(args) -> int:
 
 def _show(args) -> int:
     from rltrace.replay import load
-    from rltrace.replay.inspect import pick_sample, sample_views
+    from rltrace.replay.browse import pick_sample, sample_views
 
     tokenizer = _tokenizer(args)
     batch = load(args.run_dir, args.step, batch_id=args.batch, tokenizer=tokenizer)

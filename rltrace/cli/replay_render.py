@@ -6,12 +6,13 @@ import datetime as dt
 import re
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 _HIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ue000-\uf8ff\ud800-\udfff\ufffe\uffff\ufffd]")
-_SHORT = {"repetition": "REP", "invalid_text": "BAD", "truncated": "TRUNC", "template_leak": "TMPL", "empty": "EMPTY", "reward_outlier": "OUTL"}
+_SHORT = {"repetition": "REP", "invalid_text": "BAD", "truncated": "TRUNC", "template_leak": "TMPL", "prompt_template": "PROMPT", "empty": "EMPTY", "reward_outlier": "OUTL"}
 
 
 def visible(text: str | None) -> Text:
@@ -34,21 +35,21 @@ def _num(value, fmt: str = ".4g") -> str:
 
 def batches(console: Console, run_dir: str, rows: list[dict], skipped: list[str]) -> None:
     if not rows:
-        console.print(f"no frozen batches in {run_dir} (freeze with rltrace.replay.freeze or a Freezer)")
-    t = Table(title=f"Frozen batches in {run_dir}", title_justify="left")
+        console.print(escape(f"no frozen batches in {run_dir} (freeze with rltrace.replay.freeze or a Freezer)"))
+    t = Table(title=escape(f"Frozen batches in {run_dir}"), title_justify="left")
     for col in ("step", "batch", "samples", "trigger", "reason", "v_t", "tokenizer", "frozen", "MB", "replays"):
         t.add_column(col, justify="right" if col in ("step", "samples", "v_t", "MB", "replays") else "left")
     for r in rows:
         frozen = dt.datetime.fromtimestamp(r["frozen_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S") if r.get("frozen_ns") else "-"
         t.add_row(
             str(r.get("step")), r.get("batch_id") or "-", str(r.get("n_samples")), r.get("trigger") or "-",
-            (r.get("reason") or "")[:60], _num(r.get("train_version"), "d"), r.get("tokenizer_name") or "-", frozen,
+            escape((r.get("reason") or "")[:60]), _num(r.get("train_version"), "d"), r.get("tokenizer_name") or "-", frozen,
             f"{r['bytes'] / 1e6:.1f}", str(r["replays"]),
         )
     if rows:
         console.print(t)
     for s in skipped:
-        console.print(f"[yellow]unreadable part skipped:[/] {s}")
+        console.print(f"[yellow]unreadable part skipped:[/] {escape(s)}")
 
 
 def samples(console: Console, batch, views: list[dict]) -> None:
@@ -60,7 +61,7 @@ def samples(console: Console, batch, views: list[dict]) -> None:
     for col in ("#", "id", "group", "v_s", "reward", "finish", "resp len", "flags", "response"):
         t.add_column(col, justify="right" if col in ("#", "id", "group", "v_s", "reward", "resp len") else "left", overflow="fold")
     for v in views:
-        text = (v["response_text"] or "")[:60]
+        text = (v["response_text"] or "")[:60].replace("\n", "⏎")
         t.add_row(
             str(v["sample_index"]), _num(v["sample_id"], "d"), _num(v["group_id"], "d"), _num(v["weight_version"], "d"),
             _num(v["reward"]), v["finish_reason"] or "-", _num(v["response_len"], "d"),
@@ -77,7 +78,7 @@ def sample(console: Console, batch, v: dict) -> None:
         f"v_s {_num(v['weight_version'], 'd')} · v_t {_num(batch.meta.get('train_version'), 'd')} · reward {_num(v['reward'])} · "
         f"finish {v['finish_reason'] or '-'} · prompt {_num(v['prompt_len'], 'd')} / response {_num(v['response_len'], 'd')} tokens"
     )
-    console.print(head)
+    console.print(escape(head))
     for name, why in v["flags"].items():
         console.print(Text(f"  ! {name}: {why}", style="bold red"))
     if not v["flags"]:
@@ -90,7 +91,7 @@ def diffs(console: Console, title: str, items) -> None:
     if not items:
         console.print(f"{title}: no columns to compare (the entry's result names match no recorded column; use --pair)")
         return
-    t = Table(title=title, title_justify="left")
+    t = Table(title=escape(title), title_justify="left")
     for col in ("a", "b", "samples", "values", "bitwise", "differ", "mean |b-a|", "max |b-a|", "k3", "aligned (<1e-6)"):
         t.add_column(col, justify="left" if col in ("a", "b", "bitwise", "aligned (<1e-6)") else "right")
     for d in items:
@@ -148,7 +149,7 @@ def comparison(console: Console, report: dict) -> None:
 
 def decomposition(console: Console, batch, v_t: int, versions: list[int], r) -> None:
     console.print(f"step {batch.step}: {r.samples} samples, {r.tokens} masked response tokens, v_t={v_t}, versions {versions}")
-    t = Table(title="log p_vt - log q_vs = staleness [log p_vt - log p_vs] + engine gap [log p_vs - log q_vs]", title_justify="left")
+    t = Table(title=escape("log p_vt - log q_vs = staleness [log p_vt - log p_vs] + engine gap [log p_vs - log q_vs]"), title_justify="left")
     for col in ("term", "mean |.|", "mean", "share"):
         t.add_column(col, justify="left" if col == "term" else "right")
     t.add_row("total (train_rollout_logprob_abs_diff)", f"{r.mean_abs_total:.4g}", f"{r.mean_staleness + r.mean_engine:.4g}", "")

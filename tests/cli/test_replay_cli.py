@@ -1,7 +1,6 @@
 """`rltrace replay|import|export` end to end: output a user reads, and one-line errors (exit 2)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -9,11 +8,10 @@ import torch
 
 import rltrace
 from rltrace.cli import main
+from tests.replay.slime_dumps import rollout_dump, sample_dict, train_dump
+from tests.replay.tiny import CharTokenizer, make_run
 
 REPLAY_TESTS = Path(__file__).parent.parent / "replay"
-sys.path.insert(0, str(REPLAY_TESTS))
-from slime_dumps import rollout_dump, sample_dict, train_dump  # noqa: E402
-from tiny import CharTokenizer, make_run  # noqa: E402
 
 ENTRIES = str(REPLAY_TESTS / "entries.py")
 TOKENIZER = str(REPLAY_TESTS / "tiny.py") + ":CharTokenizer"

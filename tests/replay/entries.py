@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny import CharTokenizer, load_model, score  # noqa: E402
+from tests.replay.tiny import CharTokenizer, load_model, score
 
 _VOCAB = len(CharTokenizer().tokens)
 

@@ -7,8 +7,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from test_codec import same_bits
-from tiny import CharTokenizer, make_run
 
 import rltrace
 import rltrace.replay as replay
@@ -16,6 +14,7 @@ from rltrace import _names
 from rltrace.replay.errors import ReplayError, TokenizerMismatchError
 from rltrace.store import StoreError
 from rltrace.store.writer import write_part
+from tests.replay.tiny import CharTokenizer, make_run, same_bits
 
 
 def test_rows_come_back_bit_exact_with_batch_fields(tmp_path):
@@ -98,6 +97,17 @@ def test_a_tokenizer_with_another_vocabulary_is_refused_naming_the_field(tmp_pat
     with pytest.raises(TokenizerMismatchError, match="field tokenizer_hash") as err:
         replay.load(run_dir, 3, tokenizer=other)
     assert "batches/0000000003-" in str(err.value)
+
+
+def test_tokenizer_identity_reads_every_kind_of_vocabulary():
+    class ListVocab:
+        vocab = ["<pad>", "a", "b"]
+
+    by_list = replay.tokenizer_identity(ListVocab())
+    assert by_list == ("ListVocab", replay.tokenizer_identity({"<pad>": 0, "a": 1, "b": 2})[1])
+    assert by_list[1] != replay.tokenizer_identity({"<pad>": 0, "a": 2, "b": 1})[1]
+    with pytest.raises(ReplayError, match="cannot read the vocabulary of tokenizer object"):
+        replay.tokenizer_identity(object())
 
 
 def _only_part(run_dir):

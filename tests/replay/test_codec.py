@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rltrace.replay import codec
+from tests.replay.tiny import same_bits
 
 
 def through_parquet(tmp_path, arrays: dict) -> pa.Table:
@@ -28,16 +29,6 @@ def round_trip_batched(tmp_path, name, value):
     arrays, spec = codec.encode_batched(name, value, value.shape[0])
     table = through_parquet(tmp_path, arrays)
     return codec.decode(table.column(name), spec), spec
-
-
-def same_bits(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
-            return False
-        return a.reshape(-1).view(torch.uint8).numpy().tobytes() == b.reshape(-1).view(torch.uint8).numpy().tobytes()
-    if isinstance(a, (np.ndarray, np.generic)):
-        return type(a) is type(b) and a.dtype == b.dtype and np.shape(a) == np.shape(b) and np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    return a == b and type(a) is type(b)
 
 
 def special_floats(dtype: torch.dtype) -> torch.Tensor:
@@ -153,13 +144,3 @@ def test_complex_tensors_are_refused_with_the_dtype_named():
 def test_tensors_inside_json_are_refused_with_the_sample_named():
     with pytest.raises(TypeError, match="sample 1"):
         codec.encode_rows("metadata", [{"a": 1}, {"t": torch.zeros(2)}])
-
-
-def test_canonical_columns_are_checked_on_the_callers_thread():
-    with pytest.raises(ValueError, match="weight_versions"):
-        codec.check_canonical("weight_version", [3, 4])
-    with pytest.raises(ValueError, match="reward_components"):
-        codec.check_canonical("reward", torch.zeros(3))
-    with pytest.raises(ValueError, match="str"):
-        codec.check_canonical("response_text", [1, 2])
-    codec.check_canonical("reward", torch.tensor(1.0))

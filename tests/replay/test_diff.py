@@ -5,13 +5,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny import make_run
 
 import rltrace
 from rltrace.replay.decompose import decompose
 from rltrace.replay.diff import bits, compare_columns, repeatability
 from rltrace.replay.errors import ReplayError
 from rltrace.replay.rerun import run_entry
+from tests.replay.tiny import make_run
 
 ENTRIES = str(Path(__file__).parent / "entries.py")
 
@@ -35,6 +35,7 @@ def test_lengths_nans_and_dtypes():
     b = [np.array([1.0, np.nan]), np.array([1.0, np.nan])]
     d = compare_columns("a", a, "b", b, 2)
     assert d.length_mismatch == [0] and d.nan_mismatch == 1 and not d.aligned
+    assert d.samples_different == 2  # sample 0 by length (its common prefix agrees), sample 1 by the NaN
     same_values = compare_columns("a", [torch.tensor([1.0])], "b", [torch.tensor([1.0], dtype=torch.float64)], 1, logprob=True)
     assert same_values.mean_abs == 0 and same_values.aligned and not same_values.bitwise_equal  # aligned, not bitwise
 

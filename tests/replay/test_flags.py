@@ -2,9 +2,9 @@
 
 import numpy as np
 import torch
-from tiny import CharTokenizer
 
 from rltrace.replay.flags import TextRules, batch_flags, reward_outliers, sample_flags
+from tests.replay.tiny import CharTokenizer
 
 TOK = CharTokenizer()
 RULES = TextRules.from_meta({"special_token_ids": TOK.all_special_ids, "eos_token_ids": [TOK.eos_token_id], "max_response_len": 40})
@@ -43,6 +43,7 @@ def test_truncation_by_finish_reason_or_length_cap():
     assert flags_of("abc", finish="length")["truncated"] == "finish_reason=length"
     assert "max_response_len=40" in flags_of(tokens=list(range(5, 45)))["truncated"]
     assert "truncated" not in flags_of("abc", finish="stop")
+    assert "truncated" not in flags_of(tokens=list(range(5, 45)), finish="stop")  # EOS on the last allowed token
 
 
 def test_template_and_special_tokens_leaking_into_the_response():
@@ -51,6 +52,15 @@ def test_template_and_special_tokens_leaking_into_the_response():
     text_only = sample_flags({"response_text": "[INST] do it [/INST] ok"}, RULES)
     assert "'[INST]'" in text_only["template_leak"]
     assert "template_leak" not in flags_of("fine<|im_end|>")  # the end-of-sequence token at the end is allowed
+
+
+def test_a_prompt_without_the_generation_prompt():
+    rules = TextRules.from_meta({"generation_prompt": "<|im_start|>assistant\n"})
+    good = {"prompt_text": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "response_text": "hello"}
+    bad = {"prompt_text": "<|im_start|>user\nhi<|im_end|>\n", "response_text": "hello"}
+    assert sample_flags(good, rules) == {}
+    assert "does not end with the generation prompt" in sample_flags(bad, rules)["prompt_template"]
+    assert sample_flags(bad) == {}  # without the batch's generation_prompt there is nothing to compare
 
 
 def test_empty_response():

@@ -5,12 +5,12 @@ import threading
 
 import pytest
 import torch
-from tiny import CharTokenizer, make_samples
 
 import rltrace
 import rltrace.replay as replay
 from rltrace.replay import writer as writer_module
-from rltrace.replay.freezer import Freezer, FreezePolicy, write_request
+from rltrace.replay.freezer import FreezePolicy, Freezer, check_canonical, write_request
+from tests.replay.tiny import CharTokenizer, checkpoint, make_samples
 
 
 def _steps(run_dir) -> list[int]:
@@ -80,13 +80,18 @@ def test_a_batch_that_cannot_be_converted_is_counted_and_the_writer_goes_on(tmp_
 def test_copy_true_protects_against_in_place_changes(tmp_path, blocked_writer):
     started, release = blocked_writer
     rltrace.init(tmp_path / "run")
-    tokens = torch.arange(5)
-    assert replay.freeze(1, [{"response_tokens": tokens}], copy=True)
+    tokens, per_sample, meta = torch.arange(5), [torch.ones(2), torch.ones(3)], {"lr": 1.0}
+    assert replay.freeze(1, [{"response_tokens": tokens, "metadata": meta}], copy=True)
+    assert replay.freeze(2, {"logp": per_sample}, copy=True)
     assert started.wait(30)
     tokens.add_(100)
+    per_sample[1].add_(1)
+    meta["lr"] = 2.0
     release.set()
     replay.flush()
-    assert torch.equal(replay.load(tmp_path / "run", 1)["response_tokens"][0], torch.arange(5))
+    first = replay.load(tmp_path / "run", 1)
+    assert torch.equal(first["response_tokens"][0], torch.arange(5)) and first["metadata"] == [{"lr": 1.0}]
+    assert torch.equal(replay.load(tmp_path / "run", 2)["logp"][1], torch.ones(3))
 
 
 @pytest.mark.parametrize(
@@ -96,6 +101,7 @@ def test_copy_true_protects_against_in_place_changes(tmp_path, blocked_writer):
         ([{"step": 1}], "used by rltrace itself"),
         ([{"weight_version": [1, 2]}], "weight_versions"),
         ({"reward": [[1.0, 2.0]]}, "reward_components"),
+        ({"reward": torch.zeros(4, 2)}, "reward_components"),
         ({"x": 3}, "must be a tensor/array"),
         ("text", "list of dicts or a dict of columns"),
         ([1, 2], "must be dicts"),
@@ -160,14 +166,15 @@ def test_bad_text_probe_finds_leaked_template_tokens(tmp_path):
     assert freezer.decide(1, good) is None
     trigger, reason = freezer.decide(2, bad)
     assert trigger == "anomaly" and "template_leak" in reason
+    no_assistant = [{"prompt_text": "<|im_start|>user\nhi<|im_end|>\n", "response_text": "ok"}]
+    meta = {"generation_prompt": "<|im_start|>assistant\n"}
+    assert "prompt_template" in Freezer(FreezePolicy(bad_text=True)).decide(3, no_assistant, batch_meta=meta)[1]
     looping = {"response_tokens": torch.tensor([[5, 6, 7] * 10]), "finish_reason": ["length"]}
     assert "repetition" in Freezer(FreezePolicy(bad_text=True)).decide(3, looping)[1]
 
 
 def test_a_real_batch_freezes_through_the_policy(tmp_path):
     tok = CharTokenizer()
-    from tiny import checkpoint
-
     checkpoint(tmp_path / "ckpt", 1, len(tok.tokens))
     samples = make_samples(tok, tmp_path / "ckpt", n=4)
     rltrace.init(tmp_path / "run")
@@ -176,3 +183,32 @@ def test_a_real_batch_freezes_through_the_policy(tmp_path):
     replay.flush()
     batch = replay.load(tmp_path / "run", 2, tokenizer=tok)
     assert batch.meta["trigger"] == "every_n" and batch.meta["reason"] == "every 2 steps"
+
+
+def test_a_forked_child_freezes_with_its_own_writer(tmp_path):
+    import multiprocessing
+
+    rltrace.init(tmp_path / "run")
+    assert replay.freeze(1, [{"reward": 1.0}])
+    replay.flush()
+    child = multiprocessing.get_context("fork").Process(target=_freeze_in_child, args=(2,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert _steps(tmp_path / "run") == [1, 2]
+    assert replay.load(tmp_path / "run", 2).meta["pid"] == child.pid
+
+
+def _freeze_in_child(step: int) -> None:
+    assert replay.freeze(step, [{"reward": float(step)}])
+    replay.flush()
+
+
+def test_canonical_columns_are_checked_on_the_callers_thread():
+    with pytest.raises(ValueError, match="weight_versions"):
+        check_canonical("weight_version", [3, 4])
+    with pytest.raises(ValueError, match="reward_components"):
+        check_canonical("reward", torch.zeros(3))
+    with pytest.raises(ValueError, match="str"):
+        check_canonical("response_text", [1, 2])
+    check_canonical("reward", torch.tensor(1.0))

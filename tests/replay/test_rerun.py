@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny import CharTokenizer, make_run
 
 import rltrace
 from rltrace.replay.diff import diff_against_record, diff_replays, repeatability
 from rltrace.replay.errors import ReplayError, TokenizerMismatchError
 from rltrace.replay.rerun import latest_replay, load_entry, load_replays, run_entry
+from tests.replay.tiny import CharTokenizer, make_run
 
 ENTRIES = str(Path(__file__).parent / "entries.py")
 
@@ -70,8 +70,8 @@ def test_each_repeat_gets_a_fresh_batch(tmp_path):
 
 
 def test_entries_named_by_module(tmp_path, monkeypatch):
-    monkeypatch.chdir(Path(__file__).parent)
-    assert load_entry("entries:reward").__name__ == "reward"
+    monkeypatch.chdir(Path(__file__).parents[2])  # the repository root, as for `python -m rltrace`
+    assert load_entry("tests.replay.entries:reward").__name__ == "reward"
 
 
 @pytest.mark.parametrize(

@@ -5,14 +5,14 @@ import json
 
 import pytest
 import torch
-from slime_dumps import rollout_dump, sample_dict, train_dump
-from tiny import make_run
 
 import rltrace
 import rltrace.replay as replay
 from rltrace.replay.errors import SlimeDumpError
 from rltrace.replay.slime import import_slime
 from rltrace.replay.slime_export import export_slime
+from tests.replay.slime_dumps import rollout_dump, sample_dict, train_dump
+from tests.replay.tiny import make_run
 
 
 class CustomLabel:

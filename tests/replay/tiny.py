@@ -11,6 +11,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import rltrace
@@ -153,3 +154,14 @@ def make_run(tmp_path: Path, *, step: int = 3, v_t: int = 2, versions=(1,), roll
     assert replay.freeze(step, samples, batch_meta=meta)
     replay.flush()
     return run_dir, tok, samples
+
+
+def same_bits(a, b) -> bool:
+    """Same type, dtype, shape and every bit (tensors, arrays), or equal and of the same type."""
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        return a.reshape(-1).view(torch.uint8).numpy().tobytes() == b.reshape(-1).view(torch.uint8).numpy().tobytes()
+    if isinstance(a, (np.ndarray, np.generic)):
+        return type(a) is type(b) and a.dtype == b.dtype and np.shape(a) == np.shape(b) and np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    return a == b and type(a) is type(b)

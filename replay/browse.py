@@ -53,7 +53,7 @@ def sample_views(batch: FrozenBatch, tokenizer: Any = None) -> list[dict[str, An
     rules = TextRules.from_meta(batch.extra)
     views = []
     for i in range(n):
-        get = lambda name: columns[name][i] if name in columns else None  # noqa: E731
+        get = {name: column[i] for name, column in columns.items()}.get
         response, prompt = get("response_tokens"), get("prompt_tokens")
         response_text = get("response_text")
         prompt_text = get("prompt_text")
