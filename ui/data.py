@@ -21,7 +21,7 @@ import streamlit as st
 from rltrace import analysis, profiling, replay, report as report_mod
 from rltrace.analysis._steps import Steps
 from rltrace.export import chrome
-from rltrace.replay import diff, inspect, rerun
+from rltrace.replay import browse, diff, rerun
 from rltrace.store import read_manifest
 from rltrace.ui.runs import RunRef, connection, forget, skipped_parts
 
@@ -285,7 +285,7 @@ def artefact(run: RunRef, stored: str | None):
 @st.cache_data(**CACHE)
 def batches(run: RunRef) -> pd.DataFrame:
     """Every frozen batch (`rltrace replay list`): step, batch_id, n_samples, trigger, reason, ..."""
-    rows, _ = inspect.list_batches(run.path)
+    rows, _ = browse.list_batches(run.path)
     return pd.DataFrame(rows, columns=["step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version",
                                        "tokenizer_name", "checkpoint", "path", "bytes", "replays"])
 
@@ -299,7 +299,7 @@ def batch(run: RunRef, step: int, batch_id: str) -> dict:
     """One frozen batch as plain data (`rltrace replay show`): meta, one row per sample with its
     flags, and per-token arrays (response_tokens, rollout/train log-probs, loss_mask) by sample."""
     frozen = replay.load(run.path, step, batch_id=batch_id)
-    views = inspect.sample_views(frozen)
+    views = browse.sample_views(frozen)
     per_token = {name: [_tokens(v) for v in diff.rows_of(frozen[name], len(frozen))]
                  for name in TOKEN_COLUMNS if name in frozen}
     rows = pd.DataFrame([{k: v for k, v in view.items() if k != "response_tokens"} for view in views])

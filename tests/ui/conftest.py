@@ -26,16 +26,18 @@ def _run(*args: str, expect: int = 0, **env: str) -> None:
     assert done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
 
 
+REPLAY_LABEL = "trainer forward, v_t weights"
+
+
 @pytest.fixture(scope="session")
 def colocated_run(tmp_path_factory) -> Path:
-    """Colocated sync demo with a straggler and slow rewards (profiled by py-spy); afterwards the
-    batches of steps 1 and 3 are frozen and step 1 is replayed twice with the final checkpoint."""
+    """Colocated sync demo with a straggler and slow rewards (profiled by py-spy), freezing every
+    second batch; then step 2 is replayed twice (the trainer's log-probs from its v_t checkpoint)."""
     out = tmp_path_factory.mktemp("ui") / "colocated"
     _run("-m", "examples.tiny_grpo", "--out", str(out), *DEMO_SHORT, "--straggler", "--slow-reward", "0.05",
-         RLTRACE_PROFILE_AFTER="reward=0.3")
-    _run(str(Path(__file__).with_name("demo_batches.py")), str(out), "1", "3")
-    _run("-m", "rltrace", "replay", "run", str(out), "--step", "1", "--repeat", "2",
-         "--entry", "tests/ui/demo_batches.py:train_logprobs", "--label", "trainer forward, final weights")
+         "--freeze-every", "2", RLTRACE_PROFILE_AFTER="reward=0.3")
+    _run("-m", "rltrace", "replay", "run", str(out), "--step", "2", "--repeat", "2",
+         "--entry", "examples.tiny_grpo.replay:logprobs", "--label", REPLAY_LABEL)
     return out
 
 

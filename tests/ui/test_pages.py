@@ -10,11 +10,13 @@ import json
 import numpy as np
 import pytest
 
-from rltrace import report, store
+from rltrace import replay, report, store
+from rltrace.replay import diff, rerun
 from rltrace.store import read_manifest
+from rltrace.testing import RunBuilder
 from rltrace.ui import style
 
-from .conftest import no_exceptions
+from .conftest import REPLAY_LABEL, no_exceptions
 
 PAGES = ["overview", "timeline", "waits", "reward", "batches", "profiles", "compare"]
 
@@ -150,18 +152,23 @@ def test_reward_and_mismatch_overlay_both_runs(colocated_run, async_run, app):
 
 def test_batches_show_flags_texts_and_the_replay_diff(colocated_run, app):
     at = page(app(colocated_run), "batches")
-    assert at.subheader[0].value.startswith("Step 1 ")  # the latest batch that was replayed
+    assert at.subheader[0].value.startswith("Step 2 ")  # the latest batch that was replayed
     assert "truncated" in texts(at)  # the --straggler sample runs to its token budget
     assert "<|assistant|>" in at.code[0].value  # the prompt, with its chat template
     strip = json.loads(charts(at)[0].proto.spec)["data"][0]
-    assert strip["type"] == "heatmap" and strip["y"] == ["trainer forward, final weights − rollout"]
-    diff = at.dataframe[-1].value.iloc[0]
-    assert (diff["a"], diff["b"], bool(diff["aligned"])) == ("rollout_log_probs", "log_probs", False)
+    assert strip["type"] == "heatmap" and strip["y"] == [f"{REPLAY_LABEL} − rollout"]
+    frozen = replay.load(colocated_run, 2)
+    [expected] = diff.diff_against_record(frozen, rerun.latest_replay(colocated_run, 2)[0])  # `rltrace replay diff`
+    shown = at.dataframe[-1].value.iloc[0]
+    assert (shown["a"], shown["b"]) == (expected.a, expected.b) == ("rollout_log_probs", "log_probs")
+    assert shown["mean_abs"] == expected.mean_abs and bool(shown["aligned"]) == expected.aligned
     assert "repeatable: bit-identical repeats" in texts(at)
 
 
-def test_pages_say_plainly_when_a_run_has_no_batches_or_profiles(async_run, app):
-    at = page(app(async_run), "batches")
+def test_pages_say_plainly_when_a_run_has_no_batches_or_profiles(tmp_path, app):
+    b = RunBuilder(tmp_path / "run")  # spans only: no freezing, no profiling
+    b.process("trainer").span("train", 0, 1, step=0)
+    at = page(app(b.write()), "batches")
     assert at.info[0].value.startswith("No frozen batches in this run — see docs/replay.md")
     page(at, "profiles")
     assert at.info[0].value.startswith("No profiles in this run — see docs/profiling.md")
