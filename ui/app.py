@@ -79,7 +79,8 @@ def _step_range(info: dict) -> None:
 def sidebar(paths: list[str]) -> None:
     infos = {p: data.info(state.ref(p)) for p in paths}
     label = {p: style.run_label(infos[p]["name"], p) for p in paths}
-    st.sidebar.selectbox("Run", paths, format_func=label.get, key=state.RUN, persist_state="session")
+    st.sidebar.selectbox("Run", paths, format_func=label.get, key=state.RUN, persist_state="session",
+                         on_change=state.run_changed)
     others = [state.NO_RUN] + [p for p in paths if p != st.session_state[state.RUN]]
     if len(paths) > 1:
         if st.session_state.get(state.COMPARE) not in others:

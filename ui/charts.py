@@ -85,16 +85,20 @@ def tail(long_tail: pd.DataFrame, *, height: int = 300) -> go.Figure:
 
 def sync_fit(points: pd.DataFrame, fit: dict, *, height: int = 320) -> go.Figure:
     """Weight-sync time against payload, with the fitted t_W = S_W / B_W + t_0."""
+    top = float(points["bytes"].max())
+    unit, scale = next(((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if top >= f), ("bytes", 1.0))
     fig = go.Figure()
     for i, (method, g) in enumerate(points.groupby(points["method"].fillna("?"))):
-        fig.add_scatter(x=g["bytes"] / 1e9, y=g["seconds"], mode="markers", name=f"{method} syncs",
+        fig.add_scatter(x=g["bytes"] / scale, y=g["seconds"], mode="markers", name=f"{method} syncs",
                         marker={"size": 8, "color": style.RUN_COLORS[(i + 3) % len(style.RUN_COLORS)], "opacity": 0.8},
-                        customdata=g["step"], hovertemplate="step %{customdata}<br>%{x:.3g} GB in %{y:.3g} s<extra></extra>")
+                        customdata=g["step"], hovertemplate=f"step %{{customdata}}<br>%{{x:.3g}} {unit} in %{{y:.3g}} s<extra></extra>")
     if fit.get("B_W"):
-        xs = np.linspace(0, points["bytes"].max() * 1.05, 50)
-        fig.add_scatter(x=xs / 1e9, y=xs / fit["B_W"] + fit["t_0"], mode="lines", name="fit S_W / B_W + t_0",
+        xs = np.linspace(0, top * 1.05, 50)
+        fig.add_scatter(x=xs / scale, y=xs / fit["B_W"] + fit["t_0"], mode="lines", name="fit S_W / B_W + t_0",
                         line={"color": "#27272a", "dash": "dash"}, hoverinfo="skip")
-    return base(fig, height=height, y="seconds", x="payload S_W (GB)")
+    fig.update_xaxes(rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero")
+    return base(fig, height=height, y="seconds", x=f"payload S_W ({unit})")
 
 
 def metric_lines(frames: dict[str, pd.DataFrame], *, title: str, y: str, height: int = 320,

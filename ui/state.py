@@ -20,6 +20,9 @@ VERSIONS = "run_versions"  # {path: fingerprint} pinned for this session
 NO_RUN = ""
 TIMELINE_STEP = "timeline_step"
 TIMELINE_SPAN = "timeline_span"
+NO_SPAN = ""  # the span picker's "nothing picked" (a None option would show as an empty box)
+#: Page choices that name a step or span of one run: forgotten when the user picks another run.
+PER_RUN = (TIMELINE_STEP, TIMELINE_SPAN, "compare_a", "compare_b", "compare_step", "samples_x", "samples_y", "samples_color")
 
 
 def ref(path: str) -> RunRef:
@@ -46,6 +49,12 @@ def steps() -> Steps:
     return None if value is None else (int(value[0]), int(value[1]))
 
 
+def run_changed() -> None:
+    """`on_change` of the run picker: steps and spans of the old run mean nothing in the new one."""
+    for key in PER_RUN:
+        st.session_state.pop(key, None)
+
+
 def choose(key: str, options: list, default) -> None:
     """Before creating a page widget with `key`: make sure its value is one of `options`."""
     if st.session_state.get(key) not in options:
@@ -55,7 +64,7 @@ def choose(key: str, options: list, default) -> None:
 def open_timeline(step: int, span_id: str | None = None) -> None:
     """Show `step` (and select `span_id`) on the Timeline page."""
     st.session_state[TIMELINE_STEP] = int(step)
-    st.session_state[TIMELINE_SPAN] = span_id
+    st.session_state[TIMELINE_SPAN] = span_id or NO_SPAN
     st.switch_page(PAGES["timeline"])
 
 

@@ -92,10 +92,13 @@ def test_overview_of_the_async_run_shows_the_hang_and_the_measured_period(async_
     assert any(f.startswith("Open span: generate on rollout0") for f in r["findings"])
 
 
-def test_timeline_defaults_to_the_slowest_recent_step_and_draws_every_process(async_run, app, reports):
-    at = page(app(async_run), "timeline")
-    slowest = max(reports[async_run]["steps"], key=lambda s: s["wall_s"])["step"]
-    assert at.selectbox(key="timeline_step").value == slowest
+def test_timeline_defaults_to_the_slowest_recent_step_and_draws_every_process(colocated_run, async_run, app, reports):
+    at = page(app(colocated_run, async_run), "timeline")
+    slowest = {run: max(reports[run]["steps"], key=lambda s: s["wall_s"])["step"] for run in (colocated_run, async_run)}
+    assert at.selectbox(key="timeline_step").value == slowest[colocated_run]
+    at.selectbox(key="run").set_value(str(async_run)).run()  # another run: its own slowest step
+    no_exceptions(at)
+    assert at.selectbox(key="timeline_step").value == slowest[async_run]
     assert metrics(at)["Processes"] == "2"  # the trainer and the Ray rollout worker
     names = {t["name"] for t in json.loads(charts(at)[0].proto.spec)["data"]}
     assert {"rollout", "train", "weight_sync", "wait", "critical path"} <= names

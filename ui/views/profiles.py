@@ -36,10 +36,13 @@ if table.empty:
 
 table["who"] = [style.who(r, k) for r, k in zip(table["role"], table["rank"])]
 wanted = st.session_state.pop("profiles_span", None)  # sent here from the Timeline
-first = table.index[table["span_id"] == wanted][0] if wanted in set(table["span_id"]) else 0
+usable = table.index[table["status"] == "ok"]
+first = (table.index[table["span_id"] == wanted][0] if wanted in set(table["span_id"])
+         else usable[0] if len(usable) else 0)  # the first profile with frames
 shown = table[["step", "phase", "who", "kind", "trigger", "status", "top_frame", "top_self_share", "reason", "size_bytes"]]
 picked = st.dataframe(
     shown, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key="profiles_table",
+    placeholder="–",
     column_config={"top_frame": st.column_config.TextColumn("hottest frame", width="medium"),
                    "top_self_share": st.column_config.ProgressColumn("its self share", format="percent", min_value=0, max_value=1),
                    "reason": st.column_config.TextColumn("why it was taken", width="large"),
@@ -68,9 +71,11 @@ with left:
         fig.update_xaxes(tickformat=".0%", range=[0, 1])
         st.plotly_chart(charts.base(fig, height=max(260, 26 * len(top) + 90), x="share of samples"), key="profile_frames")
 with right:
+    top_frame = "–" if style.missing(row["top_frame"]) else (
+        f"{row['top_frame']} ({row['top_file'] or '?'}:{'?' if style.missing(row['top_line']) else int(row['top_line'])})")
     facts = {"profile id": row["profile_id"], "span": f"{row['span_id']} (trace {row['trace_id']})",
-             "process": row["process_id"], "top frame": f"{row['top_frame']} {row['top_file'] or ''}:{'' if pd.isna(row['top_line']) else int(row['top_line'])}",
-             "file": row["path"] or "—", "size": style.nbytes(row["size_bytes"])}
+             "process": row["process_id"], "top frame": top_frame, "file": row["path"] or "–",
+             "size": style.nbytes(row["size_bytes"])}
     st.dataframe(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]}), hide_index=True, width="stretch")
     if not style.missing(row["step"]) and st.button("Show the span on the Timeline", icon=":material/view_timeline:"):
         state.open_timeline(int(row["step"]), row["span_id"])

@@ -99,15 +99,15 @@ if clicked and clicked != st.session_state.get("_timeline_clicked"):
     st.rerun()
 
 longest = spans.sort_values("duration_s", ascending=False, na_position="first").head(MAX_SPAN_CHOICES)
-options = [None] + longest["span_id"].tolist()
+options = [state.NO_SPAN] + longest["span_id"].tolist()
 if selected and selected not in options and selected in set(spans["span_id"]):
     options.append(selected)
-state.choose(state.TIMELINE_SPAN, options, None)
+state.choose(state.TIMELINE_SPAN, options, state.NO_SPAN)
 by_id = spans.drop_duplicates("span_id").set_index("span_id")
 
 
 def _describe(span_id) -> str:
-    if span_id is None:
+    if span_id == state.NO_SPAN:
         return "— pick a span (or click one above) —"
     r = by_id.loc[span_id]
     length = "open" if r["is_open"] else style.seconds(r["duration_s"])
@@ -116,7 +116,7 @@ def _describe(span_id) -> str:
 
 span_id = st.selectbox("Span", options, key=state.TIMELINE_SPAN, format_func=_describe, persist_state="session",
                        help="the longest spans first")
-if span_id is not None:
+if span_id != state.NO_SPAN:
     detail = data.span(run, span_id)
     if detail is None:
         st.warning("That span is not in this snapshot of the run.")

@@ -93,7 +93,7 @@ else:
         st.metric("B_W", "–" if not fit.get("B_W") else f"{fit['B_W'] / 1e9:.3g} GB/s", help="fitted bandwidth")
         st.metric("t_0", style.seconds(fit.get("t_0")), help="fitted fixed overhead per sync")
         st.metric("R²", style.number(fit.get("r2"), 2))
-        st.metric("Syncs", f"{fit['n']} ({fit['sizes']} sizes)")
+        st.metric("Syncs", f"{fit['n']} ({style.plural(fit['sizes'], 'size')})")
         if not fit.get("B_W") and fit.get("effective_B_W"):
             st.caption(f"One payload size: effective {fit['effective_B_W'] / 1e9:.3g} GB/s. B_W and t_0 need several sizes.")
         if fit.get("methods"):
