@@ -11,6 +11,7 @@ from rltrace.store import StoreError, read_manifest
 from rltrace.ui import data, runs, state, style
 
 LIVE_REFRESH_S = 5  # how often a live run is checked for new parts
+IN_FULL_RUN = "_in_full_run"  # True while the whole script runs, False while only a fragment does
 
 st.set_page_config(page_title="rltrace", page_icon=":material/query_stats:", layout="wide")
 
@@ -43,11 +44,20 @@ def _reload(paths: list[str]) -> bool:
     return changed
 
 
+def _follow_live(paths: list[str]) -> list[str]:
+    """Runs still being written; each full script run shows their files as they are now."""
+    live = [p for p in paths if data.is_live(data.info(state.ref(p)), time.time_ns())]
+    _reload(live)
+    return live
+
+
 @st.fragment(run_every=LIVE_REFRESH_S)
 def _live_watch(paths: list[str], names: list[str]) -> None:
+    """Every LIVE_REFRESH_S, rerun the page if a live run has new files (not during a full run:
+    `_follow_live` already moved it on, and a rerun there would never end)."""
     st.caption(f":red[●] {', '.join(names)} {'is' if len(names) == 1 else 'are'} still being written: "
                f"checking for new steps every {LIVE_REFRESH_S} s")
-    if _reload(paths):
+    if not st.session_state.get(IN_FULL_RUN) and _reload(paths):
         st.rerun()
 
 
@@ -77,7 +87,11 @@ def _step_range(info: dict) -> None:
 
 
 def sidebar(paths: list[str]) -> None:
+    live = _follow_live(paths)
     infos = {p: data.info(state.ref(p)) for p in paths}
+    if live:
+        with st.sidebar:
+            _live_watch(live, [infos[p]["name"] for p in live])
     label = {p: style.run_label(infos[p]["name"], p) for p in paths}
     st.sidebar.selectbox("Run", paths, format_func=label.get, key=state.RUN, persist_state="session",
                          on_change=state.run_changed)
@@ -93,10 +107,7 @@ def sidebar(paths: list[str]) -> None:
         st.session_state[state.COMPARE] = state.NO_RUN
     info = infos[st.session_state[state.RUN]]
     _step_range(info)
-    live = [p for p in paths if data.is_live(infos[p], time.time_ns())]
     with st.sidebar:
-        if live:
-            _live_watch(paths, [infos[p]["name"] for p in live])
         if st.button("Reload", key="reload", icon=":material/refresh:", help="read the run's files again (new steps, compactions)"):
             if _reload(paths):
                 st.rerun()
@@ -112,20 +123,24 @@ if not paths:
     st.info("No run to show. Start the dashboard with `rltrace ui RUN_DIR [RUN_DIR ...]`.")
     st.stop()
 _pin(paths)
-sidebar(paths)
-page = st.navigation(
-    {
-        "Run": [st.Page(state.PAGES["overview"], title="Overview", icon=":material/dashboard:", default=True)],
-        "Where the time goes": [
-            st.Page(state.PAGES["timeline"], title="Timeline", icon=":material/view_timeline:"),
-            st.Page(state.PAGES["waits"], title="Waiting stages", icon=":material/hourglass_top:"),
-            st.Page(state.PAGES["profiles"], title="Profiles", icon=":material/local_fire_department:"),
-        ],
-        "What the model learned": [
-            st.Page(state.PAGES["reward"], title="Reward & mismatch", icon=":material/show_chart:"),
-            st.Page(state.PAGES["batches"], title="Batches", icon=":material/data_table:"),
-        ],
-        "Side by side": [st.Page(state.PAGES["compare"], title="Compare", icon=":material/compare_arrows:")],
-    }
-)
-page.run()
+st.session_state[IN_FULL_RUN] = True
+try:
+    sidebar(paths)
+    page = st.navigation(
+        {
+            "Run": [st.Page(state.PAGES["overview"], title="Overview", icon=":material/dashboard:", default=True)],
+            "Where the time goes": [
+                st.Page(state.PAGES["timeline"], title="Timeline", icon=":material/view_timeline:"),
+                st.Page(state.PAGES["waits"], title="Waiting stages", icon=":material/hourglass_top:"),
+                st.Page(state.PAGES["profiles"], title="Profiles", icon=":material/local_fire_department:"),
+            ],
+            "What the model learned": [
+                st.Page(state.PAGES["reward"], title="Reward & mismatch", icon=":material/show_chart:"),
+                st.Page(state.PAGES["batches"], title="Batches", icon=":material/data_table:"),
+            ],
+            "Side by side": [st.Page(state.PAGES["compare"], title="Compare", icon=":material/compare_arrows:")],
+        }
+    )
+    page.run()
+finally:
+    st.session_state[IN_FULL_RUN] = False

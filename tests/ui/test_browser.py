@@ -75,10 +75,9 @@ def _wait_healthy(server: subprocess.Popen, port: int) -> None:
     pytest.fail(f"rltrace ui did not answer /_stcore/health within {START_TIMEOUT_S} s")
 
 
-@pytest.fixture
-def dashboard(colocated_run, async_run):
+def _serve(*run_dirs: Path):
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "rltrace", "ui", str(colocated_run), str(async_run), "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "rltrace", "ui", *map(str, run_dirs), "--port", str(port)],
                               env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_healthy(server, port)
@@ -86,6 +85,24 @@ def dashboard(colocated_run, async_run):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.fixture
+def dashboard(colocated_run, async_run):
+    yield from _serve(colocated_run, async_run)
+
+
+#: A training loop that runs until it is killed: one short step every 0.2 s.
+LIVE_LOOP = """
+import itertools, sys, time, rltrace
+rltrace.init(sys.argv[1], role="trainer", flush_interval=0.2)
+for step in itertools.count():
+    with rltrace.phase("train", step=step):
+        time.sleep(0.2)
+    rltrace.log_metrics(step, reward_mean=1 - 1 / (step + 1))
+"""
+#: The step range slider's upper end: the latest step the page shows.
+LAST_STEP = "() => Number([...document.querySelectorAll('[data-testid=stSliderThumbValue]')].at(-1)?.innerText ?? -1)"
 
 
 #: True once the page stopped changing: no running indicator, and the same height as last time asked.
@@ -166,3 +183,32 @@ def test_every_page_in_a_real_browser(dashboard, colocated_run, async_run):
         browser.close()
     assert not errors, errors
     assert {run: snapshot(run) for run in (colocated_run, async_run)} == before
+
+
+@pytest.mark.slow
+def test_a_run_being_written_shows_new_steps_by_itself(tmp_path):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:
+        _cannot("Playwright is not installed (pip install playwright)", exc)
+    run_dir = tmp_path / "live"
+    loop = subprocess.Popen([sys.executable, "-c", LIVE_LOOP, str(run_dir)], env=python_env())
+    try:
+        while not (run_dir / "spans").is_dir() or not any((run_dir / "spans").glob("*.parquet")):
+            if loop.poll() is not None:
+                pytest.fail(f"the training loop exited with {loop.returncode}")
+            time.sleep(0.1)  # the loop's first part: nothing to wait on but the file
+        with sync_playwright() as p:
+            browser = _browser(p)
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            for url in _serve(run_dir):
+                page.goto(url)
+                _settle(page)
+                page.get_by_text("still being written").wait_for(timeout=PAGE_TIMEOUT_MS)
+                first = page.evaluate(LAST_STEP)
+                page.wait_for_function(f"() => ({LAST_STEP})() > {first}", timeout=PAGE_TIMEOUT_MS)  # no click, no reload
+                _no_exception(page, "live overview")
+            browser.close()
+    finally:
+        loop.kill()
+        loop.wait(timeout=30)
