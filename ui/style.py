@@ -38,15 +38,17 @@ def missing(value) -> bool:
 
 
 def seconds(value, digits: int = 3) -> str:
-    """3.52 s, 84.1 ms, 120 µs; '–' when unknown."""
+    """3.52 s, 84.1 ms, 120 µs, 250 ns; '–' when unknown."""
     if missing(value):
         return "–"
-    value = float(value)
+    value = float(f"{float(value):.{digits}g}")  # round first: 0.0009996 s reads "1 ms", not "1e+03 µs"
     if abs(value) >= 1 or value == 0:
         return f"{value:.{digits}g} s"
     if abs(value) >= 1e-3:
         return f"{value * 1e3:.{digits}g} ms"
-    return f"{value * 1e6:.{digits}g} µs"
+    if abs(value) >= 1e-6:
+        return f"{value * 1e6:.{digits}g} µs"
+    return f"{value * 1e9:.{digits}g} ns"
 
 
 def number(value, digits: int = 3) -> str:

@@ -101,6 +101,8 @@ c1, c2, c3 = st.columns(3)
 x = c1.selectbox("x", numeric, index=numeric.index(x_default), key="samples_x", persist_state="session")
 y = c2.selectbox("y", numeric, index=numeric.index(y_default), key="samples_y", persist_state="session")
 color_options = [c for c in ("staleness", "reward", "finish_reason", "step") if c in samples.columns]
+telling = [c for c in color_options if samples[c].nunique() > 1]  # a colour that varies says something
+state.choose("samples_color", color_options, (telling or color_options or [None])[0])
 color = c3.selectbox("colour", color_options, key="samples_color", persist_state="session") if color_options else None
 if len(samples) == MAX_POINTS:
     st.caption(f"The latest {MAX_POINTS:,} samples of the range.")
