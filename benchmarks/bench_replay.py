@@ -15,6 +15,12 @@ per-repeat ratios):
                      includes preemption by other processes and the GIL held by the writer
 Both layouts are measured: one [B, T] tensor per column ("columns") and one dict per sample
 with ragged per-sample tensors ("rows").
+
+    python benchmarks/bench_replay.py --demo-steps 30
+
+instead runs the tiny GRPO demo (colocated, seed 0) in this process and reports the CPU time of
+each piece of its debug replay (building the rows, the Freezer's decision, pinning checkpoints,
+the writer thread, the checkpoint thread) as a share of the steps' CPU time.
 """
 
 from __future__ import annotations
@@ -129,15 +135,68 @@ def report(layout: str, size: int, times: dict[str, list[float]]) -> list[tuple]
     ]
 
 
+def demo_cost(steps: int, work: Path) -> None:
+    """CPU time of each replay piece in a real demo run, as a share of the steps' CPU time."""
+    import collections
+    import functools
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: examples/
+    import examples.tiny_grpo.replay as demo_replay
+    from examples.tiny_grpo import train
+    from rltrace.replay import freezer, writer
+
+    spent: collections.Counter[str] = collections.Counter()
+
+    def timed(owner, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[label] += time.thread_time() - start
+
+        setattr(owner, name, wrapper)
+
+    timed(demo_replay, "rows", "rows() (training thread)")
+    timed(demo_replay, "batch_meta", "batch_meta() (training thread)")
+    timed(freezer.Freezer, "step", "Freezer.step (training thread)")
+    timed(demo_replay, "pin_checkpoints", "pin_checkpoints (training thread)")
+    timed(writer.BatchWriter, "_write", "conversion + write (writer thread)")
+    timed(demo_replay, "_save_state", "v_t checkpoint (its thread)")
+    out = work / "demo"
+    train.main(["--out", str(out), "--steps", str(steps), "--seed", "0"])
+    rows = json.loads((out / "demo_summary.json").read_text())["steps"]
+    cpu = sum(r["cpu_seconds"] for r in rows)
+    frozen = len(list((out / "batches").glob("*.parquet")))
+    print(f"\ntiny GRPO demo, {steps} steps, {frozen} batches frozen; step CPU {1e3 * cpu / steps:.1f} ms (all threads)\n")
+    print(f"{'piece':38} {'ms/step':>8} {'share':>7}")
+    for label, seconds in spent.items():
+        print(f"{label:38} {1e3 * seconds / steps:8.2f} {seconds / cpu:7.2%}")
+    total = sum(spent.values())
+    print(f"{'all of debug replay':38} {1e3 * total / steps:8.2f} {total / cpu:7.2%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--response-len", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--demo-steps", type=int, default=None, help="measure replay's share of a tiny GRPO demo run instead")
     args = parser.parse_args()
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="bench_replay_", dir=args.dir))
+    if args.demo_steps:
+        try:
+            demo_cost(args.demo_steps, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         rltrace.init(work / "run", flush_interval=60)
         batch = make_batch(args.samples, args.response_len)

@@ -153,6 +153,70 @@ PROCESSES_SCHEMA = pa.schema(
 )
 
 
+#: Frozen batches (debug replay, docs/replay.md): one row per sample, one part per frozen batch.
+#: Batch-level fields are repeated on every row (dictionary-encoded, so nearly free); user
+#: columns (token arrays as list columns, any extra field) follow these fixed ones.
+BATCH_COLUMNS: dict[str, pa.DataType] = {
+    "step": pa.int64(),
+    "batch_id": pa.string(),  # several batches may be frozen at one step
+    "sample_index": pa.int64(),  # position in the batch, 0..n_samples-1
+    "n_samples": pa.int64(),
+    "frozen_ns": pa.int64(),  # Unix epoch nanoseconds of the freeze call
+    "trigger": pa.string(),  # every_n / on_demand / request / anomaly / import
+    "reason": pa.string(),
+    "train_version": pa.int64(),  # v_t: trainer weight version at this step
+    "tokenizer_name": pa.string(),
+    "tokenizer_hash": pa.string(),  # sha256 of the vocabulary (see rltrace.replay.tokenizer_identity)
+    "checkpoint": pa.string(),  # where the weights of this step can be loaded from
+    "config": pa.string(),  # JSON
+    "batch_meta": pa.string(),  # JSON of the other batch_meta keys
+    "codec": pa.string(),  # JSON: how each user column was given (kind, dtype, layout, shape) for bit-exact load
+    "form": pa.string(),  # "rows" (list of dicts) or "columns" (dict of columns)
+    "process_id": pa.string(),
+    "role": pa.string(),
+    "rank": pa.int64(),
+    "host": pa.string(),
+    "pid": pa.int64(),
+}
+#: Per-sample columns of a frozen batch with a fixed meaning and type (all optional).
+#: Array columns (prompt_tokens, response_tokens, loss_mask, rollout_log_probs, train_log_probs,
+#: advantages) keep the dtype they were given, so they are not listed here.
+BATCH_SAMPLE_COLUMNS: dict[str, pa.DataType] = {
+    "sample_id": pa.int64(),
+    "group_id": pa.int64(),
+    "reward": pa.float64(),
+    "reward_components": pa.string(),  # JSON object
+    "weight_version": pa.int64(),  # v_s
+    "weight_versions": pa.list_(pa.int64()),  # every version, when a sample spans several
+    "seed": pa.int64(),
+    "sampling_params": pa.string(),  # JSON object
+    "finish_reason": pa.string(),
+    "prompt_text": pa.string(),
+    "response_text": pa.string(),
+    "metadata": pa.string(),  # JSON object
+}
+BATCHES_SCHEMA = pa.schema([pa.field(n, t) for n, t in {**BATCH_COLUMNS, **BATCH_SAMPLE_COLUMNS}.items()])
+
+#: Results of `rltrace replay run`: one row per sample per repeat, next to the batch they replay.
+REPLAYS_SCHEMA = pa.schema(
+    [
+        pa.field("replay_id", pa.string()),
+        pa.field("step", pa.int64()),
+        pa.field("batch_id", pa.string()),
+        pa.field("entry", pa.string()),  # module:function
+        pa.field("label", pa.string()),
+        pa.field("args", pa.string()),  # JSON of the keyword arguments given to the entry
+        pa.field("repeat", pa.int64()),  # 0..n_repeats-1
+        pa.field("n_repeats", pa.int64()),
+        pa.field("sample_index", pa.int64()),
+        pa.field("started_ns", pa.int64()),
+        pa.field("duration_s", pa.float64()),
+        pa.field("codec", pa.string()),
+        pa.field("reward", pa.float64()),
+    ]
+)
+
+
 #: One row per profile (py-spy recording or dump, torch.profiler window), tied to the span it explains.
 PROFILES_SCHEMA = pa.schema(
     [
@@ -219,70 +283,6 @@ STEP_SUMMARY_SCHEMA = pa.schema(
 )
 
 
-#: Frozen batches (debug replay, docs/replay.md): one row per sample, one part per frozen batch.
-#: Batch-level fields are repeated on every row (dictionary-encoded, so nearly free); user
-#: columns (token arrays as list columns, any extra field) follow these fixed ones.
-BATCH_COLUMNS: dict[str, pa.DataType] = {
-    "step": pa.int64(),
-    "batch_id": pa.string(),  # several batches may be frozen at one step
-    "sample_index": pa.int64(),  # position in the batch, 0..n_samples-1
-    "n_samples": pa.int64(),
-    "frozen_ns": pa.int64(),  # Unix epoch nanoseconds of the freeze call
-    "trigger": pa.string(),  # every_n / on_demand / request / anomaly / import
-    "reason": pa.string(),
-    "train_version": pa.int64(),  # v_t: trainer weight version at this step
-    "tokenizer_name": pa.string(),
-    "tokenizer_hash": pa.string(),  # sha256 of the vocabulary (see rltrace.replay.tokenizer_identity)
-    "checkpoint": pa.string(),  # where the weights of this step can be loaded from
-    "config": pa.string(),  # JSON
-    "batch_meta": pa.string(),  # JSON of the other batch_meta keys
-    "codec": pa.string(),  # JSON: how each user column was given (kind, dtype, layout, shape) for bit-exact load
-    "form": pa.string(),  # "rows" (list of dicts) or "columns" (dict of columns)
-    "process_id": pa.string(),
-    "role": pa.string(),
-    "rank": pa.int64(),
-    "host": pa.string(),
-    "pid": pa.int64(),
-}
-#: Per-sample columns of a frozen batch with a fixed meaning and type (all optional).
-#: Array columns (prompt_tokens, response_tokens, loss_mask, rollout_log_probs, train_log_probs,
-#: advantages) keep the dtype they were given, so they are not listed here.
-BATCH_SAMPLE_COLUMNS: dict[str, pa.DataType] = {
-    "sample_id": pa.int64(),
-    "group_id": pa.int64(),
-    "reward": pa.float64(),
-    "reward_components": pa.string(),  # JSON object
-    "weight_version": pa.int64(),  # v_s
-    "weight_versions": pa.list_(pa.int64()),  # every version, when a sample spans several
-    "seed": pa.int64(),
-    "sampling_params": pa.string(),  # JSON object
-    "finish_reason": pa.string(),
-    "prompt_text": pa.string(),
-    "response_text": pa.string(),
-    "metadata": pa.string(),  # JSON object
-}
-BATCHES_SCHEMA = pa.schema([pa.field(n, t) for n, t in {**BATCH_COLUMNS, **BATCH_SAMPLE_COLUMNS}.items()])
-
-#: Results of `rltrace replay run`: one row per sample per repeat, next to the batch they replay.
-REPLAYS_SCHEMA = pa.schema(
-    [
-        pa.field("replay_id", pa.string()),
-        pa.field("step", pa.int64()),
-        pa.field("batch_id", pa.string()),
-        pa.field("entry", pa.string()),  # module:function
-        pa.field("label", pa.string()),
-        pa.field("args", pa.string()),  # JSON of the keyword arguments given to the entry
-        pa.field("repeat", pa.int64()),  # 0..n_repeats-1
-        pa.field("n_repeats", pa.int64()),
-        pa.field("sample_index", pa.int64()),
-        pa.field("started_ns", pa.int64()),
-        pa.field("duration_s", pa.float64()),
-        pa.field("codec", pa.string()),
-        pa.field("reward", pa.float64()),
-    ]
-)
-
-
 class Table:
     """A table of the store: a folder of Parquet parts with one schema."""
 
@@ -302,9 +302,9 @@ PROCESSES = Table("processes", "processes", PROCESSES_SCHEMA, 1, ("process_id", 
 PROFILES = Table("profiles", "profiles", PROFILES_SCHEMA, 1, ("profile_id", "trace_id", "span_id", "kind", "status"))
 PROFILE_FRAMES = Table("profile_frames", "profile_frames", PROFILE_FRAMES_SCHEMA, 1, ("profile_id", "rank", "frame"))
 PROFILE_FILES = "profiles/files"  # profile artefacts (speedscope, dumps, torch traces), relative to the run dir
-STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 BATCHES = Table("batches", "batches", BATCHES_SCHEMA, 1, ("step", "batch_id", "sample_index", "codec"))
 REPLAYS = Table("replays", "replays", REPLAYS_SCHEMA, 1, ("replay_id", "step", "batch_id", "repeat", "sample_index", "codec"))
+STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 
 #: Every table `rltrace.store.open` makes a view of. Later parts of rltrace add theirs here.
 TABLES: dict[str, Table] = {

@@ -83,7 +83,7 @@ class Config:
     slow_sync_bandwidth: float = knob(1e6, "bytes/s of the throttled link under --slow-sync")
     save_checkpoints: bool = knob(False, "save every weight version to checkpoints/ (always on in async)")
     keep_checkpoints: int = knob(4, "keep the newest K version checkpoints")
-    freeze_every: int = knob(10, "debug replay: freeze the step's batch every N steps (0: only on anomalies)")
+    freeze_every: int = knob(20, "debug replay: freeze the step's batch every N steps (0: only on anomalies)")
     # faults (see docs/demo.md for what each looks like in rltrace)
     slow_reward: float = knob(0.0, "fault: this fraction of reward calls run slow_verifier (~0.5 s of CPU)")
     straggler: bool = knob(False, "fault: one sample per batch ignores <|eos|> and runs to 96 tokens")

@@ -12,7 +12,7 @@ import sys
 from rltrace._config import RltraceError
 from rltrace.cli import compact, export, importer, info, profile, replay, report, ui
 
-COMMANDS = [info, compact, report, export, importer, replay, profile, ui]
+COMMANDS = [info, compact, report, replay, importer, export, profile, ui]
 
 
 def build_parser() -> argparse.ArgumentParser:
