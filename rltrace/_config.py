@@ -225,6 +225,14 @@ PARAMS: dict[str, Param] = {
             False,
             "Take torch.profiler windows on rank 0 only (traces are large; one rank is usually enough).",
         ),
+        # --- the dashboard (rltrace.ui; see docs/ui.md) ----------------------------------------------
+        Param(
+            "ui_runs",
+            ("RLTRACE_UI_RUNS",),
+            str,
+            None,
+            "Run directories the dashboard shows, separated by os.pathsep (set by `rltrace ui`).",
+        ),
     )
 }
 

@@ -1,0 +1,72 @@
+"""`rltrace ui RUN_DIR [RUN_DIR ...] [--port P] [--host H]`: the dashboard, on localhost by default.
+
+Starts Streamlit headless on `ui/app.py` with the run dirs in RLTRACE_UI_RUNS. Runs are only
+read: the dashboard opens in-memory DuckDB views over the Parquet parts and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from rltrace._config import RltraceError
+from rltrace.store import read_manifest
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8501
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ui",
+        help="the dashboard: timelines, waiting stages, reward vs mismatch, batches, profiles (Streamlit)",
+        description="Serve the rltrace dashboard for one or more runs (read-only; docs/ui.md).",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs to show (the first is shown first)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (default %(default)s)")
+    p.add_argument(
+        "--host", default=DEFAULT_HOST,
+        help="address to bind (default %(default)s: this machine only; the dashboard has no login)",
+    )
+    p.set_defaults(func=main)
+
+
+def app_path() -> Path:
+    import rltrace.ui
+
+    return Path(rltrace.ui.__file__).resolve().parent / "app.py"
+
+
+def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The Streamlit command line and environment for these arguments (after checking the runs)."""
+    runs = []
+    for run_dir in args.run_dirs:
+        read_manifest(Path(run_dir))  # a StoreError naming the dir if it is not a run
+        runs.append(str(Path(run_dir).resolve()))
+    if not 0 < args.port < 65536:
+        raise RltraceError(f"--port {args.port} is not a TCP port: use 1-65535 (default {DEFAULT_PORT})")
+    argv = [
+        sys.executable, "-m", "streamlit", "run", str(app_path()),
+        "--server.address", args.host,
+        "--server.port", str(args.port),
+        "--server.headless", "true",
+        "--server.fileWatcherType", "none",
+        "--server.runOnSave", "false",
+        "--browser.gatherUsageStats", "false",
+        "--global.developmentMode", "false",
+        "--client.toolbarMode", "minimal",
+    ]
+    env = dict(os.environ, RLTRACE_UI_RUNS=os.pathsep.join(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    return argv, env
+
+
+def main(args: argparse.Namespace) -> int:
+    argv, env = command(args)
+    if args.host not in LOOPBACK:
+        print(f"rltrace: warning: serving on {args.host}: anyone who can reach this port can read these runs", file=sys.stderr)
+    print(f"rltrace: dashboard for {len(args.run_dirs)} run(s) at http://{args.host}:{args.port}  (Ctrl-C to stop)", file=sys.stderr)
+    os.execvpe(argv[0], argv, env)  # Streamlit takes over this process (signals, exit status)
+    return 0

@@ -1,0 +1,206 @@
+"""Every page of the dashboard on real recorded runs (colocated sync, disaggregated async), through
+Streamlit's AppTest: the page renders without an exception, shows its key elements, and shows
+the same figures as `rltrace report`."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from rltrace import replay, report, store
+from rltrace.replay import diff, rerun
+from rltrace.store import read_manifest
+from rltrace.testing import RunBuilder
+from rltrace.ui import style
+
+from .conftest import REPLAY_LABEL, no_exceptions
+
+PAGES = ["overview", "timeline", "waits", "reward", "batches", "profiles", "compare"]
+
+
+def texts(at) -> str:
+    """All text a page shows (markdown, captions, info boxes, headers), for content checks."""
+    parts = [e.value for kind in ("title", "header", "subheader", "markdown", "caption", "info", "warning", "code")
+             for e in getattr(at, kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def values(x) -> list:
+    """A plotly array from a chart's JSON: plain list, or a typed array ({"dtype", "bdata"})."""
+    if isinstance(x, dict) and "bdata" in x:
+        return np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"])).tolist()
+    return list(x)
+
+
+def metrics(at) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def charts(at) -> list:
+    return at.get("plotly_chart")
+
+
+def page(at, name: str):
+    at.switch_page(f"views/{name}.py").run()
+    no_exceptions(at)
+    return at
+
+
+@pytest.fixture(scope="module")
+def reports(colocated_run, async_run) -> dict:
+    """`rltrace report --json` of each run: what the pages must agree with."""
+    return {run: report.build(store.open(run)) for run in (colocated_run, async_run)}
+
+
+def name_of(run) -> str:
+    return read_manifest(run)["name"]
+
+
+@pytest.mark.parametrize("which", ["colocated_run", "async_run"])
+def test_every_page_renders_without_an_exception(which, request, app):
+    at = app(request.getfixturevalue(which))
+    no_exceptions(at)
+    for name in PAGES:
+        page(at, name)
+        assert at.title, f"{name} has no title"
+
+
+def test_overview_leads_with_the_bottleneck_and_the_seed_figures_of_the_report(colocated_run, async_run, app, reports):
+    at = app(colocated_run, async_run)
+    r = reports[colocated_run]
+    assert at.title[0].value == name_of(colocated_run)
+    assert at.info[0].value == r["findings"][0] and r["findings"][0].startswith("Bottleneck: ")
+    m = metrics(at)
+    for key in ("t_R", "t_T", "t_W", "t_sync"):
+        assert m[key] == style.seconds(r[key])  # the dashboard and `rltrace report` agree
+    assert m["Async bound"] == style.seconds(r["async_bound"])
+    assert m["Open spans"] == "0"
+    assert "All runs" in texts(at)  # two runs given: the comparison table
+    assert len(charts(at)) == 2  # step time by stage, reward
+
+
+def test_overview_of_the_async_run_shows_the_hang_and_the_measured_period(async_run, app, reports):
+    at = app(async_run)
+    r = reports[async_run]
+    m = metrics(at)
+    assert int(m["Open spans"]) == len(r["open_spans"]) >= 1
+    assert m["Measured step period"] == style.seconds(r["async"]["period_s"])
+    assert "open span" in texts(at)
+    assert any(f.startswith("Open span: generate on rollout0") for f in r["findings"])
+
+
+def test_timeline_defaults_to_the_slowest_recent_step_and_draws_every_process(colocated_run, async_run, app, reports):
+    at = page(app(colocated_run, async_run), "timeline")
+    slowest = {run: max(reports[run]["steps"], key=lambda s: s["wall_s"])["step"] for run in (colocated_run, async_run)}
+    assert at.selectbox(key="timeline_step").value == slowest[colocated_run]
+    at.selectbox(key="run").set_value(str(async_run)).run()  # another run: its own slowest step
+    no_exceptions(at)
+    assert at.selectbox(key="timeline_step").value == slowest[async_run]
+    assert metrics(at)["Processes"] == "2"  # the trainer and the Ray rollout worker
+    names = {t["name"] for t in json.loads(charts(at)[0].proto.spec)["data"]}
+    assert {"rollout", "train", "weight_sync", "wait", "critical path"} <= names
+    assert "open (never ended)" in names  # the slowest step is the one where the worker hung
+    assert at.get("download_button")  # the Chrome trace of the step
+
+
+def test_picking_a_span_shows_its_attributes_and_its_profile(colocated_run, app):
+    profiled = store.open(colocated_run).execute(
+        "SELECT p.step, s.name FROM profiles p JOIN spans s USING (span_id) ORDER BY p.step LIMIT 1").fetchone()
+    at = page(app(colocated_run), "timeline")
+    at.selectbox(key="timeline_step").set_value(profiled[0]).run()
+    spans = at.selectbox(key="timeline_span")
+    spans.select(next(o for o in spans.options if o.startswith(f"{profiled[1]} ·"))).run()
+    no_exceptions(at)
+    assert "rl.profile_id" in json.dumps([j.proto.body for j in at.json])
+    assert any("pyspy_record" in d.value.to_string() for d in at.dataframe)
+
+
+def test_an_open_span_is_drawn_on_its_step(async_run, app, reports):
+    hung = next(o for o in reports[async_run]["open_spans"] if o["phase"] == "generate")
+    at = app(async_run)
+    at.session_state["timeline_step"] = hung["step"]  # what Overview's open-span table sends
+    page(at, "timeline")
+    assert at.selectbox(key="timeline_step").value == hung["step"]
+    assert int(metrics(at)["Open spans"]) >= 1
+    assert "started and never ended" in texts(at)
+    bars = json.loads(charts(at)[0].proto.spec)["data"]
+    still_open = next(t for t in bars if t["name"] == "open (never ended)")
+    assert min(values(still_open["x"])) > 0  # drawn up to the run's last write, not as zero-length bars
+
+
+def test_waiting_stages_show_waits_critical_path_tail_and_sync_fit(async_run, app, reports):
+    at = page(app(async_run), "waits")
+    shown = texts(at)
+    for heading in ("Step time by stage", "Who waits for what", "Critical path", "Rollout long tail", "Weight sync"):
+        assert heading in shown
+    fit = reports[async_run]["weight_sync_fit"]
+    assert metrics(at)["B_W"] == ("–" if not fit["B_W"] else f"{fit['B_W'] / 1e9:.3g} GB/s")
+    assert metrics(at)["Syncs"].startswith(f"{fit['n']} ")
+    assert len(charts(at)) == 4  # stages, waits, tail, sync fit
+
+
+def test_reward_and_mismatch_overlay_both_runs(colocated_run, async_run, app):
+    at = page(app(colocated_run, async_run), "reward")
+    assert at.multiselect(key="reward_runs").value == [str(colocated_run), str(async_run)]
+    specs = [json.loads(c.proto.spec) for c in charts(at)]
+    titles = [s["layout"].get("title", {}).get("text") for s in specs]
+    assert {"train_rollout_logprob_abs_diff", "mismatch_k3", "tis_mean", "tis_clipfrac"} <= set(titles)
+    reward = specs[titles.index("reward_mean (band: ± reward_std)")]
+    assert {t["name"] for t in reward["data"] if t.get("name")} == {name_of(colocated_run), name_of(async_run)}
+    assert at.selectbox(key="samples_y").value == "logprob_abs_diff"  # the demo's per-sample mismatch column
+
+
+def test_batches_show_flags_texts_and_the_replay_diff(colocated_run, app):
+    at = page(app(colocated_run), "batches")
+    assert at.subheader[0].value.startswith("Step 2 ")  # the latest batch that was replayed
+    assert "truncated" in texts(at)  # the --straggler sample runs to its token budget
+    assert "<|assistant|>" in at.code[0].value  # the prompt, with its chat template
+    strip = json.loads(charts(at)[0].proto.spec)["data"][0]
+    assert strip["type"] == "heatmap" and strip["y"] == [f"{REPLAY_LABEL} − rollout"]
+    frozen = replay.load(colocated_run, 2)
+    [expected] = diff.diff_against_record(frozen, rerun.latest_replay(colocated_run, 2)[0])  # `rltrace replay diff`
+    shown = at.dataframe[-1].value.iloc[0]
+    assert (shown["a"], shown["b"]) == (expected.a, expected.b) == ("rollout_log_probs", "log_probs")
+    assert shown["mean_abs"] == expected.mean_abs and bool(shown["aligned"]) == expected.aligned
+    assert "repeatable: bit-identical repeats" in texts(at)
+
+
+def test_pages_say_plainly_when_a_run_has_no_batches_or_profiles(tmp_path, app):
+    b = RunBuilder(tmp_path / "run")  # spans only: no freezing, no profiling
+    b.process("trainer").span("train", 0, 1, step=0)
+    at = page(app(b.write()), "batches")
+    assert at.info[0].value.startswith("No frozen batches in this run — see docs/replay.md")
+    page(at, "profiles")
+    assert at.info[0].value.startswith("No profiles in this run — see docs/profiling.md")
+
+
+def test_profiles_show_the_hottest_frame_and_offer_the_file(colocated_run, app):
+    stored = store.open(colocated_run).execute("SELECT count(*) FROM profiles").fetchone()[0]
+    at = page(app(colocated_run), "profiles")
+    assert metrics(at)["Profiles"] == str(stored) and stored >= 1
+    assert "slow_verifier" in at.dataframe[0].value.to_string()
+    assert at.get("download_button")
+
+
+def test_compare_two_runs_and_two_steps(colocated_run, async_run, app):
+    at = page(app(colocated_run, async_run), "compare")
+    assert at.get("segmented_control")[0].value == "The same steps of two runs"
+    assert set(metrics(at)) == {"wall time", "t_R", "t_T", "t_W", "t_sync"}
+    assert len(charts(at)) == 4  # phase times, difference, two timelines
+    at.get("segmented_control")[0].set_value("Two steps of this run").run()
+    no_exceptions(at)
+    assert at.selectbox(key="compare_a").value != at.selectbox(key="compare_b").value
+    assert "step" not in values(json.loads(charts(at)[0].proto.spec)["data"][0]["y"])  # the container is no phase
+
+
+def test_the_step_range_applies_to_every_page(colocated_run, app):
+    at = app(colocated_run)
+    at.slider(key="step_range").set_value((1, 2)).run()
+    no_exceptions(at)
+    per_step = json.loads(charts(at)[0].proto.spec)["data"][0]
+    assert values(per_step["x"]) == [1, 2]
+    page(at, "timeline")
+    assert [o.split(" · ")[0] for o in at.selectbox(key="timeline_step").options] == ["step 1", "step 2"]

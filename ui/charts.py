@@ -1,0 +1,148 @@
+"""Plotly figures of analysis results. Each takes frames from `data` and only draws: no figure
+here computes a number that `rltrace.analysis` does not already return."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from rltrace.ui import style
+
+STAGES = [("t_rollout", "rollout"), ("t_reward", "reward"), ("t_T", "train"), ("t_W", "weight_sync")]
+
+
+def base(fig: go.Figure, *, height: int = 320, title: str | None = None, y: str | None = None, x: str | None = None,
+         legend_below: bool = False) -> go.Figure:
+    """The dashboard's look: white, tight margins, legend on top (or below small charts)."""
+    legend = ({"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0, "title": None}
+              if legend_below else
+              {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0, "title": None})
+    fig.update_layout(
+        template="plotly_white",
+        height=height,
+        margin={"l": 10, "r": 10, "t": 48 if title else 16, "b": 10},
+        title={"text": title, "x": 0, "xanchor": "left", "font": {"size": 15}} if title else None,
+        legend=legend,
+        hovermode="closest",
+        font={"size": 12},
+    )
+    fig.update_xaxes(exponentformat="e")  # 2.5e-07, not plotly's SI "250n"
+    fig.update_yaxes(exponentformat="e")
+    if y:
+        fig.update_yaxes(title_text=y)
+    if x:
+        fig.update_xaxes(title_text=x)
+    return fig
+
+
+def stage_times(costs: pd.DataFrame, *, height: int = 340) -> go.Figure:
+    """Per step: rollout, reward, train, weight sync stacked (t_R + t_T + t_W = t_sync), wall time on top."""
+    fig = go.Figure()
+    for col, stage in STAGES:
+        fig.add_bar(x=costs["step"], y=costs[col], name=stage, marker_color=style.STAGE_COLORS[stage],
+                    hovertemplate=f"step %{{x}}<br>{stage}: %{{y:.3g}} s<extra></extra>")
+    fig.add_scatter(x=costs["step"], y=costs["wall_s"], name="wall time", mode="lines+markers",
+                    line={"color": "#27272a", "width": 2}, marker={"size": 5},
+                    hovertemplate="step %{x}<br>wall: %{y:.3g} s<extra></extra>")
+    if "async_bound" in costs:
+        fig.add_scatter(x=costs["step"], y=costs["async_bound"], name="async bound max(t_R,t_T)+t_W", mode="lines",
+                        line={"color": "#71717a", "dash": "dot"},
+                        hovertemplate="step %{x}<br>async bound: %{y:.3g} s<extra></extra>")
+    fig.update_layout(barmode="stack", bargap=0.15)
+    return base(fig, height=height, y="seconds", x="step", legend_below=True)
+
+
+def waits_by_step(waits: pd.DataFrame, *, height: int = 340) -> go.Figure:
+    """Per step: seconds each process spent waiting, stacked by who waited for what."""
+    w = waits.assign(who=[style.who(r, k) for r, k in zip(waits["role"], waits["rank"])])
+    w["series"] = w["who"] + " → " + w["waited_for_group"].astype(str)
+    grouped = w.groupby(["step", "series"], as_index=False)["seconds"].sum()
+    fig = go.Figure()
+    order = grouped.groupby("series")["seconds"].sum().sort_values(ascending=False).index
+    for i, series in enumerate(order):
+        g = grouped[grouped["series"] == series]
+        target = series.rsplit(" → ", 1)[-1]
+        color = style.STAGE_COLORS.get(target, style.OTHER_COLORS[i % len(style.OTHER_COLORS)])
+        fig.add_bar(x=g["step"], y=g["seconds"], name=series, marker_color=color,
+                    marker_pattern_shape=["", "/", "x", "."][i // 4 % 4] if i >= 4 else "",
+                    hovertemplate=f"step %{{x}}<br>{series}: %{{y:.3g}} s<extra></extra>")
+    fig.update_layout(barmode="stack", bargap=0.15, showlegend=True)
+    return base(fig, height=height, y="seconds waiting", x="step")
+
+
+def tail(long_tail: pd.DataFrame, *, height: int = 300) -> go.Figure:
+    fig = go.Figure()
+    fig.add_bar(x=long_tail["step"], y=long_tail["tail_s"], name="tail (last − median finish)",
+                marker_color=style.IDLE_COLOR, hovertemplate="step %{x}<br>tail: %{y:.3g} s<extra></extra>")
+    fig.add_scatter(x=long_tail["step"], y=long_tail["tail_share"], name="share of step", yaxis="y2",
+                    mode="lines+markers", line={"color": "#27272a"},
+                    hovertemplate="step %{x}<br>%{y:.0%} of the step<extra></extra>")
+    fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "tickformat": ".0%", "rangemode": "tozero",
+                              "showgrid": False, "title": "share of step"})
+    return base(fig, height=height, y="seconds", x="step")
+
+
+def sync_fit(points: pd.DataFrame, fit: dict, *, height: int = 320) -> go.Figure:
+    """Weight-sync time against payload, with the fitted t_W = S_W / B_W + t_0."""
+    top = float(points["bytes"].max())
+    unit, scale = next(((u, f) for u, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if top >= f), ("bytes", 1.0))
+    fig = go.Figure()
+    for i, (method, g) in enumerate(points.groupby(points["method"].fillna("?"))):
+        fig.add_scatter(x=g["bytes"] / scale, y=g["seconds"], mode="markers", name=f"{method} syncs",
+                        marker={"size": 8, "color": style.RUN_COLORS[(i + 3) % len(style.RUN_COLORS)], "opacity": 0.8},
+                        customdata=g["step"], hovertemplate=f"step %{{customdata}}<br>%{{x:.3g}} {unit} in %{{y:.3g}} s<extra></extra>")
+    if fit.get("B_W"):
+        xs = np.linspace(0, top * 1.05, 50)
+        fig.add_scatter(x=xs / scale, y=xs / fit["B_W"] + fit["t_0"], mode="lines", name="fit S_W / B_W + t_0",
+                        line={"color": "#27272a", "dash": "dash"}, hoverinfo="skip")
+    fig.update_xaxes(rangemode="tozero")
+    fig.update_yaxes(rangemode="tozero")
+    return base(fig, height=height, y="seconds", x=f"payload S_W ({unit})")
+
+
+def metric_lines(frames: dict[str, pd.DataFrame], *, title: str, y: str, height: int = 320,
+                 band: dict[str, pd.DataFrame] | None = None, log: bool = False) -> go.Figure:
+    """One line per run over steps (`frames`: run label -> step, value); optional ± band per run."""
+    fig = go.Figure()
+    for i, (label, f) in enumerate(frames.items()):
+        color = style.RUN_COLORS[i % len(style.RUN_COLORS)]
+        if band and label in band and len(band[label]):
+            b = f.merge(band[label], on="step", suffixes=("", "_band"))
+            fig.add_scatter(x=pd.concat([b["step"], b["step"][::-1]]),
+                            y=pd.concat([b["value"] + b["value_band"], (b["value"] - b["value_band"])[::-1]]),
+                            fill="toself", fillcolor=color, opacity=0.15, line={"width": 0}, hoverinfo="skip",
+                            showlegend=False)
+        fig.add_scatter(x=f["step"], y=f["value"], name=label, mode="lines+markers", line={"color": color, "width": 2},
+                        marker={"size": 4}, hovertemplate=f"{label}<br>step %{{x}}: %{{y:.4g}}<extra></extra>")
+    if log and all((f["value"] > 0).all() for f in frames.values() if len(f)):  # a log axis drops zeros
+        fig.update_yaxes(type="log")
+    return base(fig, height=height, title=title, y=y, x="step", legend_below=True)
+
+
+def merge_phases(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """`phase_totals` of A and B on one row per phase: mean_s_a, mean_s_b and diff (B − A), for drawing."""
+    merged = a[["phase", "mean_s"]].merge(b[["phase", "mean_s"]], on="phase", how="outer", suffixes=("_a", "_b"))
+    merged = merged.fillna({"mean_s_a": 0.0, "mean_s_b": 0.0})
+    merged["diff"] = merged["mean_s_b"] - merged["mean_s_a"]
+    return merged.sort_values(["mean_s_a", "mean_s_b"], ascending=True, ignore_index=True)
+
+
+def phase_bars(merged: pd.DataFrame, label_a: str, label_b: str, *, height: int = 360) -> go.Figure:
+    """Mean seconds per step of each phase, A next to B."""
+    fig = go.Figure()
+    fig.add_bar(y=merged["phase"], x=merged["mean_s_a"], name=label_a, orientation="h", marker_color="#3b6fb6",
+                hovertemplate=f"{label_a}<br>%{{y}}: %{{x:.3g}} s<extra></extra>")
+    fig.add_bar(y=merged["phase"], x=merged["mean_s_b"], name=label_b, orientation="h", marker_color="#e0861a",
+                hovertemplate=f"{label_b}<br>%{{y}}: %{{x:.3g}} s<extra></extra>")
+    fig.update_layout(barmode="group", bargap=0.25)
+    return base(fig, height=height, x="seconds per step (mean)")
+
+
+def diff_bars(merged: pd.DataFrame, label_a: str, label_b: str, *, height: int = 360) -> go.Figure:
+    """B − A per phase: red where B is slower, green where it is faster."""
+    colors = [style.IDLE_COLOR if d > 0 else "#3f9e4d" for d in merged["diff"]]
+    fig = go.Figure(go.Bar(y=merged["phase"], x=merged["diff"], orientation="h", marker_color=colors,
+                           hovertemplate="%{y}: %{x:+.3g} s<extra></extra>", showlegend=False))
+    fig.add_vline(x=0, line_color="#27272a", line_width=1)
+    return base(fig, height=height, x=f"{label_b} − {label_a} (s per step; red = slower)")

@@ -1,0 +1,327 @@
+"""Every query the dashboard makes, cached per run version (see `runs.RunRef`).
+
+Figures come from `rltrace.analysis` and `rltrace.report`, so a page and `rltrace report` never
+disagree; the few raw reads here (run info, a span's attributes, per-sample rows) are plain
+SELECTs with parameters. Pages call these functions and never write SQL.
+
+Each function takes a `RunRef` (path + file fingerprint) first, so a new version of a live run
+is a new cache key; `ttl` and `max_entries` bound what a long-running server keeps.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import duckdb
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from rltrace import analysis, profiling, replay, report as report_mod
+from rltrace.analysis._steps import Steps
+from rltrace.export import chrome
+from rltrace.replay import browse, diff, rerun
+from rltrace.store import read_manifest
+from rltrace.ui.runs import RunRef, connection, forget, skipped_parts
+
+CACHE = {"ttl": 3600, "max_entries": 512, "show_spinner": False}
+TIMELINE_MAX_STEPS = 20  # steps one timeline may cover
+TOKEN_COLUMNS = ("response_tokens", "rollout_log_probs", "train_log_probs", "loss_mask")  # drawn per token
+LIVE_HEARTBEAT_S = 120  # a process that wrote this recently and has not shut down makes the run live
+
+
+def _with(run: RunRef, fn: Callable, *args, **kwargs):
+    """`fn(con, ...)` on the run's connection; once more on a fresh snapshot if parts vanished."""
+    try:
+        with connection(run) as con:
+            return fn(con, *args, **kwargs)
+    except duckdb.IOException:
+        forget(run)  # a compaction removed parts this snapshot listed
+        with connection(run) as con:
+            return fn(con, *args, **kwargs)
+
+
+def _views(con) -> set[str]:
+    return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+
+
+def _count(con, view: str) -> int:
+    return int(con.execute(f"SELECT count(*) FROM {view}").fetchone()[0]) if view in _views(con) else 0
+
+
+# --- the run itself ------------------------------------------------------------------------------
+def _info(con, path: str) -> dict:
+    first, last, steps, spans, still_open = con.execute(
+        """SELECT min(step), max(step), count(DISTINCT step), count(*) FILTER (WHERE NOT is_open),
+                  count(*) FILTER (WHERE is_open) FROM spans"""
+    ).fetchone()
+    procs = con.execute(
+        """SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host,
+                  any_value(pid) AS pid, min(started_ns) AS started_ns, max(heartbeat_ns) AS heartbeat_ns,
+                  max(ended_ns) AS ended_ns, max(spans_written) AS spans_written,
+                  max(coalesce(spans_dropped, 0)) AS spans_dropped, max(rows_written) AS rows_written,
+                  max(coalesce(rows_dropped, 0)) AS rows_dropped
+           FROM processes GROUP BY process_id ORDER BY role, rank, process_id"""
+    ).df()
+    manifest = read_manifest(path)
+    return {
+        "path": path,
+        "name": manifest.get("name") or path,
+        "run_id": manifest.get("run_id"),
+        "created": manifest.get("created"),
+        "config": manifest.get("config") or {},
+        "first_step": None if first is None else int(first),
+        "last_step": None if last is None else int(last),
+        "steps": int(steps),
+        "spans": int(spans),
+        "open_spans": int(still_open),
+        "processes": procs,
+        "samples": _count(con, "samples"),
+        "batches": _count(con, "batches"),
+        "profiles": _count(con, "profiles"),
+    }
+
+
+@st.cache_data(**CACHE)
+def info(run: RunRef) -> dict:
+    """Name, id, step range, span counts, processes (with heartbeats) and optional tables' sizes."""
+    out = _with(run, _info, run.path)
+    out["skipped"] = skipped_parts(run)
+    return out
+
+
+def is_live(info_: dict, now_ns: int) -> bool:
+    """Some process has not shut down and wrote within LIVE_HEARTBEAT_S."""
+    p = info_["processes"]
+    if p.empty:
+        return False
+    running = p[p["ended_ns"].isna() & p["heartbeat_ns"].notna()]
+    return bool(len(running) and (now_ns - running["heartbeat_ns"].max()) / 1e9 < LIVE_HEARTBEAT_S)
+
+
+@st.cache_data(**CACHE)
+def report(run: RunRef, steps: Steps) -> dict:
+    """`rltrace report --json` for these steps (findings, cost model, waits, health, ...)."""
+    return report_mod.plain(_with(run, report_mod.build, steps=steps))
+
+
+@st.cache_data(**CACHE)
+def open_spans(run: RunRef) -> pd.DataFrame:
+    """Spans that started and never ended, with how long they had been open at the run's last write."""
+    return _with(run, analysis.open_spans)
+
+
+def compare(this: dict, other: dict) -> pd.DataFrame:
+    """Rows of `rltrace report --compare`: what, unit, this, other, ratio."""
+    return pd.DataFrame(report_mod.compare(this, other), columns=["what", "unit", "this", "other", "ratio"])
+
+
+# --- step time, waits, critical path -------------------------------------------------------------
+@st.cache_data(**CACHE)
+def step_breakdown(run: RunRef, steps: Steps) -> pd.DataFrame:
+    return _with(run, analysis.step_breakdown, steps)
+
+
+@st.cache_data(**CACHE)
+def cost_model(run: RunRef, steps: Steps) -> pd.DataFrame:
+    return _with(run, analysis.cost_model, steps)
+
+
+@st.cache_data(**CACHE)
+def cost_summary(run: RunRef, steps: Steps) -> dict:
+    return _with(run, analysis.cost_summary, steps)
+
+
+@st.cache_data(**CACHE)
+def phase_totals(run: RunRef, steps: Steps) -> pd.DataFrame:
+    return _with(run, analysis.phase_totals, steps)
+
+
+@st.cache_data(**CACHE)
+def waits(run: RunRef, steps: Steps) -> pd.DataFrame:
+    return _with(run, analysis.waits, steps)
+
+
+@st.cache_data(**CACHE)
+def top_waits(run: RunRef, steps: Steps, n: int = 3) -> pd.DataFrame:
+    return _with(run, analysis.top_waits, steps, n=n)
+
+
+@st.cache_data(**CACHE)
+def critical_path(run: RunRef, steps: Steps) -> pd.DataFrame:
+    return _with(run, analysis.critical_path, steps)
+
+
+@st.cache_data(**CACHE)
+def common_paths(run: RunRef, steps: Steps) -> pd.DataFrame:
+    return _with(run, analysis.common_paths, steps)
+
+
+@st.cache_data(**CACHE)
+def long_tail(run: RunRef, steps: Steps) -> pd.DataFrame:
+    return _with(run, analysis.long_tail, steps)
+
+
+@st.cache_data(**CACHE)
+def stragglers(run: RunRef, steps: Steps) -> pd.DataFrame:
+    return _with(run, analysis.stragglers, steps)
+
+
+@st.cache_data(**CACHE)
+def weight_sync(run: RunRef, steps: Steps) -> tuple[pd.DataFrame, dict]:
+    """The weight_sync spans with a payload size, and the fit seconds ≈ bytes / B_W + t_0."""
+    return _with(run, analysis.weight_sync_points, steps), _with(run, analysis.weight_sync_fit, steps)
+
+
+# --- reward, mismatch, staleness, samples --------------------------------------------------------
+@st.cache_data(**CACHE)
+def step_metrics(run: RunRef, names: tuple[str, ...], steps: Steps) -> pd.DataFrame:
+    return _with(run, analysis.step_metrics, names, steps)
+
+
+@st.cache_data(**CACHE)
+def mismatch(run: RunRef, steps: Steps) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-step mismatch values (step, metric, value, source) and their trends."""
+    values = _with(run, analysis.mismatch, steps)
+    return values, analysis.trends(values)
+
+
+@st.cache_data(**CACHE)
+def staleness(run: RunRef, steps: Steps) -> pd.DataFrame:
+    return _with(run, analysis.staleness, steps)
+
+
+def _samples(con, first: int, last: int, limit: int) -> pd.DataFrame:
+    return con.execute(
+        "SELECT * FROM samples WHERE step BETWEEN ? AND ? ORDER BY step DESC, sample_id LIMIT ?",
+        [first, last, limit],
+    ).df()
+
+
+@st.cache_data(**CACHE)
+def samples(run: RunRef, first: int, last: int, limit: int) -> pd.DataFrame:
+    """Per-sample rows of steps first..last (latest steps first, at most `limit`)."""
+    return _with(run, _samples, first, last, limit)
+
+
+# --- timeline ------------------------------------------------------------------------------------
+def _timeline(con, first: int, last: int) -> pd.DataFrame:
+    frames = [analysis.step_timeline(con, s).assign(step=s) for s in range(first, last + 1)]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else analysis.step_timeline(con, first).assign(step=first)
+
+
+@st.cache_data(**CACHE)
+def timeline(run: RunRef, first: int, last: int) -> pd.DataFrame:
+    """Every span (finished and open) of steps first..last (at most TIMELINE_MAX_STEPS steps)."""
+    last = min(last, first + TIMELINE_MAX_STEPS - 1)
+    return _with(run, _timeline, first, last)
+
+
+def _span(con, span_id: str) -> dict | None:
+    found = con.execute(
+        """SELECT trace_id, span_id, parent_span_id, name, coalesce(phase, name) AS phase, step, weight_version,
+                  start_ns, end_ns, duration_s, is_open, status, status_message, kind, thread_id, thread_name,
+                  process_id, role, rank, host, pid, attributes, events, links
+           FROM spans WHERE span_id = ? LIMIT 1""",
+        [span_id],
+    ).df()
+    if found.empty:
+        return None
+    row = found.iloc[0].to_dict()
+    for key in ("attributes", "events", "links"):
+        row[key] = _json(row[key])
+    row["profiles"] = analysis.attached(con, [span_id])
+    return row
+
+
+def _json(text: Any) -> Any:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@st.cache_data(**CACHE)
+def span(run: RunRef, span_id: str) -> dict | None:
+    """One span with its attributes, events and links parsed, and the profiles attached to it."""
+    return _with(run, _span, span_id)
+
+
+def chrome_trace(run: RunRef, steps: Steps) -> bytes:
+    """The Chrome Trace Event JSON of these steps (open it in ui.perfetto.dev); built on demand."""
+    trace = _with(run, chrome.chrome_trace, steps=steps)
+    return json.dumps(trace, separators=(",", ":")).encode()
+
+
+# --- profiles ------------------------------------------------------------------------------------
+@st.cache_data(**CACHE)
+def profiles(run: RunRef) -> pd.DataFrame:
+    """Every profile with the span it explains and its hottest frame (`rltrace profile list`)."""
+    return _with(run, profiling.profiles_for_spans)
+
+
+@st.cache_data(**CACHE)
+def profile_frames(run: RunRef, profile_id: str) -> pd.DataFrame:
+    """The stored top frames of one profile, by rank (0 = most self time)."""
+    return pd.DataFrame(_with(run, profiling.top_frames, profile_id),
+                        columns=["profile_id", "rank", "frame", "file", "line", "self_share", "total_share", "samples", "thread"])
+
+
+def artefact(run: RunRef, stored: str | None):
+    """The profile file `stored` names, only if it resolves to a file inside the run dir.
+
+    Returns the path, or None when there is no file; raises `profiling.UnsafePathError` when the
+    stored path leaves the run dir (`..`, an absolute path, a symlink out).
+    """
+    path = profiling.artefact_path(run.path, stored)
+    return path if path is not None and path.is_file() else None
+
+
+# --- frozen batches and replays (rltrace.replay) -------------------------------------------------
+@st.cache_data(**CACHE)
+def batches(run: RunRef) -> pd.DataFrame:
+    """Every frozen batch (`rltrace replay list`): step, batch_id, n_samples, trigger, reason, ..."""
+    rows, _ = browse.list_batches(run.path)
+    return pd.DataFrame(rows, columns=["step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version",
+                                       "tokenizer_name", "checkpoint", "path", "bytes", "replays"])
+
+
+def _tokens(value) -> list | None:
+    return None if value is None else np.asarray(value).reshape(-1).tolist()
+
+
+@st.cache_data(**CACHE)
+def batch(run: RunRef, step: int, batch_id: str) -> dict:
+    """One frozen batch as plain data (`rltrace replay show`): meta, one row per sample with its
+    flags, and per-token arrays (response_tokens, rollout/train log-probs, loss_mask) by sample."""
+    frozen = replay.load(run.path, step, batch_id=batch_id)
+    views = browse.sample_views(frozen)
+    per_token = {name: [_tokens(v) for v in diff.rows_of(frozen[name], len(frozen))]
+                 for name in TOKEN_COLUMNS if name in frozen}
+    rows = pd.DataFrame([{k: v for k, v in view.items() if k != "response_tokens"} for view in views])
+    rows["flag_names"] = [", ".join(v["flags"]) for v in views]
+    meta = {k: v for k, v in frozen.meta.items() if k not in ("config",)}
+    return {"meta": meta, "samples": rows, "tokens": per_token, "columns": frozen.columns}
+
+
+@st.cache_data(**CACHE)
+def replays(run: RunRef, step: int, batch_id: str) -> list[dict]:
+    """Each replay of the batch (`rltrace replay diff`): label, entry, repeats, durations, repeatability,
+    the recorded-vs-replayed diffs of its first repeat, and its per-token log-probs by sample."""
+    frozen = replay.load(run.path, step, batch_id=batch_id)
+    found = [r for r in rerun.load_replays(run.path, step=step) if r.batch_id == batch_id]
+    out = []
+    for replay_id in dict.fromkeys(r.replay_id for r in found):
+        repeats = [r for r in found if r.replay_id == replay_id]
+        first = repeats[0]
+        out.append({
+            "replay_id": replay_id, "label": first.label, "entry": first.entry, "repeats": len(repeats),
+            "durations_s": [r.duration_s for r in repeats], "repeatable": diff.repeatability(repeats),
+            "diffs": [d.to_dict() for d in diff.diff_against_record(frozen, first)],
+            "log_probs": [_tokens(v) for v in diff.rows_of(first["log_probs"], len(first))] if "log_probs" in first else None,
+        })
+    return out

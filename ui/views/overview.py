@@ -1,0 +1,117 @@
+"""Overview: what the run is, where its step time goes (the report's sentences and the seed's
+cost model), whether it is healthy, and how the runs given to the dashboard compare."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pandas as pd
+import streamlit as st
+
+from rltrace.ui import charts, data, state, style
+
+run = state.selected()
+info = data.info(run)
+steps = state.steps()
+report = data.report(run, steps)
+
+st.title(info["name"])
+span_text = "no steps yet" if steps is None else f"steps {steps[0]}–{steps[1]} of {info['first_step']}–{info['last_step']}"
+live = data.is_live(info, time.time_ns())
+status = ":red-badge[:material/circle: live]" if live else ":gray-badge[finished]"
+if report["open_spans"]:
+    status += f" :orange-badge[:material/warning: {len(report['open_spans'])} open span(s)]"
+created = dt.datetime.fromisoformat(info["created"]).strftime("%Y-%m-%d %H:%M UTC") if info["created"] else "?"
+n_procs = len(info["processes"])
+st.markdown(f"{status} &nbsp; {span_text} · {info['spans']:,} spans · {n_procs} process{'es' if n_procs != 1 else ''} · "
+            f"created {created} · run id `{info['run_id']}`")
+
+findings = list(dict.fromkeys(report["findings"]))  # a metric logged both per step and per sample reads twice
+if findings:
+    st.info(findings[0], icon=":material/bolt:")
+    with st.container(border=True):
+        st.markdown("**What stands out**")
+        st.markdown("\n".join(f"- {f}" for f in findings[1:]) or "Nothing else stands out.")
+
+st.subheader("Cost model (median seconds per step)")
+cols = st.columns(6)
+speedup = report["async_speedup_bound"]
+cols[0].metric("t_R", style.seconds(report["t_R"]), help="rollout + reward: union of rollout, generate and reward spans per step")
+cols[1].metric("t_T", style.seconds(report["t_T"]), help="training: train, forward, backward, optimizer spans")
+cols[2].metric("t_W", style.seconds(report["t_W"]), help="weight sync spans")
+cols[3].metric("t_sync", style.seconds(report["t_sync"]), help="t_R + t_T + t_W: one synchronous step")
+cols[4].metric("Async bound", style.seconds(report["async_bound"]),
+               delta=None if style.missing(speedup) else f"≤ {speedup:.2f}× faster", delta_color="off",
+               help="max(t_R, t_T) + t_W: the seed's optimistic bound for fully async training")
+period = report["async"]["period_s"]
+achieved = report["async"]["achieved_speedup"]
+cols[5].metric("Measured step period", style.seconds(period),
+               delta=None if style.missing(achieved) else f"{achieved:.2f}× vs t_sync", delta_color="off",
+               help="median time between the ends of consecutive steps")
+
+per_step = pd.DataFrame(report["steps"])
+left, right = st.columns([3, 2])
+with left:
+    st.markdown("**Step time by stage**")
+    if per_step.empty:
+        st.caption("No finished steps in this range.")
+    else:
+        st.plotly_chart(charts.stage_times(per_step, height=320), key="overview_stages")
+with right:
+    st.markdown("**Reward**")
+    reward = pd.DataFrame(report["reward"]["per_step"])
+    if reward.empty:
+        st.caption("No `reward_mean` logged (rltrace.log_metrics(step, reward_mean=...)).")
+    else:
+        st.plotly_chart(charts.metric_lines({info["name"]: reward}, title="", y="reward_mean", height=320),
+                        key="overview_reward")
+
+st.subheader("Health")
+h = st.columns(3)
+h[0].metric("Open spans", len(report["open_spans"]), help="started and never ended: hung, or the process was killed")
+h[1].metric("Dropped spans", report["dropped"]["spans"], help="lost before reaching the store (full queue, failed write)")
+h[2].metric("Dropped rows", report["dropped"]["rows"], help="metric and sample rows lost before the store")
+if report["open_spans"]:
+    hangs = pd.DataFrame(report["open_spans"])
+    hangs["who"] = [style.who(r, k) for r, k in zip(hangs["role"], hangs["rank"])]
+    st.markdown("**Open spans** — select one to see it on the Timeline")
+    picked = st.dataframe(
+        hangs[["who", "phase", "name", "step", "stalled_s", "ended_cleanly", "span_id"]], hide_index=True,
+        on_select="rerun", selection_mode="single-row", key="overview_hangs", width="stretch",
+        column_config={"stalled_s": st.column_config.NumberColumn("open before last write (s)", format="%.3f"),
+                       "ended_cleanly": st.column_config.CheckboxColumn("process shut down")},
+    )
+    if picked.selection.rows:
+        row = hangs.iloc[picked.selection.rows[0]]
+        if not style.missing(row["step"]):
+            state.open_timeline(int(row["step"]), row["span_id"])
+
+procs = info["processes"].copy()
+if not procs.empty:
+    now = time.time_ns()
+    procs["who"] = [style.who(r, k) for r, k in zip(procs["role"], procs["rank"])]
+    procs["last heard"] = [("–" if pd.isna(v) else f"{(now - v) / 1e9:,.0f} s ago") for v in procs["heartbeat_ns"]]
+    procs["state"] = ["shut down" if pd.notna(e) else "running or killed" for e in procs["ended_ns"]]
+    st.markdown("**Processes**")
+    st.dataframe(procs[["who", "host", "pid", "spans_written", "spans_dropped", "rows_written", "rows_dropped",
+                        "last heard", "state", "process_id"]], hide_index=True, width="stretch")
+
+refs = state.runs()
+if len(refs) > 1:
+    st.subheader("All runs")
+    rows = []
+    for ref in refs:
+        i, r = data.info(ref), data.report(ref, None)
+        rows.append({"run": i["name"], "steps": i["steps"], "t_R (s)": r["t_R"], "t_T (s)": r["t_T"],
+                     "t_W (s)": r["t_W"], "t_sync (s)": r["t_sync"], "async bound (s)": r["async_bound"],
+                     "step period (s)": r["async"]["period_s"], "reward (last)": r["reward"]["last"],
+                     "open spans": len(r["open_spans"]), "path": i["path"]})
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in
+                                ("t_R (s)", "t_T (s)", "t_W (s)", "t_sync (s)", "async bound (s)", "step period (s)",
+                                 "reward (last)")})
+
+with st.expander("Run configuration (run.json)"):
+    st.caption(info["path"])
+    st.json(info["config"], expanded=True)

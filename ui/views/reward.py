@@ -1,0 +1,133 @@
+"""Reward & mismatch: reward, train/rollout log-prob mismatch, TIS and staleness over steps, several
+runs overlaid; per-sample scatter with drill-down to one sample."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from rltrace.ui import charts, data, state, style
+
+MAX_POINTS = 20_000  # samples drawn in the scatter (latest steps first)
+PANELS = [  # (metric, title, y label, log axis)
+    ("train_rollout_logprob_abs_diff", "train_rollout_logprob_abs_diff", "mean |log p − log q|", True),
+    ("mismatch_k3", "mismatch_k3", "k3 estimate of KL(q‖p)", True),
+    ("tis_mean", "tis_mean", "mean importance weight", False),
+    ("tis_clipfrac", "tis_clipfrac", "fraction clipped", False),
+]
+
+run = state.selected()
+steps = state.steps()
+st.title("Reward & mismatch")
+refs = state.runs()
+labels = {r.path: data.info(r)["name"] for r in refs}
+default = [run.path] + ([state.comparison().path] if state.comparison() else [])
+if not set(st.session_state.get("reward_runs") or [None]) <= set(labels):
+    st.session_state["reward_runs"] = default
+chosen = st.multiselect("Runs", list(labels), key="reward_runs", format_func=labels.get, persist_state="session",
+                        help="overlay these runs (all steps of each)")
+chosen_refs = [state.ref(p) for p in chosen] or [run]
+overlay = len(chosen_refs) > 1
+rng = None if overlay else steps  # overlaid runs share no step range: show each run whole
+st.caption("Throughput alone is not the goal: watch reward and mismatch move together. "
+           + ("Overlaid runs are shown over all their steps." if overlay else f"Steps {steps[0]}–{steps[1]}." if steps else ""))
+
+
+def _series(frame: pd.DataFrame, name: str, column: str = "name") -> pd.DataFrame:
+    return frame.loc[frame[column] == name, ["step", "value"]]
+
+
+reward, reward_std, mism, stale = {}, {}, {}, {}
+for ref in chosen_refs:
+    label = labels[ref.path]
+    m = data.step_metrics(ref, ("reward_mean", "reward_std"), rng)
+    reward[label], reward_std[label] = _series(m, "reward_mean"), _series(m, "reward_std")
+    values, _ = data.mismatch(ref, rng)
+    mism[label] = values[values["source"] == "metrics"] if (values["source"] == "metrics").any() else values
+    stale[label] = data.staleness(ref, rng)
+
+left, right = st.columns(2)
+with left:
+    if any(len(f) for f in reward.values()):
+        st.plotly_chart(charts.metric_lines(reward, title="reward_mean (band: ± reward_std)", y="reward", band=reward_std),
+                        key="reward_reward")
+    else:
+        st.info("No `reward_mean` logged: `rltrace.log_metrics(step, reward_mean=...)`.")
+with right:
+    if any(len(s) for s in stale.values()):
+        frames = {f"{k} mean": s.rename(columns={"mean": "value"})[["step", "value"]] for k, s in stale.items()}
+        frames |= {f"{k} max": s.rename(columns={"max": "value"})[["step", "value"]] for k, s in stale.items()}
+        st.plotly_chart(charts.metric_lines(frames, title="staleness (v_t − v_s, weight versions)", y="versions"),
+                        key="reward_staleness")
+    else:
+        st.info("No staleness: log `weight_version` and `train_version` per sample, or `staleness_mean`.")
+
+cols = st.columns(2)
+for i, (metric, title, unit, log) in enumerate(PANELS):
+    frames = {k: _series(v, metric, "metric") for k, v in mism.items()}
+    with cols[i % 2]:
+        if any(len(f) for f in frames.values()):
+            st.plotly_chart(charts.metric_lines(frames, title=title, y=unit, log=log), key=f"reward_{metric}")
+        else:
+            st.caption(f"`{metric}` not logged.")
+
+trend_rows = []
+for ref in chosen_refs:
+    _, trends = data.mismatch(ref, rng)
+    trend_rows.append(trends.assign(run=labels[ref.path]))
+trends = pd.concat(trend_rows, ignore_index=True)
+if len(trends):
+    with st.expander("Trends (first, last, mean, max, slope per step)"):
+        st.dataframe(trends[["run", "metric", "source", "steps", "first", "last", "mean", "max", "slope_per_step"]],
+                     hide_index=True, width="stretch",
+                     column_config={c: st.column_config.NumberColumn(c, format="%.4g")
+                                    for c in ("first", "last", "mean", "max", "slope_per_step")})
+
+st.subheader(f"Samples of {labels[run.path]}")
+if steps is None:
+    st.info("No steps yet.")
+    st.stop()
+samples = data.samples(run, steps[0], steps[1], MAX_POINTS)
+if samples.empty:
+    st.info("No per-sample rows in these steps: `rltrace.log_samples(step, rows)` records them.")
+    st.stop()
+numeric = [c for c in samples.columns if pd.api.types.is_numeric_dtype(samples[c])
+           and c not in ("logged_ns", "pid", "rank", "gen_start", "gen_end") and samples[c].notna().any()]
+mismatch_cols = [c for c in numeric if any(word in c for word in ("logprob", "mismatch", "k3", "tis"))]
+x_default = "response_len" if "response_len" in numeric else numeric[0]
+y_default = mismatch_cols[0] if mismatch_cols else ("reward" if "reward" in numeric else numeric[-1])
+c1, c2, c3 = st.columns(3)
+x = c1.selectbox("x", numeric, index=numeric.index(x_default), key="samples_x", persist_state="session")
+y = c2.selectbox("y", numeric, index=numeric.index(y_default), key="samples_y", persist_state="session")
+color_options = [c for c in ("staleness", "reward", "finish_reason", "step") if c in samples.columns]
+telling = [c for c in color_options if samples[c].nunique() > 1]  # a colour that varies says something
+state.choose("samples_color", color_options, (telling or color_options or [None])[0])
+color = c3.selectbox("colour", color_options, key="samples_color", persist_state="session") if color_options else None
+if len(samples) == MAX_POINTS:
+    st.caption(f"The latest {MAX_POINTS:,} samples of the range.")
+points = samples.reset_index(names="row")
+if color and points[color].nunique() <= 1:
+    color = None  # one value: a colour says nothing
+if color and points[color].nunique() <= 12:
+    points[color] = points[color].astype(str)  # few values: one colour each, not a scale
+fig = px.scatter(points, x=x, y=y, color=color, custom_data=["row"],
+                 hover_data={c: True for c in ("step", "sample_id", "reward", "response_len") if c in samples.columns},
+                 color_continuous_scale="Viridis", opacity=0.75)
+fig.update_traces(marker={"size": 7})
+event = st.plotly_chart(charts.base(fig, height=380, x=x, y=y), key=f"samples-{run.version}-{x}-{y}-{color}",
+                        on_select="rerun", selection_mode="points")
+picked = event.selection.points if event and event.selection else []
+rows = [p["customdata"][0] for p in picked if p.get("customdata")]
+st.caption("Click a point for the whole sample.")
+if rows:
+    sample = samples.iloc[int(rows[0])]
+    st.markdown(f"#### Sample {sample.get('sample_id')} of step {sample['step']}")
+    st.dataframe(pd.DataFrame({"column": sample.index, "value": [str(v) for v in sample.values]}),
+                 hide_index=True, width="stretch")
+    if data.info(run)["batches"]:
+        if st.button("Look for it in the frozen batches", icon=":material/data_table:"):
+            st.session_state["batches_step"] = int(sample["step"])
+            st.switch_page(state.PAGES["batches"])
+    if not style.missing(sample["step"]) and st.button("Open its step on the Timeline", icon=":material/view_timeline:"):
+        state.open_timeline(int(sample["step"]))

@@ -1,0 +1,103 @@
+"""Waiting stages: per step, where the time goes and who waits for whom; the critical path; the
+rollout long tail and its stragglers; what a weight sync costs per byte."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from rltrace.ui import charts, data, state, style
+
+run = state.selected()
+steps = state.steps()
+st.title("Waiting stages")
+if steps is None:
+    st.info("This run has no steps yet.")
+    st.stop()
+
+costs = data.cost_model(run, steps)
+summary = data.cost_summary(run, steps)
+st.caption(f"Steps {steps[0]}–{steps[1]}. Stage times are unions of each stage's spans across processes; "
+           "waits are time a process spent idle or inside `wait` spans, attributed to what ran elsewhere meanwhile.")
+
+st.subheader("Step time by stage")
+if costs.empty:
+    st.info("No finished steps in this range.")
+else:
+    st.plotly_chart(charts.stage_times(costs), key="waits_stages")
+    if summary.get("overlapping"):
+        st.caption(f"Steps overlap in time (async): the measured step period is {style.seconds(summary['period_s'])}, "
+                   f"so stacked stage times exceed the time a step really adds.")
+
+st.subheader("Who waits for what")
+waits = data.waits(run, steps)
+if waits.empty:
+    st.info("No waiting recorded: every process was busy throughout each step's window.")
+else:
+    st.plotly_chart(charts.waits_by_step(waits), key="waits_by_step")
+    top = data.top_waits(run, steps, n=3)
+    worst = top.sort_values("seconds", ascending=False).head(10).reset_index(drop=True)
+    names = style.process_names(data.info(run)["processes"])
+    st.markdown("**Longest waits** — select one to open its step on the Timeline")
+    picked = st.dataframe(
+        worst.assign(wait=[style.wait_text(w, names).replace("**", "") for _, w in worst.iterrows()])[
+            ["step", "wait", "seconds", "share"]],
+        hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key="waits_top",
+        column_config={"wait": st.column_config.TextColumn("who waited, for what", width="large"),
+                       "seconds": st.column_config.NumberColumn("seconds", format="%.4f"),
+                       "share": st.column_config.ProgressColumn("share of step", format="percent", min_value=0, max_value=1)},
+    )
+    if picked.selection.rows:
+        state.open_timeline(int(worst.iloc[picked.selection.rows[0]]["step"]))
+
+st.subheader("Critical path")
+paths = data.common_paths(run, steps)
+if paths.empty:
+    st.info("No critical path: the steps have no busy spans.")
+else:
+    st.dataframe(paths, hide_index=True, width="stretch",
+                 column_config={"path": st.column_config.TextColumn("chain of phases that set the step's length", width="large"),
+                                "share": st.column_config.ProgressColumn("share of steps", format="percent", min_value=0, max_value=1),
+                                "seconds": st.column_config.NumberColumn("median seconds", format="%.4f")})
+    slow = costs.sort_values("wall_s", ascending=False).head(1)
+    if len(slow):
+        s = int(slow["step"].iloc[0])
+        chain = data.critical_path(run, (s, s))
+        st.markdown(f"**Slowest step ({s}, {style.seconds(slow['wall_s'].iloc[0])})**: " + " → ".join(
+            f"{p} on {style.who(r, k)} ({style.seconds(sec)})"
+            for p, r, k, sec in zip(chain["phase"], chain["role"], chain["rank"], chain["seconds"])))
+        if st.button(f"Open step {s} on the Timeline", icon=":material/view_timeline:"):
+            state.open_timeline(s)
+
+st.subheader("Rollout long tail")
+tail = data.long_tail(run, steps)
+if tail.empty:
+    st.info("No per-sample generation times: log `gen_start` and `gen_end` with rltrace.log_samples to see the tail.")
+else:
+    st.plotly_chart(charts.tail(tail), key="waits_tail")
+    strag = data.stragglers(run, steps)
+    if len(strag):
+        st.markdown(f"**Stragglers** ({len(strag)}: finished after the median and took ≥ 2× its time or length)")
+        st.dataframe(strag, hide_index=True, width="stretch",
+                     column_config={c: st.column_config.NumberColumn(c, format="%.3g")
+                                    for c in ("len_ratio", "gen_s", "time_ratio", "after_median_s")})
+
+st.subheader("Weight sync: t_W ≈ S_W / B_W + t_0")
+points, fit = data.weight_sync(run, steps)
+if points.empty:
+    st.info("No `weight_sync` span carries a payload size: record it with `rltrace.phase('weight_sync', bytes=n)`.")
+else:
+    left, right = st.columns([3, 1])
+    left.plotly_chart(charts.sync_fit(points, fit), key="waits_sync")
+    with right:
+        st.metric("B_W", "–" if not fit.get("B_W") else f"{fit['B_W'] / 1e9:.3g} GB/s", help="fitted bandwidth")
+        st.metric("t_0", style.seconds(fit.get("t_0")), help="fitted fixed overhead per sync")
+        st.metric("R²", style.number(fit.get("r2"), 2))
+        st.metric("Syncs", f"{fit['n']} ({style.plural(fit['sizes'], 'size')})")
+        if not fit.get("B_W") and fit.get("effective_B_W"):
+            st.caption(f"One payload size: effective {fit['effective_B_W'] / 1e9:.3g} GB/s. B_W and t_0 need several sizes.")
+        if fit.get("methods"):
+            st.caption("methods: " + ", ".join(fit["methods"]))
+
+with st.expander("Per-step numbers"):
+    st.dataframe(pd.DataFrame(costs), hide_index=True, width="stretch")
