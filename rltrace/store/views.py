@@ -124,7 +124,9 @@ def _source(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Par
     """SQL for all rows of a table: its parts, unioned with an empty table of the full schema so
     that every documented column exists even when no part has it yet."""
     empty = f"_empty_{table.name}"
-    con.register(empty, table.schema.empty_table())
+    con.register("_schema", table.schema.empty_table())
+    con.execute(f"CREATE TABLE {empty} AS SELECT * FROM _schema")  # a table, so cursors see it too
+    con.unregister("_schema")
     if not parts:
         return f"SELECT * FROM {empty}"
     files = _sql_list([p.path for p in parts])

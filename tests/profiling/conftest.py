@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,13 +35,21 @@ def run_program(run_dir: Path, mode: str, timeout: float = 120, **settings: str)
 
 
 def start_program(run_dir: Path, mode: str, **settings: str) -> subprocess.Popen:
+    """The test program in its own process group, so `kill_program` also ends its children."""
     return subprocess.Popen(
         [sys.executable, str(PROGRAM), str(run_dir), mode],
         env=program_env(**settings),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,
     )
+
+
+def kill_program(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def wait_for(fetch, done, timeout: float = 60.0, what: str = "the store"):

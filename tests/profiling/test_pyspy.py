@@ -16,7 +16,7 @@ import rltrace
 from rltrace import store
 from rltrace.profiling import artefact_path, profiles_for_spans, watchdog_of
 
-from .conftest import PYSPY, frames, profiles, run_program, start_program, wait_for, wait_for_profiles
+from .conftest import PYSPY, frames, kill_program, profiles, run_program, start_program, wait_for, wait_for_profiles
 
 SLOW = {"RLTRACE_PROFILE_SLOW": "3", "RLTRACE_PROFILE_MIN_SECONDS": "0.3", "RLTRACE_PROFILE_MIN_SAMPLES": "3"}
 
@@ -80,8 +80,7 @@ def test_a_hang_gets_a_stack_dump_of_the_process_and_its_children(tmp_path):
         )
         assert len(profiles(run_dir)) == 1  # not one more for the enclosing rollout phase
     finally:
-        proc.kill()
-        proc.wait()
+        kill_program(proc)
     assert span == [(True,)]  # the dump explains a span that never ended
     assert (dump["kind"], dump["trigger"], dump["status"], dump["phase"]) == ("pyspy_dump", "hang", "ok", "generate")
     assert "hang timeout 0.5" in dump["reason"]  # one dump for the hung thread, on its innermost phase

@@ -112,3 +112,11 @@ def test_newer_run_manifest(recorded):
 def test_temp_files_of_writers_are_ignored(recorded):
     (recorded / "spans" / ".trainer0-x-00000099.parquet.abcd.tmp").write_bytes(b"PAR1 half written")
     assert store.open(recorded).execute("SELECT count(*) FROM spans").fetchone() == (3,)
+
+
+def test_cursors_of_the_connection_see_every_view(recorded):
+    """Dashboards take one cursor per query (DuckDB connections are not shared across threads)."""
+    con = store.open(recorded)
+    cursor = con.cursor()
+    assert cursor.execute("SELECT count(*) FROM spans").fetchone() == (3,)
+    assert cursor.execute("SELECT count(*) FROM samples").fetchone() == (0,)
