@@ -2,8 +2,10 @@
 
     python benchmarks/bench_demo_overhead.py [--repeats 3] [--steps 40]
 
-1. End to end: the colocated demo runs `--repeats` times each way, interleaved (on, off, off, on, ...),
-   same seed, so both do identical work (the run is deterministic). Step time = the demo's own
+1. End to end: the colocated demo runs `--repeats` times in each of three variants, interleaved
+   (forward, then backward order), same seed, so all do identical work (the run is deterministic):
+   traced with the demo's default debug replay (a frozen batch every 20 steps), traced without
+   periodic freezing, and `RLTRACE_DISABLED=1`. Step time = the demo's own
    per-step wall clock (`demo_summary.json`), first 3 steps dropped. Reported: median wall time
    and mean CPU time (every thread of the process, so rltrace's background writers count) per
    variant, and their ratios (goal: < 1.02). On a shared machine the CPU ratio is the steadier one.
@@ -31,14 +33,23 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 
 
-def demo_step_times(out: Path, steps: int, disabled: bool) -> tuple[list[float], list[float]]:
+#: name -> (RLTRACE_DISABLED, extra demo flags). "traced" leaves out the periodic frozen batches
+#: (debug replay, an opt-in feature) to show what tracing itself costs.
+VARIANTS = {
+    "traced, default (replay every 20 steps)": (False, []),
+    "traced, no periodic freezing": (False, ["--freeze-every", "0"]),
+    "RLTRACE_DISABLED=1": (True, []),
+}
+
+
+def demo_step_times(out: Path, steps: int, disabled: bool, flags: list[str]) -> tuple[list[float], list[float]]:
     """Wall and CPU seconds (all threads of the process) of each step after the third."""
     env = dict(os.environ)
     env.pop("RLTRACE_DISABLED", None)
     if disabled:
         env["RLTRACE_DISABLED"] = "1"
     subprocess.run(
-        [sys.executable, "-m", "examples.tiny_grpo", "--out", str(out), "--steps", str(steps), "--seed", "0"],
+        [sys.executable, "-m", "examples.tiny_grpo", "--out", str(out), "--steps", str(steps), "--seed", "0", *flags],
         cwd=REPO, env=env, check=True, capture_output=True, text=True,
     )
     summary = json.loads((out / "demo_summary.json").read_text())
@@ -81,8 +92,7 @@ def calls_cost_s(n_steps: int = 300) -> float:
             "sample_id": i, "group_id": i // 8, "prompt_len": 15, "response_len": 6, "finish_reason": "stop",
             "reward": 0.5, "weight_version": 3, "train_version": 3, "gen_start": 1.0, "gen_end": 2.0,
             "worker_rank": 0, "advantage": 0.1, "logprob_abs_diff": 1e-7, "prompt_text": "<|bos|>" * 3,
-            "response_text": "54321", "prompt_tokens": [1] * 15, "response_tokens": [2] * 6,
-            "rollout_logprobs": [-0.1] * 6,
+            "response_text": "54321",
         }
         for i in range(64)
     ]
@@ -104,32 +114,38 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant, interleaved")
     parser.add_argument("--steps", type=int, default=40, help="GRPO steps per run")
     args = parser.parse_args()
-    console = Console(width=110)
-    variants = ("instrumented", "RLTRACE_DISABLED=1")
-    wall: dict[str, list[float]] = {v: [] for v in variants}
-    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    console = Console(width=120)
+    names = list(VARIANTS)
+    wall: dict[str, list[float]] = {v: [] for v in names}
+    cpu: dict[str, list[float]] = {v: [] for v in names}
+    run_medians: dict[str, list[float]] = {v: [] for v in names}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            for variant in variants if r % 2 == 0 else variants[::-1]:
+            for i, variant in enumerate(names if r % 2 == 0 else names[::-1]):
                 console.print(f"repeat {r + 1}/{args.repeats}: {variant} ...")
-                w, c = demo_step_times(Path(tmp) / f"{r}-{variant[:4]}", args.steps, variant != "instrumented")
+                disabled, flags = VARIANTS[variant]
+                w, c = demo_step_times(Path(tmp) / f"{r}-{i}", args.steps, disabled, flags)
                 wall[variant].extend(w)
                 cpu[variant].extend(c)
-    off_wall, off_cpu = statistics.median(wall[variants[1]]), statistics.mean(cpu[variants[1]])
+                run_medians[variant].append(statistics.median(w))
+    base = names[-1]
+    off_wall, off_cpu = statistics.median(wall[base]), statistics.mean(cpu[base])
     title = f"tiny GRPO colocated: {args.steps} steps x {args.repeats} runs per variant (first 3 steps dropped)"
     table = Table(title=title)
-    for column in ("variant", "steps", "median wall s", "wall vs disabled", "mean CPU s", "CPU vs disabled"):
+    for column in ("variant", "steps", "median wall s", "wall vs disabled", "mean CPU s", "CPU vs disabled",
+                   "run medians (spread)"):
         table.add_column(column, justify="left" if column == "variant" else "right")
-    for v in variants:
+    for v in names:
         med, mean_cpu = statistics.median(wall[v]), statistics.mean(cpu[v])
+        spread = f"{min(run_medians[v]):.3f}–{max(run_medians[v]):.3f}"
         table.add_row(v, str(len(wall[v])), f"{med:.4f}", f"{med / off_wall:.3f}", f"{mean_cpu:.4f}",
-                      f"{mean_cpu / off_cpu:.3f}")
+                      f"{mean_cpu / off_cpu:.3f}", spread)
     console.print(table)
-    on = statistics.median(wall[variants[0]])
+    on = statistics.median(wall[names[1]])
     cost = calls_cost_s()
     console.print(
         f"one step's rltrace calls in isolation: {cost * 1e6:.0f} µs = {100 * cost / on:.2f} % of the median "
-        f"instrumented step ({on * 1e3:.0f} ms); goal: overhead < 2 %"
+        f"traced step ({on * 1e3:.0f} ms); goal: overhead < 2 %"
     )
 
 

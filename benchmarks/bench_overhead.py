@@ -44,15 +44,8 @@ def bare_round(tracer, n: int) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def rltrace_round(n: int) -> float:
-    t0 = time.perf_counter()
-    for i in range(n):
-        with rltrace.phase("reward", step=i, weight_version=i):
-            pass
-    return (time.perf_counter() - t0) / n
-
-
-def disabled_round(n: int) -> float:
+def phase_round(n: int) -> float:
+    """`rltrace.phase` as a loop uses it, recording or disabled, whichever `init` set up."""
     t0 = time.perf_counter()
     for i in range(n):
         with rltrace.phase("reward", step=i, weight_version=i):
@@ -92,7 +85,7 @@ def main() -> int:
         bare, ours = [], []
         for _ in range(args.rounds):
             bare.append(bare_round(tracer, args.spans))
-            ours.append(rltrace_round(args.spans))
+            ours.append(phase_round(args.spans))
         run = rltrace.current_run()
         dropped = run.spans_dropped
         rows = sample_rows(10_000)
@@ -108,7 +101,7 @@ def main() -> int:
             rltrace.flush()
         rltrace.shutdown()
         rltrace.init(f"{tmp}/off", disabled=True)
-        off = [disabled_round(args.spans) for _ in range(args.rounds)]
+        off = [phase_round(args.spans) for _ in range(args.rounds)]
         rltrace.shutdown()
     provider.shutdown()
 

@@ -139,13 +139,35 @@ def _nullable(arr: pa.Array) -> bool:
     return not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or arr.null_count > 0
 
 
+_PROBE_BYTES = 1 << 18  # how much of an array column is test-compressed to choose its codec
+
+
+def _array_codec(column: pa.ChunkedArray) -> str:
+    """lz4 where it pays (masks, repeated advantages), none for incompressible values (token ids,
+    log-probs): compressing those costs time on every write and read and saves nothing."""
+    chunk = column.chunk(0) if column.num_chunks else None
+    if chunk is None or len(chunk) == 0:
+        return "lz4"
+    values = chunk.values
+    data = values.buffers()[-1]
+    width = max(values.type.bit_width // 8, 1) if hasattr(values.type, "bit_width") else 1
+    probe = data.slice(values.offset * width, min(_PROBE_BYTES, data.size - values.offset * width))
+    if probe.size < 1024:
+        return "lz4"
+    return "lz4" if pa.compress(probe, codec="lz4", asbytes=False).size < 0.8 * probe.size else "none"
+
+
 def write_options(table: pa.Table) -> dict:
-    """Fast where the bytes are (lz4, no statistics or dictionary on arrays), small elsewhere."""
+    """Fast where the bytes are (lz4 only where it compresses, no statistics or dictionary on
+    arrays), small elsewhere."""
     lists = {f.name for f in table.schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)}
     dictionary = [n for n, t in _names.BATCH_COLUMNS.items() if pa.types.is_string(t)] + ["finish_reason"]
     return {
         # keys are Parquet leaf paths: a list column's values live in `<name>.list.element`
-        "compression": {(f"{n}.list.element" if n in lists else n): ("lz4" if n in lists else "zstd") for n in table.column_names},
+        "compression": {
+            (f"{n}.list.element" if n in lists else n): (_array_codec(table.column(n)) if n in lists else "zstd")
+            for n in table.column_names
+        },
         "use_dictionary": [n for n in dictionary if n in table.column_names],
         "write_statistics": ["step", "sample_index", "train_version"],
         "data_page_version": "2.0",  # repetition levels stay uncompressed: list columns decode faster

@@ -40,3 +40,6 @@ def python_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+from .phoenix import phoenix  # noqa: E402,F401  (one OTLP backend for the whole session)

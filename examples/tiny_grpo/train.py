@@ -327,9 +327,7 @@ def record(step: int, train_version: int, samples, rewards, stats: dict, dropped
             "gen_start": s.completion.gen_start, "gen_end": s.completion.gen_end,
             "worker_rank": s.worker_rank, "advantage": stats["advantages"][i],
             "logprob_abs_diff": stats["per_sample_abs_diff"][i],
-            "prompt_text": s.prompt_text, "response_text": s.response_text,
-            "prompt_tokens": s.prompt_tokens, "response_tokens": s.completion.tokens,
-            "rollout_logprobs": s.completion.logprobs,
+            "prompt_text": s.prompt_text, "response_text": s.response_text,  # token arrays: frozen batches
         }
         for i, s in enumerate(samples)
     ])

@@ -52,7 +52,7 @@ def test_every_documented_metric_and_sample_column_is_recorded(colocated_run):
     assert set(_names.METRICS) <= names
     sample = rows(con, "SELECT * FROM samples WHERE step = 3 LIMIT 1")[0]
     for column in ("sample_id", "group_id", "prompt_len", "response_len", "finish_reason", "reward",
-                   "weight_version", "train_version", "gen_start", "gen_end", "response_text", "rollout_logprobs"):
+                   "weight_version", "train_version", "gen_start", "gen_end", "response_text", "logprob_abs_diff"):
         assert sample[column] is not None, column
     assert sample["finish_reason"] in ("stop", "length") and sample["gen_end"] >= sample["gen_start"]
     assert sample["staleness"] == 0  # colocated sync: generated with the weights it trains

@@ -1,14 +1,5 @@
 """OTLP replay against a real backend (Arize Phoenix) on loopback: the spans arrive with their ids."""
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
-
 import pytest
 
 from rltrace import store
@@ -16,47 +7,9 @@ from rltrace.cli import main
 from rltrace.export import otlp
 from rltrace.testing import RunBuilder
 
+from ..phoenix import free_port, phoenix_spans
+
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str):
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.read()
-
-
-@pytest.fixture(scope="module")
-def phoenix(tmp_path_factory):
-    port, grpc = _free_port(), _free_port()
-    env = dict(os.environ, PHOENIX_PORT=str(port), PHOENIX_GRPC_PORT=str(grpc), PHOENIX_HOST="127.0.0.1",
-               PHOENIX_WORKING_DIR=str(tmp_path_factory.mktemp("phoenix")))
-    log = open(tmp_path_factory.mktemp("phoenix-log") / "phoenix.log", "w")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "phoenix"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    try:
-        while True:
-            try:
-                _get(base + "/healthz")
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"phoenix did not start: see {log.name}")
-                time.sleep(0.5)
-        yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
-
-
-def _spans(base: str) -> list[dict]:
-    return json.loads(_get(base + "/v1/projects/default/spans?limit=1000"))["data"]
 
 
 def test_replay_sends_every_finished_span_with_its_ids(phoenix, tmp_path):
@@ -69,11 +22,9 @@ def test_replay_sends_every_finished_span_with_its_ids(phoenix, tmp_path):
     b.write()
     result = otlp.replay(store.open(b.run_dir), phoenix)
     assert (result.sent, result.open_skipped) == (3, 1)
-    deadline = time.monotonic() + 60
-    while len(got := _spans(phoenix)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.5)  # Phoenix ingests in the background; nothing to wait on but its API
     stored = {r[0]: r for r in store.open(b.run_dir).execute(
         "SELECT span_id, parent_span_id, trace_id, name, start_ns FROM spans WHERE NOT is_open").fetchall()}
+    got = phoenix_spans(phoenix, {r[2] for r in stored.values()}, 3)
     by_id = {s["context"]["span_id"]: s for s in got}
     assert set(by_id) == set(stored)
     for span_id, (_, parent, trace_id, name, start_ns) in stored.items():
@@ -90,6 +41,6 @@ def test_cli_replay_and_an_unreachable_backend(phoenix, tmp_path, capsys):
     b.write()
     assert main(["export", str(b.run_dir), "--format", "otlp", "--endpoint", phoenix]) == 0
     assert "sent 1 spans" in capsys.readouterr().err
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(otlp.ReplayError, match="did not accept spans"):
         otlp.replay(store.open(b.run_dir), dead, timeout_s=1)
