@@ -73,14 +73,22 @@ class Recording:
 
     proc: subprocess.Popen
     output: IO[bytes]
+    interrupted: bool = False
 
     def running(self) -> bool:
         return self.proc.poll() is None
 
+    def interrupt(self) -> None:
+        """Ask py-spy to stop sampling and write its file (SIGINT, like Control-C); returns at once.
+
+        Sent the moment the phase ends, so samples of what runs after it do not join its profile."""
+        if not self.interrupted:
+            self.interrupted = True
+            self.proc.send_signal(signal.SIGINT)  # does nothing once py-spy has exited
+
     def stop(self) -> tuple[int | None, str]:
-        """Ask py-spy to write its file and exit (SIGINT, like Control-C); kill it if it does not."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+        """Interrupt py-spy and wait for its file; kill it if it does not stop."""
+        self.interrupt()
         try:
             self.proc.wait(timeout=_STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -132,6 +132,9 @@ class Watchdog(SpanProcessor):
                 self._stop_window(running.torch)
             recording = self._recording
             if recording is not None and recording.span is span:
+                pyspy_run = recording.recording
+                if pyspy_run is not None:
+                    pyspy_run.interrupt()  # one signal, no waiting: the file is read on the profiler thread
                 self._wake.set()
         except Exception:
             _internal_error("on phase end")

@@ -51,7 +51,7 @@ def reward(problem: Problem, response_text: str) -> float:
     return matches / max(len(target), len(response_text), 1)
 
 
-def slow_verifier(problem: Problem, response_text: str, rounds: int = 1_000_000) -> float:
+def slow_verifier(problem: Problem, response_text: str, rounds: int = 2_000_000) -> float:
     """Reward computed the slow way (pure Python, about 0.5 s): a stand-in for an LLM judge.
 
     Burns CPU instead of sleeping, so a py-spy profile of a slow `reward` span names this function.

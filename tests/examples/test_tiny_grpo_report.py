@@ -43,7 +43,7 @@ def test_slow_reward_is_the_bottleneck(demo, report_of):
 def test_straggler_samples_are_named(demo, report_of):
     data, text = report_of(demo("straggler")[0])
     worst = {s["step"]: s for s in data["stragglers"] if s["response_len"] == 96}  # the --straggler budget
-    assert sorted(worst) == [0, 1, 2] and all(s["len_ratio"] >= 8 for s in worst.values())
+    assert sorted(worst) == [0, 1, 2] and all(s["len_ratio"] >= 4 for s in worst.values())  # median 8-24 tokens
     sentence = next(f for f in data["findings"] if "straggler sample(s)" in f)
     latest = max(data["stragglers"], key=lambda s: s["after_median_s"])
     assert f"worst: sample {latest['sample_id']} at step {latest['step']}" in sentence
