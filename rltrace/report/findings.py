@@ -11,6 +11,7 @@ from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
 
 TAIL_SHARE = 0.25  # a long tail worth a sentence: this share of the step, median over steps
+STRAGGLER_FACTOR = 4.0  # a straggler worth a sentence: this many times the step's median length or time
 SYNC_SHARE = 0.25  # weight sync worth a sentence: this share of t_sync
 WAIT_SHARE = 0.10  # a wait worth a sentence: this share of the run's step time
 ALIGNMENT_GATE = 1e-6  # train_rollout_logprob_abs_diff below this: rollout and training agree (BRIEF)
@@ -101,12 +102,13 @@ def _stragglers(r: dict) -> list[str]:
     shares = sorted(t["tail_share"] for t in r["long_tail"] if t.get("tail_share") is not None)
     if shares and shares[len(shares) // 2] >= TAIL_SHARE:
         out.append(f"The rollout long tail (last sample minus median finish) costs a median {shares[len(shares) // 2]:.0%} of each step.")
-    s = r["stragglers"]
-    if s:
+    s = [x for x in r["stragglers"] if max(x.get("len_ratio") or 0, x.get("time_ratio") or 0) >= STRAGGLER_FACTOR]
+    if s:  # the table lists every sample over analysis.stragglers' factor; 2x is an ordinary spread
         worst = max(s, key=lambda x: x["after_median_s"])
         ratio_text = f", {worst['len_ratio']:.1f}x the median length" if worst.get("len_ratio") else ""
         out.append(
-            f"{len(s)} straggler sample(s) in {len({x['step'] for x in s})} step(s); worst: sample "
+            f"{len(s)} straggler sample(s) over {STRAGGLER_FACTOR:g}x the median in {len({x['step'] for x in s})} "
+            f"step(s); worst: sample "
             f"{worst['sample_id']} at step {worst['step']}{ratio_text}, finished {sec(worst['after_median_s'])} "
             "after the median sample."
         )

@@ -13,7 +13,7 @@ KEYS = {"run", "steps", "phases", "t_R", "t_T", "t_W", "t_reward", "t_rollout", 
         "weight_sync_fit", "staleness", "mismatch", "reward", "open_spans", "dropped", "findings"}
 
 
-def _run(path, reward_s=1.0, hang=False):
+def _run(path, reward_s=1.0, hang=False, straggler_len=80):
     b = RunBuilder(path)
     tr, ro, rw = b.process("trainer"), b.process("rollout"), b.process("reward")
     t = 0.0
@@ -22,7 +22,8 @@ def _run(path, reward_s=1.0, hang=False):
         rw.span("reward", t + 3, t + 3 + reward_s, step=step)
         tr.span("train", t + 3 + reward_s, t + 5 + reward_s, step=step)
         tr.span("weight_sync", t + 5 + reward_s, t + 5.5 + reward_s, step=step, bytes=1e9 * step)
-        b.samples(step, [{"sample_id": i, "response_len": 10 if i else 80, "gen_start": t, "gen_end": t + (2.9 if i == 0 else 1)}
+        b.samples(step, [{"sample_id": i, "response_len": 10 if i else straggler_len, "gen_start": t,
+                          "gen_end": t + (1 + 1.9 * straggler_len / 80 if i == 0 else 1)}
                          for i in range(8)])
         b.metric(step, "reward_mean", 0.1 * step)
         b.metric(step, "train/train_rollout_logprob_abs_diff", 0.01 * step)
@@ -50,6 +51,14 @@ def test_json_has_the_documented_keys_and_names_the_culprit(tmp_path, capsys):
     text = " ".join(data["findings"])
     assert "Bottleneck: reward on reward0" in text and "Open span: rollout on rollout0 at step 5" in text
     assert "straggler sample(s)" in text
+
+
+def test_an_ordinary_spread_of_lengths_is_listed_but_not_a_finding(tmp_path, capsys):
+    run = _run(tmp_path / "spread", straggler_len=25)  # 2.5x the median length, 1.6x its time
+    assert main(["report", str(run), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["sample_id"] for s in data["stragglers"]] == [0, 0, 0, 0]
+    assert not any("straggler" in f for f in data["findings"])
 
 
 def test_terminal_report_and_step_range(tmp_path, capsys):
