@@ -31,22 +31,21 @@ def processes(con, process_ids) -> pd.DataFrame:
 
 
 def _lookup(con, ids: list[str]) -> pd.DataFrame:
+    found = _identities(con, "processes", ids)
+    missing = sorted(set(ids) - set(found["process_id"]))
+    if missing:  # a process whose record is gone still names itself on its spans
+        found = pd.concat([found, _identities(con, "spans", missing)], ignore_index=True)
+    return found[_COLS]
+
+
+def _identities(con, view: str, ids: list[str]) -> pd.DataFrame:
+    """role, rank, host of these process ids from `view` (processes or spans: a fixed name)."""
     marks = ", ".join("?" for _ in ids)
-    found = con.execute(
+    return con.execute(
         f"""SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host
-            FROM processes WHERE process_id IN ({marks}) GROUP BY process_id""",
+            FROM {view} WHERE process_id IN ({marks}) GROUP BY process_id""",
         ids,
     ).df()
-    missing = sorted(set(ids) - set(found["process_id"]))
-    if missing:
-        marks = ", ".join("?" for _ in missing)
-        extra = con.execute(
-            f"""SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host
-                FROM spans WHERE process_id IN ({marks}) GROUP BY process_id""",
-            missing,
-        ).df()
-        found = pd.concat([found, extra], ignore_index=True)
-    return found[_COLS]
 
 
 def label(frame: pd.DataFrame, con, column: str = "process_id", prefix: str = "") -> pd.DataFrame:
