@@ -47,11 +47,12 @@ class Capturer:
             max_seconds=policy.max_seconds,
             flags=policy.pyspy_flags,
         )
+        records.mark_span(capture)  # before py-spy starts: a phase that ends meanwhile still names its profile
         try:
             capture.recording = pyspy.start_record(capture.command)
         except OSError as exc:
             capture.end(*pyspy.missing_message(self.executable, exc))
-        records.mark_span(capture)
+            records.mark_span(capture)
         return capture.recording is not None
 
     def finish_record(self, capture: Capture) -> None:

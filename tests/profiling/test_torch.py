@@ -50,7 +50,7 @@ def test_each_phase_run_in_the_window_gets_a_trace_linked_to_its_span(window_run
 def test_the_top_operators_are_stored(window_run):
     row = profiles(window_run)[0]
     top = frames(window_run, row["profile_id"])
-    assert {f["frame"] for f in top[:2]} == {"aten::mm", "aten::tanh"}
+    assert {f["frame"] for f in top[:2]} == {"aten::mm", "aten::tanh"}, [(f["frame"], f["self_share"]) for f in top]
     assert all(not f["frame"].startswith("ProfilerStep") for f in top)
     assert sum(f["self_share"] for f in top) == pytest.approx(1.0, abs=0.01)
 
