@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import zipfile
+
+import pytest
 
 from .conftest import PYTHON, REPO
 
@@ -30,3 +33,45 @@ def test_wheel_has_only_the_rltrace_import_name(tmp_path):
         assert pkg in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "rltrace = rltrace.cli:main" in entry_points
+
+
+def test_a_folder_named_rltrace_beside_a_script_does_not_shadow_the_install(tmp_path):
+    """A clone (or any folder) called rltrace/ next to a user's script is not imported instead."""
+    (tmp_path / "rltrace").mkdir()
+    (tmp_path / "train.py").write_text("import rltrace\nprint(rltrace.init.__module__)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([PYTHON, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "rltrace.api"
+
+
+@pytest.mark.slow
+def test_the_wheel_without_extras_runs_the_command_on_a_recorded_run(tmp_path):
+    """`pip install rltrace` (no extras) gives a working `rltrace --version`, `info` and `report`."""
+    dist = tmp_path / "dist"
+    subprocess.run([PYTHON, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(REPO)],
+                   check=True, capture_output=True, timeout=300)
+    (wheel,) = dist.glob("rltrace-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([PYTHON, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
+                         capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    listed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list"], capture_output=True, text=True).stdout
+    assert "streamlit" not in listed and "torch" not in listed  # really no extras
+
+    run = tmp_path / "run"
+    from rltrace.testing import RunBuilder
+
+    b = RunBuilder(run)
+    trainer = b.process("trainer")
+    for step in range(3):
+        trainer.span("rollout", step, step + 0.2, step=step)
+        trainer.span("train", step + 0.2, step + 0.3, step=step)
+    b.write()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    exe = str(venv / "bin" / "rltrace")
+    for args in (["--version"], ["info", str(run)], ["report", str(run)]):
+        out = subprocess.run([exe, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, (args, out.stderr[-2000:])
+        assert out.stdout.strip()
