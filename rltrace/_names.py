@@ -23,6 +23,11 @@ WAITING_FOR = "rl.waiting_for"  # wait spans: the phase being awaited, when the 
 THREAD_ID = "thread.id"  # OpenTelemetry semantic convention
 THREAD_NAME = "thread.name"
 
+#: Attributes rltrace sets itself: set first on every span and never cut by the attribute limit.
+RESERVED_ATTRS = frozenset(
+    (PHASE, STEP, WEIGHT_VERSION, ROLE, RANK, RUN_ID, SYNC_BYTES, SYNC_METHOD, WAITING_FOR, THREAD_ID, THREAD_NAME)
+)
+
 #: Phase names the analyses know. Users may add their own.
 PHASES = (
     "step",
@@ -62,8 +67,8 @@ METRICS = (
 
 #: Canonical types of the brief's per-sample columns; other columns keep the type they arrive with.
 SAMPLE_COLUMNS: dict[str, pa.DataType] = {
-    "sample_id": pa.int64(),
-    "group_id": pa.int64(),
+    "sample_id": pa.string(),  # ids are text: integers and strings (verl's UUIDs) read as one column
+    "group_id": pa.string(),
     "prompt_len": pa.int64(),
     "response_len": pa.int64(),
     "finish_reason": pa.string(),
@@ -74,6 +79,9 @@ SAMPLE_COLUMNS: dict[str, pa.DataType] = {
     "gen_start": pa.float64(),  # Unix seconds
     "gen_end": pa.float64(),
 }
+
+#: Id-like sample columns, stored as text; so is any column named `*_id` or `*_uid`.
+ID_COLUMNS = frozenset(("sample_id", "group_id", "uid", "id"))
 
 # --- tables ------------------------------------------------------------------------------------
 #: Parquet key-value metadata written into every part file.
@@ -146,6 +154,8 @@ PROCESSES_SCHEMA = pa.schema(
         pa.field("otlp_spans_dropped", pa.int64()),  # lost before reaching the OTLP backend
         pa.field("rows_written", pa.int64()),  # metrics + samples rows
         pa.field("rows_dropped", pa.int64()),
+        pa.field("attributes_dropped", pa.int64()),  # span attributes cut by the attribute count limit
+        pa.field("drop_reasons", pa.string()),  # JSON list of {table, column, reason, count}: why rows were dropped
         pa.field("rltrace_version", pa.string()),
         pa.field("argv", pa.string()),  # JSON list
         pa.field("resource", pa.string()),  # JSON object of OTel resource attributes
