@@ -238,7 +238,7 @@ def _attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
 def _within_limit(run: Run, attrs: dict[str, Any], present: int, current=None) -> dict[str, Any]:
     """`attrs` cut to the span's attribute limit, rltrace's own keys always kept; cuts are counted.
 
-    `present` attributes are on the span already (`current` holds them, for keys being updated).
+    `present` user attributes are on the span already (`current` holds them: updating one is free).
     """
     room = run.max_attributes - present
     if len(attrs) <= room:
@@ -337,7 +337,8 @@ class Phase:
         if span is not None:
             current = span.attributes
             if run is not None and len(current) + len(values) > run.max_attributes:
-                values = _within_limit(run, values, len(current), current)
+                present = sum(1 for key in current if key not in _names.RESERVED_ATTRS)
+                values = _within_limit(run, values, present, current)
             span.set_attributes(values)
 
     @property

@@ -8,9 +8,11 @@ import json
 import time
 
 from rich.console import Console
+from rich.markup import escape as rich_escape
 from rich.table import Table
 
 from rltrace import store
+from rltrace.store import rows as store_rows
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +37,7 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
     processes = rows(
         """SELECT p.process_id, p.role, p.rank, p.host, p.pid, p.started_ns, p.heartbeat_ns, p.ended_ns,
                   coalesce(s.spans, 0) AS spans, coalesce(s.open, 0) AS open_spans,
-                  p.spans_dropped, p.otlp_spans_dropped, p.rows_dropped
+                  p.spans_dropped, p.otlp_spans_dropped, p.rows_dropped, p.attributes_dropped, p.drop_reasons
            FROM processes p
            LEFT JOIN (SELECT process_id, count(*) FILTER (NOT is_open) AS spans, count(*) FILTER (is_open) AS open
                       FROM spans GROUP BY process_id) s USING (process_id)
@@ -71,8 +73,25 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
         "open_spans": open_spans,
         "spans_dropped": sum(p["spans_dropped"] or 0 for p in processes),
         "rows_dropped": sum(p["rows_dropped"] or 0 for p in processes),
+        "attributes_dropped": sum(p["attributes_dropped"] or 0 for p in processes),
+        "drop_reasons": _reasons(processes),
         "skipped_parts": snap.skipped,
     }
+
+
+def _reasons(processes: list[dict]) -> list[dict]:
+    """Every process's drop reasons, summed over processes: {table, column, reason, count}."""
+    total: dict[tuple, int] = {}
+    for p in processes:
+        try:
+            records = json.loads(p.pop("drop_reasons") or "[]")
+        except ValueError:
+            continue
+        for r in records if isinstance(records, list) else []:
+            if isinstance(r, dict):
+                key = (r.get("table"), r.get("column"), r.get("reason"))
+                total[key] = total.get(key, 0) + int(r.get("count") or 0)
+    return [{"table": t, "column": c, "reason": r, "count": n} for (t, c, r), n in total.items()]
 
 
 def _ago(ns: int | None, now_ns: int) -> str:
@@ -135,11 +154,14 @@ def render(data: dict, console: Console) -> None:
         console.print(t)
     else:
         console.print("No open spans.")
-    if data["spans_dropped"] or data["rows_dropped"]:
+    reasons = data["drop_reasons"]
+    if data["spans_dropped"] or data["rows_dropped"] or data["attributes_dropped"]:
         console.print(
-            f"[red]Dropped: {data['spans_dropped']} spans, {data['rows_dropped']} metric/sample rows[/] "
-            "(queue full or write failed; raise RLTRACE_MAX_QUEUE / RLTRACE_MAX_PENDING_ROWS or record less)"
+            f"[red]Dropped: {data['spans_dropped']} spans, {data['rows_dropped']} metric/sample rows, "
+            f"{data['attributes_dropped']} span attributes[/]" + ("" if reasons else " (reasons not recorded by this rltrace version)")
         )
+        for line in store_rows.describe(reasons):
+            console.print("  " + rich_escape(line))
     else:
         console.print("Nothing dropped.")
     for skipped in data["skipped_parts"]:

@@ -112,14 +112,17 @@ class Drops:
 
 
 def describe(records: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Sentences for `drop_reasons` records: "1 samples row: response_len 2**70 does not fit int64"."""
+    """Sentences for `drop_reasons` records: "1 sample row: response_len 2**70 does not fit int64"."""
     out = []
     for r in records:
         n, table = r.get("count") or 0, r.get("table") or "?"
-        unit = "attribute" if table == "attributes" else f"{table} row"
+        unit = _UNITS.get(table, f"{table} row")
         column = f"{r['column']} " if r.get("column") else ""
         out.append(f"{n} {unit}{'' if n == 1 else 's'}: {column}{r.get('reason')}")
     return out
+
+
+_UNITS = {"spans": "span", "samples": "sample row", "metrics": "metric row", "attributes": "span attribute", "batches": "frozen sample"}
 
 
 def _diagnose(row: Mapping[str, Any], schema: pa.Schema | None, exc: Exception) -> tuple[str | None, str]:
