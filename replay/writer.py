@@ -13,6 +13,7 @@ import atexit
 import logging
 import os
 import queue
+import re
 import threading
 import weakref
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from rltrace import _names
 from rltrace._config import resolve
 from rltrace.api import log_metrics
 from rltrace.replay.batch import batch_fields, build_table, write_batch
+from rltrace.store import rows
 from rltrace.store.writer import after_fork_in_child
 
 logger = logging.getLogger("rltrace")
@@ -80,7 +82,7 @@ class BatchWriter:
         after_fork_in_child(self._start)
 
     def _start(self) -> None:
-        self.frozen = self.skipped_queue = self.skipped_budget = self.failed = 0
+        self.frozen = self.skipped_queue = self.skipped_budget = self.failed = self.dropped_samples = 0
         self.bytes_written = 0
         self.last_error: str | None = None
         self.last_path: Path | None = None
@@ -144,19 +146,10 @@ class BatchWriter:
         if used >= self.budget_bytes:
             self._over_budget(job, used)
             return
-        table = build_table(
-            job.step,
-            job.batch_id,
-            job.form,
-            job.data,
-            job.n,
-            fields=batch_fields(job.batch_meta),
-            trigger=job.trigger,
-            reason=job.reason,
-            frozen_ns=job.frozen_ns,
-            process=self.process,
-        )
-        job.data = None  # let the caller's arrays go as soon as they are converted
+        table = self._build(job, batch_fields(job.batch_meta))
+        job.data = None
+        if table is None:
+            return  # let the caller's arrays go as soon as they are converted
         if used + table.nbytes * self._ratio > self.budget_bytes:
             self._over_budget(job, used)
             return
@@ -167,6 +160,40 @@ class BatchWriter:
         self.bytes_written += size
         self.last_path = path
         self._log(job.step)
+
+    def _build(self, job: Job, fields: dict):
+        """The batch's table; if one sample cannot be stored, the others still are (that one is
+        counted with its reason, e.g. text with invalid UTF-8 is stored escaped, not dropped)."""
+
+        def build(form: str, data: Any, n: int):
+            return build_table(
+                job.step, job.batch_id, form, data, n, fields=fields, trigger=job.trigger,
+                reason=job.reason, frozen_ns=job.frozen_ns, process=self.process,
+            )
+
+        try:
+            return build(job.form, job.data, job.n)
+        except Exception:  # noqa: BLE001 - converted again below, each lost sample counted
+            pass
+        samples = _split(job.form, job.data, job.n)
+        good, lost = [], []
+        for i, sample in enumerate(samples):
+            try:
+                build("rows", [sample], 1)
+                good.append(sample)
+            except Exception as exc:  # noqa: BLE001
+                lost.append((i, exc))
+        run = self._run()
+        for i, exc in lost:
+            found = _COLUMN.search(str(exc))
+            why = rows.text(str(exc) or type(exc).__name__).splitlines()[0][:160]
+            self.dropped_samples += 1
+            if run is not None and hasattr(run, "drops"):
+                run.drops.add("batches", 1, why, found.group(1) if found else None)
+            logger.warning("rltrace: could not freeze sample %d of step %d: %s", i, job.step, why)
+        if not good:
+            raise ValueError(f"no sample of step {job.step} could be stored (first: {lost[0][1]})")
+        return build("rows", good, len(good))
 
     def _over_budget(self, job: Job, used: int) -> None:
         self.skipped_budget += 1
@@ -188,6 +215,19 @@ class BatchWriter:
                 replay_failed=self.failed,
                 replay_bytes=self.bytes_written,
             )
+
+
+_COLUMN = re.compile(r"column '([^']+)'")
+
+
+def _split(form: str, data: Any, n: int) -> list[dict]:
+    """The samples of a batch one by one, each with its text made valid UTF-8."""
+    if form == "rows":
+        return [{k: rows.clean(v) if isinstance(v, (str, list, tuple, dict)) else v for k, v in s.items()} for s in data]
+    out = []
+    for i in range(n):
+        out.append({k: rows.clean(v[i]) if isinstance(v, (list, tuple)) else v[i] for k, v in data.items()})
+    return out
 
 
 _writers: weakref.WeakKeyDictionary[Any, BatchWriter] = weakref.WeakKeyDictionary()

@@ -88,6 +88,8 @@ ID_COLUMNS = frozenset(("sample_id", "group_id", "uid", "id"))
 META_TABLE = b"rltrace.table"
 META_VERSION = b"rltrace.schema_version"
 META_REPLACES = b"rltrace.replaces"  # compacted parts: JSON list of the part names they replace
+META_RUN_ID = b"rltrace.run_id"  # the run a part belongs to (a part linked in from another run is refused)
+META_SUMMARY_OF = b"rltrace.summary_of"  # step_summary: digest of the span parts it was computed from
 
 _PROCESS_COLUMNS = [
     pa.field("process_id", pa.string()),
@@ -289,6 +291,10 @@ STEP_SUMMARY_SCHEMA = pa.schema(
         pa.field("count", pa.int64()),
         pa.field("total_ns", pa.int64()),  # sum of span durations; with count, the step's fingerprint
         pa.field("version", pa.int64()),  # version of the algorithm that computed the row
+        # step rows: every finished span overlapping the step's time range, with a step or without
+        # (a reward server that never got the carrier): count and summed durations, so late spans recompute
+        pa.field("window_count", pa.int64()),
+        pa.field("window_ns", pa.int64()),
     ]
 )
 

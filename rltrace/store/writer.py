@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rltrace import _names
-from rltrace.store import rows
+from rltrace.store import layout, rows
 
 logger = logging.getLogger("rltrace")
 
@@ -85,6 +85,9 @@ def write_part(
     metadata = dict(table.schema.metadata or {})
     metadata[_names.META_TABLE] = spec.name.encode()
     metadata[_names.META_VERSION] = str(spec.version).encode()
+    run_id = layout.run_id_of(folder.parent)
+    if run_id is not None:
+        metadata[_names.META_RUN_ID] = run_id.encode()
     metadata.update(extra_metadata or {})
     table = table.replace_schema_metadata(metadata)
     final = folder / name
