@@ -142,3 +142,23 @@ def test_process_and_role_with_surrogates_write_rows(run_dir):
     con = store.open(run_dir)
     assert con.execute("SELECT role FROM spans").fetchall() == [("rollout\\udcff",)]
     assert con.execute("SELECT role FROM processes").fetchall() == [("rollout\\udcff",)]
+
+
+def test_one_bad_sample_does_not_cost_a_frozen_batch(run_dir):
+    from rltrace import replay
+
+    rltrace.init(run_dir)
+    samples = [{"sample_id": i, "response_text": "fine", "reward": 1.0, "prompt_tokens": [1, 2, 3]} for i in range(8)]
+    samples[3]["response_text"] = "template leak " + BAD  # what the bad-text probe flags: still frozen
+    samples[5]["reward"] = 2**70
+    assert replay.freeze(1, samples)
+    columns = {"sample_id": [1, 2], "response_text": ["ok", "odd " + BAD], "reward": [0.5, 0.25]}
+    assert replay.freeze(2, columns)
+    replay.flush()
+    rltrace.shutdown()
+    con = store.open(run_dir)
+    rows = con.execute("SELECT step, sample_id, response_text FROM batches ORDER BY step, sample_index").fetchall()
+    assert [r[1] for r in rows if r[0] == 1] == [0, 1, 2, 3, 4, 6, 7]
+    assert ("template leak \\udcff",) in [(r[2],) for r in rows]
+    assert [r[2] for r in rows if r[0] == 2] == ["ok", "odd \\udcff"]
+    assert any(r.startswith("1 frozen sample: reward ") for r in _reasons(run_dir))
