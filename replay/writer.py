@@ -147,9 +147,9 @@ class BatchWriter:
             self._over_budget(job, used)
             return
         table = self._build(job, batch_fields(job.batch_meta))
-        job.data = None
-        if table is None:
-            return  # let the caller's arrays go as soon as they are converted
+        job.data = None  # let the caller's arrays go as soon as they are converted
+        if table is None:  # no sample could be stored; each is counted with its reason
+            return
         if used + table.nbytes * self._ratio > self.budget_bytes:
             self._over_budget(job, used)
             return
@@ -183,6 +183,20 @@ class BatchWriter:
                 good.append(sample)
             except Exception as exc:  # noqa: BLE001
                 lost.append((i, exc))
+        try:
+            table = build("rows", good, len(good)) if good else None
+        except Exception:  # noqa: BLE001 - samples that convert alone but not together (mixed kinds)
+            table, kept = None, []
+            for i, sample in enumerate(good):
+                try:
+                    table = build("rows", kept + [sample], len(kept) + 1)
+                    kept.append(sample)
+                except Exception as exc:  # noqa: BLE001
+                    lost.append((i, exc))
+        self._count_lost(job, lost)
+        return table
+
+    def _count_lost(self, job: Job, lost: list) -> None:
         run = self._run()
         for i, exc in lost:
             found = _COLUMN.search(str(exc))
@@ -190,10 +204,7 @@ class BatchWriter:
             self.dropped_samples += 1
             if run is not None and hasattr(run, "drops"):
                 run.drops.add("batches", 1, why, found.group(1) if found else None)
-            logger.warning("rltrace: could not freeze sample %d of step %d: %s", i, job.step, why)
-        if not good:
-            raise ValueError(f"no sample of step {job.step} could be stored (first: {lost[0][1]})")
-        return build("rows", good, len(good))
+            logger.warning("rltrace: could not freeze a sample of step %d: %s", job.step, why)
 
     def _over_budget(self, job: Job, used: int) -> None:
         self.skipped_budget += 1

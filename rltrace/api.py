@@ -401,8 +401,8 @@ def phase(name: str, *, step: int | None = None, weight_version: int | None = No
 def _as_float(name: str, value: Any) -> float:
     try:
         return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"log_metrics: {name}={value!r} is not a number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"log_metrics: {name}={store_rows.show(value)} is not a number a float can hold") from None
 
 
 def log_metrics(step: int, **scalars: Any) -> None:

@@ -529,6 +529,8 @@ def _user_table(payload: Any) -> pa.Table:
         if any(isinstance(r.get("weight_version"), (list, tuple)) for r in rows):
             rows = [_split_versions(r) for r in rows]
         names = list(dict.fromkeys(k for r in rows for k in r))  # every row's keys, not the first's
+        if not names:  # rows without columns are still rows (step, time and process are stored)
+            return pa.table({"_": [None] * len(rows)}).drop_columns(["_"])
         return pa.table({str(k): [_id_text(r.get(k)) for r in rows] if is_id_column(str(k)) else [r.get(k) for r in rows] for k in names})
     return pa.table(payload)
 
