@@ -68,7 +68,7 @@ flagged = np.flatnonzero(view["flag_names"].to_numpy() != "")
 sample = view.iloc[chosen.selection.rows[0] if chosen.selection.rows else (flagged[0] if len(flagged) else 0)]
 i = int(sample["sample_index"])
 
-st.markdown(f"#### Sample {i}" + ("" if style.missing(sample.get("sample_id")) else f" (id {int(sample['sample_id'])})"))
+st.markdown(f"#### Sample {i}" + ("" if style.missing(sample.get("sample_id")) else f" (id {sample['sample_id'] if isinstance(sample['sample_id'], str) else int(sample['sample_id'])})"))
 for name, reason in (sample["flags"] or {}).items():
     st.warning(f"**{name}**: {reason}", icon=":material/flag:")
 left, right = st.columns(2)
