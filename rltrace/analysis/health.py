@@ -44,12 +44,15 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
 def drops(con) -> pd.DataFrame:
     """What each process lost before the store (or the OTLP backend) got it.
 
-    Returns: process_id, role, rank, spans_dropped, rows_dropped, otlp_spans_dropped (counts
-    from the process's latest heartbeat).
+    Returns: process_id, role, rank, spans_dropped, rows_dropped, otlp_spans_dropped,
+    attributes_dropped (span attributes cut by the attribute limit), drop_reasons (JSON list of
+    {table, column, reason, count}) — from the process's latest heartbeat.
     """
     return con.execute(
         """SELECT process_id, any_value(role) AS role, any_value(rank) AS rank,
                   max(coalesce(spans_dropped, 0)) AS spans_dropped, max(coalesce(rows_dropped, 0)) AS rows_dropped,
-                  max(coalesce(otlp_spans_dropped, 0)) AS otlp_spans_dropped
+                  max(coalesce(otlp_spans_dropped, 0)) AS otlp_spans_dropped,
+                  max(coalesce(attributes_dropped, 0)) AS attributes_dropped,
+                  arg_max(drop_reasons, heartbeat_ns) AS drop_reasons
            FROM processes GROUP BY process_id ORDER BY role, rank, process_id"""
     ).df()
