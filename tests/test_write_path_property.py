@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rltrace
@@ -44,7 +44,7 @@ def _call(fn, *args, **kwargs) -> bool:
     return result is not False
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], phases=[Phase.generate])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(attrs=attributes, rows=sample_rows, scalars_=metrics, frozen=freeze_rows, set_attrs=attributes)
 def test_every_row_is_stored_or_dropped_with_a_reason(attrs, rows, scalars_, frozen, set_attrs):
     from rltrace import replay
