@@ -41,7 +41,6 @@ _run: Run | None = None
 _env_checked = False  # RLTRACE_RUN_DIR is looked at once, on the first call before init
 _lock = threading.Lock()
 _PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
-_RESERVED_SAMPLE_COLUMNS = frozenset(("step", "logged_ns", "process_id", "role", "rank", "host", "pid"))
 
 
 class DisabledRun:
@@ -190,22 +189,29 @@ def _internal_error(what: str) -> None:
     logger.exception("rltrace: %s failed; your code still runs, with less telemetry", what)
 
 
+_INT64_MIN, _INT64_MAX = store_rows.INT64_MIN, store_rows.INT64_MAX
+
+
 def _as_int(name: str, value: Any) -> int:
     """An rltrace integer argument (step, weight_version): an int that fits int64, never a bool."""
-    if isinstance(value, bool) or type(getattr(value, "item", lambda: None)()) is bool:
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:  # the usual case, first
+        return value
+    if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got {value!r} (a bool is not a {name})")
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if item is not None and not isinstance(value, int):
+        try:
+            scalar = item()
+        except (TypeError, ValueError, RuntimeError):  # not a single value
+            scalar = None
+        if isinstance(scalar, bool):
+            raise TypeError(f"{name} must be an integer, got {value!r} (a bool is not a {name})")
+        if scalar is not None:
+            value = scalar
     try:
         number = operator.index(value)
     except TypeError:
-        number = None
-        item = getattr(value, "item", None)  # numpy / torch scalars
-        if item is not None:
-            try:
-                number = operator.index(item())
-            except (TypeError, ValueError):
-                pass
-    if number is None:
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
     if not store_rows.fits_int64(number):
         raise ValueError(f"{name}={store_rows.show(number)} does not fit a 64-bit integer: pass a smaller {name}")
     return number
@@ -224,6 +230,8 @@ def _attr_value(value: Any):
 
 def _attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
     """`rl.<key>` attributes, rltrace's own keys (`rl.bytes`, `rl.waiting_for`, ...) first."""
+    if not attrs:
+        return {}
     out, user = {}, {}
     for key, value in attrs.items():
         if not isinstance(key, str) or not key:
@@ -448,17 +456,16 @@ def log_samples(step: int, rows: Iterable[Mapping[str, Any]] | pa.Table | Any) -
             raise ValueError(f"log_samples: columns have different lengths {sorted(lengths)}; give one value per sample")
         nrows = lengths.pop() if lengths else 0
     elif isinstance(rows, (list, tuple)):
-        payload = list(rows)
-        bad = next((r for r in payload if not isinstance(r, Mapping)), None)
-        if bad is not None:
-            raise TypeError(f"log_samples: rows must be dicts (one per sample), got {type(bad).__name__}")
-        names, nrows = list(dict.fromkeys(k for r in payload for k in r)), len(payload)
+        payload = list(rows)  # the caller pays for a shallow copy only: later rows are checked on the writer
+        if payload and not isinstance(payload[0], Mapping):
+            raise TypeError(f"log_samples: rows must be dicts (one per sample), got {type(payload[0]).__name__}")
+        names, nrows = (list(payload[0]) if payload else []), len(payload)
     elif hasattr(rows, "__arrow_c_stream__") or hasattr(rows, "to_dict"):
         payload = rows
         names, nrows = [str(c) for c in getattr(rows, "columns", [])], len(rows)
     else:
         raise TypeError(f"log_samples: rows must be a list of dicts, a dict of columns or a table, got {type(rows).__name__}")
-    clash = _RESERVED_SAMPLE_COLUMNS.intersection(names)
+    clash = store_rows.RESERVED_SAMPLE_COLUMNS.intersection(names)
     if clash:
         raise ValueError(f"log_samples: column(s) {sorted(clash)} are set by rltrace itself; rename yours")
     if nrows == 0:

@@ -162,3 +162,14 @@ def test_one_bad_sample_does_not_cost_a_frozen_batch(run_dir):
     assert ("template leak \\udcff",) in [(r[2],) for r in rows]
     assert [r[2] for r in rows if r[0] == 2] == ["ok", "odd \\udcff"]
     assert any(r.startswith("1 frozen sample: reward ") for r in _reasons(run_dir))
+
+
+def test_later_rows_are_checked_on_the_writer_and_counted(run_dir):
+    rltrace.init(run_dir)
+    rltrace.log_samples(1, [{"sample_id": 1}, "not a row", {"sample_id": 3, "step": 99, "reward": 1.0}])
+    rltrace.shutdown()
+    con = store.open(run_dir)
+    assert con.execute("SELECT step, sample_id, reward FROM samples ORDER BY sample_id").fetchall() == [(1, "1", None), (1, "3", 1.0)]
+    reasons = _reasons(run_dir)
+    assert "1 sample row: not a dict (log_samples takes one dict per sample)" in reasons
+    assert any(r.startswith("1 sample value: step set by rltrace itself") for r in reasons)

@@ -122,7 +122,7 @@ def describe(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-_UNITS = {"spans": "span", "samples": "sample row", "metrics": "metric row", "attributes": "span attribute", "batches": "frozen sample"}
+_UNITS = {"sample values": "sample value", "spans": "span", "samples": "sample row", "metrics": "metric row", "attributes": "span attribute", "batches": "frozen sample"}
 
 
 def _diagnose(row: Mapping[str, Any], schema: pa.Schema | None, exc: Exception) -> tuple[str | None, str]:
@@ -551,11 +551,30 @@ def _typed(user: pa.Table) -> dict[str, pa.ChunkedArray | pa.Array]:
     return columns
 
 
+#: Sample columns rltrace sets itself; a user's column of one of these names is refused.
+RESERVED_SAMPLE_COLUMNS = frozenset(("step", "logged_ns", "process_id", "role", "rank", "host", "pid"))
+
+
+def _checked_rows(rows: Sequence[Any], drops: Drops) -> list[Mapping[str, Any]]:
+    """Rows that are dicts, without columns rltrace sets itself (each refusal counted)."""
+    good = [r for r in rows if isinstance(r, Mapping)]
+    if len(good) < len(rows):
+        drops.add("samples", len(rows) - len(good), "not a dict (log_samples takes one dict per sample)")
+    if any(not RESERVED_SAMPLE_COLUMNS.isdisjoint(r) for r in good):
+        for name in RESERVED_SAMPLE_COLUMNS:
+            n = sum(1 for r in good if name in r)
+            drops.add("sample values", n, "set by rltrace itself; rename yours (the rest of the row is kept)", name)
+        good = [{k: v for k, v in r.items() if k not in RESERVED_SAMPLE_COLUMNS} for r in good]
+    return good
+
+
 def samples_table(step: int, payload: Any, logged_ns: int, process, *, drops: Drops | None = None) -> pa.Table | None:
     """`log_samples` rows of one step in the `samples` schema: the brief's columns with their
     fixed types (ids as text), other columns as they come. Rows that cannot be stored are
     dropped one by one and counted in `drops` (table "samples") with column and reason."""
     drops = drops if drops is not None else Drops()
+    if isinstance(payload, (list, tuple)):  # the caller checked only the first row: check the rest here
+        payload = _checked_rows(payload, drops)
 
     def finish(user: pa.Table) -> pa.Table:
         n = user.num_rows
