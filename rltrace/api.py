@@ -271,8 +271,17 @@ def _inherited(parent) -> tuple[int | None, int | None]:
     attrs = getattr(parent, "attributes", None)
     if attrs:
         return attrs.get(_names.STEP), attrs.get(_names.WEIGHT_VERSION)
-    step, version = baggage.get_baggage(_names.STEP), baggage.get_baggage(_names.WEIGHT_VERSION)
-    return (int(step) if step is not None else None, int(version) if version is not None else None)
+    return _baggage_int(_names.STEP), _baggage_int(_names.WEIGHT_VERSION)
+
+
+def _baggage_int(key: str) -> int | None:
+    """An integer from W3C baggage (another process's text): None unless it is an int64."""
+    text = baggage.get_baggage(key)
+    try:
+        value = int(str(text)) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and store_rows.fits_int64(value) else None
 
 
 class Phase:
@@ -341,6 +350,9 @@ class Phase:
     def set(self, **attrs: Any) -> None:
         """Add attributes to the running span (`rl.<key>`), e.g. sizes known only at the end."""
         values = _attributes(attrs)
+        for key, name in ((_names.STEP, "step"), (_names.WEIGHT_VERSION, "weight_version")):
+            if key in values:  # rltrace's own integers: checked as in phase()
+                values[key] = _as_int(name, values[key])
         span, run = self._span, _run
         if span is not None:
             current = span.attributes

@@ -28,7 +28,7 @@ import pyarrow as pa
 from rltrace import _names
 from rltrace.store import layout
 from rltrace.store import rows as store_rows
-from rltrace.store.writer import write_part
+from rltrace.store.writer import safe_name, write_part
 
 T0_NS = 1_700_000_000 * 10**9
 
@@ -110,7 +110,8 @@ class RunBuilder:
 
     def process(self, role: str, rank: int | None = 0, *, host: str = "node0", dropped: int = 0) -> Process:
         pid = 1000 + len(self.processes)
-        proc = Process(self, f"{role}{'' if rank is None else rank}-{host}-{pid}", role, rank, host, pid, dropped=dropped)
+        process_id = f"{safe_name(role)}{'' if rank is None else rank}-{safe_name(host)}-{pid}"
+        proc = Process(self, process_id, role, rank, host, pid, dropped=dropped)
         self.processes.append(proc)
         return proc
 

@@ -173,3 +173,25 @@ def test_later_rows_are_checked_on_the_writer_and_counted(run_dir):
     reasons = _reasons(run_dir)
     assert "1 sample row: not a dict (log_samples takes one dict per sample)" in reasons
     assert any(r.startswith("1 sample value: step set by rltrace itself") for r in reasons)
+
+
+def test_a_remote_carrier_with_an_impossible_step_is_ignored_not_fatal(run_dir):
+    rltrace.init(run_dir)
+    for step in ("notanumber", str(2**70)):
+        with rltrace.attach({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "baggage": f"rl.step={step}"}):
+            with rltrace.phase("reward"):
+                pass
+    rltrace.shutdown()
+    assert store.open(run_dir).execute("SELECT phase, step FROM spans").fetchall() == [("reward", None), ("reward", None)]
+
+
+def test_set_checks_rltrace_integers_like_phase(run_dir):
+    rltrace.init(run_dir)
+    with rltrace.phase("train", step=1) as p:
+        with pytest.raises(ValueError, match="step=2\\*\\*70"):
+            p.set(step=2**70)
+        with pytest.raises(TypeError, match="bool"):
+            p.set(weight_version=False)
+        p.set(weight_version=3)
+    rltrace.shutdown()
+    assert store.open(run_dir).execute("SELECT step, weight_version FROM spans").fetchall() == [(1, 3)]
