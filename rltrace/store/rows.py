@@ -122,7 +122,8 @@ def describe(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-_UNITS = {"sample values": "sample value", "spans": "span", "samples": "sample row", "metrics": "metric row", "attributes": "span attribute", "batches": "frozen sample"}
+_UNITS = {"sample values": "sample value", "spans": "span", "samples": "sample row", "metrics": "metric row", "attributes": "span attribute", "batches": "frozen sample",
+          "requests": "rejected OTLP request", "refused spans": "refused span", "refused requests": "refused OTLP request"}
 
 
 def _diagnose(row: Mapping[str, Any], schema: pa.Schema | None, exc: Exception) -> tuple[str | None, str]:
@@ -368,14 +369,15 @@ def _span_attributes(span) -> dict:
     return {}
 
 
-def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: bool) -> pa.Table:
+def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: bool, local: bool = True) -> pa.Table:
     from opentelemetry.trace import SpanKind, StatusCode  # noqa: F401 - names come from the enums
 
     trace_ids, span_ids, parents, names, phases, steps, versions = [], [], [], [], [], [], []
     starts, ends, statuses, messages, kinds, thread_ids, thread_names = [], [], [], [], [], [], []
     attributes, events, links = [], [], []
     encode = json.JSONEncoder(separators=(",", ":"), default=str).encode  # ASCII: surrogates escaped
-    known_threads = {t.ident: t.name for t in threading.enumerate()}  # looked up here, off the hot path
+    # this process's thread names, looked up here, off the hot path (a remote span's ids are not ours)
+    known_threads = {t.ident: t.name for t in threading.enumerate()} if local else {}
     fix = text if cleaned else (lambda s: s)
     for span in spans:
         ctx = span.context
@@ -441,9 +443,11 @@ def _span_why(span, exc: Exception) -> tuple[str | None, str]:
 
 
 def spans_table(
-    spans: Sequence[Any], process, service_name: str, *, still_open: bool = False, drops: Drops | None = None
+    spans: Sequence[Any], process, service_name: str, *, still_open: bool = False, drops: Drops | None = None,
+    local: bool = True,
 ) -> pa.Table | None:
-    """One row per OTel span in the `spans` schema (see docs/store.md); `still_open` rows get no end.
+    """One row per OTel span in the `spans` schema (see docs/store.md); `still_open` rows get no end;
+    `local=False` for spans from another process (received over OTLP).
 
     Runs on the export thread for every span, so the usual path is one pass over plain lists,
     with no JSON encoding for a span that has no attributes beyond the promoted ones. Spans
@@ -451,7 +455,7 @@ def spans_table(
     """
     return convert(
         list(spans),
-        lambda items, cleaned: _span_columns(items, process, service_name, still_open, cleaned),
+        lambda items, cleaned: _span_columns(items, process, service_name, still_open, cleaned, local),
         table="spans",
         drops=drops if drops is not None else Drops(),
         why=_span_why,
