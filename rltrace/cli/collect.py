@@ -54,6 +54,10 @@ def is_loopback(host: str) -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        import opentelemetry.proto.collector.trace.v1.trace_service_pb2  # noqa: F401
+    except ImportError:
+        raise RltraceConfigError("rltrace collect needs the OTLP message types: pip install 'rltrace[collect]'") from None
     from rltrace.collect import Limits, Receiver
 
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)
