@@ -1,8 +1,9 @@
-"""The thread that turns freezes into batch parts, so the training loop never waits for the disk.
+"""Turning freezes into batch parts off the training loop, so it never waits for the disk.
 
 One `BatchWriter` per run and process. A freeze is a reference to the caller's samples put on a
 bounded queue (`RLTRACE_REPLAY_QUEUE`, default 2): conversion to Arrow and the write happen on
-this thread. When the queue is full, or the run's batches would exceed the disk budget
+the store's writer thread (`rltrace.store.writer.BackgroundWriter`, the one that writes metric
+and sample rows), so a process has one writing thread. When the queue is full, or the run's batches would exceed the disk budget
 (`RLTRACE_REPLAY_BUDGET_MB`), the freeze is skipped and counted, never waited for. The counts
 are logged as metrics `replay_frozen`, `replay_skipped`, `replay_failed` and `replay_bytes`.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import queue
 import re
 import threading
 import weakref
@@ -28,7 +28,6 @@ from rltrace.store import rows
 from rltrace.store.writer import after_fork_in_child
 
 logger = logging.getLogger("rltrace")
-_IDLE_CHECK_S = 2.0  # how often an idle writer checks whether its run still exists
 
 
 @dataclass
@@ -68,10 +67,14 @@ def _milestone(count: int) -> bool:
 
 
 class BatchWriter:
-    """A bounded queue of freezes and the daemon thread that writes them; skips are counted."""
+    """Freezes waiting to be written (at most `queue_size`), written on the store's writer thread.
+
+    A process has one writing thread for its rows and its frozen batches (`Run.submit_task`);
+    skips (full queue, disk budget) and failures are counted, never waited for.
+    """
 
     def __init__(self, run, *, budget_mb: float | None = None, queue_size: int | None = None):
-        self._run = weakref.ref(run)  # the thread ends once the run is gone and the queue is empty
+        self._run = weakref.ref(run)
         self.run_dir = Path(run.run_dir)
         self.process = run.process
         self.folder = self.run_dir / _names.BATCHES.folder
@@ -86,9 +89,8 @@ class BatchWriter:
         self.bytes_written = 0
         self.last_error: str | None = None
         self.last_path: Path | None = None
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=self.queue_size)
-        self._thread = threading.Thread(target=self._loop, name="rltrace-replay-writer", daemon=True)
-        self._thread.start()
+        self._lock = threading.Lock()
+        self._waiting = 0  # freezes queued and not yet started
 
     @property
     def skipped(self) -> int:
@@ -96,50 +98,44 @@ class BatchWriter:
 
     def submit(self, job: Job) -> bool:
         """Queue a freeze; False (and counted) if the queue is full. Never blocks."""
-        try:
-            self._queue.put_nowait(job)
+        run = self._run()
+        with self._lock:
+            full = self._waiting >= self.queue_size
+            if not full:
+                self._waiting += 1
+        if not full and run is not None and run.submit_task(lambda: self._run_job(job)):
             return True
-        except queue.Full:
-            self.skipped_queue += 1
-            if _milestone(self.skipped_queue):
-                logger.warning(
-                    "rltrace: replay writer busy, skipped freezing step %d (queue of %d full; %d skipped so far)",
-                    job.step, self.queue_size, self.skipped_queue,
-                )
-            self._log(job.step)
+        if not full:  # the run has shut down
+            with self._lock:
+                self._waiting -= 1
             return False
+        self.skipped_queue += 1
+        if _milestone(self.skipped_queue):
+            logger.warning(
+                "rltrace: replay writer busy, skipped freezing step %d (queue of %d full; %d skipped so far)",
+                job.step, self.queue_size, self.skipped_queue,
+            )
+        self._log(job.step)
+        return False
 
     def flush(self) -> None:
-        """Wait until every queued freeze is written (for tests, checkpoints and exit; not the hot path)."""
-        self._queue.join()
+        """Write every queued freeze now (for tests, checkpoints and exit; not the hot path)."""
+        run = self._run()
+        if run is not None:
+            run.flush_rows()
 
-    def close(self) -> None:
-        if self._thread.is_alive():
-            try:
-                self._queue.put(None, timeout=60)
-            except queue.Full:
-                return
-            self._thread.join(timeout=60)
+    close = flush
 
-    def _loop(self) -> None:
-        while True:
-            try:
-                job = self._queue.get(timeout=_IDLE_CHECK_S)
-            except queue.Empty:
-                if self._run() is None:
-                    return
-                continue
-            try:
-                if job is None:
-                    return
-                self._write(job)
-            except Exception as exc:  # a bad batch must not kill the thread: count, say why, go on
-                self.failed += 1
-                self.last_error = f"step {job.step}: {exc}"
-                logger.warning("rltrace: could not freeze step %d: %s", job.step, exc)
-                self._log(job.step)
-            finally:
-                self._queue.task_done()
+    def _run_job(self, job: Job) -> None:
+        with self._lock:
+            self._waiting -= 1  # started: its place in the queue is free again
+        try:
+            self._write(job)
+        except Exception as exc:  # a bad batch must not stop the writer: count, say why, go on
+            self.failed += 1
+            self.last_error = f"step {job.step}: {exc}"
+            logger.warning("rltrace: could not freeze step %d: %s", job.step, exc)
+            self._log(job.step)
 
     def _write(self, job: Job) -> None:
         used = folder_bytes(self.folder)

@@ -196,6 +196,15 @@ class Run:
         """Queue rows for `table` (an Arrow table, or a thunk building one on the writer thread)."""
         return self._rows.submit(table, nrows, payload)
 
+    def submit_task(self, task) -> bool:
+        """Run `task` on this process's writer thread (frozen batches are written this way)."""
+        return self._rows.submit_task(task)
+
+    def flush_rows(self) -> None:
+        """Write queued rows and tasks now, on the calling thread (not for the hot path)."""
+        if not self._closed:
+            self._rows.flush()
+
     # --- lifecycle ----------------------------------------------------------------------------
     def add_span_processor(self, processor: SpanProcessor) -> None:
         """Add an OTel span processor to this run's provider (profiling watchdogs use this)."""

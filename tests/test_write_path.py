@@ -195,3 +195,16 @@ def test_set_checks_rltrace_integers_like_phase(run_dir):
         p.set(weight_version=3)
     rltrace.shutdown()
     assert store.open(run_dir).execute("SELECT step, weight_version FROM spans").fetchall() == [(1, 3)]
+
+
+def test_the_attribute_limit_follows_the_otel_setting(run_dir, monkeypatch):
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "4")
+    rltrace.init(run_dir)
+    with rltrace.phase("train", step=2, a=1, b=2, c=3, d=4, e=5, f=6, waiting_for="reward"):
+        pass
+    rltrace.shutdown()
+    row = store.open(run_dir).execute("SELECT phase, step, attributes FROM spans").fetchone()
+    attrs = json.loads(row[2])
+    assert row[:2] == ("train", 2) and attrs["rl.waiting_for"] == "reward"
+    assert sorted(k for k in attrs if k != "rl.waiting_for") == ["rl.a", "rl.b", "rl.c", "rl.d"]
+    assert collect(str(run_dir))["attributes_dropped"] == 2

@@ -370,8 +370,6 @@ def _span_attributes(span) -> dict:
 
 
 def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: bool, local: bool = True) -> pa.Table:
-    from opentelemetry.trace import SpanKind, StatusCode  # noqa: F401 - names come from the enums
-
     trace_ids, span_ids, parents, names, phases, steps, versions = [], [], [], [], [], [], []
     starts, ends, statuses, messages, kinds, thread_ids, thread_names = [], [], [], [], [], [], []
     attributes, events, links = [], [], []

@@ -116,7 +116,7 @@ class PartNamer:
 
 # An item waiting to be written: the table it goes to, its row count, and a thunk building the
 # Arrow table (conversion runs on the writer thread, not the caller's).
-_Item = tuple[_names.Table, int, Union[pa.Table, Callable[[], pa.Table]]]
+_Item = tuple[Union[_names.Table, None], int, Union[pa.Table, Callable[[], pa.Table]]]  # None: a task
 
 
 class BackgroundWriter:
@@ -185,6 +185,16 @@ class BackgroundWriter:
         self._queue.append((table, nrows, payload))
         return True
 
+    def submit_task(self, task: Callable[[], None]) -> bool:
+        """Run `task` on this writer's thread soon (other writers of the run, e.g. frozen batches,
+        use it so a process has one writing thread); False if the writer is closed."""
+        with self._pending_lock:
+            if self._closed:
+                return False
+        self._queue.append((None, 0, task))
+        self._wake.set()
+        return True
+
     def flush(self) -> None:
         """Write everything queued so far, on the calling thread."""
         self._drain()
@@ -199,6 +209,7 @@ class BackgroundWriter:
     def _loop(self) -> None:
         while not self._closed:
             self._wake.wait(self._interval)
+            self._wake.clear()
             try:
                 self._drain()
             except Exception:  # never let the writer thread die: count and go on
@@ -207,8 +218,12 @@ class BackgroundWriter:
     def _drain(self) -> None:
         with self._write_lock:
             by_table: dict[str, tuple[_names.Table, list[pa.Table]]] = {}
+            tasks = []
             while self._queue:
                 spec, nrows, payload = self._queue.popleft()
+                if spec is None:
+                    tasks.append(payload)
+                    continue
                 with self._pending_lock:
                     self._pending_rows -= nrows
                 try:
@@ -224,6 +239,11 @@ class BackgroundWriter:
                     by_table.setdefault(spec.name, (spec, []))[1].append(table)
             for spec, tables in by_table.values():
                 self._write(spec, tables)
+            for task in tasks:
+                try:
+                    task()
+                except Exception:  # a task counts its own failures; never let it stop the writer
+                    logger.exception("rltrace: a background write failed")
             if self._on_tick is not None:
                 try:
                     self._on_tick()
