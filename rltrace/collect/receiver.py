@@ -193,7 +193,8 @@ class Receiver:
 
     def _sender(self, resource_spans, peer: str) -> Sender:
         resource = decode.attributes(resource_spans.resource.attributes)
-        key = json.dumps(resource, sort_keys=True, default=str)
+        # Without host.name, senders on different hosts with equal resources stay apart by address.
+        key = json.dumps([resource, None if "host.name" in resource else peer], sort_keys=True, default=str)
         with self._lock:
             sender = self._senders.get(key)
             if sender is None:
