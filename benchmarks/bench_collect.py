@@ -16,6 +16,7 @@ Also prints the bytes per span of the parts each path wrote.
 from __future__ import annotations
 
 import argparse
+import random
 import shutil
 import tempfile
 import threading
@@ -40,11 +41,14 @@ PHASES = ("generate", "generate", "generate", "reward", "forward", "backward")
 def make_spans(n: int, resource: Resource, seed: int = 0) -> list[ReadableSpan]:
     """`n` finished SDK spans, one trace per step, phases in a typical rollout-heavy mix."""
     t0 = 1_700_000_000 * 10**9
+    rng = random.Random(seed)  # random ids, as SDKs mint them: they do not compress
+    traces = [rng.getrandbits(128) for _ in range(n // 1000 + 1)]
+    parents = [rng.getrandbits(64) for _ in range(n // 1000 + 1)]
     out = []
     for i in range(n):
         step = i // 1000
-        ctx = SpanContext(step + 1 + seed * 10**6, i + 1 + seed * 10**9, False, TraceFlags(TraceFlags.SAMPLED))
-        parent = SpanContext(step + 1 + seed * 10**6, 10**12 + step, False)
+        ctx = SpanContext(traces[step], rng.getrandbits(64), False, TraceFlags(TraceFlags.SAMPLED))
+        parent = SpanContext(traces[step], parents[step], False)
         start = t0 + i * 1_000_000
         out.append(ReadableSpan(
             name=PHASES[i % len(PHASES)], context=ctx, parent=parent, resource=resource, kind=SpanKind.INTERNAL,

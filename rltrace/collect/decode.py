@@ -140,8 +140,17 @@ def value(any_value) -> Any:
     return v
 
 
+_SCALARS = frozenset(("string_value", "int_value", "double_value", "bool_value"))
+
+
 def attributes(key_values) -> dict[str, Any]:
-    return {kv.key: value(kv.value) for kv in key_values}
+    """OTLP `KeyValue`s as a dict (scalars inline: this runs for every attribute of every span)."""
+    out = {}
+    for kv in key_values:
+        v = kv.value
+        kind = v.WhichOneof("value")
+        out[kv.key] = getattr(v, kind) if kind in _SCALARS else value(v)
+    return out
 
 
 # --- span adapters ------------------------------------------------------------------------------
