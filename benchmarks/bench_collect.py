@@ -59,8 +59,9 @@ def make_spans(n: int, resource: Resource, seed: int = 0) -> list[ReadableSpan]:
     return out
 
 
-def part_bytes(run_dir: Path) -> int:
-    return sum(p.stat().st_size for p in (run_dir / _names.SPANS.folder).glob("*.parquet"))
+def part_bytes(run_dir: Path) -> tuple[int, int]:
+    parts = list((run_dir / _names.SPANS.folder).glob("*.parquet"))
+    return sum(p.stat().st_size for p in parts), len(parts)
 
 
 def bench_exporter(run_dir: Path, spans: list, batch: int) -> float:
@@ -112,13 +113,13 @@ def main() -> None:
     try:
         t_exp = bench_exporter(root / "exporter", everything, args.batch)
         t_rcv = bench_receiver(root / "receiver", per_sender, args.batch)
-        b_exp, b_rcv = part_bytes(root / "exporter"), part_bytes(root / "receiver")
+        (b_exp, p_exp), (b_rcv, p_rcv) = part_bytes(root / "exporter"), part_bytes(root / "receiver")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{n} spans, batches of {args.batch}, {args.senders} senders to the receiver")
-    print(f"{'path':<42} {'seconds':>8} {'spans/s':>10} {'ratio':>6} {'bytes/span':>10}")
-    print(f"{'rltrace exporter (ParquetSpanExporter)':<42} {t_exp:8.2f} {n / t_exp:10.0f} {1.0:6.2f} {b_exp / n:10.1f}")
-    print(f"{'rltrace collect (OTLP/HTTP protobuf)':<42} {t_rcv:8.2f} {n / t_rcv:10.0f} {t_exp / t_rcv:6.2f} {b_rcv / n:10.1f}")
+    print(f"{'path':<42} {'seconds':>8} {'spans/s':>10} {'ratio':>6} {'parts':>6} {'bytes/span':>10}")
+    print(f"{'rltrace exporter (ParquetSpanExporter)':<42} {t_exp:8.2f} {n / t_exp:10.0f} {1.0:6.2f} {p_exp:6d} {b_exp / n:10.1f}")
+    print(f"{'rltrace collect (OTLP/HTTP protobuf)':<42} {t_rcv:8.2f} {n / t_rcv:10.0f} {t_exp / t_rcv:6.2f} {p_rcv:6d} {b_rcv / n:10.1f}")
 
 
 if __name__ == "__main__":

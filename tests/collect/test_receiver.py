@@ -316,3 +316,34 @@ def test_concurrent_flood_accounts_for_every_span(run_dir):
         p = next(p for p in data["processes"] if p["role"] == role)
         assert p["spans"] == n and n + p["spans_dropped"] == 6000
     assert sum(n for _, n in stored) + data["spans_dropped"] == 4 * 6000
+
+
+def test_two_receivers_write_one_run(run_dir):
+    """Several receivers may share a run (senders split between them): names never collide."""
+    with Receiver(run_dir, "127.0.0.1", 0) as a, Receiver(run_dir, "127.0.0.1", 0) as b:
+        assert a.run_id == b.run_id
+        assert post(a.url, proto_request(50, "left"), PB)[0] == 200
+        assert post(b.url, proto_request(70, "right"), PB)[0] == 200
+    data = info(str(run_dir))
+    assert {p["role"]: p["spans"] for p in data["processes"]} == {"left": 50, "right": 70, "collector": 0}
+    assert sum(p["role"] == "collector" for p in data["processes"]) == 2
+
+
+def test_an_rltrace_process_sending_over_otlp_keeps_its_role_rank_and_columns(receiver, run_dir, tmp_path):
+    """An rltrace process on another node: local run directory, spans also sent to the receiver."""
+    import rltrace
+
+    rltrace.init(tmp_path / "local", role="rollout", rank=5, otlp_endpoint=receiver.url, flush_interval=0.1)
+    with rltrace.phase("rollout", step=7, weight_version=6):
+        with rltrace.phase("generate", bytes=3):
+            pass
+    rltrace.shutdown()
+    receiver.flush()
+    remote = sorted(spans_of(run_dir), key=lambda s: s["name"])
+    local = sorted(spans_of(tmp_path / "local"), key=lambda s: s["name"])
+    cols = ("trace_id", "span_id", "parent_span_id", "name", "phase", "step", "weight_version", "start_ns", "end_ns",
+            "status", "kind", "thread_id", "role", "rank", "service_name")
+    assert [[s[c] for c in cols] for s in remote] == [[s[c] for c in cols] for s in local]
+    # rltrace names threads from its own process at export; the receiver never guesses a remote one
+    assert [s["thread_name"] for s in remote] == [None, None] and local[0]["thread_name"] == "MainThread"
+    assert [json.loads(s["attributes"]).get("rl.bytes") for s in remote] == [3, None]
