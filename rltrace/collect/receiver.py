@@ -22,9 +22,9 @@ from __future__ import annotations
 import http.server
 import json
 import logging
-import os
 import socket
 import socketserver
+import sys
 import threading
 import time
 import uuid
@@ -170,6 +170,9 @@ class Receiver:
         if self._thread is not None:
             self.server.shutdown()
         self.server.server_close()
+        deadline = time.monotonic() + 10.0  # let requests being decoded reach the queue
+        for _ in range(self.limits.max_inflight):
+            self._inflight.acquire(timeout=max(deadline - time.monotonic(), 0))
         self._writer.close()
         self._ended_ns = time.time_ns()
         self._write_process_rows(force=True)
@@ -230,15 +233,15 @@ class Receiver:
                 sender.drops.add("spans", n, reason)
             return total, reason
         share = nbytes // max(len(groups), 1)
+        refused = 0
         for i, (sender, rs, n) in enumerate(groups):
-            if n:
-                last = i == len(groups) - 1
-                self._writer.submit(_names.SPANS, n, self._thunk(sender, rs, n, nbytes - share * i if last else share))
-            elif i == len(groups) - 1:
-                self._release(0, nbytes - share * i)
-            else:
-                self._release(0, share)
-        return 0, ""
+            size = nbytes - share * i if i == len(groups) - 1 else share
+            if not n:
+                self._release(0, size)
+            elif not self._writer.submit(_names.SPANS, n, self._thunk(sender, rs, n, size)):
+                self._release(n, size)  # the writer is closed: it counted them with the reason
+                refused += n
+        return refused, "the receiver is shutting down" if refused else ""
 
     def _release(self, nspans: int, nbytes: int) -> None:
         with self._lock:
@@ -296,7 +299,7 @@ class Receiver:
             self.process, run_id=self.run_id, service_name=self.process.service_name,
             started_ns=self.started_ns, heartbeat_ns=now, ended_ns=self._ended_ns,
             spans_dropped=self.drops.total("spans"), drop_reasons=self.drops.to_json(),
-            argv=list(os.sys.argv), resource={"service.name": self.process.service_name, "rltrace.listen": self.url},
+            argv=list(sys.argv), resource={"service.name": self.process.service_name, "rltrace.listen": self.url},
         )
         self._write_row(self.process, own)
         if force:
@@ -328,6 +331,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     """POST /v1/traces, as OTLP/HTTP specifies: protobuf or JSON, gzip allowed, errors as google.rpc.Status."""
 
     protocol_version = "HTTP/1.1"  # keep-alive: SDK exporters reuse their connection
+    timeout = 60  # seconds a connection may sit idle or trickle a body before it is closed
     server_version = "rltrace-collect"
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's name

@@ -347,3 +347,30 @@ def test_an_rltrace_process_sending_over_otlp_keeps_its_role_rank_and_columns(re
     # rltrace names threads from its own process at export; the receiver never guesses a remote one
     assert [s["thread_name"] for s in remote] == [None, None] and local[0]["thread_name"] == "MainThread"
     assert [json.loads(s["attributes"]).get("rl.bytes") for s in remote] == [3, None]
+
+
+def test_spans_arriving_after_close_are_refused_not_lost_silently(run_dir):
+    r = Receiver(run_dir, "127.0.0.1", 0)
+    r.close()
+    request = trace_service_pb2.ExportTraceServiceRequest.FromString(proto_request(5, "late"))
+    assert r.accept(request, 100, "127.0.0.1") == (5, "the receiver is shutting down")
+    assert r.drops.total("spans") == 5 and r._pending_spans == 0
+
+
+def test_the_command_binds_loopback_when_not_told_otherwise(monkeypatch, tmp_path, capsys):
+    import rltrace.collect
+
+    bound = []
+
+    class Stop(Exception):
+        pass
+
+    def fake(run_dir, host, port, limits):
+        bound.append((host, port))
+        raise Stop
+
+    monkeypatch.setattr(rltrace.collect, "Receiver", fake)
+    with pytest.raises(Stop):
+        main(["collect", str(tmp_path / "run")])
+    assert bound == [("127.0.0.1", 4318)]
+    assert "warning" not in capsys.readouterr().err
