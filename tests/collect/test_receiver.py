@@ -374,3 +374,28 @@ def test_the_command_binds_loopback_when_not_told_otherwise(monkeypatch, tmp_pat
         main(["collect", str(tmp_path / "run")])
     assert bound == [("127.0.0.1", 4318)]
     assert "warning" not in capsys.readouterr().err
+
+
+def _rss_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc")
+def test_a_flood_does_not_grow_memory(run_dir):
+    """400 requests of 1,000 spans (~45 MB of protobuf) into a queue of 2,000 spans that is not
+    drained: the process grows by far less than what was sent."""
+    body = proto_request(1000, "flood")
+    with Receiver(run_dir, "127.0.0.1", 0, Limits(max_queue_spans=2000, flush_interval=3600)) as r:
+        for _ in range(20):  # warm up allocator pools and connections
+            post(r.url, body, PB)
+        before = _rss_bytes()
+        for _ in range(400):
+            post(r.url, body, PB)
+        grown = _rss_bytes() - before
+        assert r._pending_spans <= 2000
+        dropped = sum(s.dropped for s in r.senders())
+    assert dropped == 420 * 1000 - 2000
+    assert 400 * len(body) > 40 * 2**20 and grown < 10 * 2**20, grown
