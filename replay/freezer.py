@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from rltrace import _names
-from rltrace.api import current_run
+from rltrace.api import recording_run
 from rltrace.replay import codec, flags
 from rltrace.replay.batch import check_columns, new_batch_id
 from rltrace.replay.writer import Job, writer_for
@@ -134,7 +134,7 @@ def freeze(
         >>> rltrace.replay.freeze(step, [{"prompt_tokens": p, "response_tokens": r, "reward": 1.0}],
         ...                       batch_meta={"weight_version": v, "tokenizer": tok})
     """
-    run = current_run()
+    run = recording_run()
     if run is None:
         return False
     step = _step(step)
@@ -213,7 +213,7 @@ class Freezer:
         batch_meta: Mapping[str, Any] | None = None,
     ) -> tuple[str, str] | None:
         """(trigger, reason) if `step` should be frozen, else None. Cheap: no device syncs, no disk writes."""
-        if current_run() is None:  # not recording (no init, or RLTRACE_DISABLED=1): nothing to decide
+        if recording_run() is None:  # not recording (no init, or RLTRACE_DISABLED=1): nothing to decide
             return None
         p = self.policy
         metrics = metrics or {}
@@ -266,7 +266,7 @@ class Freezer:
     def _file_request(self) -> str | None:
         if not self.policy.watch_requests:
             return None
-        run = current_run()
+        run = recording_run()
         if run is None:
             return None
         path = Path(run.run_dir) / REQUEST_FILE
