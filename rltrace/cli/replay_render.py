@@ -107,7 +107,7 @@ def diffs(console: Console, title: str, items) -> None:
         if d.nan_mismatch:
             console.print(f"[red]{d.b}: {d.nan_mismatch} value(s) NaN on one side only[/]")
         for s in d.top_samples:
-            extra = f" recorded {s['a']:.6g} -> replayed {s['b']:.6g}" if "a" in s else f" mean {s['mean_abs']:.3g}"
+            extra = f" a {s['a']:.6g} -> b {s['b']:.6g}" if "a" in s else f" mean {s['mean_abs']:.3g}"
             console.print(f"  {d.b} sample {s['sample_index']}: max |diff| {s['max_abs']:.3g}{extra}")
         for tok in d.top_tokens:
             console.print(

@@ -82,6 +82,34 @@ def test_run_diff_and_compare(capsys, run_dir):
     assert against["diffs"][0]["bitwise_equal"] is False
 
 
+def test_diff_pair_with_a_missing_column_is_one_line(capsys, run_dir):
+    cli_json(capsys, "replay", "run", run_dir, "--step", 3, "--entry", f"{ENTRIES}:reward")
+    code, _, err = cli(capsys, "replay", "diff", run_dir, "--step", 3, "--pair", "reward=nope")
+    assert code == 2 and "has no column 'nope'" in err and "rollout_log_probs" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+    code, _, err = cli(capsys, "replay", "diff", run_dir, "--step", 3, "--pair", "log_probs=reward")
+    assert code == 2 and "replay " in err and "has no column 'log_probs'" in err and "reward" in err
+
+
+def test_diff_two_recorded_columns(capsys, tmp_path):
+    """Rollout vs train log-probs as the loop recorded them: no replay needed."""
+    rltrace.init(tmp_path / "run")
+    q = [torch.tensor([-1.0, -2.0]), torch.tensor([-0.5])]
+    p = [torch.tensor([-1.0, -2.5]), torch.tensor([-0.5])]
+    rltrace.replay.freeze(1, {"rollout_log_probs": q, "train_log_probs": p, "response_tokens": [[4, 5], [6]]})
+    rltrace.replay.flush()
+    data = cli_json(capsys, "replay", "diff", tmp_path / "run", "--step", 1, "--recorded", "rollout_log_probs", "train_log_probs")
+    (d,) = data["diffs"]
+    assert (d["a"], d["b"], d["tokens"], d["samples_different"]) == ("rollout_log_probs", "train_log_probs", 3, 1)
+    assert d["mean_abs"] == pytest.approx(0.5 / 3) and d["top_tokens"][0]["token_id"] == 5
+    code, out, _ = cli(capsys, "replay", "diff", tmp_path / "run", "--step", 1, "--recorded", "rollout_log_probs", "train_log_probs")
+    assert code == 0 and "recorded columns of step 1" in out and "train_log_probs" in out
+    code, _, err = cli(capsys, "replay", "diff", tmp_path / "run", "--step", 1, "--recorded", "rollout_log_probs", "x")
+    assert code == 2 and "has no column 'x'" in err and "Traceback" not in err
+    code, _, err = cli(capsys, "replay", "diff", tmp_path / "run", "--step", 1, "--recorded", "a", "b", "--pair", "x=y")
+    assert code == 2 and "takes no --replay" in err
+
+
 def test_decompose(capsys, run_dir):
     code, out, _ = cli(capsys, "replay", "decompose", run_dir, "--step", 3, "--entry", f"{ENTRIES}:logprobs_at")
     assert code == 0 and "parameter staleness" in out and "engine gap" in out and "by age" in out
