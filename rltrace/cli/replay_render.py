@@ -84,7 +84,12 @@ def sample(console: Console, batch, v: dict) -> None:
     if not v["flags"]:
         console.print(Text("  no flags", style="green"))
     console.print(Panel(visible(v["prompt_text"]), title="prompt", title_align="left"))
-    console.print(Panel(visible(v["response_text"]), title="response", title_align="left"))
+    decoded = v.get("text_from") == "tokens"
+    title = "response (decoded from its tokens, special tokens shown)" if decoded else "response"
+    console.print(Panel(visible(v["response_text"]), title=title, title_align="left"))
+    if v.get("stored_response_text") is not None:
+        console.print(Panel(visible(v["stored_response_text"]), title="response as stored (the framework's decode)",
+                            title_align="left"))
 
 
 def diffs(console: Console, title: str, items) -> None:

@@ -65,6 +65,21 @@ def test_show_decodes_tokens_with_the_right_tokenizer_only(capsys, tmp_path):
     assert code == 2 and "has no decode() method" in err
 
 
+def test_show_with_a_tokenizer_decodes_tokens_so_a_stripped_template_leak_is_visible(capsys, tmp_path):
+    tok = CharTokenizer()
+    rltrace.init(tmp_path / "run")
+    leaked = tok.encode("<|im_start|>ab")  # the framework decoded it with special tokens skipped
+    rltrace.replay.freeze(1, [{"response_tokens": torch.tensor(leaked), "response_text": "ab"}], batch_meta={"tokenizer": tok})
+    rltrace.replay.flush()
+    plain = cli_json(capsys, "replay", "show", tmp_path / "run", "--step", 1, "--sample", 0)
+    assert plain["response_text"] == "ab" and plain["text_from"] == "stored"
+    view = cli_json(capsys, "replay", "show", tmp_path / "run", "--step", 1, "--sample", 0, "--tokenizer", TOKENIZER)
+    assert view["response_text"] == "<|im_start|>ab" and view["text_from"] == "tokens"
+    assert view["stored_response_text"] == "ab" and "template_leak" in view["flags"]
+    code, out, _ = cli(capsys, "replay", "show", tmp_path / "run", "--step", 1, "--sample", 0, "--tokenizer", TOKENIZER)
+    assert code == 0 and "<|im_start|>ab" in out and "decoded from its tokens" in out and "response as stored" in out
+
+
 def test_run_diff_and_compare(capsys, run_dir):
     ran = cli_json(capsys, "replay", "run", run_dir, "--step", 3, "--entry", f"{ENTRIES}:reward", "--repeat", 2)
     assert ran["repeatable"] == {"reward": True} and ran["diffs"][0]["bitwise_equal"]
