@@ -552,7 +552,7 @@ def attach(carrier: Mapping[str, str] | None = None) -> Attachment:
 def _note_parent(traceparent: str | None) -> None:
     """Remember that a parent came from another process (not one of this process's own carriers)."""
     global _remote_parent
-    if _role_warned or traceparent is None:
+    if _remote_parent or traceparent is None:  # known already: init warns if the role is then defaulted
         return
     with _injected_lock:
         local = traceparent in _injected
