@@ -176,7 +176,7 @@ def test_later_rows_are_checked_on_the_writer_and_counted(run_dir):
 
 
 def test_a_remote_carrier_with_an_impossible_step_is_ignored_not_fatal(run_dir):
-    rltrace.init(run_dir)
+    rltrace.init(run_dir, role="reward")
     for step in ("notanumber", str(2**70)):
         with rltrace.attach({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "baggage": f"rl.step={step}"}):
             with rltrace.phase("reward"):

@@ -155,9 +155,9 @@ def convert(
 ) -> pa.Table | None:
     """`build(items, clean)` as one table, keeping every item that converts on its own.
 
-    Tries the batch as given, then with text made valid UTF-8 (`clean=True`), then item by
-    item; an item that still fails is dropped and counted with `why(item, exc)` = (column,
-    reason). Returns None when nothing converts.
+    Tries the batch as given, then with text made valid UTF-8 (`clean=True`), then in halves
+    down to single items; an item that still fails is dropped and counted with `why(item,
+    exc)` = (column, reason). Returns None when nothing converts.
     """
     if not items:
         return None
@@ -169,14 +169,21 @@ def convert(
         return build(items, True)
     except Exception:  # noqa: BLE001
         pass
-    good = []
-    for item in items:
+    good: list[pa.Table] = []
+    halves = [list(items)]  # bisect: a batch with one bad row costs about 2 log2(n) conversions, not n
+    while halves:
+        part = halves.pop()
         try:
-            good.append(build([item], True))
+            good.append(build(part, True))
+            continue
         except Exception as exc:  # noqa: BLE001
-            column, reason = why(item, exc)
-            drops.add(table, 1, reason, column)
-            logger.warning("rltrace: dropped 1 %s row: %s%s", table, f"{column} " if column else "", reason)
+            if len(part) > 1:
+                mid = len(part) // 2
+                halves += [part[mid:], part[:mid]]  # first half popped first: row order is kept
+                continue
+            column, reason = why(part[0], exc)
+        drops.add(table, 1, reason, column)
+        logger.warning("rltrace: dropped 1 %s row: %s%s", table, f"{column} " if column else "", reason)
     if not good:
         return None
     return concat(good)
