@@ -232,6 +232,9 @@ class Receiver:
                     sender.dropped += n
                 sender.drops.add("spans", n, reason)
             return total, reason
+        # Spans with bad ids are dropped (and counted, with the reason) on the writer thread;
+        # the sender hears of them now, in the partial success, as OTLP asks.
+        invalid = sum(1 for _, rs, _ in groups for span, _ in decode.spans_of(rs) if decode.invalid(span))
         share = nbytes // max(len(groups), 1)
         refused = 0
         for i, (sender, rs, n) in enumerate(groups):
@@ -241,7 +244,9 @@ class Receiver:
             elif not self._writer.submit(_names.SPANS, n, self._thunk(sender, rs, n, size)):
                 self._release(n, size)  # the writer is closed: it counted them with the reason
                 refused += n
-        return refused, "the receiver is shutting down" if refused else ""
+        if refused:
+            return refused, "the receiver is shutting down"
+        return invalid, f"{invalid} spans with a trace_id or span_id of the wrong length (or all zero)" if invalid else ""
 
     def _release(self, nspans: int, nbytes: int) -> None:
         with self._lock:

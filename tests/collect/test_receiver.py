@@ -209,6 +209,8 @@ def test_spans_with_bad_ids_are_dropped_alone_and_counted(receiver, run_dir):
     data["resourceSpans"][0]["scopeSpans"][0]["spans"][1]["spanId"] = "00"
     status, _, body = post(receiver.url, json.dumps(data).encode(), JS)
     assert status == 200
+    assert json.loads(body)["partialSuccess"] == {
+        "rejectedSpans": "1", "errorMessage": "1 spans with a trace_id or span_id of the wrong length (or all zero)"}
     receiver.flush()
     assert len(spans_of(run_dir)) == 2
     reasons = info(str(run_dir))["drop_reasons"]
