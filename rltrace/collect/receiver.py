@@ -120,8 +120,10 @@ class Receiver:
         self.refused_spans = 0
         self._senders: dict[str, Sender] = {}
         self._lock = threading.Lock()
-        self._pending_spans = 0
+        self._pending_spans = 0  # accepted and not yet written: queued, or converted and waiting for the part
         self._pending_bytes = 0
+        self._converted_spans = 0
+        self._converted_bytes = 0
         self._inflight = threading.BoundedSemaphore(self.limits.max_inflight)
         self._ended_ns: int | None = None
         self._last_full_heartbeat = 0.0
@@ -275,13 +277,20 @@ class Receiver:
                 sender.drops.add("spans", n, f"could not be converted ({type(exc).__name__}: {rows.text(str(exc))[:160]})")
                 logger.exception("rltrace collect: spans from %s could not be converted", sender.process.process_id)
                 return None
-            finally:
-                self._release(n, nbytes)
+            finally:  # held in memory (as Arrow) until the writer has written this cycle's part
+                with self._lock:
+                    self._converted_spans += n
+                    self._converted_bytes += nbytes
 
         return build
 
     # --- process rows (the heartbeat) ----------------------------------------------------------------
     def _heartbeat(self) -> None:
+        """After each write cycle (on the writer thread): free what was written, then the process rows."""
+        with self._lock:
+            self._pending_spans -= self._converted_spans
+            self._pending_bytes -= self._converted_bytes
+            self._converted_spans = self._converted_bytes = 0
         full = time.monotonic() - self._last_full_heartbeat >= _HEARTBEAT_S
         self._write_process_rows(force=full)
 
