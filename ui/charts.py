@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from rltrace.analysis import _format as fmt
 from rltrace.ui import style
 
 STAGES = [("t_rollout", "rollout"), ("t_reward", "reward"), ("t_T", "train"), ("t_W", "weight_sync")]
@@ -55,7 +56,7 @@ def stage_times(costs: pd.DataFrame, *, height: int = 340) -> go.Figure:
 
 def waits_by_step(waits: pd.DataFrame, *, height: int = 340) -> go.Figure:
     """Per step: seconds each process spent waiting, stacked by who waited for what."""
-    w = waits.assign(who=[style.who(r, k) for r, k in zip(waits["role"], waits["rank"])])
+    w = waits.assign(who=[fmt.process_name(r, k) for r, k in zip(waits["role"], waits["rank"])])
     w["series"] = w["who"] + " → " + w["waited_for_group"].astype(str)
     grouped = w.groupby(["step", "series"], as_index=False)["seconds"].sum()
     fig = go.Figure()

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from rltrace.analysis import _format as fmt
 from rltrace.ui import style
 
 MAX_BARS = 4000  # the browser stays responsive; the longest spans are kept
@@ -65,7 +66,7 @@ def layout(spans: pd.DataFrame, *, max_bars: int = MAX_BARS, keep: set[str] = fr
         chosen = ranked.index[:max_bars]
         left_out = len(s) - len(chosen)
         s = s.loc[chosen]
-    s["who"] = [style.who(r, k) for r, k in zip(s["role"], s["rank"])]
+    s["who"] = [fmt.process_name(r, k) for r, k in zip(s["role"], s["rank"])]
     s["label"] = s["who"] + " · " + s["host"].fillna("?").astype(str)
     s["role_order"] = s["role"].map(ROLE_ORDER).fillna(len(ROLE_ORDER))
     s = s.sort_values(["role_order", "role", "rank", "process_id", "start_ns", "end_plot"],

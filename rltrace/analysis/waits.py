@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from rltrace.analysis import _who, summary
-from rltrace.analysis._format import seconds_text
+from rltrace.analysis._format import process_name, seconds_text, share_text
 from rltrace.analysis._steps import Steps
 
 #: Phases rolled up to the stage a person names ("waited for train", not "for backward").
@@ -79,7 +79,7 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
     g["share"] = g["seconds"] / g["step"].map((walls["end_ns"] - walls["start_ns"]) / 1e9)
     g = g.sort_values(["step", "seconds"], ascending=[True, False]).groupby("step").head(n)
     names = _who.processes(con, g["waited_for_process"].dropna().unique())
-    short = {p: _who.name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
+    short = {p: process_name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
     g["waited_for_name"] = g["waited_for_process"].map(short)
     texts = []
     for step, pid, role, rank, in_phase, what, other_pid, other, seconds, share in zip(
@@ -87,7 +87,7 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
         g["waited_for_name"], g["seconds"], g["share"]
     ):
         where = "idle" if in_phase == "idle" else f"in a wait inside {in_phase}"
-        text = f"{_who.name(role, rank)} {where} {seconds_text(seconds)} ({share:.0%} of step {step})"
+        text = f"{process_name(role, rank)} {where} {seconds_text(seconds)} ({share_text(share)} of step {step})"
         if what == UNTRACED:
             texts.append(text + " while no recorded phase ran anywhere")
         elif other_pid == pid:

@@ -1,6 +1,6 @@
 """`rltrace ui RUN_DIR [RUN_DIR ...] [--port P] [--host H]`: the dashboard, on localhost by default.
 
-Starts Streamlit headless on `ui/app.py` with the run dirs in RLTRACE_UI_RUNS. Runs are only
+Starts Streamlit headless on `ui/app.py` with the run dirs in RLTRACE_UI_RUNS (a JSON list). Runs are only
 read: the dashboard opens in-memory DuckDB views over the Parquet parts and writes nothing.
 """
 
@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from rltrace._config import RltraceError
+from rltrace._config import RltraceError, paths_value
 from rltrace.store import read_manifest
 
 DEFAULT_HOST = "127.0.0.1"
@@ -59,7 +59,7 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         "--global.developmentMode", "false",
         "--client.toolbarMode", "minimal",
     ]
-    env = dict(os.environ, RLTRACE_UI_RUNS=os.pathsep.join(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    env = dict(os.environ, RLTRACE_UI_RUNS=paths_value(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     return argv, env
 
 

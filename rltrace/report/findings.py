@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from rltrace.analysis._format import number_text as num
+from rltrace.analysis._format import process_name as _who
 from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
 
@@ -23,10 +24,6 @@ MISMATCH_SCALE = {
     "tis_clipfrac": (0.0, 0.01),
 }
 MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest distance from neutral
-
-
-def _who(role, rank) -> str:
-    return "?" if role is None else f"{role}{'' if rank is None else int(rank)}"
 
 
 def sentences(r: dict) -> list[str]:

@@ -5,7 +5,6 @@ run still being written shows its new steps."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +35,7 @@ def test_rltrace_ui_binds_to_localhost_headless_without_telemetry(colocated_run,
     assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4].endswith("app.py")
     assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "8501"
     assert flags["--server.headless"] == "true" and flags["--browser.gatherUsageStats"] == "false"
-    assert env["RLTRACE_UI_RUNS"].split(os.pathsep) == [str(colocated_run.resolve()), str(async_run.resolve())]
+    assert json.loads(env["RLTRACE_UI_RUNS"]) == [str(colocated_run.resolve()), str(async_run.resolve())]
     other = build_parser().parse_args(["ui", str(colocated_run), "--host", "0.0.0.0", "--port", "9000"])
     assert _flags(ui_cli.command(other)[0])["--server.address"] == "0.0.0.0"
 
