@@ -56,14 +56,7 @@ def _info(con, path: str) -> dict:
         """SELECT min(step), max(step), count(DISTINCT step), count(*) FILTER (WHERE NOT is_open),
                   count(*) FILTER (WHERE is_open) FROM spans"""
     ).fetchone()
-    procs = con.execute(
-        """SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host,
-                  any_value(pid) AS pid, min(started_ns) AS started_ns, max(heartbeat_ns) AS heartbeat_ns,
-                  max(ended_ns) AS ended_ns, max(spans_written) AS spans_written,
-                  max(coalesce(spans_dropped, 0)) AS spans_dropped, max(rows_written) AS rows_written,
-                  max(coalesce(rows_dropped, 0)) AS rows_dropped
-           FROM processes GROUP BY process_id ORDER BY role, rank, process_id"""
-    ).df()
+    procs = analysis.processes(con)
     manifest = read_manifest(path)
     return {
         "path": path,

@@ -7,6 +7,7 @@ anything else is a bug in rltrace and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rltrace._config import RltraceError
@@ -42,6 +43,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `rltrace report --json | head`: the reader has what it wanted
+        _quiet_stdout()
+        return 141  # what a shell reports for a process ended by SIGPIPE (128 + 13)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so Python's exit-time flush of the closed pipe raises nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (tests capture it)
+        pass
 
 
 if __name__ == "__main__":  # python -m rltrace.cli
