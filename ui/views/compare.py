@@ -79,12 +79,12 @@ if mode == STEPS_MODE:
     slowest = int(walls.loc[walls["wall_s"].idxmax(), "step"])
     typical = int(walls.loc[(walls["wall_s"] - walls["wall_s"].median()).abs().idxmin(), "step"])
     wall_of = dict(zip(walls["step"], walls["wall_s"]))
-    fmt = lambda s: f"step {s} · {fmt.seconds_text(wall_of[s])}"  # noqa: E731
+    step_text = lambda s: f"step {s} · {fmt.seconds_text(wall_of[s])}"  # noqa: E731
     state.choose("compare_a", choices, typical)
     state.choose("compare_b", choices, slowest)
     c1, c2 = st.columns(2)
-    a = c1.selectbox("A (default: a typical step)", choices, key="compare_a", format_func=fmt, persist_state="session")
-    b = c2.selectbox("B (default: the slowest step)", choices, key="compare_b", format_func=fmt, persist_state="session")
+    a = c1.selectbox("A (default: a typical step)", choices, key="compare_a", format_func=step_text, persist_state="session")
+    b = c2.selectbox("B (default: the slowest step)", choices, key="compare_b", format_func=step_text, persist_state="session")
     labels = (f"step {a}", f"step {b}") if a != b else (f"step {a} (A)", f"step {b} (B)")
     A, B = _side(run, (a, a), labels[0], steps), _side(run, (b, b), labels[1], steps)
     table = _step_table(A, B, steps)

@@ -89,12 +89,12 @@ else:
     left, right = st.columns([3, 1])
     left.plotly_chart(charts.sync_fit(points, fit), key="waits_sync")
     with right:
-        st.metric("B_W", "–" if not fit.get("B_W") else f"{fit['B_W'] / 1e9:.3g} GB/s", help="fitted bandwidth")
+        st.metric("B_W", fmt.rate_text(fit.get("B_W")), help="fitted bandwidth")
         st.metric("t_0", fmt.seconds_text(fit.get("t_0")), help="fitted fixed overhead per sync")
         st.metric("R²", fmt.number_text(fit.get("r2")))
         st.metric("Syncs", f"{fit['n']} ({style.plural(fit['sizes'], 'size')})")
         if not fit.get("B_W") and fit.get("effective_B_W"):
-            st.caption(f"One payload size: effective {fit['effective_B_W'] / 1e9:.3g} GB/s. B_W and t_0 need several sizes.")
+            st.caption(f"One payload size: effective {fmt.rate_text(fit['effective_B_W'])}. B_W and t_0 need several sizes.")
         if fit.get("methods"):
             st.caption("methods: " + ", ".join(fit["methods"]))
 
