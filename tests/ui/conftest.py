@@ -52,10 +52,12 @@ def async_run(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def app(monkeypatch):
-    """`app(run_dir, ...)`: an AppTest of the dashboard over these runs, run once (on Overview)."""
+    """`app(run_dir, ...)`: an AppTest of the dashboard over these runs, run once (on Overview);
+    `app()` keeps the RLTRACE_UI_RUNS already set."""
 
     def make(*run_dirs: Path) -> AppTest:
-        monkeypatch.setenv("RLTRACE_UI_RUNS", paths_value([str(p) for p in run_dirs]))
+        if run_dirs:
+            monkeypatch.setenv("RLTRACE_UI_RUNS", paths_value([str(p) for p in run_dirs]))
         at = AppTest.from_file(str(APP), default_timeout=RUN_TIMEOUT_S)
         at.run()
         return at
