@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from rltrace import _json, analysis, profiling, replay, report as report_mod
+from rltrace import analysis, profiling, replay, report as report_mod
+from rltrace._json import dumps as strict_dumps
 from rltrace.analysis._steps import Steps
 from rltrace.export import chrome
 from rltrace.replay import browse, diff, rerun
@@ -247,7 +248,7 @@ def span(run: RunRef, span_id: str) -> dict | None:
 def chrome_trace(run: RunRef, steps: Steps) -> bytes:
     """The Chrome Trace Event JSON of these steps (open it in ui.perfetto.dev); built on demand."""
     trace = _with(run, chrome.chrome_trace, steps=steps)
-    return _json.dumps(trace, separators=(",", ":")).encode()
+    return strict_dumps(trace, separators=(",", ":")).encode()
 
 
 # --- profiles ------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def test_rltrace_ui_binds_to_localhost_headless_without_telemetry(colocated_run,
     args = build_parser().parse_args(["ui", str(colocated_run), str(async_run)])
     argv, env = ui_cli.command(args)
     flags = _flags(argv)
-    assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4].endswith("app.py")
+    assert argv[1:6] == ["-m", "rltrace.ui.serve", "--hosts", "localhost,127.0.0.1,[::1]", "run"] and argv[6].endswith("app.py")
     assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "8501"
     assert flags["--server.headless"] == "true" and flags["--browser.gatherUsageStats"] == "false"
     assert json.loads(env["RLTRACE_UI_RUNS"]) == [str(colocated_run.resolve()), str(async_run.resolve())]
