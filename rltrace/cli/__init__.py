@@ -37,7 +37,9 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args) or 0
+        code = args.func(args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit-time flush
+        return code
     except RltraceError as exc:
         print(f"rltrace: error: {exc}", file=sys.stderr)
         return 2
