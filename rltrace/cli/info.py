@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rltrace import _json, analysis, store
-from rltrace.analysis._format import term
+from rltrace.analysis._format import seconds_text, term
 from rltrace.report import plain
 
 
@@ -72,10 +72,8 @@ def _ago(ns: int | None, now_ns: int) -> str:
     if ns is None:
         return "-"
     seconds = (now_ns - ns) / 1e9
-    if seconds < 120:
-        return f"{seconds:.0f}s ago"
     if seconds < 7200:
-        return f"{seconds / 60:.0f}m ago"
+        return f"{seconds_text(round(seconds))} ago"
     return dt.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M")
 
 
@@ -106,10 +104,11 @@ def render(data: dict, console: Console) -> None:
     console.print(t)
 
     t = Table(title="Phases", title_justify="left")
-    for col in ("phase", "spans", "total s", "mean s", "max s"):
+    for col in ("phase", "spans", "total", "mean", "max"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     for ph in data["phases"]:
-        t.add_row(term(ph["phase"]), str(ph["spans"]), f"{ph['total_s'] or 0:.3f}", f"{ph['mean_s'] or 0:.4f}", f"{ph['max_s'] or 0:.4f}")
+        t.add_row(term(ph["phase"]), str(ph["spans"]), seconds_text(ph["total_s"]), seconds_text(ph["mean_s"]),
+                  seconds_text(ph["max_s"]))
     console.print(t)
 
     if data["open_spans"]:
@@ -123,7 +122,7 @@ def render(data: dict, console: Console) -> None:
                 term(o["phase"] or o["name"]),
                 "" if o["step"] is None else str(o["step"]),
                 dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),
-                f"{o['age_s']:.1f}s",
+                seconds_text(o["age_s"]),
             )
         console.print(t)
     else:

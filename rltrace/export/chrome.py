@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from rltrace import _json
+from rltrace.analysis._format import process_name
 from rltrace.analysis._steps import Steps, step_filter
 
 OPEN_SUFFIX = " (open)"
@@ -83,8 +84,7 @@ def chrome_trace(con, *, steps: Steps = None) -> dict:
     pid_of = {p: i + 1 for i, p in enumerate(procs["process_id"])}
     events: list[dict] = []
     for i, p in enumerate(procs.itertuples(index=False)):
-        rank = "" if pd.isna(p.rank) else str(int(p.rank))
-        label = f"{p.role or '?'}{rank} @ {p.host} (pid {'' if pd.isna(p.pid) else int(p.pid)})"
+        label = f"{process_name(p.role, p.rank)} @ {p.host} (pid {'' if pd.isna(p.pid) else int(p.pid)})"
         events.append({"ph": "M", "name": "process_name", "pid": pid_of[p.process_id], "tid": 0, "args": {"name": label}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid_of[p.process_id], "tid": 0, "args": {"sort_index": i}})
 
