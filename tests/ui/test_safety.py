@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from rltrace import _names
+from rltrace.analysis import _format as fmt
 from rltrace.cli import build_parser
 from rltrace.cli import ui as ui_cli
 from rltrace.store.writer import write_part
@@ -85,7 +86,7 @@ def test_profiles_page_serves_no_file_from_outside_the_run_dir(tmp_path, app, st
     at = app(run_dir)
     at.switch_page("views/profiles.py").run()
     assert not at.exception and not at.get("download_button")
-    assert [e.value for e in at.error] == [f"Not offered for download: {_refusal(run_dir, stored)}"]
+    assert [e.value for e in at.error] == [f"Not offered for download: {fmt.md(_refusal(run_dir, stored))}"]
 
 
 def _refusal(run_dir: Path, stored: str) -> str:
