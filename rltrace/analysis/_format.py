@@ -61,7 +61,7 @@ def seconds_text(seconds) -> str:
     return f"{sign}{total // 3600} h {total % 3600 // 60:02d} min"
 
 
-def bytes_text(n) -> str:
+def size_text(n) -> str:
     """`850 B`, `1.23 kB`, `12.4 MB`, `2.36 GB` (1000-based, SI symbols); `-` for None/NaN."""
     if missing(n):
         return MISSING
@@ -75,7 +75,7 @@ def bytes_text(n) -> str:
 
 def rate_text(bytes_per_s) -> str:
     """`850 B/s`, `1.00 MB/s`, `2.36 GB/s`; `-` for None/NaN."""
-    return MISSING if missing(bytes_per_s) else bytes_text(bytes_per_s) + "/s"
+    return MISSING if missing(bytes_per_s) else size_text(bytes_per_s) + "/s"
 
 
 def number_text(value) -> str:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rltrace import _json, store
-from rltrace.analysis._format import bytes_text, process_name, seconds_text, share_text, term
+from rltrace.analysis._format import size_text, process_name, seconds_text, share_text, term
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +68,7 @@ def main_list(args: argparse.Namespace) -> int:
             term(r["kind"]),
             term(r["trigger"]),
             _status(r["status"]),
-            bytes_text(r["size_bytes"]),
+            size_text(r["size_bytes"]),
             top,
         )
     console.print(t)

@@ -36,9 +36,9 @@ def test_rates_and_numbers():
 
 
 def test_sizes_shares_and_process_names():
-    from rltrace.analysis._format import bytes_text, process_name, share_text
+    from rltrace.analysis._format import size_text, process_name, share_text
 
-    assert [bytes_text(x) for x in (0, 850, 999.6, 1234, 1_500_000, 2.36e9, 4.2e12, None)] == [
+    assert [size_text(x) for x in (0, 850, 999.6, 1234, 1_500_000, 2.36e9, 4.2e12, None)] == [
         "0 B", "850 B", "1.00 kB", "1.23 kB", "1.50 MB", "2.36 GB", "4.20 TB", "-"]
     assert [share_text(x) for x in (0.42, 0.035, 0.0007, 0, None)] == ["42%", "3.5%", "0.07%", "0%", "-"]
     assert [process_name(*x) for x in (("trainer", 0), ("rollout", 3.0), ("reward", None), (None, 1))] == [
@@ -73,7 +73,7 @@ def test_one_formatter_serves_the_cli_the_report_and_the_dashboard():
     waits = importlib.import_module("rltrace.analysis.waits")
     assert render.sec is findings.sec is _format.seconds_text and waits.seconds_text is _format.seconds_text
     assert render._who is findings._who is waits.process_name is charts.fmt.process_name is _format.process_name
-    assert profile.bytes_text is _format.bytes_text and render._pct is profile.share_text is _format.share_text
+    assert profile.size_text is _format.size_text and render._pct is profile.share_text is _format.share_text
     assert charts.fmt is gantt.fmt is _format and info.term is _format.term
     assert not {"seconds", "nbytes", "share", "who", "wait_text", "process_names"} & set(vars(style))
     root = Path(__file__).parents[2]

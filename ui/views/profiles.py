@@ -76,7 +76,7 @@ with right:
         f"{row['top_frame']} ({row['top_file'] or '?'}:{'?' if fmt.missing(row['top_line']) else int(row['top_line'])})")
     facts = {"profile id": row["profile_id"], "span": f"{row['span_id']} (trace {row['trace_id']})",
              "process": row["process_id"], "top frame": top_frame, "file": row["path"] or "–",
-             "size": fmt.bytes_text(row["size_bytes"])}
+             "size": fmt.size_text(row["size_bytes"])}
     st.dataframe(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]}), hide_index=True, width="stretch")
     if not fmt.missing(row["step"]) and st.button("Show the span on the Timeline", icon=":material/view_timeline:"):
         state.open_timeline(int(row["step"]), row["span_id"])
