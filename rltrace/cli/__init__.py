@@ -11,6 +11,7 @@ import os
 import sys
 
 from rltrace._config import RltraceError
+from rltrace.analysis._format import shown
 from rltrace.cli import compact, export, importer, info, profile, replay, report, ui
 
 COMMANDS = [info, compact, report, replay, importer, export, profile, ui]
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit-time flush
         return code
     except RltraceError as exc:
-        print(f"rltrace: error: {exc}", file=sys.stderr)
+        print(f"rltrace: error: {shown(exc)}", file=sys.stderr)  # it may quote a file's text: escapes stay inert
         return 2
     except KeyboardInterrupt:
         return 130

@@ -98,3 +98,17 @@ def test_one_escaping_function_serves_every_command():
     render = importlib.import_module("rltrace.report.render")
     assert info.term is profile.term is replay_render.term is render.term is _format.term
     assert replay_render.HIDDEN is _format.HIDDEN
+
+
+def test_an_error_quoting_stored_text_stays_one_inert_line(capsys, monkeypatch, tmp_path):
+    """Errors may quote a file's contents (a field name, a path): they print escaped, on one line."""
+    from rltrace.cli import info
+    from rltrace.replay.errors import ReplayError
+
+    def fail(*_args, **_kwargs):
+        raise ReplayError(f"dump holds field {HOSTILE}\nsecond line")
+
+    monkeypatch.setattr(info, "collect", fail)
+    assert main(["info", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and err.count("\n") == 1 and "\\x1b[2J" in err
