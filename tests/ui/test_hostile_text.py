@@ -17,7 +17,7 @@ from .conftest import no_exceptions
 from .test_pages import PAGES
 
 LEAK = "![x](http://host/leak.png)"  # a remote image: the browser fetches it when the page renders
-HOSTILE = f"{LEAK}<img src='http://host/leak2.png'>[a](http://host/a):red[c]:material/home:$x^2$\x1b[2J"
+HOSTILE = f"{LEAK}<img src='http://host/leak2.png'><a href='http://host/b'>b</a>[a](http://host/a):red[c]:material/home:$x^2$\x1b[2J"
 KINDS = ("title", "header", "subheader", "markdown", "caption", "info", "warning", "error", "success")
 
 
@@ -93,3 +93,21 @@ def test_waits_read_as_the_report_says_them(hostile_run, app):
     step1 = analysis.top_waits(store.open(run_dir), (1, 1))["text"].tolist()
     assert step1 and all(fmt.md(s) in shown for s in step1)
     assert set(step1) <= set(sentences)
+
+
+def test_chart_labels_show_stored_text_as_text(hostile_run, app):
+    """Plotly draws a subset of HTML in names, ticks and hover text: stored `<a href>` stays text there too."""
+    import json
+
+    from rltrace.ui import charts
+
+    run_dir, _ = hostile_run
+    at = app(run_dir)
+    at.session_state["timeline_step"] = 1
+    for name in ("timeline", "waits"):
+        at.switch_page(f"views/{name}.py").run()
+        no_exceptions(at)
+        for chart in at.get("plotly_chart"):
+            spec = json.dumps(json.loads(chart.proto.spec)["data"])
+            assert "<img" not in spec and "<a href" not in spec and "\\u001b" not in spec
+    assert charts.label("<a href='http://x'>y</a> & \x1b") == "&lt;a href='http://x'&gt;y&lt;/a&gt; &amp; \\x1b"

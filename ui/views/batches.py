@@ -94,9 +94,9 @@ if rollout is not None and (train is not None or replayed):
     for k, r in enumerate(rows):
         z[k, : len(r)] = np.abs(r)
     hover = np.array([[f"token {t}" + ("" if ids is None or t >= len(ids) else f" (id {ids[t]})") +
-                       f"<br>rollout log q = {rollout[t]:.6g}" for t in range(width)] for _ in rows])
+                       f" · rollout log q = {rollout[t]:.6g}" for t in range(width)] for _ in rows])
     fig = go.Figure(go.Heatmap(z=z, y=labels, colorscale="Reds", zmin=0, text=hover, xgap=1, ygap=4,
-                               hovertemplate="%{text}<br>|diff| = %{z:.3g}<extra>%{y}</extra>",
+                               hovertemplate="%{text}<br>|diff| = %{z:.3g}<extra>%{y}</extra>",  # text and y: escaped
                                colorbar={"title": {"text": "|Δ log p|", "side": "right"}, "thickness": 10,
                                          "tickformat": ".1e", "len": 1.0}))
     fig.update_xaxes(title_text="response token")
