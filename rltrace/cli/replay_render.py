@@ -9,7 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from rltrace.analysis._format import HIDDEN, seconds_text, shown, term
+from rltrace.analysis._format import HIDDEN, seconds_text, shown, size_text, term
 
 _SHORT = {"repetition": "REP", "invalid_text": "BAD", "truncated": "TRUNC", "template_leak": "TMPL", "prompt_template": "PROMPT", "empty": "EMPTY", "reward_outlier": "OUTL"}
 
@@ -36,14 +36,14 @@ def batches(console: Console, run_dir: str, rows: list[dict], skipped: list[str]
     if not rows:
         console.print(term(f"no frozen batches in {run_dir} (freeze with rltrace.replay.freeze or a Freezer)"))
     t = Table(title=term(f"Frozen batches in {run_dir}"), title_justify="left")
-    for col in ("step", "batch", "samples", "trigger", "reason", "v_t", "tokenizer", "frozen", "MB", "replays"):
-        t.add_column(col, justify="right" if col in ("step", "samples", "v_t", "MB", "replays") else "left")
+    for col in ("step", "batch", "samples", "trigger", "reason", "v_t", "tokenizer", "frozen", "size", "replays"):
+        t.add_column(col, justify="right" if col in ("step", "samples", "v_t", "size", "replays") else "left")
     for r in rows:
         frozen = dt.datetime.fromtimestamp(r["frozen_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S") if r.get("frozen_ns") else "-"
         t.add_row(
             str(r.get("step")), term(r.get("batch_id") or "-"), str(r.get("n_samples")), term(r.get("trigger") or "-"),
             term((r.get("reason") or "")[:60]), _num(r.get("train_version"), "d"), term(r.get("tokenizer_name") or "-"), frozen,
-            f"{r['bytes'] / 1e6:.1f}", str(r["replays"]),
+            size_text(r["bytes"]), str(r["replays"]),
         )
     if rows:
         console.print(t)
