@@ -101,7 +101,7 @@ procs = info["processes"].copy()
 if not procs.empty:
     now = time.time_ns()
     procs["who"] = [fmt.process_name(r, k) for r, k in zip(procs["role"], procs["rank"])]
-    procs["last heard"] = [("–" if pd.isna(v) else f"{(now - v) / 1e9:,.0f} s ago") for v in procs["heartbeat_ns"]]
+    procs["last heard"] = ["-" if pd.isna(v) else f"{fmt.seconds_text(round((now - v) / 1e9))} ago" for v in procs["heartbeat_ns"]]
     procs["state"] = ["shut down" if pd.notna(e) else "running or killed" for e in procs["ended_ns"]]
     st.markdown("**Processes**")
     st.dataframe(procs[["who", "host", "pid", "spans_written", "spans_dropped", "rows_written", "rows_dropped",

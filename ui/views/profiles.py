@@ -87,7 +87,7 @@ with right:
         path = None
     if path is not None:
         st.download_button("Download the profile", data=path.read_bytes, file_name=path.name,
-                           icon=":material/download:", help=profiling.query.how_to_open(row["kind"], path))
-        st.caption(profiling.query.how_to_open(row["kind"], path))
+                           icon=":material/download:", help=fmt.md(profiling.query.how_to_open(row["kind"], path)))
+        st.caption(fmt.md(profiling.query.how_to_open(row["kind"], path)))
     elif row["path"]:
         st.caption("The file is not in the run dir (removed or not written yet).")
