@@ -10,7 +10,7 @@ import streamlit as st
 
 from rltrace.analysis import _format as fmt
 from rltrace.replay import ReplayError
-from rltrace.ui import charts, data, state, style
+from rltrace.ui import charts, data, state
 
 MAX_STRIP_TOKENS = 2048  # tokens drawn in one strip
 

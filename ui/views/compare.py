@@ -11,7 +11,7 @@ import streamlit as st
 from rltrace import _names
 from rltrace.analysis import _format as fmt
 from rltrace.analysis._steps import Steps
-from rltrace.ui import charts, data, gantt, state, style
+from rltrace.ui import charts, data, gantt, state
 from rltrace.ui.runs import RunRef
 
 STEPS_MODE, RUNS_MODE = "Two steps of this run", "The same steps of two runs"

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from rltrace.analysis import _format as fmt
-from rltrace.ui import charts, data, state, style
+from rltrace.ui import charts, data, state
 
 run = state.selected()
 info = data.info(run)

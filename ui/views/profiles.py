@@ -9,7 +9,7 @@ import streamlit as st
 
 from rltrace import profiling
 from rltrace.analysis import _format as fmt
-from rltrace.ui import charts, data, state, style
+from rltrace.ui import charts, data, state
 
 run = state.selected()
 info = data.info(run)

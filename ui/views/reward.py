@@ -8,7 +8,7 @@ import plotly.express as px
 import streamlit as st
 
 from rltrace.analysis import _format as fmt
-from rltrace.ui import charts, data, state, style
+from rltrace.ui import charts, data, state
 
 MAX_POINTS = 20_000  # samples drawn in the scatter (latest steps first)
 PANELS = [  # (metric, title, y label, log axis)

@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from rltrace.analysis import _format as fmt
-from rltrace.ui import data, gantt, state, style
+from rltrace.ui import data, gantt, state
 
 MAX_SPAN_CHOICES = 300  # longest spans offered in the span picker
 DEFAULT_RECENT = 20  # the default step is the slowest of this many latest steps
