@@ -76,6 +76,7 @@ class Run:
         self._last_heartbeat = 0.0
         self._ended_ns: int | None = None
         self._closed = False
+        self._companions: list = []  # background helpers (the resource sampler) flushed and closed with the run
 
         self.tracer_provider = TracerProvider(resource=self._resource(), id_generator=ForkSafeRandomIdGenerator())
         self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name)
@@ -187,10 +188,22 @@ class Run:
         """Add an OTel span processor to this run's provider (profiling watchdogs use this)."""
         self.tracer_provider.add_span_processor(processor)
 
+    def add_companion(self, companion) -> None:
+        """A background helper with `flush()` and `close()` (the resource sampler), run before this run's own."""
+        self._companions.append(companion)
+
+    def _each_companion(self, method: str) -> None:
+        for companion in self._companions:
+            try:
+                getattr(companion, method)()
+            except Exception:
+                logger.exception("rltrace: %s of %r failed", method, companion)
+
     def flush(self) -> None:
         """Write every span and row recorded so far to the store (blocks; not for the hot path)."""
         if self._closed:
             return
+        self._each_companion("flush")
         self.tracer_provider.force_flush()
         self._rows.flush()
         self.write_process_row()
@@ -200,6 +213,7 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        self._each_companion("close")
         self.tracer_provider.shutdown()
         self._rows.close()
         self._ended_ns = time.time_ns()

@@ -15,6 +15,8 @@ from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis.mismatch import mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
+from rltrace.analysis.resources import idle_devices, phase_resources
+from rltrace.analysis.resources import notes as resource_notes
 from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
 from rltrace.analysis.steps import phase_breakdown, phase_totals, step_breakdown
@@ -51,4 +53,7 @@ __all__ = [
     "attached",
     "for_phase",
     "summary_table",
+    "phase_resources",
+    "idle_devices",
+    "resource_notes",
 ]

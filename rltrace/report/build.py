@@ -74,6 +74,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "reward": _reward(con, steps),
         "open_spans": _open_spans(con, now_ns),
         "dropped": _dropped(con),
+        "idle_devices": plain(analysis.idle_devices(con, steps)),
     }
     report["findings"] = findings.sentences(report)
     return report

@@ -32,7 +32,7 @@ def _who(role, rank) -> str:
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
     for part in (_hangs, _bottleneck, _outliers, _waits, _stragglers, _weight_sync, _async, _drops, _staleness,
-                 _mismatch):
+                 _mismatch, _idle_devices):
         out.extend(part(r))
     return out
 
@@ -201,4 +201,15 @@ def _mismatch(r: dict) -> list[str]:
                 f"{t['metric']} held at a mean of {num(t['mean'])} (max {num(t['max'])}) over {t['steps']} steps, "
                 f"above the {ALIGNMENT_GATE:g} gate for exact alignment of rollout and training."
             )
+    return out
+
+
+def _idle_devices(r: dict) -> list[str]:
+    out = []
+    for d in (r.get("idle_devices") or [])[:5]:
+        steps = f" over {d['steps']} step(s)" if d.get("steps") else ""
+        out.append(
+            f"GPU {d['device']} was {d['util_mean_pct']:.0f} % busy during `{d['phase']}` on {_who(d['role'], d['rank'])} "
+            f"(mean of {d['samples']} samples{steps})."
+        )
     return out
