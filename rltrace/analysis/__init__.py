@@ -21,6 +21,7 @@ from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
 from rltrace.analysis.steps import phase_breakdown, phase_totals, step_breakdown
 from rltrace.analysis.summary import table as summary_table
+from rltrace.analysis.sync import sync_children, sync_growth
 from rltrace.analysis.timeline import step_timeline
 from rltrace.analysis.waits import top_waits, waits
 
@@ -56,4 +57,6 @@ __all__ = [
     "phase_resources",
     "idle_devices",
     "resource_notes",
+    "sync_children",
+    "sync_growth",
 ]

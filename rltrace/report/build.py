@@ -69,6 +69,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "long_tail": plain(tail),
         "stragglers": plain(analysis.stragglers(con, steps)),
         "weight_sync_fit": plain(analysis.weight_sync_fit(con, steps)),
+        "weight_sync_children": plain(analysis.sync_growth(con, steps)),
         "staleness": _staleness(con, steps),
         "mismatch": _mismatch(con, steps),
         "reward": _reward(con, steps),
