@@ -49,6 +49,32 @@ PHASES = (
 WEIGHT_SYNC_CHILDREN = ("drain", "gather", "transfer", "load", "resume")
 
 
+# --- names of the OpenTelemetry `rl.*` proposal ------------------------------------------------------
+# open-telemetry/semantic-conventions-genai issue #88 (open, not final): rltrace tracks it and writes
+# its names *alongside* its own where they map (docs/store.md). The proposal names the resource
+# attribute `rl.run.id` and the groups rl.loop / rl.sample / rl.reward / rl.train / rl.sync; it
+# gives no span attribute for the group, so rltrace puts it in `rl.operation.name` (after
+# `gen_ai.operation.name`) until the proposal settles one.
+SEMCONV_RUN_ID = "rl.run.id"
+SEMCONV_OPERATION = "rl.operation.name"
+SEMCONV_GROUP_OF_PHASE = {
+    "step": "rl.loop",
+    "rollout": "rl.sample",
+    "generate": "rl.sample",
+    "reward": "rl.reward",
+    "train": "rl.train",
+    "forward": "rl.train",
+    "backward": "rl.train",
+    "optimizer": "rl.train",
+    "weight_sync": "rl.sync",
+    "drain": "rl.sync",
+    "gather": "rl.sync",
+    "transfer": "rl.sync",
+    "load": "rl.sync",
+    "resume": "rl.sync",
+}
+
+
 def attr_key(key: str) -> str:
     """Span attribute name for a `phase(**attrs)` keyword: `rl.<key>`, or `key` if it holds a dot."""
     return key if "." in key else ATTR_PREFIX + key

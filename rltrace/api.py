@@ -282,6 +282,9 @@ class Phase:
                 step = parent_step if step is None else step
                 version = parent_version if version is None else version
             attrs = {_names.PHASE: self.name, _names.THREAD_ID: threading.get_ident()}
+            group = _names.SEMCONV_GROUP_OF_PHASE.get(self.name)
+            if group is not None:
+                attrs[_names.SEMCONV_OPERATION] = group
             if step is not None:
                 attrs[_names.STEP] = step
             if version is not None:

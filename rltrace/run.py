@@ -111,6 +111,7 @@ class Run:
             "process.pid": self.process.pid,
             _names.ROLE: self.role,
             _names.RUN_ID: self.run_id,
+            _names.SEMCONV_RUN_ID: self.run_id,  # the OTel rl.* proposal's name (docs/store.md)
             "rl.run_name": self.name,
         }
         if self.rank is not None:
