@@ -325,3 +325,9 @@ def replays(run: RunRef, step: int, batch_id: str) -> list[dict]:
             "log_probs": [_tokens(v) for v in diff.rows_of(first["log_probs"], len(first))] if "log_probs" in first else None,
         })
     return out
+
+
+@st.cache_data(**CACHE)
+def resource_samples(run: RunRef, start_ns: int, end_ns: int) -> pd.DataFrame:
+    """CPU and GPU utilisation samples (`init(resources=True)`) over a time window, for the Timeline's lanes."""
+    return _with(run, analysis.resource_samples, start_ns, end_ns)

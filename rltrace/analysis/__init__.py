@@ -24,6 +24,7 @@ from rltrace.analysis.mismatch import mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
 from rltrace.analysis.resources import idle_devices, phase_resources
 from rltrace.analysis.resources import notes as resource_notes
+from rltrace.analysis.resources import samples as resource_samples
 from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
 from rltrace.analysis.steps import phase_breakdown, phase_totals, step_breakdown
@@ -65,6 +66,7 @@ __all__ = [
     "phase_resources",
     "idle_devices",
     "resource_notes",
+    "resource_samples",
     "sync_children",
     "sync_growth",
 ]

@@ -72,3 +72,19 @@ def notes(con) -> pd.DataFrame:
         """SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, kind, note FROM resources
            WHERE note IS NOT NULL GROUP BY process_id, kind, note ORDER BY process_id, kind"""
     ).df()
+
+
+def samples(con, start_ns: int, end_ns: int, *, max_rows: int = 20000) -> pd.DataFrame:
+    """Resource samples whose interval overlaps [start_ns, end_ns], for drawing lanes under spans.
+
+    Returns: time_ns, interval_s, process_id, role, rank, kind, device, device_name, util_pct,
+    mem_bytes, power_w; ordered by process, kind, device and time (at most `max_rows`, latest kept).
+    """
+    return con.execute(
+        """SELECT time_ns, interval_s, process_id, role, rank, kind, device, device_name, util_pct, mem_bytes, power_w
+           FROM (SELECT * FROM resources WHERE note IS NULL AND util_pct IS NOT NULL
+                 AND time_ns > ? AND time_ns - CAST(coalesce(interval_s, 0) * 1e9 AS BIGINT) < ?
+                 ORDER BY time_ns DESC LIMIT ?)
+           ORDER BY process_id, kind, device NULLS FIRST, time_ns""",
+        [int(start_ns), int(end_ns), int(max_rows)],
+    ).df()
