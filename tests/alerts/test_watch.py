@@ -157,3 +157,25 @@ def test_a_wait_whose_upstream_ran_is_not_starved(tmp_path):
     b.write()
     alerts = evaluate(store.open(b.run_dir), Settings(starved_s=1, rules=("starved",)))
     assert [a.message.split(" while")[0].split("for ")[-1] for a in alerts] == ["rollout at step 0"]
+
+
+def test_a_hang_dump_surfaces_as_an_alert_with_the_dump_attached(tmp_path):
+    """The process's own watchdog (RLTRACE_HANG_TIMEOUT=30) dumped the stacks of an open `generate`."""
+    b = RunBuilder(tmp_path / "run")
+    ro = b.process("rollout", 1)
+    for step in range(6):
+        ro.span("generate", step, step + 0.5, step=step)
+    hung = ro.span("generate", 6, None, step=6)
+    b.write()
+    dump = {name: None for name in _names.PROFILES_SCHEMA.names} | {
+        "profile_id": "p1", "trace_id": hung.trace_id, "span_id": hung.span_id, "phase": "generate", "step": 6,
+        "kind": "pyspy_dump", "trigger": "hang", "elapsed_s": 30.0, "status": "ok", "path": "profiles/files/p1.txt"}
+    write_part(b.run_dir / _names.PROFILES.folder, "p1.parquet", pa.Table.from_pylist([dump], schema=_names.PROFILES_SCHEMA),
+               _names.PROFILES)
+    con = store.open(b.run_dir)
+    settings = Settings(rules=("hang",))  # no median-based limit is near: 10x 0.5 s is under the 300 s floor
+    assert evaluate(con, settings, now_ns=T0_NS + 20 * 10**9) == []  # open 14 s: under the dump's 30 s
+    (alert,) = evaluate(con, settings, now_ns=T0_NS + 40 * 10**9)
+    assert (alert.phase, alert.step, alert.rank, alert.span_id) == ("generate", 6, 1, hung.span_id)
+    assert (alert.profile_id, alert.profile_path) == ("p1", "profiles/files/p1.txt") and alert.limit_s == 30.0
+    assert "RLTRACE_HANG_TIMEOUT" in alert.message and "has been open for 34.0 s" in alert.message
