@@ -42,3 +42,17 @@ def test_no_lanes_without_samples(app, tmp_path):
     at = page(app(_run(tmp_path / "run", sampled=False)), "timeline")
     no_exceptions(at)
     assert not any("Utilisation under the spans" in c.value for c in at.caption)
+
+
+def test_overview_lists_alerts_that_hold_and_those_watch_raised(app, tmp_path):
+    """A killed process (no shutdown, an old heartbeat) and an alert stored by `rltrace watch --once`."""
+    from rltrace.cli import main as cli
+
+    run = _run(tmp_path / "run", sampled=False)
+    assert cli(["watch", str(run), "--once", "--rules", "heartbeat"]) == 1
+    at = app(run)
+    no_exceptions(at)
+    (table,) = [d for d in at.dataframe if "message" in d.value.columns]
+    rows = table.value
+    assert list(rows["rule"]) == ["heartbeat"] and rows["when"].iloc[0] == "now"
+    assert "trainer3 on node0 has not written to the store" in rows["message"].iloc[0]
