@@ -76,8 +76,17 @@ def main(args: argparse.Namespace) -> int:
         return 1 if firing else 0
     print(_plain(f"watching {args.run_dir} every {seconds_text(args.interval)} (Ctrl-C stops)"), flush=True)
     raised = failures = 0
+    first = True
     while True:
-        _, new = watcher.check()
+        try:
+            _, new = watcher.check()
+        except Exception as exc:  # a bad run dir fails at once; later a passing read error (compaction) is retried
+            if first:
+                raise
+            print(_plain(f"rltrace watch: could not read the run this time ({exc}); retrying"), flush=True)
+            time.sleep(args.interval)
+            continue
+        first = False
         by_key = {a.key: a for a in watcher.last_firing}
         for row in new:
             print(_line(by_key[row["key"]]), flush=True)

@@ -90,3 +90,14 @@ def test_a_metric_crossing_its_threshold(live, run_dir):
     firing, new = watcher.check()  # later steps of the same crossing: the same alert, not a new one
     assert [a.key for a in firing] == ["threshold:reward_mean<0.25:8"] and new == []
     assert "since step 8" in firing[0].message
+
+
+def test_the_watch_command_follows_a_live_run_until_it_ends(live, run_dir):
+    p = live("reward_drop")
+    watch = subprocess.run([PYTHON, "-m", "rltrace", "watch", str(run_dir), "--interval", "0.5", "--rules", "threshold",
+                            "--threshold", "reward_mean<0.25"], cwd=REPO, env=python_env(), capture_output=True,
+                           text=True, timeout=120)
+    assert p.wait(timeout=60) == 0
+    assert watch.returncode == 1, watch.stderr  # an alert was raised while it watched
+    out = watch.stdout
+    assert out.count("ALERT threshold: reward_mean") == 1 and "the run has ended; 1 alert(s) raised" in out
