@@ -241,6 +241,21 @@ PARAMS: dict[str, Param] = {
             False,
             "Take torch.profiler windows on rank 0 only (traces are large; one rank is usually enough).",
         ),
+        # --- resource sampling (rltrace.resources; see docs/store.md) --------------------------------
+        Param(
+            "resources",
+            ("RLTRACE_RESOURCES",),
+            _parse_bool,
+            False,
+            "Sample this process's CPU and memory, and its NVIDIA GPUs' utilisation, memory and power, into `resources`.",
+        ),
+        Param(
+            "resources_interval",
+            ("RLTRACE_RESOURCES_INTERVAL",),
+            _parse_positive_float,
+            1.0,
+            "Seconds between resource samples (default 1: one sample per second).",
+        ),
         # --- the dashboard (rltrace.ui; see docs/ui.md) ----------------------------------------------
         Param(
             "ui_runs",

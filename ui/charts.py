@@ -187,3 +187,36 @@ def diff_bars(merged: pd.DataFrame, label_a: str, label_b: str, *, height: int =
                            hovertemplate="%{y}: %{x:+.3g} s<extra></extra>", showlegend=False))
     fig.add_vline(x=0, line_color="#27272a", line_width=1)
     return base(fig, height=height, x=f"{label_b} − {label_a} (s per step; red = slower)")
+
+
+MAX_LANES = 8  # utilisation lanes drawn under the Timeline (busiest processes' devices first)
+
+
+def lane_label(role, rank, kind: str, device) -> str:
+    who = style.who(role, rank)
+    return f"{who} CPU" if kind == "cpu" else f"{who} GPU {int(device)}"
+
+
+def utilisation_lanes(samples: pd.DataFrame, t0_ns: int, x_range: tuple[float, float] | None = None) -> go.Figure:
+    """One lane per process CPU and per GPU: utilisation (%) over the same seconds axis as the spans above.
+
+    CPU is the process's CPU time over wall time (100 % = one core); GPU is NVML's busy share.
+    """
+    from plotly.subplots import make_subplots
+
+    keys = samples.groupby(["process_id", "kind", "device"], dropna=False, sort=False)
+    lanes = sorted(keys, key=lambda kv: (kv[0][1] != "gpu", kv[0][0], -1 if pd.isna(kv[0][2]) else kv[0][2]))[:MAX_LANES]
+    fig = make_subplots(rows=max(1, len(lanes)), cols=1, shared_xaxes=True, vertical_spacing=0.04)
+    for i, ((_, kind, device), g) in enumerate(lanes, start=1):
+        label = lane_label(g["role"].iloc[0], g["rank"].iloc[0], kind, device)
+        color = "#3f9e4d" if kind == "gpu" else "#3b6fb6"
+        x = (g["time_ns"] - g["interval_s"].fillna(0) * 5e8 - t0_ns) / 1e9  # the middle of each sampled interval
+        fig.add_scatter(x=x, y=g["util_pct"], mode="lines", fill="tozeroy", name=label, line={"color": color, "width": 1},
+                        row=i, col=1, hovertemplate=f"{label}<br>%{{x:.2f}} s: %{{y:.0f}} %<extra></extra>")
+        fig.update_yaxes(title_text=label, title_font={"size": 10}, range=[0, max(100.0, float(g["util_pct"].max()))],
+                         ticksuffix=" %", row=i, col=1)
+    fig.update_xaxes(range=list(x_range) if x_range else None)
+    fig.update_xaxes(title_text="seconds from the first span shown", row=max(1, len(lanes)), col=1)
+    fig = base(fig, height=70 + 80 * max(1, len(lanes)))
+    fig.update_layout(showlegend=False)
+    return fig

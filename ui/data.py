@@ -319,3 +319,28 @@ def replays(run: RunRef, step: int, batch_id: str) -> list[dict]:
             "log_probs": [_tokens(v) for v in diff.rows_of(first["log_probs"], len(first))] if "log_probs" in first else None,
         })
     return out
+
+
+@st.cache_data(**CACHE)
+def resource_samples(run: RunRef, start_ns: int, end_ns: int) -> pd.DataFrame:
+    """CPU and GPU utilisation samples (`init(resources=True)`) over a time window, for the Timeline's lanes."""
+    return _with(run, analysis.resource_samples, start_ns, end_ns)
+
+
+def _alerts(con) -> pd.DataFrame:
+    from rltrace.alerts import evaluate
+
+    cols = ["when", "rule", "role", "rank", "phase", "step", "seconds", "message", "profile_id"]
+    now = pd.DataFrame([{**a.__dict__, "when": "now"} for a in evaluate(con)], columns=[*cols, "key"])
+    stored = con.execute(
+        """SELECT 'raised by rltrace watch' AS "when", rule, role, rank, phase, step, seconds, message, profile_id, key
+           FROM alerts ORDER BY time_ns DESC"""
+    ).df()
+    both = pd.concat([now, stored[~stored["key"].isin(set(now["key"]))]], ignore_index=True)
+    return both[cols]
+
+
+@st.cache_data(**CACHE)
+def alerts(run: RunRef) -> pd.DataFrame:
+    """`rltrace watch`'s rules evaluated now (default limits; nothing is written) and the alerts it stored."""
+    return _with(run, _alerts)

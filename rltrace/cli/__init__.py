@@ -12,9 +12,9 @@ import sys
 
 from rltrace._config import RltraceError
 from rltrace.analysis._format import shown
-from rltrace.cli import compact, export, importer, info, profile, replay, report, ui
+from rltrace.cli import compact, export, importer, info, profile, replay, report, ui, watch
 
-COMMANDS = [info, compact, report, replay, importer, export, profile, ui]
+COMMANDS = [info, compact, report, replay, importer, export, profile, ui, watch]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -97,6 +97,14 @@ if report["open_spans"]:
         if not fmt.missing(row["step"]):
             state.open_timeline(int(row["step"]), row["span_id"])
 
+alerts = data.alerts(run)
+if len(alerts):
+    alerts["who"] = [style.who(r, k) for r, k in zip(alerts["role"], alerts["rank"])]
+    st.markdown(f"**Alerts** ({len(alerts)}) — `rltrace watch`'s rules with their default limits, and what it raised")
+    st.dataframe(alerts[["when", "rule", "who", "phase", "step", "seconds", "message", "profile_id"]], hide_index=True,
+                 width="stretch", key="overview_alerts",
+                 column_config={"seconds": st.column_config.NumberColumn("how long (s)", format="%.1f")})
+
 procs = info["processes"].copy()
 if not procs.empty:
     now = time.time_ns()

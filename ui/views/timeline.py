@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from rltrace.analysis import _format as fmt
-from rltrace.ui import data, gantt, state
+from rltrace.ui import charts, data, gantt, state
 
 MAX_SPAN_CHOICES = 300  # longest spans offered in the span picker
 DEFAULT_RECENT = 20  # the default step is the slowest of this many latest steps
@@ -91,6 +91,14 @@ if left_out:
     st.caption(f"Showing the {len(laid):,} longest spans; {left_out:,} shorter ones are left out to keep the chart fast.")
 event = st.plotly_chart(gantt.figure(laid, critical=critical, selected=selected, step_starts=starts),
                         key=f"gantt-{run.version}-{step}-{last}-{flt}", on_select="rerun", selection_mode="points")
+if len(laid):
+    end_ns = t0 + int(float(laid["x1_s"].max()) * 1e9)
+    usage = data.resource_samples(run, t0, end_ns)
+    if len(usage):
+        st.caption("Utilisation under the spans (sampled with `init(resources=True)`): each process's CPU "
+                   "(100 % = one core) and the GPUs it uses (share of time busy).")
+        st.plotly_chart(charts.utilisation_lanes(usage, t0, (0.0, float(laid["x1_s"].max()))),
+                        key=f"lanes-{run.version}-{step}-{last}")
 points = event.selection.points if event and event.selection else []
 clicked = next((p["customdata"][0] for p in points if p.get("customdata")), None)
 if clicked and clicked != st.session_state.get("_timeline_clicked"):
