@@ -24,6 +24,8 @@ import pandas as pd
 
 from rltrace._config import RltraceError
 from rltrace.analysis._format import number_text, seconds_text
+from rltrace.analysis._format import process_name as _who
+from rltrace.analysis.health import processes as _run_processes
 from rltrace.analysis.metrics import step_metrics
 
 RULES = ("no_progress", "heartbeat", "starved", "hang", "threshold")
@@ -105,10 +107,6 @@ class Alert:
     extra: dict = field(default_factory=dict)
 
 
-def _who(role, rank) -> str:
-    return "?" if role is None or pd.isna(role) else f"{role}{'' if rank is None or pd.isna(rank) else int(rank)}"
-
-
 def _int(value):
     return None if value is None or pd.isna(value) else int(value)
 
@@ -124,11 +122,9 @@ def _at_step(step) -> str:
 
 # --- what the rules read -------------------------------------------------------------------------
 def _processes(con) -> pd.DataFrame:
-    return con.execute(
-        """SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host,
-                  max(heartbeat_ns) AS heartbeat_ns, bool_or(ended_ns IS NOT NULL) AS ended
-           FROM processes GROUP BY process_id"""
-    ).df()
+    """The run's processes (one query for every reader: `analysis.processes`), with `ended`."""
+    procs = _run_processes(con)
+    return procs.assign(ended=procs["ended_ns"].notna())
 
 
 def _open(con) -> pd.DataFrame:
