@@ -105,6 +105,7 @@ class RunBuilder:
         self.processes: list[Process] = []
         self._samples: list[pa.Table] = []
         self._metrics: list[pa.Table] = []
+        self._resources: list[dict] = []
         self._ids = itertools.count(1)
         self._parts = itertools.count()
 
@@ -133,6 +134,11 @@ class RunBuilder:
         proc = process or self.processes[0]
         self._metrics.append(store_rows.metrics_table(step, {name: float(value)}, _ns(self.t0_ns, time), proc))
 
+    def resource(self, time: float, process: Process, *, kind: str = "gpu", interval: float = 1.0, **values: Any) -> None:
+        """A `resources` row sampled at `time` seconds over the `interval` before it (util_pct, device, ...)."""
+        self._resources.append({"time_ns": _ns(self.t0_ns, time), "interval_s": interval, "kind": kind, **values,
+                                **store_rows.who(process)})
+
     def write(self, *, parts_per_process: int = 1) -> Path:
         """Write everything recorded since the last `write()` as parts; returns the run dir."""
         for proc in self.processes:
@@ -156,6 +162,10 @@ class RunBuilder:
             table = store_rows.concat(self._metrics)
             write_part(self.run_dir / _names.METRICS_TABLE.folder, self._name(self.processes[0]), table, _names.METRICS_TABLE)
             self._metrics = []
+        if self._resources:
+            table = pa.Table.from_pylist(self._resources, schema=_names.RESOURCES_SCHEMA)
+            write_part(self.run_dir / _names.RESOURCES.folder, self._name(self.processes[0]), table, _names.RESOURCES)
+            self._resources = []
         return self.run_dir
 
     def _name(self, proc: Process) -> str:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 import rltrace
-from rltrace import store
+from rltrace import _names, store
 from rltrace.cli import main
 from rltrace.cli.info import collect
 
@@ -206,5 +206,5 @@ def test_the_attribute_limit_follows_the_otel_setting(run_dir, monkeypatch):
     row = store.open(run_dir).execute("SELECT phase, step, attributes FROM spans").fetchone()
     attrs = json.loads(row[2])
     assert row[:2] == ("train", 2) and attrs["rl.waiting_for"] == "reward"
-    assert sorted(k for k in attrs if k != "rl.waiting_for") == ["rl.a", "rl.b", "rl.c", "rl.d"]
+    assert sorted(k for k in attrs if k not in _names.RESERVED_ATTRS) == ["rl.a", "rl.b", "rl.c", "rl.d"]
     assert collect(str(run_dir))["attributes_dropped"] == 2
