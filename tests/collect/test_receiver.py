@@ -401,3 +401,16 @@ def test_a_flood_does_not_grow_memory(run_dir):
         dropped = sum(s.dropped for s in r.senders())
     assert dropped == 420 * 1000 - 2000
     assert 400 * len(body) > 40 * 2**20 and grown < 10 * 2**20, grown
+
+
+def test_who_sent_it_from_resource_attributes():
+    from rltrace.collect.receiver import identify
+
+    p = identify({"service.name": "vllm", "rl.rank": "3", "host.name": "n7", "process.pid": 99}, "10.0.0.2", "run")
+    assert (p.role, p.rank, p.host, p.pid, p.service_name) == ("vllm", 3, "n7", 99, "vllm")  # env values are text
+    p = identify({"service.name": "svc", "rl.role": "reward", "service.instance.id": "pod-a"}, "10.0.0.2", "run")
+    assert (p.role, p.rank, p.host, p.pid) == ("reward", None, "10.0.0.2", None)
+    p = identify({}, "::1", "run")
+    assert (p.role, p.service_name) == ("unknown_service", "unknown_service")
+    assert identify({"rl.rank": 2**70}, "h", "run").rank is None  # does not fit the column: not guessed
+    assert identify({"service.name": "a/b"}, "h", "run").process_id.startswith("a_b-h-otlp-")
