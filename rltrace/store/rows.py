@@ -16,6 +16,7 @@ import threading
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
+from opentelemetry.trace import SpanKind, StatusCode
 
 from rltrace import _names
 from rltrace.store.convert import (  # noqa: F401 - re-exported: producers need only this module
@@ -189,6 +190,10 @@ def _span_attributes(span) -> dict:
     return {}
 
 
+_STATUS = {code: code.name for code in StatusCode}
+_KIND = {kind: kind.name for kind in SpanKind}
+
+
 def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: bool, local: bool = True) -> pa.Table:
     trace_ids, span_ids, parents, names, phases, steps, versions = [], [], [], [], [], [], []
     starts, ends, statuses, messages, kinds, thread_ids, thread_names = [], [], [], [], [], [], []
@@ -196,7 +201,6 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
     encode = json.JSONEncoder(separators=(",", ":"), default=str).encode  # ASCII: surrogates escaped
     # this process's thread names, looked up here, off the hot path (a remote span's ids are not ours)
     known_threads = {t.ident: t.name for t in threading.enumerate()} if local else {}
-    fix = text if cleaned else (lambda s: s)
     for span in spans:
         ctx = span.context
         attrs = _span_attributes(span)
@@ -204,26 +208,29 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
         span_ids.append(f"{ctx.span_id:016x}")
         parent = span.parent
         parents.append(None if parent is None else f"{parent.span_id:016x}")
-        names.append(fix(span.name))
-        phase = attrs.pop(_names.PHASE, None)
-        phases.append(fix(phase) if isinstance(phase, str) else None if phase is None else str(phase))
+        names.append(span.name)
+        phases.append(attrs.pop(_names.PHASE, None))
         steps.append(_as_int(attrs.pop(_names.STEP, None)))
         versions.append(_as_int(attrs.pop(_names.WEIGHT_VERSION, None)))
         starts.append(span.start_time)
         ends.append(None if still_open else span.end_time)
         status = span.status
-        statuses.append(status.status_code.name)
-        message = status.description
-        messages.append(fix(message) if isinstance(message, str) else message)
-        kinds.append(span.kind.name)
+        statuses.append(_STATUS[status.status_code])
+        messages.append(status.description)
+        kinds.append(_KIND[span.kind])
         thread_id = _as_int(attrs.pop(_names.THREAD_ID, None))
         thread_ids.append(thread_id)
-        thread_name = attrs.pop(_names.THREAD_NAME, None) or known_threads.get(thread_id)
-        thread_names.append(fix(thread_name) if isinstance(thread_name, str) else thread_name)
+        thread_names.append(attrs.pop(_names.THREAD_NAME, None) or known_threads.get(thread_id))
         attributes.append(encode(attrs) if attrs else "{}")
         events.append(_event_json(span))
         links.append(_links_json(span))
     n = len(spans)
+    if cleaned:  # the retry after a failed conversion: every text valid UTF-8, every name a string
+        names, phases, messages, thread_names = (
+            [None if v is None else text(v if isinstance(v, str) else str(v)) for v in column]
+            for column in (names, phases, messages, thread_names)
+        )
+        service_name = text(str(service_name))
     return pa.table(
         {
             "trace_id": trace_ids,
@@ -241,7 +248,7 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
             "thread_id": thread_ids,
             "thread_name": thread_names,
             **process_columns(process, n),
-            "service_name": [fix(service_name)] * n,
+            "service_name": [service_name] * n,
             "attributes": attributes,
             "events": events,
             "links": links,
