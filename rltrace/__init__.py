@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 from rltrace.api import (  # noqa: E402
     Phase,
+    PhaseHandle,
     attach,
     current_run,
     flush,
@@ -25,6 +26,7 @@ from rltrace.api import (  # noqa: E402
     log_samples,
     phase,
     shutdown,
+    start_phase,
 )
 from rltrace.run import Run  # noqa: E402
 
@@ -33,6 +35,8 @@ __all__ = [
     "Phase",
     "init",
     "phase",
+    "start_phase",
+    "PhaseHandle",
     "log_metrics",
     "log_samples",
     "inject",
