@@ -96,3 +96,50 @@ def test_kill_9_leaves_open_phases_and_a_stopped_heartbeat(run_dir):
     (proc_row,) = rows(run_dir, "SELECT ended_ns, heartbeat_ns FROM processes")
     assert proc_row["ended_ns"] is None and proc_row["heartbeat_ns"] < time.time_ns()
     assert rows(run_dir, "SELECT count(*) AS n FROM crashes")[0]["n"] == 0
+
+
+def test_info_and_report_say_the_same_about_a_crash(run_dir):
+    from rltrace import report
+    from rltrace.cli import info
+
+    run_script(run_dir, """
+        def score():
+            with rltrace.phase("reward", step=1):
+                raise ValueError("verifier broke")
+        t = threading.Thread(target=score, name="scorer"); t.start(); t.join()
+        with rltrace.phase("step", step=3):
+            raise RuntimeError("loss is NaN\\nsecond line")
+    """)
+    data = info.collect(str(run_dir))
+    said = report.build(store.open(run_dir))["findings"]
+    expected = ["trainer0 (thread scorer) crashed at step 1 in `reward`: ValueError: verifier broke; the process went on.",
+                "trainer0 crashed at step 3 in `step`: RuntimeError: loss is NaN."]
+    assert said[:2] == expected
+    assert [p["state"] for p in data["processes"]] == ["crashed"]
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    info.render(data, console)
+    text = console.export_text()
+    assert all("Crash: " + e in text for e in expected) and "hung" not in text
+
+
+def test_after_kill_9_info_and_report_say_killed_not_hung(run_dir, monkeypatch):
+    from rich.console import Console
+
+    from rltrace import report
+    from rltrace.cli import info
+
+    test_kill_9_leaves_open_phases_and_a_stopped_heartbeat(run_dir)
+    soon = report.build(store.open(run_dir))["findings"][0]  # heartbeat still fresh: can't tell yet
+    assert soon.startswith("Open span: generate on rollout1 at step 7") and "alive: hung or still running" in soon
+    later = time.time_ns() + 120 * 10**9
+    said = report.build(store.open(run_dir), now_ns=later)["findings"][0]
+    assert said.startswith("Open span: generate on rollout1 at step 7 never ended: its process stopped")
+    assert said.endswith("killed (e.g. SIGKILL or out of memory).")
+    monkeypatch.setattr(info.time, "time_ns", lambda: later)
+    data = info.collect(str(run_dir))
+    assert data["processes"][0]["state"] == "killed" and data["open_spans"][0]["state"] == "killed"
+    console = Console(record=True, width=200)
+    info.render(data, console)
+    assert "killed (heartbeat stopped)" in console.export_text()
