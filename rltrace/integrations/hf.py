@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 import rltrace
 from rltrace.integrations._base import BaseInstrumentor
-from rltrace.integrations._hooks import when_imported
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -141,16 +140,15 @@ class HFInstrumentor(BaseInstrumentor):
     """Adds `RltraceCallback` to every `transformers.Trainer` (and subclasses: TRL's trainers)
     when it is created, and closes its open phases with the error when `train()` raises."""
 
+    target = "transformers.trainer"  # patched when the program imports it
+
     def instrumentation_dependencies(self):
         return ("transformers >= 4.46",)
 
     def _instrument(self, **kwargs: Any) -> None:
-        when_imported("transformers.trainer", self._patch)
+        import sys
 
-    def _patch(self, module) -> None:
-        trainer_cls = module.Trainer
-        if getattr(trainer_cls.__init__, "_rltrace_original", None) is not None:
-            return
+        trainer_cls = sys.modules[self.target].Trainer
         original_init, original_train = trainer_cls.__init__, trainer_cls.train
 
         @functools.wraps(original_init)
@@ -173,14 +171,11 @@ class HFInstrumentor(BaseInstrumentor):
         __init__._rltrace_original = original_init
         train._rltrace_original = original_train
         trainer_cls.__init__, trainer_cls.train = __init__, train
-        self._patched = trainer_cls
+        self._trainer_cls = trainer_cls
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        trainer_cls = getattr(self, "_patched", None)
-        if trainer_cls is None:
-            return
+        trainer_cls = self._trainer_cls
         for name in ("__init__", "train"):
             original = getattr(getattr(trainer_cls, name), "_rltrace_original", None)
             if original is not None:
                 setattr(trainer_cls, name, original)
-        self._patched = None
