@@ -87,7 +87,7 @@ def test_env_var_instrumentors_follow_entry_points(monkeypatch):
     names = [value for _, value in registered()]
     assert names[-2:] == ["a.b:C", "x:y"]
     monkeypatch.setenv("RLTRACE_INSTRUMENTORS", "json:loads.__name__")  # not callable
-    monkeypatch.setattr("rltrace.integrations._load.metadata.entry_points", lambda group: [])
+    monkeypatch.setattr("rltrace.integrations._load.entry_points", lambda: [])
     with pytest.warns(RuntimeWarning, match="neither callable nor has an instrument"):
         assert load_instrumentors() == []
 
