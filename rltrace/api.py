@@ -385,6 +385,7 @@ def phase(name: str, *, step: int | None = None, weight_version: int | None = No
 # --- callback-style phases ----------------------------------------------------------------------
 _local = threading.local()  # .stack: this thread's handles in start order (context to restore)
 _open_handles: dict[int, PhaseHandle] = {}  # every recording handle not yet ended, for crash and exit
+os.register_at_fork(after_in_child=_open_handles.clear)  # a forked child must not end its parent's phases
 
 
 def _stack() -> list[PhaseHandle]:
