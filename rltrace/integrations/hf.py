@@ -106,13 +106,18 @@ class _Callback:
         if not logs:
             return
         step = max(int(state.global_step) - 1, 0)  # the step just finished: global_step has advanced
-        values = {
+        values = self.metrics(logs)
+        if values:
+            rltrace.log_metrics(step, **values)
+
+    def metrics(self, logs: dict) -> dict[str, float]:
+        """The metrics to store from one `on_log` call: every finite number, under its own name.
+        Subclasses rename here (e.g. a framework's `reward` to rltrace's `reward_mean`)."""
+        return {
             name: float(value)
             for name, value in logs.items()
             if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
         }
-        if values:
-            rltrace.log_metrics(step, **values)
 
 
 def _env_run_dir() -> bool:

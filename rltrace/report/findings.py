@@ -212,6 +212,8 @@ def crash_sentence(c: dict) -> str:
     message = (c.get("message") or "").strip().splitlines()
     text = f"{c['exc_type']}: {message[0][:300]}" if message else c["exc_type"]
     after = "; the process went on" if c.get("kind") == "thread" else ""
+    if c["exc_type"] == "KeyboardInterrupt":
+        return f"{who} was interrupted (Ctrl-C){where}."
     return f"{who} crashed{where}: {text}{after}."
 
 
