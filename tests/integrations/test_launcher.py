@@ -95,6 +95,8 @@ def test_default_run_dir_and_bad_commands(tmp_path):
     assert out.returncode == 0, out.stderr
     (made,) = (tmp_path / "runs").iterdir()
     assert (made / "run.json").exists() and f"trace in runs/{made.name}" in out.stderr
+    out = launch(tmp_path / "r", PYTHON, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    assert out.returncode == 128 + 15  # killed by a signal: the shell's convention
     out = launch(tmp_path / "r", "no-such-command-xyz")
     assert out.returncode == 2 and "command not found: no-such-command-xyz" in out.stderr
     out = subprocess.run([PYTHON, "-m", "rltrace", "run"], env=python_env(), capture_output=True, text=True)
