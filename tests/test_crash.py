@@ -76,6 +76,15 @@ def test_phases_open_when_the_process_exits_end_with_an_error(run_dir):
     assert [(s["name"], s["is_open"], s["status"]) for s in spans] == [("generate", False, "ERROR"), ("step", False, "ERROR")]
     assert all("while this phase was open" in s["status_message"] for s in spans)
     assert rows(run_dir, "SELECT count(*) AS n FROM crashes")[0]["n"] == 0  # exiting is not a crash
+    from rltrace import report
+    from rltrace.cli import info
+
+    said = report.build(store.open(run_dir))["findings"]
+    assert said[0].startswith("Open span: generate on trainer0 (thread engine) at step 5 was still running when its "
+                              "process exited, after ")
+    assert said[0].endswith(": hung, or cut off by the exit.")
+    assert [(o["phase"], o["state"]) for o in info.collect(str(run_dir))["open_spans"]] == [
+        ("generate", "exited"), ("step", "exited")]
 
 
 def test_kill_9_leaves_open_phases_and_a_stopped_heartbeat(run_dir):

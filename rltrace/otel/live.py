@@ -11,9 +11,10 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
+from rltrace import _names
 from rltrace.store.writer import after_fork_in_child
 
-EXITED = "the process exited (or its run was shut down) while this phase was open"
+EXITED = _names.UNFINISHED_AT_EXIT
 
 
 class LiveSpans(SpanProcessor):
