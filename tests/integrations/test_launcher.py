@@ -113,3 +113,9 @@ def test_torchrun_ranks_are_traced_with_their_rank(run_dir, tmp_path):
     con = store.open(run_dir)
     rows = con.execute("SELECT rank, count(*) FROM spans WHERE name = 'fake_work' AND step = 3 GROUP BY rank ORDER BY rank")
     assert rows.fetchall() == [(0, 1), (1, 1)]
+
+
+def test_a_helper_process_that_records_nothing_leaves_no_crash(run_dir):
+    out = launch(run_dir, PYTHON, "-c", "import no_such_module_probe")
+    assert out.returncode == 1 and "No module named 'no_such_module_probe'" in out.stderr
+    assert not run_dir.exists()
