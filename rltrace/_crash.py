@@ -73,7 +73,7 @@ def record(exc: BaseException, *, thread: threading.Thread | None = None, kind: 
     """
     from rltrace import _names, api
 
-    run = api._run
+    run = api.current_run()  # never starts one
     if run is None:
         return False
     thread = thread or threading.current_thread()
