@@ -8,6 +8,7 @@ import subprocess
 import textwrap
 import time
 
+import rltrace
 from rltrace import store
 
 from .conftest import PYTHON, python_env
@@ -163,3 +164,14 @@ def test_crash_sentences():
         "rollout2 was interrupted (Ctrl-C) at step 4 in `generate`.")
     long = crash_sentence({**base, "exc_type": "mylib.Error", "message": "x" * 1000 + "\nmore"})
     assert long == "rollout2 crashed: mylib.Error: " + "x" * 300 + "."
+
+
+def test_finished_spans_are_not_kept_alive(run_dir):
+    run = rltrace.init(run_dir)
+    for i in range(100):
+        with rltrace.phase("train", step=i):
+            pass
+    handle = rltrace.start_phase("step")
+    assert len(run.live_spans) == 1
+    handle.end()
+    assert len(run.live_spans) == 0
