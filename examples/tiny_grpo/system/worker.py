@@ -6,7 +6,7 @@ disaggregated, `ray_actors.RolloutActor` wraps it in its own process. Every engi
 
 Async mode (`start_producing`): a thread keeps generating groups into a bounded queue whatever the
 trainer is doing; the trainer `take`s finished groups. A weight update lands between two batches
-(it waits for the batch in flight: the seed's weight-update stall).
+(it waits for the batch in flight: the weight-update stall of async training).
 """
 
 from __future__ import annotations
@@ -106,11 +106,14 @@ class RolloutWorker:
     def load_weights(self, named_tensors, version: int, sender: dict | None = None) -> int:
         """Copy new weights into the engine (between batches); returns the bytes copied. `sender` is the
         `rltrace.inject()` carrier of the trainer's weight_sync span, named on later generate spans."""
-        if not self._engine_lock.acquire(blocking=False):
-            with rltrace.phase("wait", waiting_for="generate"):  # async: a batch is in flight
-                self._engine_lock.acquire()
+        with rltrace.phase("drain"):  # weight_sync's child phases (docs/store.md)
+            if not self._engine_lock.acquire(blocking=False):
+                with rltrace.phase("wait", waiting_for="generate"):  # async: a batch is in flight
+                    self._engine_lock.acquire()
         try:
-            nbytes = self.engine.load_weights(named_tensors)
+            with rltrace.phase("load") as span:
+                nbytes = self.engine.load_weights(named_tensors)
+                span.set(bytes=nbytes)
             self.version, self.weights_from = version, _span_ids(sender)
         finally:
             self._engine_lock.release()
