@@ -22,6 +22,9 @@ SYNC_METHOD = "rl.method"  # weight_sync path: ipc, nccl, gloo, disk, delta, obj
 WAITING_FOR = "rl.waiting_for"  # wait spans: the phase being awaited, when the caller knows it
 THREAD_ID = "thread.id"  # OpenTelemetry semantic convention
 THREAD_NAME = "thread.name"
+#: Status message of a phase still open when its process exited (or its run shut down): rltrace
+#: ends it with status ERROR and this message, and the health analysis lists it with open spans.
+UNFINISHED_AT_EXIT = "the process exited (or its run was shut down) while this phase was open"
 
 
 #: Phase names the analyses know. Users may add their own.
@@ -363,6 +366,25 @@ STEP_SUMMARY_SCHEMA = pa.schema(
 )
 
 
+#: Uncaught exceptions (docs/integrations.md): one row per exception that reached the top of a
+#: thread (`kind` thread: the thread died) or of the process (`kind` process: it exited).
+CRASHES_SCHEMA = pa.schema(
+    [
+        *_PROCESS_COLUMNS,
+        pa.field("time_ns", pa.int64()),  # Unix epoch nanoseconds
+        pa.field("kind", pa.string()),  # process / thread
+        pa.field("thread_name", pa.string()),
+        pa.field("thread_id", pa.int64()),
+        pa.field("exc_type", pa.string()),  # RuntimeError, or module.Name for other modules' types
+        pa.field("message", pa.string()),
+        pa.field("traceback", pa.string()),  # the innermost frames, formatted
+        pa.field("phase", pa.string()),  # innermost phase the exception escaped through; null if none
+        pa.field("step", pa.int64()),  # that phase's rl.step
+        pa.field("span_id", pa.string()),  # that phase's span
+        pa.field("phases", pa.string()),  # JSON list of every phase it escaped through, innermost first
+    ]
+)
+
 #: Utilisation samples (`init(resources=True)`): one row per device per sample. `kind` "cpu" is the
 #: process itself (psutil); "gpu" an NVIDIA device it uses (NVML). A row with `note` set and no
 #: values says why a kind is not sampled (psutil or NVML missing, no GPU).
@@ -430,6 +452,7 @@ PROFILE_FRAMES = Table("profile_frames", "profile_frames", PROFILE_FRAMES_SCHEMA
 PROFILE_FILES = "profiles/files"  # profile artefacts (speedscope, dumps, torch traces), relative to the run dir
 BATCHES = Table("batches", "batches", BATCHES_SCHEMA, 1, ("step", "batch_id", "sample_index", "codec"))
 REPLAYS = Table("replays", "replays", REPLAYS_SCHEMA, 1, ("replay_id", "step", "batch_id", "repeat", "sample_index", "codec"))
+CRASHES = Table("crashes", "crashes", CRASHES_SCHEMA, 1, ("process_id", "exc_type"))
 STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 RESOURCES = Table("resources", "resources", RESOURCES_SCHEMA, 1, ("time_ns", "kind"))
 ALERTS = Table("alerts", "alerts", ALERTS_SCHEMA, 1, ("alert_id", "key", "rule", "time_ns"))
@@ -438,7 +461,7 @@ ALERTS = Table("alerts", "alerts", ALERTS_SCHEMA, 1, ("alert_id", "key", "rule",
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY, PROFILES, PROFILE_FRAMES, BATCHES, REPLAYS,
-              RESOURCES, ALERTS)
+              RESOURCES, ALERTS, CRASHES)
 }
 
 #: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.

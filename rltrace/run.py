@@ -28,6 +28,7 @@ from rltrace import _names
 from rltrace._config import RltraceConfigError, otlp_traces_url
 from rltrace.otel.exporter import ParquetSpanExporter
 from rltrace.otel.ids import ForkSafeRandomIdGenerator
+from rltrace.otel.live import LiveSpans
 from rltrace.otel.processor import CountingBatchProcessor, OpenSpanProcessor
 from rltrace.store import layout, rows
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child, write_part
@@ -86,14 +87,18 @@ class Run:
         # attributes by `rltrace.phase`, and the SDK's own limit leaves room for rltrace's keys.
         self.max_attributes = SpanLimits().max_span_attributes or 128
         limits = SpanLimits(max_span_attributes=self.max_attributes + len(_names.RESERVED_ATTRS))
+        # rltrace.shutdown (atexit) shuts the provider down, after closing the phases still open
         self.tracer_provider = TracerProvider(
-            resource=self._resource(), id_generator=ForkSafeRandomIdGenerator(), span_limits=limits
+            resource=self._resource(), id_generator=ForkSafeRandomIdGenerator(), span_limits=limits,
+            shutdown_on_exit=False,
         )
         self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name, self.drops)
         self._store_pipeline = CountingBatchProcessor(
             self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval
         )
         self.tracer_provider.add_span_processor(OpenSpanProcessor(self._store_pipeline))
+        self.live_spans = LiveSpans()  # closed with an error if the process exits while they are open
+        self.tracer_provider.add_span_processor(self.live_spans)
         self._otlp_pipeline: CountingBatchProcessor | None = None
         if otlp_endpoint:
             self._otlp_pipeline = CountingBatchProcessor(
@@ -239,6 +244,10 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        try:
+            self.live_spans.end_all()
+        except Exception as exc:
+            logger.warning("rltrace: could not close the phases left open: %s", exc)
         self._each_companion("close")
         self.tracer_provider.shutdown()
         self._rows.close()
