@@ -74,6 +74,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "reward": _reward(con, steps),
         "open_spans": _open_spans(con, now_ns),
         "dropped": _dropped(con),
+        "imported_spans": _imported_spans(con),
     }
     report["findings"] = findings.sentences(report)
     return report
@@ -162,6 +163,15 @@ def _reward(con, steps: Steps) -> dict:
         return {"first": None, "last": None, "mean": None, "per_step": []}
     return plain({"first": r["value"].iloc[0], "last": r["value"].iloc[-1], "mean": r["value"].mean(),
                   "per_step": r[["step", "value"]]})
+
+
+def _imported_spans(con) -> dict:
+    """How many finished spans were synthesized from imported metric logs (`rl.source` = metrics)."""
+    imported, total = con.execute(
+        """SELECT count(*) FILTER (WHERE json_extract_string(attributes, '$."rl.source"') = 'metrics'), count(*)
+           FROM spans WHERE NOT is_open"""
+    ).fetchone()
+    return {"metrics": int(imported or 0), "total": int(total or 0)}
 
 
 def _dropped(con) -> dict:

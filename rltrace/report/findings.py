@@ -31,10 +31,20 @@ def _who(role, rank) -> str:
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_hangs, _bottleneck, _outliers, _waits, _stragglers, _weight_sync, _async, _drops, _staleness,
+    for part in (_imported, _hangs, _bottleneck, _outliers, _waits, _stragglers, _weight_sync, _async, _drops, _staleness,
                  _mismatch):
         out.extend(part(r))
     return out
+
+
+def _imported(r: dict) -> list[str]:
+    """Spans made from imported metric logs hold real durations at made-up places within the step."""
+    i = r.get("imported_spans") or {}
+    if not i.get("metrics"):
+        return []
+    share = "All" if i["metrics"] == i["total"] else f"{i['metrics']} of {i['total']}"
+    return [f"{share} spans come from imported metric logs (source: metrics): stage durations are measured, their "
+            "placement within a step is not, so waits, idle gaps, stragglers and critical paths need traced spans."]
 
 
 def _bottleneck(r: dict) -> list[str]:
