@@ -13,7 +13,7 @@ from rltrace.analysis.critical_path import common_paths, critical_path
 from rltrace.analysis.health import drops, open_spans
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.metrics import step_metrics
-from rltrace.analysis.mismatch import mismatch, trends
+from rltrace.analysis.mismatch import batch_mismatch, mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
 from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
@@ -43,6 +43,7 @@ __all__ = [
     "staleness_histogram",
     "step_metrics",
     "mismatch",
+    "batch_mismatch",
     "trends",
     "open_spans",
     "drops",

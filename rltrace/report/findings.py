@@ -23,6 +23,8 @@ MISMATCH_SCALE = {
     "tis_clipfrac": (0.0, 0.01),
 }
 MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest distance from neutral
+#: Where a mismatch value comes from (rltrace.analysis.mismatch sources), when not logged by the run.
+MISMATCH_SOURCE = {"samples": " (mean of per-sample values)", "batches": " (from frozen batches)"}
 
 
 def _who(role, rank) -> str:
@@ -198,6 +200,7 @@ def _mismatch(r: dict) -> list[str]:
     out = []
     for t in r["mismatch"]["trends"]:
         neutral, floor = MISMATCH_SCALE.get(t["metric"], (0.0, 0.0))
+        source = MISMATCH_SOURCE.get(t["source"], "")
         change = abs(t["slope_per_step"] or 0.0) * (t["steps"] - 1)
         reach = max(abs(t["max"] - neutral), abs(t["min"] - neutral))
         if t["steps"] > 1 and change > 0 and change >= max(floor, MATERIAL_CHANGE * reach):
@@ -205,10 +208,11 @@ def _mismatch(r: dict) -> list[str]:
                 moved = f"varied between {num(t['min'])} and {num(t['max'])}, ending at {num(t['last'])},"
             else:
                 moved = f"went from {num(t['first'])} to {num(t['last'])} (max {num(t['max'])} at step {t['max_step']})"
-            out.append(f"{t['metric']} {moved} over {t['steps']} steps (fitted trend {t['slope_per_step']:+.3g} per step).")
+            out.append(f"{t['metric']}{source} {moved} over {t['steps']} steps (fitted trend "
+                       f"{t['slope_per_step']:+.3g} per step).")
         elif t["metric"] == "train_rollout_logprob_abs_diff" and t["max"] >= ALIGNMENT_GATE:
             out.append(
-                f"{t['metric']} held at a mean of {num(t['mean'])} (max {num(t['max'])}) over {t['steps']} steps, "
+                f"{t['metric']}{source} held at a mean of {num(t['mean'])} (max {num(t['max'])}) over {t['steps']} steps, "
                 f"above the {ALIGNMENT_GATE:g} gate for exact alignment of rollout and training."
             )
     return out

@@ -57,7 +57,7 @@ def render(r: dict, console: Console) -> None:
     console.print(_cost_model(r))
     console.print(_phases(r))
     console.print(_steps(steps))
-    for table in (_waits(r), _paths(r), _stragglers(r), _open_spans(r)):
+    for table in (_waits(r), _paths(r), _stragglers(r), _mismatch(r), _open_spans(r)):
         if table is not None:
             console.print(table)
 
@@ -128,6 +128,17 @@ def _stragglers(r: dict) -> Table | None:
     for s in r["stragglers"][:10]:
         t.add_row(str(s["step"]), str(s["sample_id"]), num(s["response_len"]), _times(s["len_ratio"]),
                   sec(s["gen_s"]), _times(s["time_ratio"]), sec(s["after_median_s"]))
+    return t
+
+
+def _mismatch(r: dict) -> Table | None:
+    trends = r["mismatch"]["trends"]
+    if not trends:
+        return None
+    t = _table("Mismatch (train vs rollout)", ["metric", "source", "steps", "last", "mean", "max"])
+    for m in trends:
+        t.add_row(m["metric"], m["source"], str(m["steps"]), num(m["last"]), num(m["mean"]), num(m["max"]))
+    t.columns[1].justify = "left"
     return t
 
 
