@@ -80,7 +80,10 @@ def import_metrics(paths, out, *, framework: str = "auto",
 
     steps = np.asarray(scalars.step, dtype=np.int64) - fw.step_offset
     values = np.asarray(scalars.value, dtype=np.float64)
-    times = pa.array(scalars.time_ns, pa.int64())
+    seconds = np.array([np.nan if t is None else t for t in scalars.time_ns], dtype=np.float64)
+    known = ~np.isnan(seconds)
+    times_ns = np.where(known, seconds * 1e9, 0).astype(np.int64)
+    times = pa.array(times_ns, pa.int64(), mask=~known)
     manifest = create_or_join(Path(out), run_name=None, config={"imported_from": "metrics", "framework": framework,
                                                                "paths": [str(f) for f in files]})
     process = ProcessInfo(run_id=manifest["run_id"], role=f"{framework}-import", rank=None, service_name="rltrace-import")
@@ -100,7 +103,7 @@ def import_metrics(paths, out, *, framework: str = "auto",
         if progress:
             progress("writing", min(start + _PART_ROWS, table.num_rows), table.num_rows)
 
-    spans = step_spans(fw, steps, names, values, scalars.time_ns, mapped, manifest["run_id"])
+    spans = step_spans(fw, steps, names, values, np.where(known, times_ns, -1), mapped, manifest["run_id"])
     if spans:
         cols = {f: [s.get(f) for s in spans] for f in _names.SPANS_SCHEMA.names}
         cols.update({k: v.to_pylist() for k, v in process.columns(len(spans)).items()})
@@ -108,7 +111,7 @@ def import_metrics(paths, out, *, framework: str = "auto",
         write_part(Path(out) / _names.SPANS.folder, f"{process.process_id}-spans.parquet",
                    pa.table(cols, schema=_names.SPANS_SCHEMA), _names.SPANS)
     write_process(Path(out), process, manifest["run_id"], rows=table.num_rows, spans=len(spans))
-    known = set(fw.stages) | set(fw.scalars) | set(fw.bytes) | {fw.wall}
+    known_names = set(fw.stages) | set(fw.scalars) | set(fw.bytes) | {fw.wall}
     return {
         "framework": framework,
         "files": [str(f) for f in files],
@@ -117,7 +120,7 @@ def import_metrics(paths, out, *, framework: str = "auto",
         "aliases": len(alias_names),
         "spans": len(spans),
         "skipped": dict(scalars.skipped),
-        "unmapped": sorted(n for n, m in mapped.items() if m not in known),
+        "unmapped": sorted(n for n, m in mapped.items() if m not in known_names),
     }
 
 
@@ -134,15 +137,18 @@ def _span_id() -> str:
 
 
 def step_spans(fw: frameworks.Framework, steps, names, values, times, mapped: dict, run_id: str) -> list[dict]:
-    """One `step` span per step holding a timing, with each stage timing as a child span (see module doc)."""
+    """One `step` span per step holding a timing, with each stage timing as a child span (see module doc).
+
+    `times`: when each scalar was logged (Unix ns), -1 where unknown.
+    """
     wanted = {n: m for n, m in mapped.items() if m in fw.stages or m == fw.wall or m in fw.bytes}
     if not wanted:
         return []
     mask = np.isin(names, list(wanted))
     per_step: dict[int, dict[str, tuple[float, int | None]]] = {}
     for step, name, value, t in zip(steps[mask].tolist(), names[mask].tolist(), values[mask].tolist(),
-                                    [times[i] for i in np.flatnonzero(mask)]):
-        per_step.setdefault(step, {})[wanted[name]] = (value, t)  # a step logged twice: the later value
+                                    times[mask].tolist()):
+        per_step.setdefault(step, {})[wanted[name]] = (value, None if t < 0 else t)  # logged twice: the later value
     order = list(fw.stages)
     raw_of = {m: n for n, m in wanted.items()}
     rows, prev_end = [], None

@@ -1,4 +1,4 @@
-"""Scalar logs into one long table (step, name, value, time_ns): TensorBoard event files, JSONL, CSV.
+"""Scalar logs into one long table (step, name, value, logged time): TensorBoard event files, JSONL, CSV.
 
 TensorBoard: records are framed as TFRecords (length, masked CRC-32C of the length, payload, CRC)
 and each payload is a `tensorboard.Event` protobuf, parsed by protobuf itself with the descriptor
@@ -42,7 +42,7 @@ class Scalars:
     step: list = field(default_factory=list)
     name: list = field(default_factory=list)
     value: list = field(default_factory=list)
-    time_ns: list = field(default_factory=list)
+    time_ns: list = field(default_factory=list)  # Unix seconds (float) when logged, None when not known
     skipped: Counter = field(default_factory=Counter)  # reason -> count
 
     def extend(self, other: "Scalars") -> None:
@@ -168,16 +168,16 @@ def read_events(path: Path, progress: Callable[[int], None] | None = None) -> Sc
         vs = e.summary.value
         if not vs:
             continue
-        step, t = e.step, int(e.wall_time * 1e9)
+        step, t = e.step, e.wall_time
         for v in vs:
-            kind = v.WhichOneof("value")
-            if kind == "simple_value":
-                x = v.simple_value
-            elif kind == "tensor" and v.metadata.plugin_data.plugin_name == "scalars":
-                x = float(tensor_util.make_ndarray(v.tensor).item())
-            else:
-                out.skipped[f"non-scalar {kind or 'value'}"] += 1
-                continue
+            x = v.simple_value
+            if x == 0.0 and v.WhichOneof("value") != "simple_value":  # 0.0 is also what an unset field reads
+                kind = v.WhichOneof("value")
+                if kind == "tensor" and v.metadata.plugin_data.plugin_name == "scalars":
+                    x = float(tensor_util.make_ndarray(v.tensor).item())
+                else:
+                    out.skipped[f"non-scalar {kind or 'value'}"] += 1
+                    continue
             steps.append(step)
             names.append(v.tag)
             values.append(x)
@@ -220,8 +220,7 @@ def _record(rec: dict, line: int, out: Scalars, where: str) -> None:
     if step is None:
         step = next((data[k] for k in STEP_KEYS if _number(data.get(k)) is not None), line)
     step = int(_number(step))
-    when = next((_number(rec[k]) for k in TIME_KEYS if _number(rec.get(k)) is not None), None)
-    t = None if when is None else int(when * 1e9)
+    t = next((_number(rec[k]) for k in TIME_KEYS if _number(rec.get(k)) is not None), None)
     for key, value in data.items():
         if data is rec and key in STEP_KEYS + TIME_KEYS:
             continue
