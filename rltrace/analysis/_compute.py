@@ -6,8 +6,16 @@
 
 - phase seconds: length of the union of that phase's spans of the step (per process, and across
   processes with process_id NULL); `count` spans, `total_ns` summed durations.
-- stage seconds (`R`, `T`, `W`, and `reward`): union over every process of the step's spans
-  whose phase is in that category, so nested or concurrent spans count once.
+- stage seconds (`R`, `T`, `W`, and `reward`): union over every process of the *own time* of the
+  step's spans whose phase is in that category, so nested or concurrent spans count once. A
+  span's own time leaves out its descendants on the same thread that belong to another stage:
+  when `train` contains `rollout` and `reward` (TRL generates inside its training step), each
+  instant counts for the innermost stage and `train` keeps only its own work.
+- nested: per step, outer stage and inner stage, the time the inner stage ran inside the outer
+  one on the same thread (what was taken out of the outer stage's time).
+- overlap: per step and cost term X, the time X's own intervals ran while another term ran
+  anywhere (other processes, other threads, other steps): measured concurrency, the only
+  evidence that stages overlapped.
 - self time: the parts of a span where none of its children on the same thread runs, i.e. what
   that thread was doing itself (a `rollout` span whose thread sits in a `wait` child is waiting,
   not working, during that wait).
@@ -27,9 +35,10 @@ import numpy as np
 import pandas as pd
 
 from rltrace.analysis import _intervals as iv
-from rltrace.analysis._phases import STAGE_OF, WAIT, containers
+from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
+from rltrace._phases import term as term_of
 
-VERSION = 3  # 3: waits use self time per thread (a wait inside a busy span counts)
+VERSION = 4  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -53,6 +62,7 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
     sync_method.
     """
     spans = spans.reset_index(drop=True)
+    phases = pd.factorize(spans["phase"])
     parent_row = pd.Series(np.arange(len(spans)), index=spans["span_id"])
     parent_row = parent_row[~parent_row.index.duplicated()]
     prow = spans["parent_span_id"].map(parent_row).fillna(-1).astype(np.int64).to_numpy()
@@ -73,7 +83,7 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
             total_ns=checks["total_ns"].to_numpy(),
         ),
         _phase_rows(spans[in_batch]),
-        _stage_rows(spans[in_batch]),
+        *_stage_rows(spans, phases, prow, in_batch),
         _wait_rows(spans, checks, prow, busy, in_batch),
         _path_rows(spans, prow, busy, in_batch),
         _sync_rows(spans[in_batch]),
@@ -125,22 +135,126 @@ def _phase_rows(spans: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _stage_rows(spans: pd.DataFrame) -> pd.DataFrame:
-    cat = spans["phase"].map(STAGE_OF)
-    parts = [spans.assign(stage=cat).dropna(subset=["stage"]), spans[spans["phase"] == "reward"].assign(stage="reward")]
-    tagged = pd.concat(parts, ignore_index=True)
-    if tagged.empty:
+def _lookup(phases: tuple, table: dict, default):
+    """`table[phase]` for every span, from `pd.factorize` of the phases (a per-row map is seconds at
+    1M spans); code -1 (no phase) gets the default."""
+    codes, names = phases
+    values = np.array([table.get(n, default) for n in names] + [default], dtype=object if default is None else None)
+    return values[codes]
+
+
+def _same_thread_parent(spans: pd.DataFrame, prow: np.ndarray) -> np.ndarray:
+    """Parent row of each span when the parent ran on the same process and thread, else -1."""
+    proc = pd.factorize(spans["process_id"])[0]
+    thread = spans["thread_id"].fillna(-1).to_numpy(np.int64)
+    parent = np.maximum(prow, 0)
+    same = (prow >= 0) & (proc[parent] == proc) & (thread[parent] == thread)
+    return np.where(same, prow, -1)
+
+
+def _own_stage_time(spans: pd.DataFrame, phases: tuple, prow: np.ndarray):
+    """Each staged span's own time: its interval minus same-thread descendants of another stage.
+
+    Returns (row, start, end) pieces for spans with a stage, and the (outer row, inner row) pairs
+    that were taken out (every staged ancestor of another stage, so `train > forward > rollout`
+    takes rollout out of both).
+    """
+    code = _lookup(phases, {p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}, -1).astype(np.int64)
+    up = _same_thread_parent(spans, prow)
+    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    inner = np.flatnonzero(code >= 0)
+    anc = up[inner]
+    outer_l, inner_l = [], []
+    while len(inner):
+        live = anc >= 0
+        inner, anc = inner[live], anc[live]
+        hit = (code[anc] >= 0) & (code[anc] != code[inner])
+        outer_l.append(anc[hit])
+        inner_l.append(inner[hit])
+        anc = up[anc]
+    outer = np.concatenate(outer_l) if outer_l else np.empty(0, np.int64)
+    nested = np.concatenate(inner_l) if inner_l else np.empty(0, np.int64)
+    rows, a, b = iv.complement(outer, start[nested], end[nested], start, end)
+    keep = code[rows] >= 0
+    return (rows[keep], a[keep], b[keep]), (outer, nested)
+
+
+_TAGS = (*TERMS, "reward")  # stage rows: the three cost terms, and reward on its own
+
+
+def _stage_rows(spans: pd.DataFrame, phases: tuple, prow: np.ndarray, in_batch: np.ndarray) -> list[pd.DataFrame]:
+    """`stage` rows (R, T, W, reward: own-time unions), `nested` rows and `overlap` rows."""
+    if spans.empty:
+        return []
+    (rows, a, b), (outer, inner) = _own_stage_time(spans, phases, prow)
+    term = _lookup(phases, {p: TERMS.index(term_of(p)) for p in STAGE_OF}, -1).astype(np.int64)
+    reward = _lookup(phases, {"reward": True}, False).astype(bool)
+    steps = spans["step"].to_numpy()
+    mine = in_batch[rows]
+    r, pa_, pb = rows[mine], a[mine], b[mine]
+    both = np.concatenate([np.flatnonzero(term[r] >= 0), np.flatnonzero(reward[r])])
+    tag = np.concatenate([term[r][term[r] >= 0], np.full(int(reward[r].sum()), len(TERMS), np.int64)])
+    tagged = pd.DataFrame({"step": steps[r][both].astype(np.int64), "tag": tag, "row": r[both],
+                           "a": pa_[both], "b": pb[both]})
+    out = []
+    if len(tagged):
+        groups = tagged.groupby(["step", "tag"], sort=True)
+        covered = iv.total(groups.ngroup().to_numpy(), tagged["a"].to_numpy(), tagged["b"].to_numpy(), groups.ngroups)
+        dur = spans["end_ns"].to_numpy(np.int64) - spans["start_ns"].to_numpy(np.int64)
+        per_row = tagged.drop_duplicates(["step", "tag", "row"])
+        agg = per_row.assign(d=dur[per_row["row"].to_numpy()]).groupby(["step", "tag"], sort=True).agg(
+            count=("row", "size"), total_ns=("d", "sum")).reset_index()
+        out.append(_rows("stage", step=agg["step"].to_numpy(), phase=np.array(_TAGS, object)[agg["tag"].to_numpy()],
+                         seconds=covered / 1e9, count=agg["count"].to_numpy(), total_ns=agg["total_ns"].to_numpy()))
+    out.append(_nested_rows(spans, phases, outer, inner, in_batch))
+    out.append(_overlap_rows(rows, a, b, term[rows], steps, in_batch))
+    return [f for f in out if len(f)]
+
+
+def _nested_rows(spans: pd.DataFrame, phases: tuple, outer: np.ndarray, inner: np.ndarray,
+                 in_batch: np.ndarray) -> pd.DataFrame:
+    """Per step, (outer stage, inner stage): how long the inner one ran inside the outer one."""
+    keep = in_batch[outer]
+    outer, inner = outer[keep], inner[keep]
+    if not len(outer):
         return pd.DataFrame()
-    tagged["duration_ns"] = tagged["end_ns"] - tagged["start_ns"]
-    out = _union_seconds(tagged, ["step", "stage"])
-    return _rows(
-        "stage",
-        step=out["step"].to_numpy(),
-        phase=out["stage"].to_numpy(object),
-        seconds=out["seconds"].to_numpy(),
-        count=out["count"].to_numpy(),
-        total_ns=out["total_ns"].to_numpy(),
-    )
+    stage = _lookup(phases, STAGE_OF, None)
+    frame = pd.DataFrame({
+        "step": spans["step"].to_numpy()[outer],
+        "outer": stage[outer],
+        "inner": stage[inner],
+        "a": spans["start_ns"].to_numpy(np.int64)[inner],
+        "b": spans["end_ns"].to_numpy(np.int64)[inner],
+    })
+    groups = frame.groupby(["step", "outer", "inner"], sort=True)
+    covered = iv.total(groups.ngroup().to_numpy(), frame["a"].to_numpy(), frame["b"].to_numpy(), groups.ngroups)
+    keys = groups.size().reset_index()
+    return _rows("nested", step=keys["step"].to_numpy(), phase=keys["outer"].to_numpy(object),
+                 other=keys["inner"].to_numpy(object), seconds=covered / 1e9, count=keys[0].to_numpy())
+
+
+def _overlap_rows(rows, a, b, code, steps, in_batch) -> pd.DataFrame:
+    """Per step and term X: time X's own intervals ran while another term ran anywhere."""
+    staged = code >= 0
+    rows, a, b, code = rows[staged], a[staged], b[staged], code[staged]
+    if not len(rows):
+        return pd.DataFrame()
+    # group k = "every term but k", built from all loaded spans (any step: async stages overlap across steps)
+    g = np.concatenate([np.full(int((code != k).sum()), k, np.int64) for k in range(len(TERMS))])
+    s = np.concatenate([a[code != k] for k in range(len(TERMS))])
+    e = np.concatenate([b[code != k] for k in range(len(TERMS))])
+    others = iv.Coverage(g, s, e)
+    mine = in_batch[rows]
+    if not mine.any():
+        return pd.DataFrame()
+    frame = pd.DataFrame({"step": steps[rows[mine]].astype(np.int64), "term": code[mine]})
+    groups = frame.groupby(["step", "term"], sort=True)
+    ug, us, ue = iv.union(groups.ngroup().to_numpy(), a[mine], b[mine])
+    keys = groups.size().reset_index()
+    ns = others.between(keys["term"].to_numpy(np.int64)[ug], us, ue)
+    total = np.bincount(ug, weights=ns.astype(np.float64), minlength=len(keys))
+    return _rows("overlap", step=keys["step"].to_numpy(), phase=np.array(TERMS, object)[keys["term"].to_numpy()],
+                 seconds=total / 1e9)
 
 
 def _self_time(spans: pd.DataFrame, proc_codes: np.ndarray, prow: np.ndarray):
@@ -305,8 +419,11 @@ def _path_rows(spans, prow, busy, in_batch) -> pd.DataFrame:
     last_child = dict(zip(prow[kids[is_last]].tolist(), kids[is_last].tolist()))
     steps = spans["step"].to_numpy()
     out = []
-    for step in pd.unique(steps[top]):
-        idx = np.flatnonzero(top & (steps == step))
+    tops = np.flatnonzero(top)
+    tops = tops[np.argsort(steps[tops], kind="stable")]
+    cuts = np.flatnonzero(np.diff(steps[tops])) + 1  # one slice per step (no scan of every span per step)
+    for idx in np.split(tops, cuts) if len(tops) else []:
+        step = steps[idx[0]]
         idx = idx[np.lexsort((-(end[idx] - start[idx]), end[idx]))]  # by end, longer first on ties
         ends = end[idx]
         chain = [idx[-1]]

@@ -1,4 +1,4 @@
-"""Training-vs-rollout mismatch per step and its trend (BRIEF: precision and mismatch).
+"""Training-vs-rollout mismatch per step and its trend (how far the rollout engine's log-probs drift from the trainer's).
 
 Three sources, each named in the `source` column: step scalars the run logged (`metrics`), the
 mean of per-sample columns with a mismatch metric's name (`samples`), and frozen or imported
