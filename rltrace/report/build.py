@@ -179,7 +179,7 @@ def _imported_spans(con) -> dict:
     imported, total = con.execute(
         """SELECT count(*) FILTER (WHERE json_extract_string(attributes, '$."rl.source"') = 'metrics'), count(*)
            FROM spans WHERE NOT is_open"""
-    ).fetchone()
+    ).fetchall()[0]  # fetchall: an unfinished result would block the connection
     return {"metrics": int(imported or 0), "total": int(total or 0)}
 
 
