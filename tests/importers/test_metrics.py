@@ -214,3 +214,28 @@ def test_csv_export(tmp_path):
 def _quiet_tf(monkeypatch):
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+def test_tensor_scalars_and_histograms_from_tensorboards_own_writer(tmp_path):
+    """TF2 writes scalars as `scalars`-plugin tensors; histograms are not scalars (counted, not stored)."""
+    import time
+
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    from tensorboard.util import tensor_util
+
+    writer = EventFileWriter(str(tmp_path / "tf2"))
+    meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+    for gs in (1, 2):
+        values = [summary_pb2.Summary.Value(tag="timing_s/gen", metadata=meta,
+                                            tensor=tensor_util.make_tensor_proto(1.5 * gs)),
+                  summary_pb2.Summary.Value(tag="timing_s/update_actor", simple_value=0.0),  # a real zero
+                  summary_pb2.Summary.Value(tag="weights", histo=summary_pb2.HistogramProto(min=0, max=1, num=3))]
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=gs, summary=summary_pb2.Summary(value=values)))
+    writer.close()
+    result = import_metrics([tmp_path / "tf2"], tmp_path / "run")
+    assert result["skipped"] == {"non-scalar histo": 2}
+    con = store.open(tmp_path / "run")
+    rows = con.execute("SELECT step, name, value FROM metrics ORDER BY name, step").fetchall()
+    assert rows == [(0, "timing_s/gen", 1.5), (1, "timing_s/gen", 3.0), (0, "timing_s/update_actor", 0.0),
+                    (1, "timing_s/update_actor", 0.0)]
