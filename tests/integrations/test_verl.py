@@ -71,6 +71,28 @@ def test_marked_timer_blocks_become_phases(instrumented, run_dir):
     assert r["bottleneck"]["stage"] in ("rollout", "train")
 
 
+def test_live_spans_and_imported_tensorboard_log_agree(instrumented, tmp_path, monkeypatch):
+    """One run, both ways: the hook's spans, and the TensorBoard log verl's own Tracking wrote."""
+    from verl.utils.tracking import Tracking
+
+    from rltrace.importers.metrics import import_metrics
+    from rltrace.report.build import build
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    tracking = Tracking(project_name="p", experiment_name="e", default_backend=["tensorboard"])
+    rltrace.init(tmp_path / "live")
+    verl_loop.Trainer(tracking).fit(3)
+    rltrace.shutdown()
+    tracking.logger["tensorboard"].finish()
+    import_metrics([tmp_path / "tb"], tmp_path / "imported")
+    live, imported = (build(store.open(tmp_path / d)) for d in ("live", "imported"))
+    assert [s["step"] for s in live["steps"]] == [s["step"] for s in imported["steps"]] == [0, 1, 2]
+    for a, b in zip(live["steps"], imported["steps"]):
+        for key in ("t_R", "t_T", "t_W", "t_reward", "wall_s"):
+            assert a[key] == pytest.approx(b[key], abs=2e-3), (a["step"], key)  # the span vs verl's Timer
+    assert live["bottleneck"]["stage"] == imported["bottleneck"]["stage"]
+
+
 def test_error_in_block_is_recorded_and_raised(instrumented, run_dir):
     from verl.utils.profiler import marked_timer
 

@@ -16,8 +16,9 @@ SLEEP = {"gen": 0.03, "reward": 0.01, "old_log_prob": 0.01, "ref": 0.005, "adv":
 
 
 class Trainer:
-    def __init__(self):
+    def __init__(self, tracking=None):
         self.global_steps = 0
+        self.tracking = tracking  # verl.utils.tracking.Tracking: log what RayPPOTrainer.fit logs about time
 
     def fit(self, steps: int) -> list[dict]:
         timings = []
@@ -37,8 +38,25 @@ class Trainer:
                 with simple_timer("my_custom_block", timing_raw):
                     time.sleep(SLEEP["my_custom_block"])
             timings.append({"global_steps": self.global_steps, **timing_raw})
+            if self.tracking is not None:
+                self.tracking.log(data=compute_timing_metrics(batch=_batch(), timing_raw=timing_raw), step=self.global_steps)
             self.global_steps += 1
         return timings
+
+
+def _batch():
+    """A 4-sample batch of 4-token prompts and 6-token responses (what verl's timing metrics read)."""
+    import torch
+    from verl import DataProto
+
+    return DataProto.from_dict(tensors={"responses": torch.zeros(4, 6, dtype=torch.long),
+                                        "attention_mask": torch.ones(4, 10, dtype=torch.long)})
+
+
+def compute_timing_metrics(batch, timing_raw):
+    from verl.trainer.ppo.metric_utils import compute_timing_metrics as verl_timing_metrics
+
+    return verl_timing_metrics(batch, timing_raw)
 
 
 if __name__ == "__main__":
