@@ -4,7 +4,9 @@ TensorBoard: records are framed as TFRecords (length, masked CRC-32C of the leng
 and each payload is a `tensorboard.Event` protobuf, parsed by protobuf itself with the descriptor
 tensorboard ships. tensorboard's own Python record reader checks CRCs in pure Python (about 15 µs a
 record, minutes for a long run), so the records are sliced here and all of a file's events are
-parsed in one protobuf call, through a wrapper message holding `repeated tensorboard.Event`. Like
+parsed in one protobuf call, through a wrapper message holding `repeated tensorboard.Event` (and,
+for the common file of plain scalars, through view messages that hand over every tag and value as
+two lists; see `_view_classes`). Like
 tensorboard's Rust data server (`--no-checksum`, its default), payload CRCs are not checked for
 records that parse; the first record's length CRC is, so a foreign file is refused at once.
 A file that does not parse is handed to tensorboard's own loader to say why.
