@@ -62,8 +62,8 @@ def find_logs(paths) -> list[Path]:
     """Event files (searched recursively in folders), .jsonl/.json and .csv files named or found."""
     found: list[Path] = []
     for p in map(Path, paths):
-        if p.is_dir():
-            found += sorted(x for x in p.rglob("*") if x.is_file() and _kind(x))
+        if p.is_dir():  # a single .json in a log dir is more often a config than a log: name it to import it
+            found += sorted(x for x in p.rglob("*") if x.is_file() and _kind(x) and x.suffix != ".json")
         elif p.is_file():
             found.append(p)
         else:
