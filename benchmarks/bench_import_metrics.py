@@ -67,13 +67,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--scalars", type=int, default=200)
     ap.add_argument("--baseline-records", type=int, default=200_000)
+    ap.add_argument("--logs", type=Path, help="keep the generated logs in this folder and reuse them on the next run")
     args = ap.parse_args()
     from rltrace.importers.metrics import import_metrics
 
     work = Path(tempfile.mkdtemp(prefix="rltrace-bench-import-"))
     try:
         started = time.perf_counter()
-        tb, jsonl = write_logs(work, args.steps, args.scalars)
+        logs = args.logs or work
+        if args.logs and (logs / "log.jsonl").exists():
+            tb, jsonl = logs / "tb", logs / "log.jsonl"
+        else:
+            logs.mkdir(parents=True, exist_ok=True)
+            tb, jsonl = write_logs(logs, args.steps, args.scalars)
         print(f"wrote {args.steps:,} steps x {args.scalars} scalars in {time.perf_counter() - started:.0f} s "
               f"(TensorBoard {sum(f.stat().st_size for f in tb.iterdir()) / 1e6:.0f} MB, JSONL {jsonl.stat().st_size / 1e6:.0f} MB)")
         per_record, n = baseline(tb, args.baseline_records)
