@@ -62,7 +62,7 @@ def render(r: dict, console: Console, *, full: bool = False) -> None:
     if quality is not None:
         console.print(quality)
     rows = None if full else SHORT_ROWS
-    tables = [_waits(r, rows), _stragglers(r, rows), _mismatch(r), _open_spans(r)]
+    tables = [_waits(r, rows), _stragglers(r, rows), _open_spans(r)]
     if full:
         tables = [_phases(r), _steps(steps), tables[0], _paths(r), *tables[1:]]
     for table in tables:
@@ -103,7 +103,8 @@ def _quality(r: dict) -> Table | None:
     if w.get("first") is not None:
         t.add_row("reward", num(w["first"]), num(w["last"]), num(w["best"]), str(w["best_step"]))
     for m in r["mismatch"]["trends"]:
-        t.add_row(m["metric"], num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
+        where = "" if m["source"] == "metrics" else f" ({m['source']})"  # computed from samples or frozen batches
+        t.add_row(m["metric"] + where, num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
     s = r["staleness"]
     if s.get("max") is not None:
         t.add_row("staleness", "", f"mean {num(s['mean'])}", num(s["max"]), "")
@@ -173,17 +174,6 @@ def _stragglers(r: dict, rows: int | None = None) -> Table | None:
     for s in sorted(r["stragglers"], key=lambda x: -(x.get("after_median_s") or 0))[:limit]:
         t.add_row(str(s["step"]), str(s["sample_id"]), num(s["response_len"]), _times(s["len_ratio"]),
                   sec(s["gen_s"]), _times(s["time_ratio"]), sec(s["after_median_s"]))
-    return t
-
-
-def _mismatch(r: dict) -> Table | None:
-    trends = r["mismatch"]["trends"]
-    if not trends:
-        return None
-    t = _table("Mismatch (train vs rollout)", ["metric", "source", "steps", "last", "mean", "max"])
-    for m in trends:
-        t.add_row(m["metric"], m["source"], str(m["steps"]), num(m["last"]), num(m["mean"]), num(m["max"]))
-    t.columns[1].justify = "left"
     return t
 
 
