@@ -149,9 +149,9 @@ def init(
             max_pending_rows=resolve("max_pending_rows", max_pending_rows),
             otlp_endpoint=resolve("otlp_endpoint", otlp_endpoint),
         )
-        _crash.install()
         _default_role = not role_chosen
         _warn_if_default_role(stacklevel=3)
+        _crash.install()
         if policy is not None and policy.armed:
             try:
                 from rltrace.profiling import arm
@@ -399,6 +399,7 @@ def phase(name: str, *, step: int | None = None, weight_version: int | None = No
 # --- callback-style phases ----------------------------------------------------------------------
 _local = threading.local()  # .stack: this thread's handles in start order (context to restore)
 _open_handles: dict[int, PhaseHandle] = {}  # every recording handle not yet ended, for crash and exit
+os.register_at_fork(after_in_child=_open_handles.clear)  # a forked child must not end its parent's phases
 
 
 def _stack() -> list[PhaseHandle]:
@@ -460,9 +461,9 @@ class PhaseHandle:
             inner = get_current_span()
             inner_name = getattr(inner, "name", None) if inner.is_recording() else None
             warnings.warn(
-                f"rltrace: phase {self.name!r} was ended while a phase started inside it"
-                + (f" ({inner_name!r})" if inner_name else "")
-                + " is still open; end the inner phase first. Both are recorded",
+                f"rltrace: phase {self.name!r} was not the innermost open phase when it ended (the current one is "
+                + (f"{inner_name!r}" if inner_name else "none")
+                + "); end phases in the reverse order they started. It is recorded",
                 stacklevel=2,
             )
         _unwind()
@@ -505,7 +506,7 @@ def start_phase(name: str, *, step: int | None = None, weight_version: int | Non
     weight_version = None if weight_version is None else _as_int("weight_version", weight_version)
     values = _attributes(attrs)
     handle = PhaseHandle(name)
-    run = _run if _run is not None else _active()
+    run = _run if _run is not None else recording_run()
     if run is None:
         return handle
     try:

@@ -8,6 +8,7 @@ import subprocess
 import textwrap
 import time
 
+import rltrace
 from rltrace import store
 
 from .conftest import PYTHON, python_env
@@ -76,6 +77,15 @@ def test_phases_open_when_the_process_exits_end_with_an_error(run_dir):
     assert [(s["name"], s["is_open"], s["status"]) for s in spans] == [("generate", False, "ERROR"), ("step", False, "ERROR")]
     assert all("while this phase was open" in s["status_message"] for s in spans)
     assert rows(run_dir, "SELECT count(*) AS n FROM crashes")[0]["n"] == 0  # exiting is not a crash
+    from rltrace import report
+    from rltrace.cli import info
+
+    said = report.build(store.open(run_dir))["findings"]
+    assert said[0].startswith("Open span: generate on trainer0 (thread engine) at step 5 was still running when its "
+                              "process exited, after ")
+    assert said[0].endswith(": hung, or cut off by the exit.")
+    assert [(o["phase"], o["state"]) for o in info.collect(str(run_dir))["open_spans"]] == [
+        ("generate", "exited"), ("step", "exited")]
 
 
 def test_kill_9_leaves_open_phases_and_a_stopped_heartbeat(run_dir):
@@ -96,3 +106,72 @@ def test_kill_9_leaves_open_phases_and_a_stopped_heartbeat(run_dir):
     (proc_row,) = rows(run_dir, "SELECT ended_ns, heartbeat_ns FROM processes")
     assert proc_row["ended_ns"] is None and proc_row["heartbeat_ns"] < time.time_ns()
     assert rows(run_dir, "SELECT count(*) AS n FROM crashes")[0]["n"] == 0
+
+
+def test_info_and_report_say_the_same_about_a_crash(run_dir):
+    from rltrace import report
+    from rltrace.cli import info
+
+    run_script(run_dir, """
+        def score():
+            with rltrace.phase("reward", step=1):
+                raise ValueError("verifier broke")
+        t = threading.Thread(target=score, name="scorer"); t.start(); t.join()
+        with rltrace.phase("step", step=3):
+            raise RuntimeError("loss is NaN\\nsecond line")
+    """)
+    data = info.collect(str(run_dir))
+    said = report.build(store.open(run_dir))["findings"]
+    expected = ["trainer0 (thread scorer) crashed at step 1 in `reward`: ValueError: verifier broke; the process went on.",
+                "trainer0 crashed at step 3 in `step`: RuntimeError: loss is NaN."]
+    assert said[:2] == expected
+    assert [p["state"] for p in data["processes"]] == ["crashed"]
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    info.render(data, console)
+    text = console.export_text()
+    assert all("Crash: " + e in text for e in expected) and "hung" not in text
+
+
+def test_after_kill_9_info_and_report_say_killed_not_hung(run_dir, monkeypatch):
+    from rich.console import Console
+
+    from rltrace import report
+    from rltrace.cli import info
+
+    test_kill_9_leaves_open_phases_and_a_stopped_heartbeat(run_dir)
+    soon = report.build(store.open(run_dir))["findings"][0]  # heartbeat still fresh: can't tell yet
+    assert soon.startswith("Open span: generate on rollout1 at step 7") and "alive: hung or still running" in soon
+    later = time.time_ns() + 120 * 10**9
+    said = report.build(store.open(run_dir), now_ns=later)["findings"][0]
+    assert said.startswith("Open span: generate on rollout1 at step 7 never ended: its process stopped")
+    assert said.endswith("killed (e.g. SIGKILL or out of memory).")
+    monkeypatch.setattr(info.time, "time_ns", lambda: later)
+    data = info.collect(str(run_dir))
+    assert data["processes"][0]["state"] == "killed" and data["open_spans"][0]["state"] == "killed"
+    console = Console(record=True, width=200)
+    info.render(data, console)
+    assert "killed (heartbeat stopped)" in console.export_text()
+
+
+def test_crash_sentences():
+    from rltrace.report.findings import crash_sentence
+
+    base = {"role": "rollout", "rank": 2, "kind": "process", "thread_name": "MainThread", "step": None, "phase": None}
+    assert crash_sentence({**base, "exc_type": "OSError", "message": ""}) == "rollout2 crashed: OSError."
+    assert crash_sentence({**base, "exc_type": "KeyboardInterrupt", "message": "", "step": 4, "phase": "generate"}) == (
+        "rollout2 was interrupted (Ctrl-C) at step 4 in `generate`.")
+    long = crash_sentence({**base, "exc_type": "mylib.Error", "message": "x" * 1000 + "\nmore"})
+    assert long == "rollout2 crashed: mylib.Error: " + "x" * 300 + "."
+
+
+def test_finished_spans_are_not_kept_alive(run_dir):
+    run = rltrace.init(run_dir)
+    for i in range(100):
+        with rltrace.phase("train", step=i):
+            pass
+    handle = rltrace.start_phase("step")
+    assert len(run.live_spans) == 1
+    handle.end()
+    assert len(run.live_spans) == 0

@@ -17,7 +17,7 @@ from rltrace.analysis.costs import (
     weight_sync_points,
 )
 from rltrace.analysis.critical_path import common_paths, critical_path
-from rltrace.analysis.health import drops, open_spans
+from rltrace.analysis.health import crashes, drops, open_spans
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis.mismatch import batch_mismatch, mismatch, trends
@@ -54,6 +54,7 @@ __all__ = [
     "batch_mismatch",
     "trends",
     "open_spans",
+    "crashes",
     "drops",
     "step_timeline",
     "has_profiles",

@@ -1,4 +1,4 @@
-"""Plain sentences from a report dict: hangs first, then the bottleneck, the top waits, stragglers,
+"""Plain sentences from a report dict: crashes and hangs first, then the bottleneck, the top waits, stragglers,
 the weight sync, what async could gain, staleness and mismatch. Each sentence states a measured
 number and where it comes from; a metric that did not move materially gets no sentence."""
 
@@ -10,6 +10,7 @@ from rltrace.analysis._format import number_text as num
 from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
 from rltrace.analysis._format import size_text
+from rltrace.analysis.health import STALE_AFTER_S
 
 TAIL_SHARE = 0.25  # a long tail worth a sentence: this share of the step, median over steps
 STRAGGLER_FACTOR = 4.0  # a straggler worth a sentence: this many times the step's median length or time
@@ -34,7 +35,7 @@ def _who(role, rank) -> str:
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_imported, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
+    for part in (_imported, _crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
                  _async, _drops, _reward, _staleness, _mismatch):
         out.extend(part(r))
     return out
@@ -215,6 +216,23 @@ def _async(r: dict) -> list[str]:
     )]
 
 
+def crash_sentence(c: dict) -> str:
+    """"trainer0 crashed at step 3 in `train`: RuntimeError: loss is NaN" (what info and report say)."""
+    named = c.get("kind") == "thread" and c.get("thread_name") and c["thread_name"] != "MainThread"
+    who = _who(c.get("role"), c.get("rank")) + (f" (thread {c['thread_name']})" if named else "")
+    where = ("" if c.get("step") is None else f" at step {c['step']}") + (f" in `{c['phase']}`" if c.get("phase") else "")
+    message = (c.get("message") or "").strip().splitlines()
+    text = f"{c['exc_type']}: {message[0][:300]}" if message else c["exc_type"]
+    after = "; the process went on" if c.get("kind") == "thread" else ""
+    if c["exc_type"] == "KeyboardInterrupt":
+        return f"{who} was interrupted (Ctrl-C){where}."
+    return f"{who} crashed{where}: {text}{after}."
+
+
+def _crashes(r: dict) -> list[str]:
+    return [crash_sentence(c) for c in r.get("crashes") or []]
+
+
 def _reward(r: dict) -> list[str]:
     w = r.get("reward") or {}
     if w.get("first") is None:
@@ -231,11 +249,21 @@ def _hangs(r: dict) -> list[str]:
         thread_name = o.get("thread_name") or "MainThread"
         named = thread_name != "MainThread" and not thread_name.startswith("Dummy-")  # Dummy-N: a foreign thread
         thread = f" (thread {o['thread_name']})" if named else ""
-        out.append(
-            f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step} started and never ended "
-            f"({sec(o['stalled_s'])} before the run's last write; {sec(o['age_s'])} ago): hung or killed."
-            + (f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else "")
-        )
+        where = f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step}"
+        state = o.get("state")
+        if state == "exited":
+            text = (f"{where} was still running when its process exited, after {sec(o['stalled_s'])}: hung, or "
+                    "cut off by the exit.")
+        elif state == "killed":
+            heard = o.get("heard_for_s") or 0.0
+            how = f"hung {sec(heard)}, then killed" if heard > STALE_AFTER_S else "killed"
+            text = (f"{where} never ended: its process stopped {sec(heard)} after the span started, with no error "
+                    f"recorded: {how} (e.g. SIGKILL or out of memory).")
+        else:
+            text = (f"{where} started and never ended ({sec(o['stalled_s'])} before the run's last write; "
+                    f"{sec(o['age_s'])} ago)"
+                    + (" and its process is alive: hung or still running." if state == "running" else ": hung or killed."))
+        out.append(text + (f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else ""))
     return out
 
 
