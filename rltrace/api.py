@@ -272,6 +272,9 @@ def _start_span(run: Run, name: str, step: int | None, version: int | None, attr
         step = parent_step if step is None else step
         version = parent_version if version is None else version
     values = {_names.PHASE: name, _names.THREAD_ID: threading.get_ident()}
+    group = _names.SEMCONV_GROUP_OF_PHASE.get(name)
+    if group is not None:
+        values[_names.SEMCONV_OPERATION] = group
     if step is not None:
         values[_names.STEP] = step
     if version is not None:
