@@ -152,3 +152,20 @@ def test_rltrace_run_instruments_an_unchanged_verl_script(run_dir):
     assert out.returncode == 0, out.stderr
     timings = json.loads(out.stdout.strip().splitlines()[-1])
     _check(run_dir, timings)
+
+
+@pytest.mark.slow  # starts a local Ray instance: ~20 s here
+def test_rltrace_run_reaches_ray_workers(run_dir):
+    """A Ray worker started by the driver inherits the launcher's start-up hook and traces verl's timers.
+
+    Ray ends its workers without running atexit, so the worker flushes before returning (see docs)."""
+    pytest.importorskip("ray")
+    env = python_env(RLTRACE_INSTRUMENTORS="rltrace.integrations.verl:VerlInstrumentor")
+    argv = [sys.executable, "-m", "rltrace", "run", "--run-dir", str(run_dir), "--",
+            sys.executable, str(APP / "verl_ray.py")]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    worker = json.loads(out.stdout.strip().splitlines()[-1])
+    assert worker["traced"] is True
+    rows = store.open(run_dir).execute("SELECT name, phase, pid FROM spans WHERE NOT is_open").fetchall()
+    assert rows == [("generate_sequences", "generate_sequences", worker["pid"])]
