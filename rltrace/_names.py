@@ -443,7 +443,7 @@ ALERTS = Table("alerts", "alerts", ALERTS_SCHEMA, 1, ("alert_id", "key", "rule",
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY, PROFILES, PROFILE_FRAMES, BATCHES, REPLAYS,
-              CRASHES, RESOURCES, ALERTS)
+              RESOURCES, ALERTS, CRASHES)
 }
 
 #: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.

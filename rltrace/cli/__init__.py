@@ -14,7 +14,7 @@ from rltrace._config import RltraceError
 from rltrace.analysis._format import shown
 from rltrace.cli import compact, export, importer, info, profile, replay, report, run, ui, watch
 
-COMMANDS = [info, compact, report, replay, importer, export, profile, ui, run, watch]
+COMMANDS = [info, compact, report, replay, importer, export, profile, ui, watch, run]
 
 
 def build_parser() -> argparse.ArgumentParser:

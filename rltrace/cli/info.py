@@ -7,7 +7,6 @@ import datetime as dt
 import time
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from rltrace import _json, _names, analysis, store
@@ -130,7 +129,7 @@ def render(data: dict, console: Console) -> None:
     console.print(t)
 
     for c in data.get("crashes", []):
-        console.print("[red]Crash:[/] " + escape(crash_sentence(c)))
+        console.print("[red]Crash:[/] " + term(crash_sentence(c)))
     if data["open_spans"]:
         t = Table(title="[yellow]Open spans[/] (started, never ended: running, hung or killed)", title_justify="left")
         for col in ("role", "rank", "phase", "step", "started", "open for", "its process"):

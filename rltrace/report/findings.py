@@ -33,8 +33,8 @@ MISMATCH_SOURCE = {"samples": " (mean of per-sample values)", "batches": " (from
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_imported, _crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers,
-                 _weight_sync, _async, _drops, _reward, _staleness, _mismatch, _idle_devices):
+    for part in (_imported, _crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
+                 _async, _drops, _reward, _staleness, _mismatch, _idle_devices):
         out.extend(part(r))
     return out
 
