@@ -193,6 +193,7 @@ def _dropped(con) -> dict:
             "spans": int(d["spans_dropped"].sum()) if len(d) else 0,
             "rows": int(d["rows_dropped"].sum()) if len(d) else 0,
             "otlp_spans": int(d["otlp_spans_dropped"].sum()) if len(d) else 0,
-            "processes": d[(d["spans_dropped"] > 0) | (d["rows_dropped"] > 0) | (d["otlp_spans_dropped"] > 0)],
+            "attributes": int(d["attributes_dropped"].sum()) if len(d) else 0,
+            "processes": d[(d["spans_dropped"] > 0) | (d["rows_dropped"] > 0) | (d["otlp_spans_dropped"] > 0)].drop(columns="drop_reasons"),
         }
     )

@@ -289,9 +289,13 @@ def _hangs(r: dict) -> list[str]:
 
 def _drops(r: dict) -> list[str]:
     d = r["dropped"]
-    if not (d["spans"] or d["rows"]):
-        return []
-    return [f"Dropped before the store: {d['spans']} spans and {d['rows']} metric/sample rows; figures may be low."]
+    out = []
+    if d["spans"] or d["rows"]:
+        out.append(f"Dropped before the store: {d['spans']} spans and {d['rows']} metric/sample rows; figures may be low "
+                   "(`rltrace info` says why).")
+    if d.get("attributes"):
+        out.append(f"{d['attributes']} span attributes over the attribute limit were not stored (rltrace's own were kept).")
+    return out
 
 
 def _staleness(r: dict) -> list[str]:
