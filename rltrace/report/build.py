@@ -72,6 +72,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "crashes": plain(analysis.crashes(con)),
         "open_spans": _open_spans(con, now_ns),
         "dropped": _dropped(con),
+        "imported_spans": _imported_spans(con),
         "idle_devices": plain(analysis.idle_devices(con, steps)),
     }
     report["findings"] = findings.sentences(report)
@@ -174,6 +175,15 @@ def _reward(con, steps: Steps) -> dict:
                   "best": r["value"][best], "best_step": r["step"][best], "first_step": r["step"].iloc[0],
                   "last_step": r["step"].iloc[-1], "logged_as": sorted(set(r["logged_as"])),
                   "per_step": r[["step", "value"]]})
+
+
+def _imported_spans(con) -> dict:
+    """How many finished spans were synthesized from imported metric logs (`rl.source` = metrics)."""
+    imported, total = con.execute(
+        """SELECT count(*) FILTER (WHERE json_extract_string(attributes, '$."rl.source"') = 'metrics'), count(*)
+           FROM spans WHERE NOT is_open"""
+    ).fetchall()[0]  # fetchall: an unfinished result would block the connection
+    return {"metrics": int(imported or 0), "total": int(total or 0)}
 
 
 def _dropped(con) -> dict:
