@@ -158,6 +158,28 @@ PARAMS: dict[str, Param] = {
             "Also send spans to this OpenTelemetry backend (OTLP over HTTP).",
         ),
         Param("service_name", ("OTEL_SERVICE_NAME",), str, None, "OTel service.name (default: rltrace-<role>)."),
+        # --- runs in object storage (rltrace.store.objstore; see docs/store.md) ----------------
+        Param(
+            "spool_dir",
+            ("RLTRACE_SPOOL_DIR",),
+            str,
+            None,
+            "Local folder keeping parts of an s3:// run until uploaded (default: ~/.cache/rltrace/spool).",
+        ),
+        Param(
+            "spool_max_mb",
+            ("RLTRACE_SPOOL_MAX_MB",),
+            _parse_positive_float,
+            4096.0,
+            "Spool size (MB) while the object store is unreachable; beyond it the oldest parts are dropped and counted.",
+        ),
+        Param(
+            "cache_dir",
+            ("RLTRACE_CACHE_DIR",),
+            str,
+            None,
+            "Local folder where readers keep copies of s3:// runs' parts (default: ~/.cache/rltrace/runs).",
+        ),
         Param(
             "replay_budget_mb",
             ("RLTRACE_REPLAY_BUDGET_MB",),

@@ -73,6 +73,12 @@ class DisabledRun:
 
 
 # --- init / shutdown ---------------------------------------------------------------------------
+def _same_place(a: str | Path, b: str | Path) -> bool:
+    if isinstance(a, Path) and isinstance(b, Path):
+        return a.resolve() == b.resolve()
+    return str(a).rstrip("/") == str(b).rstrip("/")
+
+
 def init(
     run_dir: str | os.PathLike | None = None,
     *,
@@ -131,7 +137,9 @@ def init(
                 raise RltraceConfigError(f"rank must be an integer >= 0, got {rank!r}") from None
             if rank < 0:
                 raise RltraceConfigError(f"rank must be an integer >= 0, got {rank!r}")
-        path = Path(dir_value)
+        from rltrace.store import objstore
+
+        path = str(dir_value) if objstore.is_uri(dir_value) else Path(dir_value)
         sample = resolve("resources", resources)
         interval = resolve("resources_interval", resources_interval)
         if sample and not (isinstance(interval, (int, float)) and interval > 0):
@@ -142,7 +150,7 @@ def init(
 
             policy = resolve_policy(profile)
         if _run is not None:
-            if _run.run_dir.resolve() == path.resolve() and _run.role == role and _run.rank == rank:
+            if _same_place(_run.location, path) and _run.role == role and _run.rank == rank:
                 return _run
             _run.shutdown()
             _run = None

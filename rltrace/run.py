@@ -30,7 +30,7 @@ from rltrace.otel.exporter import ParquetSpanExporter
 from rltrace.otel.ids import ForkSafeRandomIdGenerator
 from rltrace.otel.live import LiveSpans
 from rltrace.otel.processor import CountingBatchProcessor, OpenSpanProcessor
-from rltrace.store import layout, rows
+from rltrace.store import layout, objstore, rows
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child, write_part
 
 logger = logging.getLogger("rltrace")
@@ -66,8 +66,17 @@ class Run:
         max_pending_rows: int,
         otlp_endpoint: str | None,
     ):
-        self.run_dir = Path(run_dir)
-        self.manifest = layout.create_or_join(self.run_dir, run_name=run_name, config=config)
+        self.drops = rows.Drops()  # why rows were lost, by table and column (see rltrace.store.rows)
+        self._spool: objstore.Spool | None = None
+        if objstore.is_uri(run_dir):  # an object-store run: write into a local spool, uploaded behind
+            self.location: str | Path = str(run_dir)
+            manifest = objstore.create_or_join(self.location, run_name=run_name, config=config)
+            self._spool = objstore.Spool(self.location, manifest, drops=self.drops)
+            self.run_dir = self._spool.dir
+            self.manifest = manifest
+        else:
+            self.run_dir = self.location = Path(run_dir)
+            self.manifest = layout.create_or_join(self.run_dir, run_name=run_name, config=config)
         self.run_id: str = self.manifest["run_id"]
         self.name: str = self.manifest["name"]
         self.role = role
@@ -80,7 +89,6 @@ class Run:
         self._closed = False
         self._companions: list = []  # background helpers (the resource sampler) flushed and closed with the run
 
-        self.drops = rows.Drops()  # why rows were lost, by table and column (see rltrace.store.rows)
         self.attributes_dropped = 0  # user attributes cut by the attribute count limit
         # OTel evicts the *oldest* attribute when a span is full, and rltrace's own keys are set
         # first; so the limit (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT, 128 by default) is applied to user
@@ -146,6 +154,8 @@ class Run:
         return OTLPSpanExporter(endpoint=otlp_traces_url(endpoint))
 
     def _after_fork(self) -> None:
+        if self._spool is not None:
+            self._spool.after_fork()
         self.process.renew()
         self.started_ns = time.time_ns()
         self._heartbeat_lock = threading.Lock()
@@ -156,11 +166,12 @@ class Run:
     # --- counts and the process row ----------------------------------------------------------
     @property
     def spans_dropped(self) -> int:
-        return self._store_pipeline.dropped + self._exporter.write_failures
+        spooled = self._spool.spans_dropped if self._spool is not None else 0
+        return self._store_pipeline.dropped + self._exporter.write_failures + spooled
 
     @property
     def rows_dropped(self) -> int:
-        return self._rows.rows_dropped
+        return self._rows.rows_dropped + (self._spool.rows_dropped if self._spool is not None else 0)
 
     def _drop_reasons(self) -> str | None:
         records = self.drops.records()
@@ -190,7 +201,7 @@ class Run:
                 spans_dropped=self.spans_dropped,
                 otlp_spans_dropped=self._otlp_pipeline.dropped if self._otlp_pipeline else None,
                 rows_written=self._rows.rows_written,
-                rows_dropped=self._rows.rows_dropped,
+                rows_dropped=self.rows_dropped,
                 attributes_dropped=self.attributes_dropped,
                 drop_reasons=self._drop_reasons(),
                 rltrace_version=_version(),
@@ -238,6 +249,8 @@ class Run:
         self.tracer_provider.force_flush()
         self._rows.flush()
         self.write_process_row()
+        if self._spool is not None:
+            self._spool.flush()
 
     def shutdown(self) -> None:
         """Flush, stop the background threads, and mark this process as ended cleanly."""
@@ -256,6 +269,8 @@ class Run:
             self.write_process_row()
         except Exception as exc:
             logger.warning("rltrace: could not write the final process row: %s", exc)
+        if self._spool is not None:
+            self._spool.close()
 
     def __repr__(self) -> str:
-        return f"Run(run_dir={str(self.run_dir)!r}, name={self.name!r}, role={self.role!r}, rank={self.rank!r})"
+        return f"Run(run_dir={str(self.location)!r}, name={self.name!r}, role={self.role!r}, rank={self.rank!r})"

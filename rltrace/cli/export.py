@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from rltrace import store
+from rltrace.store import objstore
 from rltrace._config import RltraceError
 from rltrace.analysis import parse_steps
 
@@ -58,7 +59,7 @@ def _check_template(out: str | None) -> None:
 def _chrome(args: argparse.Namespace, steps) -> int:
     from rltrace.export import chrome
 
-    out = Path(args.out) if args.out else Path(args.run_dir) / "trace.json"
+    out = Path(args.out) if args.out else (Path("trace.json") if objstore.is_uri(args.run_dir) else Path(args.run_dir) / "trace.json")
     if not out.parent.is_dir():
         raise RltraceError(f"cannot write {out}: folder {out.parent} does not exist")
     console = Console(stderr=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from rich.console import Console
 
@@ -34,7 +33,7 @@ def collect(run_dir: str, *, steps=None, skip_corrupt: bool = False) -> dict:
     finally:
         con.close()
     manifest = snap.manifest
-    return {"run": {"name": manifest.get("name"), "run_id": manifest["run_id"], "run_dir": str(Path(run_dir))}, **data}
+    return {"run": {"name": manifest.get("name"), "run_id": manifest["run_id"], "run_dir": str(run_dir)}, **data}
 
 
 def main(args: argparse.Namespace) -> int:

@@ -106,6 +106,10 @@ def compact(
     Replaced parts are deleted after `grace_s` seconds (this call waits for it).
     Raises `StoreError` if another compaction of the same run is running.
     """
+    from rltrace.store import objstore
+
+    if objstore.is_uri(run_dir):
+        raise StoreError(f"{run_dir}: compact works on run directories on disk, not on object-store runs yet")
     run_dir = Path(run_dir)
     tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
     read_manifest(run_dir)  # a clear error for a path that is not a run, before taking the lock

@@ -64,6 +64,23 @@ def _jsonable_config(config: Any) -> Any:
     return json.loads(json.dumps(config, default=str))
 
 
+def new_manifest(name: str, config: Any) -> dict:
+    """A fresh manifest: new run id, created now."""
+    now = time.time_ns()
+    return {
+        "run_id": uuid.uuid4().hex,
+        "name": name,
+        "created": _dt.datetime.fromtimestamp(now / 1e9, _dt.timezone.utc).isoformat(),
+        "created_ns": now,
+        "schema_version": _names.RUN_SCHEMA_VERSION,
+        "config": _jsonable_config(config),
+    }
+
+
+def manifest_text(manifest: dict) -> str:
+    return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+
+
 def create_or_join(run_dir: Path, *, run_name: str | None, config: Any) -> dict:
     """Create the run in `run_dir` (or join the run already there) and return its manifest."""
     run_dir = Path(run_dir)
@@ -72,17 +89,9 @@ def create_or_join(run_dir: Path, *, run_name: str | None, config: Any) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = manifest_path(run_dir)
     if not path.exists():
-        now = time.time_ns()
-        manifest = {
-            "run_id": uuid.uuid4().hex,
-            "name": run_name or run_dir.resolve().name,
-            "created": _dt.datetime.fromtimestamp(now / 1e9, _dt.timezone.utc).isoformat(),
-            "created_ns": now,
-            "schema_version": _names.RUN_SCHEMA_VERSION,
-            "config": _jsonable_config(config),
-        }
+        manifest = new_manifest(run_name or run_dir.resolve().name, config)
         tmp = run_dir / f".run.json.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(manifest_text(manifest))
         try:
             os.link(tmp, path)  # fails if another process created it first: then join that run
         except FileExistsError:
@@ -94,6 +103,10 @@ def create_or_join(run_dir: Path, *, run_name: str | None, config: Any) -> dict:
 
 def read_manifest(run_dir: Path) -> dict:
     """The manifest of `run_dir`, or a `StoreError` saying why the folder is not a readable run."""
+    from rltrace.store import objstore
+
+    if objstore.is_uri(run_dir):
+        return objstore.read_manifest(str(run_dir))
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise StoreError(f"run directory {run_dir} does not exist: check the path (a run is made by rltrace.init)")

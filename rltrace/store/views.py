@@ -141,8 +141,11 @@ def spans_digest(snap: Snapshot) -> str:
 
 
 def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _names.Table] | None = None) -> Snapshot:
-    """Check every part of every table and return the readable ones."""
-    run_dir = Path(run_dir)
+    """Check every part of every table and return the readable ones (an `s3://` run: of the
+    local copy that `objstore.mirror` brings up to date first)."""
+    from rltrace.store import objstore
+
+    run_dir = objstore.mirror(run_dir) if objstore.is_uri(run_dir) else Path(run_dir)
     snap = Snapshot(run_dir=run_dir, manifest=read_manifest(run_dir))
     for table in (tables or _names.TABLES).values():
         for attempt in range(5):

@@ -1,0 +1,404 @@
+"""Runs in object storage: a run dir given as `s3://bucket/prefix/run`.
+
+Writers keep writing parts exactly as for a local run, into a local *spool* folder (one per
+process); an uploader thread puts each finished file into the bucket as one object (a PUT is
+atomic: readers see a part whole or not at all), deletes the spooled copy of immutable parts,
+and re-uploads the records overwritten in place (`open_spans/`, `processes/`) when they change.
+If the store is unreachable the files wait in the spool and are retried with backoff; a spool
+over `RLTRACE_SPOOL_MAX_MB` drops its oldest parts, counted with their reason. A spool left by
+a process that died is uploaded by the next process of the same run on that host.
+
+Readers copy the run's objects into a local cache folder (only new or changed ones) and read
+that copy as a local run, so every view and check is the same as for a run on disk.
+Credentials and endpoint: the standard AWS variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, …).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from rltrace import _names
+from rltrace._config import resolve
+from rltrace.store import layout, rows
+
+logger = logging.getLogger("rltrace")
+
+SCHEMES = ("s3://",)
+#: Folders whose files are rewritten in place by their process: kept in the spool, re-uploaded on change.
+MUTABLE = frozenset((_names.OPEN_SPANS.folder, _names.PROCESSES.folder))
+_CANDIDATES = "_rltrace_new_run"  # manifests proposed by processes racing to create the run
+_OWNER = ".owner"
+
+
+def is_uri(run_dir: Any) -> bool:
+    return isinstance(run_dir, str) and run_dir.startswith(SCHEMES)
+
+
+def split(uri: str) -> str:
+    """`bucket/prefix/run` (pyarrow's path) of `s3://bucket/prefix/run`, or a StoreError."""
+    parsed = urlparse(uri)
+    path = (parsed.netloc + "/" + parsed.path.strip("/")).strip("/")
+    if not parsed.netloc or "/" not in path:
+        raise layout.StoreError(f"{uri}: an object-store run needs a bucket and a path, e.g. s3://bucket/runs/exp1")
+    return path
+
+
+def filesystem():
+    """A pyarrow S3 filesystem from the standard AWS environment variables.
+
+    Short timeouts and a single attempt: the uploader retries on its own schedule."""
+    from pyarrow import fs
+
+    kwargs: dict[str, Any] = {"connect_timeout": 3, "request_timeout": 10,
+                              "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=2)}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        parsed = urlparse(endpoint if "://" in endpoint else "https://" + endpoint)
+        kwargs["endpoint_override"] = parsed.netloc
+        kwargs["scheme"] = parsed.scheme
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        kwargs["region"] = region
+    return fs.S3FileSystem(**kwargs)
+
+
+def _put(s3, key: str, data: bytes) -> None:
+    with s3.open_output_stream(key) as out:
+        out.write(data)
+
+
+def _get(s3, key: str) -> bytes | None:
+    try:
+        with s3.open_input_stream(key) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _parse_manifest(uri: str, data: bytes) -> dict:
+    try:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise layout.StoreError(f"{uri}/{_names.RUN_MANIFEST} is not a readable run manifest ({exc})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("run_id"), str):
+        raise layout.StoreError(f"{uri}/{_names.RUN_MANIFEST} is not an rltrace run manifest: it has no run_id")
+    return manifest
+
+
+def _unreachable(uri: str, exc: Exception) -> layout.StoreError:
+    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return layout.StoreError(f"{uri}: object store not reachable or access refused ({why[:200]}); "
+                             "check AWS_ENDPOINT_URL and the AWS credentials")
+
+
+def read_manifest(uri: str) -> dict:
+    """The manifest of the run at `uri` (validated as for a local run, from the reader's cache copy)."""
+    return layout.read_manifest(mirror(uri, tables=()))
+
+
+def create_or_join(uri: str, *, run_name: str | None, config: Any) -> dict:
+    """Create the run at `uri` or join the one there. Processes racing to create it each propose
+    a manifest; the earliest proposal wins and every racer adopts it."""
+    base, s3 = split(uri), filesystem()
+    key = f"{base}/{_names.RUN_MANIFEST}"
+    try:
+        data = _get(s3, key)
+        if data is None:
+            mine = layout.new_manifest(run_name or base.rsplit("/", 1)[-1], config)
+            _put(s3, f"{base}/{_CANDIDATES}/{mine['created_ns']:020d}-{mine['run_id']}.json",
+                 layout.manifest_text(mine).encode())
+            time.sleep(0.5)  # let racing processes propose theirs
+            data = _get(s3, key)
+            if data is None:
+                from pyarrow import fs
+
+                names = sorted(i.path for i in s3.get_file_info(fs.FileSelector(f"{base}/{_CANDIDATES}")))
+                data = _get(s3, names[0]) or layout.manifest_text(mine).encode()
+                _put(s3, key, data)  # every racer writes the same winner
+    except layout.StoreError:
+        raise
+    except OSError as exc:
+        raise _unreachable(uri, exc) from None
+    return _parse_manifest(uri, data)
+
+
+def _default_root(setting: str, sub: str) -> Path:
+    value = resolve(setting)
+    return Path(value) if value else Path(os.path.expanduser("~/.cache/rltrace")) / sub
+
+
+def _run_key(uri: str) -> str:
+    base = split(uri)
+    return f"{rows.text(base.rsplit('/', 1)[-1])[:40]}-{hashlib.sha256(base.encode()).hexdigest()[:12]}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Spool:
+    """This process's local copy of what it writes to an object-store run, and its uploader thread."""
+
+    def __init__(self, uri: str, manifest: dict, *, drops: rows.Drops | None = None, interval: float = 0.5):
+        self.uri, self.base, self.manifest = uri, split(uri), manifest
+        self.drops = drops if drops is not None else rows.Drops()
+        self.max_bytes = int(resolve("spool_max_mb") * 1e6)
+        self.root = _default_root("spool_dir", "spool") / _run_key(uri)
+        self.dir = self.root / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / _OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+        (self.dir / _names.RUN_MANIFEST).write_text(layout.manifest_text(manifest))
+        layout.read_manifest(self.dir)  # registers the run id for the parts' footers
+        self.interval = interval
+        self.uploaded_bytes = 0
+        self.spans_dropped = 0
+        self.rows_dropped = 0
+        self.failures = 0
+        self._s3 = filesystem()
+        self._sent: dict[str, tuple[int, int]] = {}  # key -> (mtime_ns, size) of mutable files uploaded
+        self._lock = threading.Lock()
+        self._start()
+
+    def _start(self) -> None:
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._backoff = 0.0
+        self._thread = threading.Thread(target=self._loop, name="rltrace-uploader", daemon=True)
+        self._thread.start()
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh uploader thread over the same spool folder."""
+        self._lock = threading.Lock()
+        self._start()
+
+    # --- the uploader --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(max(self.interval, self._backoff))
+            self._wake.clear()
+            try:
+                ok = self.upload_once()
+            except Exception:  # never let the thread die
+                logger.exception("rltrace: uploading to %s failed", self.uri)
+                ok = False
+            self._backoff = 0.0 if ok else min(30.0, max(1.0, self._backoff * 2))
+
+    def _folders(self) -> list[Path]:
+        """This spool, then spools of this run left on this host by processes that died."""
+        out = [self.dir]
+        host = socket.gethostname()
+        try:
+            siblings = list(self.root.iterdir())
+        except OSError:
+            return out
+        for d in siblings:
+            if d == self.dir or not d.is_dir():
+                continue
+            try:
+                owner = json.loads((d / _OWNER).read_text())
+            except (OSError, ValueError):
+                continue
+            if owner.get("host") == host and isinstance(owner.get("pid"), int) and not _alive(owner["pid"]):
+                out.append(d)
+        return out
+
+    def _files(self, folder: Path) -> list[tuple[Path, str, os.stat_result]]:
+        found = []
+        for dirpath, dirnames, filenames in os.walk(folder):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:
+                if name.startswith("."):
+                    continue  # temp files being written, the owner record
+                path = Path(dirpath) / name
+                rel = path.relative_to(folder).as_posix()
+                if rel == _names.RUN_MANIFEST:
+                    continue
+                try:
+                    found.append((path, rel, path.stat()))
+                except FileNotFoundError:
+                    continue
+        return sorted(found, key=lambda f: f[2].st_mtime_ns)
+
+    def upload_once(self) -> bool:
+        """One pass over the spool; False if the store could not be reached (retried later)."""
+        with self._lock:
+            ok = True
+            for folder in self._folders():
+                files = self._files(folder)
+                self._trim(files)
+                for path, rel, st in files:
+                    mutable = rel.split("/", 1)[0] in MUTABLE
+                    state = (st.st_mtime_ns, st.st_size)
+                    if mutable and self._sent.get(f"{folder}/{rel}") == state:
+                        continue
+                    try:
+                        data = path.read_bytes()
+                    except FileNotFoundError:
+                        continue
+                    try:
+                        _put(self._s3, f"{self.base}/{rel}", data)
+                    except OSError as exc:
+                        self.failures += 1
+                        if ok:
+                            logger.warning("rltrace: %s unreachable, parts kept in %s for later (%s)",
+                                           self.uri, folder, str(exc).splitlines()[0][:200] if str(exc) else exc)
+                        return False
+                    self.uploaded_bytes += len(data)
+                    if mutable and folder == self.dir:
+                        self._sent[f"{folder}/{rel}"] = state
+                    else:
+                        path.unlink(missing_ok=True)
+                if folder != self.dir:  # an orphan spool, fully uploaded
+                    shutil.rmtree(folder, ignore_errors=True)
+            return ok
+
+    def _trim(self, files: list[tuple[Path, str, os.stat_result]]) -> None:
+        """Over the size limit: drop the oldest immutable parts, counted with their reason."""
+        total = sum(st.st_size for _, _, st in files)
+        if total <= self.max_bytes:
+            return
+        import pyarrow.parquet as pq
+
+        by_folder = {t.folder: t for t in _names.TABLES.values()}
+        reason = "object store unreachable and the local spool is full (raise RLTRACE_SPOOL_MAX_MB)"
+        for path, rel, st in list(files):
+            if total <= self.max_bytes:
+                break
+            folder = rel.split("/", 1)[0]
+            if folder in MUTABLE:
+                continue
+            try:
+                n = pq.read_metadata(path).num_rows if rel.endswith(".parquet") else 0
+            except Exception:
+                n = 0
+            path.unlink(missing_ok=True)
+            files.remove((path, rel, st))
+            total -= st.st_size
+            table = by_folder.get(folder)
+            self.drops.add(table.name if table else folder, n, reason)
+            if table is _names.SPANS:
+                self.spans_dropped += n
+            else:
+                self.rows_dropped += n
+            logger.warning("rltrace: dropped %d %s rows: %s", n, folder, reason)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Upload what is spooled now, retrying until `timeout`; True if all of it went up."""
+        deadline = time.monotonic() + timeout
+        delay = 0.2
+        while True:
+            if self.upload_once() and self.pending() == 0:
+                return True
+            if time.monotonic() + delay > deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def pending(self) -> int:
+        """Immutable files still waiting in the spool."""
+        return sum(1 for _, rel, _ in self._files(self.dir) if rel.split("/", 1)[0] not in MUTABLE)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the thread after a last upload; what could not go up stays in the spool for the
+        next process of this run on this host."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=timeout)
+        if not self.flush(timeout):
+            logger.warning("rltrace: %s still unreachable; %d parts kept in %s, uploaded by the next "
+                           "process of this run on this host", self.uri, self.pending(), self.dir)
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# --- readers ---------------------------------------------------------------------------------
+def mirror(uri: str, *, tables: tuple[str, ...] | None = None) -> Path:
+    """Bring the run at `uri` into the local cache (new and changed objects only) and return the
+    cache folder, a local run dir. `tables=()` fetches only the manifest."""
+    from pyarrow import fs
+
+    base, s3 = split(uri), filesystem()
+    local = _default_root("cache_dir", "runs") / _run_key(uri)
+    try:
+        info = s3.get_file_info(f"{base}/{_names.RUN_MANIFEST}")
+        if info.type == fs.FileType.NotFound:
+            raise layout.StoreError(f"{uri} is not an rltrace run: it has no {_names.RUN_MANIFEST} (made by rltrace.init)")
+        listing = [info]
+        if tables is None or tables:
+            try:
+                found = s3.get_file_info(fs.FileSelector(base, recursive=True))
+            except FileNotFoundError:
+                found = []
+            wanted = None if tables is None else set(tables)
+            listing += [
+                i for i in found
+                if i.type == fs.FileType.File and not i.base_name.startswith(".")
+                and i.path != info.path and not i.path[len(base) + 1:].startswith(_CANDIDATES + "/")
+                and (wanted is None or i.path[len(base) + 1:].split("/", 1)[0] in wanted)
+            ]
+    except layout.StoreError:
+        raise
+    except OSError as exc:
+        raise _unreachable(uri, exc) from None
+    local.mkdir(parents=True, exist_ok=True)
+    keep = set()
+    todo = []
+    for i in listing:
+        rel = i.path[len(base) + 1:]
+        if ".." in rel.split("/"):
+            continue
+        dest = local / rel
+        keep.add(dest)
+        mtime_ns = i.mtime_ns or 0
+        try:
+            st = dest.stat()
+            if st.st_size == i.size and st.st_mtime_ns == mtime_ns:
+                continue
+        except FileNotFoundError:
+            pass
+        todo.append((i.path, dest, mtime_ns))
+
+    def fetch(item) -> None:
+        key, dest, mtime_ns = item
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with s3.open_input_stream(key) as src:
+                tmp.write_bytes(src.read())
+            os.utime(tmp, ns=(mtime_ns, mtime_ns))
+            os.replace(tmp, dest)
+        except FileNotFoundError:
+            keep.discard(dest)  # removed (compacted) since listed
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(fetch, todo))
+    except OSError as exc:
+        raise _unreachable(uri, exc) from None
+    if tables is None:  # a full listing: drop local copies of objects gone from the store
+        for dirpath, _, filenames in os.walk(local):
+            for name in filenames:
+                path = Path(dirpath) / name
+                if path not in keep and not name.startswith("."):
+                    path.unlink(missing_ok=True)
+    return local
