@@ -1,0 +1,204 @@
+"""Runs in object storage, against a real S3-compatible server (moto's standalone server) on loopback.
+
+Writers are real separate processes; the server is stopped with SIGSTOP (it then accepts
+connections but answers nothing, as an unreachable store does) and resumed with SIGCONT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("moto.server")
+
+from rltrace import store  # noqa: E402
+from rltrace.cli import main  # noqa: E402
+from rltrace.store import objstore  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+WRITER = """
+import sys, time, rltrace
+uri, rank, steps, pause = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+rltrace.init(uri, role="rollout", rank=rank, flush_interval=0.2)
+i = 0
+while steps < 0 or i < steps:
+    with rltrace.phase("step", step=i):
+        with rltrace.phase("rollout"):
+            pass
+        with rltrace.phase("train"):
+            pass
+    rltrace.log_metrics(i, loss=float(i))
+    print("step", i, flush=True)
+    i += 1
+    time.sleep(pause)
+t0 = time.monotonic()
+rltrace.shutdown()
+print("done in %.1f s" % (time.monotonic() - t0), flush=True)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url + "/", timeout=1).read()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("moto server did not start")
+            time.sleep(0.2)
+    yield proc, url
+    os.kill(proc.pid, signal.SIGCONT)
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_run(s3_server, tmp_path, monkeypatch):
+    """A fresh bucket on the loopback server and the env that points rltrace at it."""
+    proc, url = s3_server
+    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_REGION": "us-east-1", "RLTRACE_SPOOL_DIR": str(tmp_path / "spool"),
+           "RLTRACE_CACHE_DIR": str(tmp_path / "cache")}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    bucket = "b" + uuid.uuid4().hex[:12]
+    from pyarrow import fs
+
+    fs.S3FileSystem(endpoint_override=url.split("//")[1], scheme="http", region="us-east-1",
+                    allow_bucket_creation=True).create_dir(bucket)
+    return f"s3://{bucket}/runs/exp1", {**os.environ, **env, "PYTHONPATH": str(ROOT)}, proc
+
+
+def _writer(uri: str, env: dict, rank: int, steps: int, pause: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WRITER, uri, str(rank), str(steps), str(pause)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _cli_json(capsys, *argv: str) -> dict:
+    capsys.readouterr()
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _objects(uri: str, folder: str) -> dict[str, int]:
+    from pyarrow import fs
+
+    s3 = objstore.filesystem()
+    try:
+        infos = s3.get_file_info(fs.FileSelector(f"{objstore.split(uri)}/{folder}"))
+    except FileNotFoundError:
+        return {}
+    return {i.base_name: i.size for i in infos if i.type == fs.FileType.File}
+
+
+def test_three_processes_write_one_run_and_info_report_read_it(s3_run, capsys, tmp_path):
+    uri, env, _ = s3_run
+    writers = [_writer(uri, env, rank, 40) for rank in range(3)]
+    for w in writers:
+        out, err = w.communicate(timeout=60)
+        assert w.returncode == 0, err
+    info = _cli_json(capsys, "info", uri)
+    assert info["run_dir"] == uri
+    assert info["rows"]["spans"] == 3 * 40 * 3
+    assert info["rows"]["metrics"] == 3 * 40
+    assert info["rows"]["processes"] == 3
+    assert info["spans"]["steps"] == 40 and info["spans"]["open"] == 0
+    assert {p["rank"] for p in info["processes"]} == {0, 1, 2}
+    assert all(p["state"] == "ended" and p["spans_dropped"] == 0 for p in info["processes"])
+    report = _cli_json(capsys, "report", uri)
+    assert report["run"]["run_id"] == info["run_id"] and report["run"]["run_dir"] == uri
+    con = store.open(uri)
+    assert con.execute("SELECT count(*) FROM spans").fetchone() == (360,)  # parts of another run would be refused by scan
+    assert not any((tmp_path / "spool").rglob("*.parquet"))  # everything went up, spools removed
+
+
+def test_sigkill_keeps_every_uploaded_part_and_the_next_process_uploads_the_rest(s3_run, tmp_path):
+    uri, env, _ = s3_run
+    w = _writer(uri, env, 0, -1, 0.01)
+    deadline = time.monotonic() + 30
+    while len(_objects(uri, "spans")) < 3:
+        assert time.monotonic() < deadline and w.poll() is None, w.stderr.read() if w.poll() is not None else ""
+        time.sleep(0.2)
+    uploaded = _objects(uri, "spans")
+    w.send_signal(signal.SIGKILL)
+    w.wait(timeout=10)
+    after = _objects(uri, "spans")
+    assert {k: after.get(k) for k in uploaded} == uploaded  # every part it had uploaded is there, whole
+    snap = store.scan(uri)  # and readable: no part is corrupt
+    uploaded_rows = sum(p.rows for p in snap.parts["spans"])
+    spooled = [p for p in (tmp_path / "spool").rglob("spans/*.parquet")]
+    spooled_rows = sum(pq.read_metadata(p).num_rows for p in spooled if p.name not in after)
+    assert uploaded_rows >= 3 * len(uploaded) and uploaded_rows % 3 == 0  # whole steps of 3 spans per part
+    # the next process of the run on this host uploads what the killed one left in its spool
+    w2 = _writer(uri, env, 1, 1)
+    _, err = w2.communicate(timeout=60)
+    assert w2.returncode == 0, err
+    con = store.open(uri)
+    assert con.execute("SELECT count(*) FROM spans WHERE rank = 0 AND NOT is_open").fetchone()[0] == uploaded_rows + spooled_rows
+    assert con.execute("SELECT count(*) FROM spans WHERE rank = 1").fetchone()[0] == 3
+    assert not any((tmp_path / "spool").rglob("*.parquet"))
+
+
+@pytest.mark.slow  # about 25 s: a 15 s run with a 10 s outage in it
+def test_server_unreachable_for_10s_loses_no_row(s3_run, capsys, tmp_path):
+    uri, env, moto = s3_run
+    steps = 300
+    w = _writer(uri, env, 0, steps, 0.05)  # about 15 s: the outage falls in the middle
+    assert w.stdout.readline().startswith("step")
+    time.sleep(1.0)
+    os.kill(moto.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        seen = 0
+        while time.monotonic() - t0 < 10:
+            line = w.stdout.readline()
+            if line.startswith("step"):
+                seen += 1
+        assert seen > 20  # the training loop kept going while the store was unreachable
+        assert any((tmp_path / "spool").rglob("spans/*.parquet"))  # parts waited in the spool
+    finally:
+        os.kill(moto.pid, signal.SIGCONT)
+    out, err = w.communicate(timeout=90)
+    assert w.returncode == 0, err
+    assert "done" in out, err
+    info = _cli_json(capsys, "info", uri)
+    assert info["rows"]["spans"] == 3 * steps
+    assert info["rows"]["metrics"] == steps
+    assert info["processes"][0]["spans_dropped"] == 0 and info["processes"][0]["rows_dropped"] == 0
+    assert not any((tmp_path / "spool").rglob("*.parquet"))
+
+
+def test_missing_run_and_unreachable_store_are_one_line_errors(s3_run, monkeypatch, capsys):
+    uri, _, _ = s3_run
+    assert main(["info", uri + "-nothing"]) != 0
+    assert "is not an rltrace run" in capsys.readouterr().err
+    with pytest.raises(store.StoreError, match="not reachable"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+        store.open(uri)
+    with pytest.raises(store.StoreError, match="object-store"):
+        store.compact(uri)
