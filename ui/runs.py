@@ -25,6 +25,7 @@ import duckdb
 import streamlit as st
 
 from rltrace import _names, store
+from rltrace.store import objstore
 from rltrace._config import resolve
 
 CONNECTIONS_KEPT = 16  # snapshots held open at once (old versions of live runs fall out first)
@@ -54,7 +55,7 @@ def run_dirs() -> list[str]:
 def fingerprint(path: str) -> str:
     """Changes whenever a part is added, replaced or removed, or the manifest changes."""
     h = hashlib.blake2b(digest_size=8)
-    root = Path(path)
+    root = objstore.mirror(path) if objstore.is_uri(path) else Path(path)
     folders = sorted({t.folder for t in _names.TABLES.values()})
     for folder in ["."] + folders:
         try:

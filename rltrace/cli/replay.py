@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     def action(name: str, help: str, func) -> argparse.ArgumentParser:
         a = actions.add_parser(name, help=help)
         a.add_argument("run_dir", metavar="RUN_DIR")
-        a.set_defaults(func=func)
+        a.set_defaults(func=_object_store_copy(name, func))
         return a
 
     def step_args(a: argparse.ArgumentParser) -> None:
@@ -87,6 +87,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--arg", type=_kv, action="append", default=[], metavar="KEY=VALUE", help="extra keyword argument for the entry")
     a = action("request", "ask a running loop's Freezer to freeze its next step", _request)
     a.add_argument("--reason", default=None, help="why (stored as the batch's reason)")
+
+
+_READ_ONLY = ("list", "show", "diff")
+
+
+def _object_store_copy(name: str, func):
+    """For an `s3://` run, read actions work on the local copy of its parts; the others store
+    replays or requests into the run and need it on disk."""
+
+    def wrapped(args) -> int:
+        from rltrace.store import objstore
+
+        if objstore.is_uri(args.run_dir):
+            if name not in _READ_ONLY:
+                raise RltraceError(f"rltrace replay {name} works on run directories on disk; for {args.run_dir} "
+                                   f"use {', '.join(_READ_ONLY)}")
+            args.run_dir = str(objstore.mirror(args.run_dir))
+        return func(args)
+
+    return wrapped
 
 
 def _tokenizer(args):

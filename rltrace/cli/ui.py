@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from rltrace._config import RltraceError, paths_value
-from rltrace.store import read_manifest
+from rltrace.store import objstore, read_manifest
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8501
@@ -48,6 +48,10 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The Streamlit command line and environment for these arguments (after checking the runs)."""
     runs = []
     for run_dir in args.run_dirs:
+        if objstore.is_uri(run_dir):  # read through a local copy, refreshed as the dashboard refreshes
+            read_manifest(run_dir)
+            runs.append(run_dir)
+            continue
         read_manifest(Path(run_dir))  # a StoreError naming the dir if it is not a run
         runs.append(str(Path(run_dir).resolve()))
     if not 0 < args.port < 65536:

@@ -202,3 +202,30 @@ def test_missing_run_and_unreachable_store_are_one_line_errors(s3_run, monkeypat
         store.open(uri)
     with pytest.raises(store.StoreError, match="object-store"):
         store.compact(uri)
+
+
+def test_export_replay_and_dashboard_accept_the_uri(s3_run, capsys, tmp_path):
+    uri, env, _ = s3_run
+    w = _writer(uri, env, 0, 5)
+    _, err = w.communicate(timeout=60)
+    assert w.returncode == 0, err
+    out = tmp_path / "trace.json"
+    assert main(["export", uri, "--format", "chrome", "--out", str(out)]) == 0
+    events = json.loads(out.read_text())
+    assert sum(1 for e in (events["traceEvents"] if isinstance(events, dict) else events) if e.get("ph") == "X") == 15
+    listed = _cli_json(capsys, "replay", "list", uri)
+    assert listed == {"batches": [], "skipped": []}  # read from the local copy; this run froze no batch
+    assert main(["replay", "request", uri]) != 0  # it writes into the run: refused for s3:// runs
+    assert "run directories on disk" in capsys.readouterr().err
+    import argparse
+
+    from rltrace.cli import ui as ui_cli
+
+    _, ui_env = ui_cli.command(argparse.Namespace(run_dirs=[uri], port=8501, host="127.0.0.1"))
+    assert uri in ui_env["RLTRACE_UI_RUNS"]
+    from ui import runs
+
+    before = runs.fingerprint(uri)
+    w = _writer(uri, env, 1, 2)
+    w.communicate(timeout=60)
+    assert runs.fingerprint(uri) != before  # the dashboard sees new parts of the live run
