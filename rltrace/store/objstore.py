@@ -55,14 +55,15 @@ def split(uri: str) -> str:
     return path
 
 
-def filesystem():
+def filesystem(attempts: int = 3):
     """A pyarrow S3 filesystem from the standard AWS environment variables.
 
-    Short timeouts and a single attempt: the uploader retries on its own schedule."""
+    Short timeouts (a request that moves no byte for 5 s fails); the uploader makes one attempt
+    per request and retries on its own schedule. Delayed open: a small part is one PutObject."""
     from pyarrow import fs
 
-    kwargs: dict[str, Any] = {"connect_timeout": 3, "request_timeout": 10,
-                              "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=2)}
+    kwargs: dict[str, Any] = {"connect_timeout": 3, "request_timeout": 5, "allow_delayed_open": True,
+                              "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=attempts)}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         parsed = urlparse(endpoint if "://" in endpoint else "https://" + endpoint)
@@ -172,7 +173,7 @@ class Spool:
         self.spans_dropped = 0
         self.rows_dropped = 0
         self.failures = 0
-        self._s3 = filesystem()
+        self._s3 = filesystem(attempts=1)
         self._sent: dict[str, tuple[int, int]] = {}  # key -> (mtime_ns, size) of mutable files uploaded
         self._lock = threading.Lock()
         self._start()
@@ -319,10 +320,11 @@ class Spool:
     def close(self, timeout: float = 30.0) -> None:
         """Stop the thread after a last upload; what could not go up stays in the spool for the
         next process of this run on this host."""
+        deadline = time.monotonic() + timeout
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=timeout)
-        if not self.flush(timeout):
+        if not self.flush(max(deadline - time.monotonic(), 1.0)):
             logger.warning("rltrace: %s still unreachable; %d parts kept in %s, uploaded by the next "
                            "process of this run on this host", self.uri, self.pending(), self.dir)
             return
