@@ -145,6 +145,14 @@ def _run_key(uri: str) -> str:
     return f"{rows.text(base.rsplit('/', 1)[-1])[:40]}-{hashlib.sha256(base.encode()).hexdigest()[:12]}"
 
 
+def _owners(folder: Path) -> tuple[str | None, list[int]]:
+    try:
+        owner = json.loads((folder / _OWNER).read_text())
+        return owner.get("host"), [p for p in owner.get("pids", []) if isinstance(p, int)]
+    except (OSError, ValueError, AttributeError):
+        return None, []
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -165,7 +173,7 @@ class Spool:
         self.root = _default_root("spool_dir", "spool") / _run_key(uri)
         self.dir = self.root / f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / _OWNER).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+        self._own(add=os.getpid())
         (self.dir / _names.RUN_MANIFEST).write_text(layout.manifest_text(manifest))
         layout.read_manifest(self.dir)  # registers the run id for the parts' footers
         self.interval = interval
@@ -173,6 +181,7 @@ class Spool:
         self.spans_dropped = 0
         self.rows_dropped = 0
         self.failures = 0
+        self._failing = False
         self._s3 = filesystem(attempts=1)
         self._sent: dict[str, tuple[int, int]] = {}  # key -> (mtime_ns, size) of mutable files uploaded
         self._lock = threading.Lock()
@@ -185,9 +194,19 @@ class Spool:
         self._thread = threading.Thread(target=self._loop, name="rltrace-uploader", daemon=True)
         self._thread.start()
 
+    def _own(self, *, add: int | None = None, remove: int | None = None) -> list[int]:
+        """The processes writing into this spool (a forked child shares its parent's), updated."""
+        pids = _owners(self.dir)[1]
+        pids = [p for p in pids if p != remove] + ([add] if add is not None and add not in pids else [])
+        tmp = self.dir / f".owner.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"host": socket.gethostname(), "pids": pids}))
+        os.replace(tmp, self.dir / _OWNER)
+        return pids
+
     def after_fork(self) -> None:
         """In a forked child: a fresh uploader thread over the same spool folder."""
         self._lock = threading.Lock()
+        self._own(add=os.getpid())
         self._start()
 
     # --- the uploader --------------------------------------------------------------------------
@@ -213,11 +232,8 @@ class Spool:
         for d in siblings:
             if d == self.dir or not d.is_dir():
                 continue
-            try:
-                owner = json.loads((d / _OWNER).read_text())
-            except (OSError, ValueError):
-                continue
-            if owner.get("host") == host and isinstance(owner.get("pid"), int) and not _alive(owner["pid"]):
+            owner_host, pids = _owners(d)
+            if owner_host == host and pids and not any(_alive(p) for p in pids):
                 out.append(d)
         return out
 
@@ -258,11 +274,15 @@ class Spool:
                         _put(self._s3, f"{self.base}/{rel}", data)
                     except OSError as exc:
                         self.failures += 1
-                        if ok:
+                        if not self._failing:  # once per outage, not once per retry
+                            self._failing = True
                             logger.warning("rltrace: %s unreachable, parts kept in %s for later (%s)",
                                            self.uri, folder, str(exc).splitlines()[0][:200] if str(exc) else exc)
                         return False
                     self.uploaded_bytes += len(data)
+                    if self._failing:
+                        self._failing = False
+                        logger.warning("rltrace: %s reachable again, uploading the spooled parts", self.uri)
                     if mutable and folder == self.dir:
                         self._sent[f"{folder}/{rel}"] = state
                     else:
@@ -328,7 +348,8 @@ class Spool:
             logger.warning("rltrace: %s still unreachable; %d parts kept in %s, uploaded by the next "
                            "process of this run on this host", self.uri, self.pending(), self.dir)
             return
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not any(_alive(p) for p in self._own(remove=os.getpid())):  # a forked child may still write here
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # --- readers ---------------------------------------------------------------------------------

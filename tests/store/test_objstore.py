@@ -229,3 +229,26 @@ def test_export_replay_and_dashboard_accept_the_uri(s3_run, capsys, tmp_path):
     w = _writer(uri, env, 1, 2)
     w.communicate(timeout=60)
     assert runs.fingerprint(uri) != before  # the dashboard sees new parts of the live run
+
+
+FORKING = """
+import os, sys, rltrace
+rltrace.init(sys.argv[1], role="rollout", flush_interval=0.2)
+pid = os.fork()
+for i in range(20):
+    with rltrace.phase("step", step=i):
+        pass
+rltrace.shutdown()
+if pid:
+    os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_shares_the_spool_and_loses_nothing(s3_run, tmp_path):
+    uri, env, _ = s3_run
+    proc = subprocess.run([sys.executable, "-c", FORKING, uri], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    con = store.open(uri)
+    assert con.execute("SELECT count(*), count(DISTINCT process_id) FROM spans").fetchone() == (40, 2)
+    assert con.execute("SELECT count(*) FROM processes WHERE ended_ns IS NOT NULL").fetchone() == (2,)
+    assert not any((tmp_path / "spool").rglob("*.parquet"))
