@@ -252,3 +252,36 @@ def test_a_forked_child_shares_the_spool_and_loses_nothing(s3_run, tmp_path):
     assert con.execute("SELECT count(*), count(DISTINCT process_id) FROM spans").fetchone() == (40, 2)
     assert con.execute("SELECT count(*) FROM processes WHERE ended_ns IS NOT NULL").fetchone() == (2,)
     assert not any((tmp_path / "spool").rglob("*.parquet"))
+
+
+def test_a_full_spool_drops_the_oldest_parts_counted_and_uploads_the_rest(s3_run, monkeypatch):
+    import pyarrow as pa
+
+    from rltrace import _names
+    from rltrace.store import rows
+    from rltrace.store.writer import write_part
+
+    uri, _, _ = s3_run
+    manifest = objstore.create_or_join(uri, run_name=None, config=None)
+    live = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    drops = rows.Drops()
+    spool = objstore.Spool(uri, manifest, drops=drops, interval=3600)  # uploads only when called here
+    table = pa.table({"step": pa.array(range(1000), pa.int64()), "name": ["loss"] * 1000,
+                      "value": pa.array([float(i) for i in range(1000)])})
+    for i in range(6):
+        write_part(spool.dir / "metrics", f"p-{i:08d}.parquet", table, _names.METRICS_TABLE)
+        os.utime(spool.dir / "metrics" / f"p-{i:08d}.parquet", ns=(i * 10**9, i * 10**9))  # oldest first
+    part = (spool.dir / "metrics" / "p-00000000.parquet").stat().st_size
+    spool.max_bytes = int(part * 2.5)
+    assert spool.upload_once() is False  # unreachable: kept, and trimmed to the limit
+    left = sorted(p.name for p in (spool.dir / "metrics").iterdir())
+    assert left == ["p-00000004.parquet", "p-00000005.parquet"]  # the oldest went first
+    assert spool.rows_dropped == 4000
+    assert drops.records() == [{"table": "metrics", "column": None, "count": 4000,
+                                "reason": "object store unreachable and the local spool is full (raise RLTRACE_SPOOL_MAX_MB)"}]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", live)
+    spool._s3 = objstore.filesystem(attempts=1)  # the store is back
+    spool.close(timeout=30)
+    assert store.open(uri).execute("SELECT count(*) FROM metrics").fetchone() == (2000,)
+    assert not spool.dir.exists()
