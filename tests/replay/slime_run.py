@@ -68,8 +68,8 @@ class Engine:
                 cached = max((_common(ids, s) for s in self.seen), default=0)
                 self.seen.append(ids)
                 want = rng.choice([3, 5, 8, 12, 20, 70])
-                if self.slow_prompt and self.slow_prompt in "".join(map(chr, ids)):
-                    want = 60  # still running when the rollout has enough groups: aborted, carried over
+                if self.version == 1 and self.slow_prompt and self.slow_prompt in "".join(map(chr, ids)):
+                    want = 60  # still running when rollout 0 has enough groups: aborted, carried over to rollout 1
                 limit = params["max_new_tokens"]
                 n, finish = (limit, "length") if want >= limit else (want, "stop")
                 out = []
