@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 SRC = Path(__file__).parent / "slime_src"
+_SLIME = None  # the run the stand-ins serve
 TOOL_TEXT = '<|im_start|>tool\n42<|im_end|>\n'
 
 
@@ -113,19 +114,24 @@ class Slime:
     def __post_init__(self):
         if str(SRC) not in sys.path:
             sys.path.insert(0, str(SRC))
-        engine = self
+        global _SLIME
+        _SLIME = self  # the stand-ins below serve the newest run (slime's modules import them once)
+        if "slime.rollout.sglang_rollout" in sys.modules:
+            self._bind()
+            return
+        engine = sys.modules[__name__]
 
         async def post(url, payload, max_retries=60, headers=None):
             if url.endswith("/generate"):
-                return await engine.engine.generate(payload)
+                return await engine._SLIME.engine.generate(payload)
             return {}
 
         async def get(url):
             return {"workers": [{"url": "http://engine"}]}
 
         async def abort_servers_until_idle(urls):
-            engine.engine.aborted = True
-            while engine.engine.running:
+            engine._SLIME.engine.aborted = True
+            while engine._SLIME.engine.running:
                 await asyncio.sleep(0.001)
 
         async def async_rm(args, sample):
@@ -147,6 +153,9 @@ class Slime:
         _stub("slime.utils.processing_utils", build_processor_kwargs=dict, encode_image_for_rollout_engine=str,
               load_processor=lambda *a, **k: None, load_tokenizer=lambda *a, **k: CharTokenizer())
         _stub("slime.rollout.rm_hub", async_rm=async_rm, batched_async_rm=batched_async_rm)
+        self._bind()
+
+    def _bind(self):
         from slime.observability import metric_utils, rollout_data_utils, rollout_metrics, train_data_utils
         from slime.rollout import sglang_rollout
         from slime.utils import misc, types as slime_types
