@@ -64,6 +64,7 @@ EXTRA_COLUMNS: dict[str, pa.DataType] = {
     "repetition": pa.bool_(),  # slime's has_repetition(response)
     "spec_accept_rate": pa.float64(),  # spec_info (speculative decoding)
     "spec_accept_length": pa.float64(),
+    "train_rollout_logprob_abs_diff": pa.float64(),  # with a joined train dump: this sample's masked mean |log p - log q|
 }
 
 
@@ -334,10 +335,12 @@ def _lanes(samples: list) -> dict[int, tuple[int, str, int, str]]:
     return out
 
 
-def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, starts: dict[int, int] | None = None) -> dict[str, int]:
+def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, starts: dict[int, int] | None = None,
+          extra: dict[int, dict] | None = None) -> dict[str, int]:
     """Write the spans (finished and open) and `samples` rows of one rollout dump.
 
-    `starts`: when each imported rollout's own work began (`own_start`), to put carried-over work in its step.
+    `starts`: when each imported rollout's own work began (`own_start`), to put carried-over work in its step;
+    `extra`: more columns for the dump's own row of sample i (e.g. mismatch from a joined train dump).
     """
     spans, rows, unmatched = [], [], 0
     lanes = _lanes(samples)
@@ -356,7 +359,8 @@ def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, s
     requests = [r["weight_version"] for r in _requests(spans) if r["weight_version"] is not None and r["step"] == rollout_id]
     train_version = max(requests) if requests else None
     for i, sample, mine in per_sample:
-        rows += sample_rows(sample, i, rollout_id, mine, train_version)
+        for row in sample_rows(sample, i, rollout_id, mine, train_version):
+            rows.append({**row, **(extra or {}).get(i, {})} if row["step"] == rollout_id else row)
     spans = [_finish(s) for s in _dedupe_groups(spans)]
     finished = [s for s in spans if s["end_ns"] is not None]
     still_open = [s for s in spans if s["end_ns"] is None]

@@ -241,3 +241,38 @@ def test_a_traced_run_gets_the_same_numbers_from_its_samples(tmp_path):
     assert row["zero_std"] == {"count_0.0": 1} and row["response_len_median"] == pytest.approx(13.5)
     # group 0 has 3 of 4 correct, group 1 none: pass@1 = (0.75 + 0) / 2, pass@2 = (1 + 0) / 2
     assert row["pass_at_k"] == {"1": pytest.approx(0.375), "2": pytest.approx(0.5), "4": pytest.approx(0.5)}
+
+
+# --- loss masks ------------------------------------------------------------------------------------
+def test_tool_turns_under_loss_mask_0_are_not_template_leaks(partial):
+    from rltrace import replay
+    from rltrace.replay.browse import sample_views
+    from rltrace.replay.flags import sample_flags
+
+    _, _, _, root = partial
+    views = sample_views(replay.load(root / "run", 0))
+    tool = [v for v in views if slime_run.TOOL_TEXT in (v["response_text"] or "")]
+    assert tool and all("template_leak" not in v["flags"] for v in tool)
+    batch = replay.load(root / "run", 0)
+    i = tool[0]["sample_index"]
+    sample = {"response_tokens": batch["response_tokens"][i], "response_text": tool[0]["response_text"]}
+    assert "template_leak" in sample_flags(sample)  # the same text without its mask is flagged
+    mask = batch["loss_mask"][i]
+    assert "template_leak" not in sample_flags({**sample, "loss_mask": mask})
+    leaked = sample_flags({**sample, "loss_mask": mask, "trained_text": "ok <|im_end|> more"})
+    assert "template_leak" in leaked  # a marker the model wrote itself still is one
+
+
+def test_mismatch_is_slimes_masked_train_rollout_logprob_abs_diff(partial):
+    rollouts, _, con, root = partial
+    got = analysis.mismatch(con)
+    got = got[(got["metric"] == "train_rollout_logprob_abs_diff") & (got["source"] == "samples")].set_index("step")["value"]
+    for r in rollouts:
+        samples = torch.load(root / "dump" / "train_data" / f"{r.rollout_id}.pt", weights_only=True)["samples"]
+        diffs = [(s["log_probs"] - s["rollout_log_probs"]).abs() for s in samples]
+        masks = [s["loss_masks"] for s in samples]
+        # megatron_utils/loss.py:1140: sum_of_sample_mean(|log p - log q|), over the step's samples
+        exact = sum(float((d.double() * m.double()).sum()) / max(float(m.sum()), 1.0) for d, m in zip(diffs, masks)) / len(samples)
+        assert got[r.rollout_id] == pytest.approx(exact, rel=1e-6)
+        unmasked = sum(float(d.double().mean()) for d in diffs) / len(samples)
+        assert got[r.rollout_id] != pytest.approx(unmasked, rel=1e-6)  # tool tokens would count otherwise
