@@ -143,7 +143,10 @@ def trace_spans(sample: dict, rollout_id: int, starts: dict[int, int] | None = N
         attrs = event.get("attrs") if isinstance(event.get("attrs"), dict) else {}
         if kind == "span_start" and span_id:
             name = str(event.get("name") or "span")
-            spans[span_id] = _span(trace_id, span_id, event, name, {**base_attrs, "slime.attempt": event.get("attempt"), **attrs})
+            own = {**base_attrs, "slime.attempt": event.get("attempt"), **attrs}
+            if name in GROUP_SPANS:
+                own.pop("slime.sample_id")  # the group's span, stored once: it belongs to no one sample
+            spans[span_id] = _span(trace_id, span_id, event, name, own)
         elif kind == "span_end" and span_id in spans and spans[span_id]["end_ns"] is None:
             spans[span_id]["end_ns"] = _ns(event["ts"])
             spans[span_id]["attrs"].update(attrs)

@@ -219,6 +219,13 @@ def timeline(run: RunRef, first: int, last: int) -> pd.DataFrame:
     return _with(run, _timeline, first, last)
 
 
+@st.cache_data(**CACHE)
+def sample_timeline(run: RunRef, first: int, last: int) -> pd.DataFrame:
+    """Spans of steps first..last that belong to a sample, with its lane facts (`analysis.sample_timeline`)."""
+    last = min(last, first + TIMELINE_MAX_STEPS - 1)
+    return _with(run, analysis.sample_timeline, first, last)
+
+
 def _span(con, span_id: str) -> dict | None:
     found = con.execute(
         """SELECT trace_id, span_id, parent_span_id, name, coalesce(phase, name) AS phase, step, weight_version,

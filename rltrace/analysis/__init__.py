@@ -27,7 +27,7 @@ from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
 from rltrace.analysis.steps import phase_breakdown, phase_totals, step_breakdown
 from rltrace.analysis.summary import table as summary_table
-from rltrace.analysis.timeline import step_timeline
+from rltrace.analysis.timeline import sample_timeline, step_timeline
 from rltrace.analysis.waits import top_waits, waits
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "open_spans",
     "drops",
     "step_timeline",
+    "sample_timeline",
     "has_profiles",
     "attached",
     "for_phase",
