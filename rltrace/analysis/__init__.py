@@ -22,7 +22,7 @@ from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis.mismatch import mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
-from rltrace.analysis.rollout import engine, rollout, train_means
+from rltrace.analysis.rollout import engine, engine_summary, rollout, train_means
 from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
 from rltrace.analysis.steps import phase_breakdown, phase_totals, step_breakdown
@@ -55,6 +55,7 @@ __all__ = [
     "trends",
     "rollout",
     "engine",
+    "engine_summary",
     "train_means",
     "open_spans",
     "drops",

@@ -128,6 +128,49 @@ def engine(con, steps: Steps = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=None if rows else ["step", "requests"])
 
 
+def engine_summary(con, steps: Steps = None) -> pd.DataFrame:
+    """Per step, the rollout engine's own numbers: what explains a slow generation.
+
+    Returns: step, requests, prefix_cache_hit_rate (cached prompt tokens / prompt tokens: the
+    samples' prefix-cache columns, else the requests' `cached_tokens` / `prompt_tokens`),
+    queue_share (sum of request queue_time / sum of e2e_latency), decode_throughput_p50/p90/p99
+    (tokens/s per request), spec_accept_rate (mean over samples, when speculative decoding ran).
+    """
+    where, params = step_filter(steps)
+    rows: dict[int, dict] = {}
+    if _columns(con, "spans"):
+        req = con.execute(
+            f"""SELECT step, TRY_CAST(attr(attributes, 'queue_time') AS DOUBLE) AS q,
+                       TRY_CAST(attr(attributes, 'e2e_latency') AS DOUBLE) AS e,
+                       TRY_CAST(attr(attributes, 'decode_throughput') AS DOUBLE) AS t,
+                       TRY_CAST(attr(attributes, 'cached_tokens') AS DOUBLE) AS c,
+                       TRY_CAST(attr(attributes, 'prompt_tokens') AS DOUBLE) AS p
+                FROM spans WHERE {where} AND step IS NOT NULL
+                AND (attr(attributes, 'e2e_latency') IS NOT NULL OR attr(attributes, 'decode_throughput') IS NOT NULL)""",
+            params,
+        ).df()
+        for step, g in req.groupby("step", sort=True):
+            row = rows.setdefault(int(step), {"step": int(step)})
+            row["requests"] = len(g)
+            both = g.dropna(subset=["q", "e"])
+            if len(both) and both["e"].sum() > 0:
+                row["queue_share"] = float(both["q"].sum() / both["e"].sum())
+            t = g["t"].dropna()
+            if len(t):
+                row.update({f"decode_throughput_p{q}": float(np.percentile(t, q)) for q in (50, 90, 99)})
+            cp = g.dropna(subset=["c", "p"])
+            if len(cp) and cp["p"].sum() > 0:
+                row["prefix_cache_hit_rate"] = float(cp["c"].sum() / cp["p"].sum())
+    samples = rollout(con, steps) if _columns(con, "samples") else pd.DataFrame()
+    for rec in samples.to_dict("records") if len(samples) else []:
+        row = rows.setdefault(int(rec["step"]), {"step": int(rec["step"])})
+        for key in ("prefix_cache_hit_rate", "spec_accept_rate"):
+            value = rec.get(key)
+            if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                row[key] = value
+    return pd.DataFrame(sorted(rows.values(), key=lambda r: r["step"]), columns=None if rows else ["step"])
+
+
 def train_means(con, steps: Steps = None) -> pd.DataFrame:
     """Per step, slime's train-side rollout means from frozen batches with train fields (an imported
     train dump, or a batch frozen with them): `log_probs`, `rollout_log_probs`, `ref_log_probs` as the

@@ -69,6 +69,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "mismatch": _mismatch(con, steps),
         "reward": _reward(con, steps),
         "rollout": plain(analysis.rollout(con, steps)),
+        "engine": plain(analysis.engine_summary(con, steps)),
         "open_spans": _open_spans(con, now_ns),
         "dropped": _dropped(con),
     }

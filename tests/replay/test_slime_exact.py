@@ -276,3 +276,26 @@ def test_mismatch_is_slimes_masked_train_rollout_logprob_abs_diff(partial):
         assert got[r.rollout_id] == pytest.approx(exact, rel=1e-6)
         unmasked = sum(float(d.double().mean()) for d in diffs) / len(samples)
         assert got[r.rollout_id] != pytest.approx(unmasked, rel=1e-6)  # tool tokens would count otherwise
+
+
+# --- the engine section ----------------------------------------------------------------------------
+def test_engine_section_from_the_requests_slime_recorded(plain_run):
+    (r,), con = plain_run
+    attrs = [e["attrs"] for s in r.samples for e in s.trace["events"] if e["type"] == "span_end" and e["name"] == "sglang_generate"]
+    row = build(con)["engine"][0]
+    assert row["requests"] == len(attrs)
+    assert row["queue_share"] == pytest.approx(sum(a["queue_time"] for a in attrs) / sum(a["e2e_latency"] for a in attrs), abs=1e-9)
+    assert row["decode_throughput_p90"] == pytest.approx(np.percentile([a["decode_throughput"] for a in attrs], 90), abs=1e-9)
+    assert row["prefix_cache_hit_rate"] == pytest.approx(r.metrics["prefix_cache_hit_rate"], abs=1e-9)
+
+
+def test_a_saturated_engine_explains_a_slow_rollout():
+    from rltrace.report import findings
+
+    report = {"bottleneck": {"stage": "rollout"}, "engine": [{"step": 0, "queue_share": 0.6, "spec_accept_rate": 0.2,
+                                                             "prefix_cache_hit_rate": 0.0}]}
+    text = " ".join(findings._engine(report))
+    assert "60% of their time queued" in text and "accepted a median 20%" in text and "hit rate was 0%" in text
+    assert findings._engine({**report, "bottleneck": {"stage": "train"}}) == []
+    calm = {"bottleneck": {"stage": "rollout"}, "engine": [{"step": 0, "queue_share": 0.05, "prefix_cache_hit_rate": 0.7}]}
+    assert findings._engine(calm) == []
