@@ -50,7 +50,7 @@ def _stub(name: str, **attrs) -> types.ModuleType:
 class Engine:
     """Stands in for SGLang behind slime's router: one `/generate` with SGLang's meta_info."""
 
-    def __init__(self, *, slots: int = 6, token_s: float = 0.002, pd: bool = True):
+    def __init__(self, *, slots: int = 10, token_s: float = 0.002, pd: bool = True):
         self.version, self.token_s, self.pd, self.n_slots = 1, token_s, pd, slots
         self.slots = None  # made on the event loop that slime runs the rollout on
         self.aborted, self.running, self.seen = False, 0, []
@@ -69,17 +69,22 @@ class Engine:
                 cached = max((_common(ids, s) for s in self.seen), default=0)
                 self.seen.append(ids)
                 want = rng.choice([3, 5, 8, 12, 20, 70])
-                if self.version == 1 and self.slow_prompt and self.slow_prompt in "".join(map(chr, ids)):
-                    want = 60  # still running when rollout 0 has enough groups: aborted, carried over to rollout 1
+                carried = bool(self.slow_prompt) and self.slow_prompt in "".join(map(chr, ids))
+                slow = carried and self.version == 1
+                if carried:  # still running when rollout 0 has enough groups: aborted, then first done in rollout 1
+                    want = 60 if slow else 3
                 limit = params["max_new_tokens"]
                 n, finish = (limit, "length") if want >= limit else (want, "stop")
+                prefill_start = time.time()
+                await asyncio.sleep(0.00002 * (len(ids) - cached))  # prefill the uncached part of the prompt
+                prefill_s = time.time() - prefill_start
                 out = []
                 decode_start = time.time()
                 for _ in range(n):
                     if self.aborted:
                         finish = "abort"
                         break
-                    await asyncio.sleep(self.token_s)
+                    await asyncio.sleep(self.token_s * (3 if slow else 1))
                     out.append(97 + rng.randrange(6))
                 decode_s = max(time.time() - decode_start, 1e-9)
         finally:
@@ -91,7 +96,7 @@ class Engine:
             "output_token_logprobs": [(-0.05 - 0.9 * rng.random(), t) for t in out],
         }
         if self.pd:
-            meta |= {"pd_prefill_forward_duration": 0.001 + 0.0001 * (len(ids) - cached),
+            meta |= {"pd_prefill_bootstrap_queue_duration": queued, "pd_prefill_forward_duration": prefill_s,
                      "pd_decode_forward_duration": decode_s, "pd_transfer_total_mb": 0.25 * len(ids) / 64}
         return {"text": "".join(map(chr, out)), "meta_info": meta}
 

@@ -299,3 +299,14 @@ def test_a_saturated_engine_explains_a_slow_rollout():
     assert findings._engine({**report, "bottleneck": {"stage": "train"}}) == []
     calm = {"bottleneck": {"stage": "rollout"}, "engine": [{"step": 0, "queue_share": 0.05, "prefix_cache_hit_rate": 0.7}]}
     assert findings._engine(calm) == []
+
+
+def test_staleness_per_request_follows_each_weight_version(partial):
+    rollouts, _, con, _ = partial
+    st = analysis.staleness(con).set_index("step")
+    for r in rollouts:
+        versions = [int(v) for s in r.samples for v in s.weight_versions]
+        v_t = max(versions)  # the trainer's version: the newest any request of the rollout ran under
+        assert st.loc[r.rollout_id, "request_mean"] == pytest.approx(np.mean([v_t - v for v in versions]), abs=1e-9)
+        assert st.loc[r.rollout_id, "mean"] == pytest.approx(np.mean([v_t - min(map(int, s.weight_versions)) for s in r.samples]), abs=1e-9)
+    assert st.loc[1, "request_mean"] < st.loc[1, "mean"]  # a carried-over sample is only partly old
