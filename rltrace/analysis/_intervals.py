@@ -1,7 +1,7 @@
 """Vectorised interval arithmetic on int64 nanoseconds, grouped by an integer key.
 
 Why numpy and not SQL: unions, gaps and overlaps over millions of spans are sorts plus
-cumulative maxima; DuckDB's window functions took seconds for the same work (BRIEF field notes).
+cumulative maxima; DuckDB's window functions took seconds for the same work when this was measured.
 Every function takes parallel arrays (`group`, `start`, `end`) and returns disjoint, sorted ones.
 """
 
