@@ -188,6 +188,12 @@ def mismatch(run: RunRef, steps: Steps) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 @st.cache_data(**CACHE)
+def rollout(run: RunRef, steps: Steps) -> pd.DataFrame:
+    """Per step, what slime computes from a rollout's samples (`analysis.rollout`)."""
+    return _with(run, analysis.rollout, steps)
+
+
+@st.cache_data(**CACHE)
 def staleness(run: RunRef, steps: Steps) -> pd.DataFrame:
     return _with(run, analysis.staleness, steps)
 

@@ -165,6 +165,11 @@ def _mismatch(con, steps: Steps) -> dict:
 
 def _reward(con, steps: Steps) -> dict:
     r = analysis.step_metrics(con, ["reward_mean"], steps)
+    if r.empty:  # no reward_mean logged: the mean of the samples' rewards (an imported slime run)
+        ro = analysis.rollout(con, steps)
+        if "reward_mean" in ro and ro["reward_mean"].notna().any():
+            r = ro.loc[ro["reward_mean"].notna(), ["step", "reward_mean"]].rename(columns={"reward_mean": "value"})
+            r = r.assign(logged_as="samples' reward").reset_index(drop=True)
     if r.empty:
         return {"first": None, "last": None, "mean": None, "best": None, "best_step": None, "logged_as": None,
                 "per_step": []}

@@ -122,3 +122,14 @@ def test_sample_lanes_in_a_real_browser(slime_dir):
     finally:
         server.close()
     assert not errors, errors
+
+
+def test_the_reward_page_shows_slimes_rollout_numbers(slime_dir, app):
+    run_dir, rollouts = slime_dir
+    at = app(run_dir)
+    at.switch_page("views/reward.py").run()
+    no_exceptions(at)
+    assert not any("No `reward_mean` logged" in i.value for i in at.info)  # the samples' rewards stand in
+    table = next(d.value for d in at.dataframe if "pass@1" in d.value.columns).set_index("step")
+    assert table.loc[1, "pass@1"] == pytest.approx(rollouts[1].pass_rate["pass@1"], abs=1e-9)
+    assert table.loc[0, "response_len_mean"] == pytest.approx(rollouts[0].metrics["response_len/mean"], abs=1e-9)
