@@ -37,18 +37,19 @@ def sample_timeline(con, first: int, last: int) -> pd.DataFrame:
     gid = "coalesce(" + ", ".join(f"attr(s.attributes, '{a}')" for a in GROUP_ATTRS) + ")"
     has_samples = "reward" in {r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE samples)").fetchall()} \
         if con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'samples'").fetchone()[0] else False
-    reward = ("(SELECT max(x.reward) FROM samples x WHERE x.step = s.step AND CAST(x.sample_id AS VARCHAR) = "
-              f"{sid})") if has_samples else "CAST(NULL AS DOUBLE)"
+    rewards = ("LEFT JOIN (SELECT step, CAST(sample_id AS VARCHAR) AS sid, max(reward) AS reward FROM samples "
+               f"WHERE step BETWEEN ? AND ? GROUP BY ALL) r ON r.step = s.step AND r.sid = {sid}") if has_samples else ""
     frame = con.execute(
         f"""SELECT s.span_id, s.parent_span_id, s.trace_id, s.name, coalesce(s.phase, s.name) AS phase, s.process_id,
                    s.role, s.rank, s.host, s.thread_id, s.thread_name, s.start_ns, s.end_ns, s.duration_s, s.is_open,
-                   s.status, s.step, {sid} AS sample_id, {gid} AS group_id, {reward} AS reward,
+                   s.status, s.step, {sid} AS sample_id, {gid} AS group_id,
+                   {"r.reward" if has_samples else "CAST(NULL AS DOUBLE)"} AS reward,
                    TRY_CAST(attr(s.attributes, 'prompt_tokens') AS BIGINT) AS p,
                    TRY_CAST(attr(s.attributes, 'completion_tokens') AS BIGINT) AS d,
                    TRY_CAST(attr(s.attributes, 'cached_tokens') AS BIGINT) AS c
-            FROM spans s WHERE s.step BETWEEN ? AND ? AND ({sid} IS NOT NULL OR {gid} IS NOT NULL)
+            FROM spans s {rewards} WHERE s.step BETWEEN ? AND ? AND ({sid} IS NOT NULL OR {gid} IS NOT NULL)
             ORDER BY s.start_ns, s.span_id""",
-        [int(first), int(last)],
+        [int(first), int(last)] * (2 if has_samples else 1),
     ).df()
     if frame.empty:
         return frame

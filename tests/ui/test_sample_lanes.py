@@ -133,3 +133,23 @@ def test_the_reward_page_shows_slimes_rollout_numbers(slime_dir, app):
     table = next(d.value for d in at.dataframe if "pass@1" in d.value.columns).set_index("step")
     assert table.loc[1, "pass@1"] == pytest.approx(rollouts[1].pass_rate["pass@1"], abs=1e-9)
     assert table.loc[0, "response_len_mean"] == pytest.approx(rollouts[0].metrics["response_len/mean"], abs=1e-9)
+
+
+def test_any_run_whose_spans_name_their_sample_gets_lanes(tmp_path):
+    from rltrace.testing import RunBuilder
+
+    b = RunBuilder(tmp_path / "run")
+    p = b.process("rollout")
+    for i, (start, end) in enumerate([(0, 3), (0, 1), (1, 2), (0, 5)]):
+        p.span("generate", start, end, step=4, sample_id=i, group_id=i // 2)
+    p.span("train", 5, 6, step=4)
+    b.samples(4, [{"sample_id": i, "group_id": i // 2, "reward": r} for i, r in enumerate([0.0, 1.0, 0.5, 0.2])])
+    con = rltrace.store.open(b.write())
+    per_sample = analysis.sample_timeline(con, 4, 4)
+    assert sorted(per_sample["sample_id"].astype(int)) == [0, 1, 2, 3] and set(per_sample["reward"]) == {0.0, 1.0, 0.5, 0.2}
+    spans = analysis.step_timeline(con, 4).assign(step=4)
+    lanes = gantt.sample_lanes(spans, per_sample, "duration")
+    laid, _ = gantt.layout(lanes)
+    order = laid.drop_duplicates("label").sort_values("y")["label"].tolist()
+    assert order[:4] == ["group 1 · sample 3", "group 1 · sample 2", "group 0 · sample 0", "group 0 · sample 1"]
+    assert "train" in set(laid.loc[laid["lane"].isna(), "name"])  # spans of no sample keep their process row
