@@ -153,3 +153,30 @@ def test_any_run_whose_spans_name_their_sample_gets_lanes(tmp_path):
     order = laid.drop_duplicates("label").sort_values("y")["label"].tolist()
     assert order[:4] == ["group 1 · sample 3", "group 1 · sample 2", "group 0 · sample 0", "group 0 · sample 1"]
     assert "train" in set(laid.loc[laid["lane"].isna(), "name"])  # spans of no sample keep their process row
+
+
+def test_the_per_token_strip_greys_tokens_under_loss_mask_0(slime_dir, app):
+    from rltrace import replay
+
+    run_dir, _ = slime_dir
+    at = app(run_dir)
+    at.switch_page("views/batches.py").run()
+    no_exceptions(at)
+    strips = [json.loads(c.proto.spec)["data"] for c in at.get("plotly_chart")]
+    grey, diff = next(d for d in strips if d and d[0].get("name") == "loss mask 0")
+    shown = int(at.markdown[[m.value.startswith("#### Sample") for m in at.markdown].index(True)].value.split()[2])
+    mask = [int(m) for m in replay.load(run_dir, 1)["loss_mask"][shown]]
+
+    def cells(trace):
+        z = trace["z"]
+        row = z[0] if isinstance(z, list) else None
+        if row is None:  # a typed array ({"dtype", "bdata", "shape"})
+            import base64
+
+            import numpy as np
+
+            row = np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"]))[: len(mask)].tolist()
+        return [v is not None and v == v for v in row[: len(mask)]]
+
+    assert cells(grey) == [m == 0 for m in mask] and 0 in mask
+    assert not any(g and d for g, d in zip(cells(grey), cells(diff)))  # a greyed token has no colour
