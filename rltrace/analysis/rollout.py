@@ -34,6 +34,11 @@ def _columns(con, table: str) -> set[str]:
         return set()
 
 
+def _absent(value) -> bool:
+    """None, NaN or NA (a step whose batch lacks the column), as opposed to an array."""
+    return value is None or (np.ndim(value) == 0 and bool(pd.isna(value)))
+
+
 def statistics(values) -> dict[str, float]:
     """slime's `compute_statistics`: mean, median, max, min."""
     v = np.asarray(values, dtype=float)
@@ -193,12 +198,12 @@ def train_means(con, steps: Steps = None) -> pd.DataFrame:
     rows = []
     for step, g in frame.groupby("step", sort=True):
         row = {"step": int(step), "samples": len(g)}
-        masks = [np.asarray(m, dtype=float) if m is not None else None for m in (g["loss_mask"] if "loss_mask" in g else [None] * len(g))]
-        denoms = g["train_rollout_mask_sums"].tolist() if "train_rollout_mask_sums" in g else [None] * len(g)
+        masks = [None if _absent(m) else np.asarray(m, dtype=float) for m in (g["loss_mask"] if "loss_mask" in g else [None] * len(g))]
+        denoms = [None if _absent(d) else d for d in (g["train_rollout_mask_sums"] if "train_rollout_mask_sums" in g else [None] * len(g))]
         for name, col in present:
             total, ok = 0.0, True
             for x, m, d in zip(g[col], masks, denoms):
-                if x is None:
+                if _absent(x):
                     ok = False
                     break
                 # slime trains on float32 copies (rollout_data_utils._ROLLOUT_DATA_TENSOR_DTYPES)
@@ -208,7 +213,7 @@ def train_means(con, steps: Steps = None) -> pd.DataFrame:
                 total += float((x * m).sum()) / max(d, 1.0)
             if ok:
                 row[name] = total / len(g)
-        if "train_entropy" in g and g["train_entropy"].notna().all():
+        if "train_entropy" in g and not any(_absent(x) for x in g["train_entropy"]):
             tokens = np.concatenate([np.asarray(x, dtype=float).reshape(-1) for x in g["train_entropy"]])
             row["entropy"] = float(tokens.mean()) if tokens.size else None
         rows.append(row)

@@ -312,3 +312,18 @@ def test_staleness_per_request_follows_each_weight_version(partial):
         assert st.loc[r.rollout_id, "request_mean"] == pytest.approx(np.mean([v_t - v for v in versions]), abs=1e-9)
         assert st.loc[r.rollout_id, "mean"] == pytest.approx(np.mean([v_t - min(map(int, s.weight_versions)) for s in r.samples]), abs=1e-9)
     assert st.loc[1, "request_mean"] < st.loc[1, "mean"]  # a carried-over sample is only partly old
+
+
+def test_dumps_imported_one_at_a_time_land_in_the_same_steps(partial, tmp_path):
+    rollouts, _, con, root = partial
+    dump = root / "dump"
+    import_slime([dump / "rollout_data" / "1.pt", dump / "train_data" / "1.pt"], tmp_path / "run")  # the later one first
+    import_slime([dump / "rollout_data" / "0.pt"], tmp_path / "run")
+    alone = rltrace.store.open(tmp_path / "run")
+    query = "SELECT step, name, start_ns, end_ns FROM spans ORDER BY start_ns, name, end_ns"
+    assert [r[:2] for r in alone.execute(query).fetchall()] == [r[:2] for r in con.execute(query).fetchall()]
+    report = build(alone)
+    assert report["async"]["overlapping"] is False
+    by_step = {row["step"]: row for row in report["rollout"]}
+    assert by_step[0].get("log_probs") is None and by_step[1]["log_probs"] == pytest.approx(
+        analysis.train_means(con).set_index("step").loc[1, "log_probs"], abs=1e-12)
