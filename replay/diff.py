@@ -1,6 +1,6 @@
 """Compare two sets of per-sample results: recorded vs replayed, or one entry point vs another.
 
-The seed's distinction is kept apart on purpose: *repeatable* (the same entry twice gives the
+Two questions are kept apart on purpose: *repeatable* (the same entry twice gives the
 same bits) says nothing about *aligned* (two implementations give the same numbers);
 `repeatable(p) and repeatable(q)` does not imply `p == q`. `repeatability` tests the first,
 `compare_columns` measures the second.
@@ -9,7 +9,7 @@ Log-prob columns (a name holding `log_prob`) are compared on response tokens whe
 is set, up to the shorter of the two (a length mismatch makes the sample differ); other array
 columns element by element; `k3` is `mean(exp(r) - 1 - r)` with `r = b - a` (for a = rollout
 log-probs q, b = recomputed p: the k3 estimate of KL(q || p)), and mean |b - a| is the
-brief's `train_rollout_logprob_abs_diff`. Alignment gate: mean |b - a| < 1e-6.
+`train_rollout_logprob_abs_diff` (mean |log p − log q| over response tokens). Alignment gate: mean |b - a| < 1e-6.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from rltrace.replay.errors import ReplayError
 
 ALIGNMENT_GATE = 1e-6
 #: recorded column each replayed column is compared with by default (same name otherwise)
@@ -202,15 +204,33 @@ def pairs_for(recorded: Sequence[str], replayed: Sequence[str], explicit: Mappin
     return out
 
 
+def _require(columns: Sequence[str], name: str, where: str) -> None:
+    if name not in columns:
+        raise ReplayError(f"{where} has no column {name!r} (its columns: {', '.join(columns) or 'none'})")
+
+
+def _compare(batch, a_name: str, a: Any, b_name: str, b: Any, top: int) -> ColumnDiff:
+    logprob = "log_prob" in a_name or "log_prob" in b_name  # aligned with response tokens: masked, token ids shown
+    mask, tokens = (batch.get("loss_mask"), batch.get("response_tokens")) if logprob else (None, None)
+    return compare_columns(a_name, a, b_name, b, len(batch), mask=mask, tokens=tokens, logprob=logprob, top=top)
+
+
 def diff_against_record(batch, replay, *, pairs: Mapping[str, str] | None = None, top: int = 5) -> list[ColumnDiff]:
-    """Recorded (a) vs replayed (b), for every matching pair of columns."""
-    n = len(batch)
-    out = []
-    for rec, rep in pairs_for(batch.columns, replay.columns, pairs):
-        logprob = "log_prob" in rec or "log_prob" in rep  # aligned with response tokens: masked, token ids shown
-        mask, tokens = (batch.get("loss_mask"), batch.get("response_tokens")) if logprob else (None, None)
-        out.append(compare_columns(rec, batch[rec], rep, replay[rep], n, mask=mask, tokens=tokens, logprob=logprob, top=top))
-    return out
+    """Recorded (a) vs replayed (b), for every matching pair of columns. An explicit pair
+    ({replayed: recorded}) naming a column that is not there is a `ReplayError` listing the columns."""
+    for rep, rec in (pairs or {}).items():
+        _require(replay.columns, rep, f"replay {replay.replay_id} ({replay.label})")
+        _require(batch.columns, rec, f"the frozen batch {batch.path.name}")
+    return [_compare(batch, rec, batch[rec], rep, replay[rep], top) for rec, rep in pairs_for(batch.columns, replay.columns, pairs)]
+
+
+def diff_recorded(batch, pairs: Sequence[tuple[str, str]], *, top: int = 5) -> list[ColumnDiff]:
+    """Two recorded columns of one batch, (a, b) per pair: e.g. `rollout_log_probs` (log q) against
+    `train_log_probs` (log p), the mismatch the trainer saw, with no replay needed."""
+    for a, b in pairs:
+        _require(batch.columns, a, f"the frozen batch {batch.path.name}")
+        _require(batch.columns, b, f"the frozen batch {batch.path.name}")
+    return [_compare(batch, a, batch[a], b, batch[b], top) for a, b in pairs]
 
 
 def diff_replays(a, b, batch=None, *, top: int = 5) -> list[ColumnDiff]:

@@ -5,7 +5,7 @@ character. The chat template turns a user message into the prompt the policy was
 
     <|bos|><|user|>reverse 3141<|assistant|>        -> the model answers 1413<|eos|>
 
-Template bugs are the seed's first suspect when "text looks wrong"; `--bad-template` reproduces
+Template bugs are the first suspect when "text looks wrong"; `--bad-template` reproduces
 the most common one (the generation prompt `<|assistant|>` is left out), see `chat_prompt`.
 """
 
@@ -25,6 +25,8 @@ class TokenizerError(ValueError):
 
 class Tokenizer:
     """Encode/decode text; `vocab` is the id -> token list, `vocab_hash()` identifies it."""
+
+    name_or_path = "tiny_grpo/char"  # the name frozen batches record (a Hugging Face tokenizer's attribute)
 
     def __init__(self, vocab: list[str] | None = None):
         self.vocab = list(vocab) if vocab is not None else [*SPECIAL_TOKENS, *CHARACTERS]
