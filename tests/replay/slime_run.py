@@ -19,6 +19,7 @@ two engine calls for every fourth sample.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import sys
 import time
@@ -55,6 +56,7 @@ class Engine:
         self.slots = None  # made on the event loop that slime runs the rollout on
         self.aborted, self.running, self.seen = False, 0, []
         self.slow_prompt: str | None = "Question 2:"
+        self.spec = False
 
     async def generate(self, payload: dict) -> dict:
         if self.slots is None:
@@ -95,6 +97,10 @@ class Engine:
             "queue_time": queued, "e2e_latency": time.time() - arrived, "decode_throughput": len(out) / decode_s,
             "output_token_logprobs": [(-0.05 - 0.9 * rng.random(), t) for t in out],
         }
+        if self.spec:  # speculative decoding: drafts of 4 tokens per verify step, about 60% accepted
+            steps = max(1, math.ceil(len(out) / 3))
+            meta |= {"spec_verify_ct": steps, "spec_draft_token_num": 4 * steps,
+                     "spec_accept_token_num": sum(rng.random() < 0.6 for _ in range(4 * steps))}
         if self.pd:
             meta |= {"pd_prefill_bootstrap_queue_duration": queued, "pd_prefill_forward_duration": prefill_s,
                      "pd_decode_forward_duration": decode_s, "pd_transfer_total_mb": 0.25 * len(ids) / 64}
@@ -208,7 +214,7 @@ class DataSource:
         self.buffer.extend(groups)
 
 
-def args_for(*, partial: bool, n: int = 4, groups: int = 2, over: int = 3, max_len: int = 64) -> Namespace:
+def args_for(*, partial: bool, n: int = 4, groups: int = 2, over: int = 3, max_len: int = 64, spec: bool = False) -> Namespace:
     return Namespace(
         rollout_global_dataset=True, hf_checkpoint="stand-in", sglang_server_concurrency=64, sglang_dp_size=None,
         rollout_temperature=1.0, rollout_top_p=1.0, rollout_top_k=-1, rollout_max_response_len=max_len,
@@ -218,7 +224,7 @@ def args_for(*, partial: bool, n: int = 4, groups: int = 2, over: int = 3, max_l
         custom_generate_function_path="tests.replay.slime_run.tool_generate", rollout_sample_hook_path=None,
         dynamic_sampling_filter_path=None, rollout_batch_size=groups, over_sampling_batch_size=over if partial else groups,
         n_samples_per_prompt=n, rollout_sample_filter_path=None, rollout_all_samples_process_path=None,
-        sglang_speculative_algorithm=None, advantage_estimator="grpo", reward_key=None, log_reward_category=None,
+        sglang_speculative_algorithm="EAGLE" if spec else None, advantage_estimator="grpo", reward_key=None, log_reward_category=None,
         rollout_num_gpus=1, sglang_enable_deterministic_inference=False,
     )
 
@@ -261,10 +267,13 @@ def train_payload(slime: Slime, rollout: Rollout) -> dict:
     return slime.train_data._build_dump_payload([shard], rollout_id=rollout.rollout_id, writer_rank=0)
 
 
-def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = True, pause_s: float = 0.05) -> list[Rollout]:
-    """A synchronous slime run: rollout, train (a pause), weight update; dumps under `out`."""
+def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = True, pause_s: float = 0.05,
+        spec: bool = False) -> list[Rollout]:
+    """A synchronous slime run: rollout, train (a pause), weight update; dumps under `out`.
+    `spec`: the engine reports speculative decoding (slime's --sglang-speculative-algorithm)."""
     slime = Slime()
-    args = args_for(partial=partial)
+    slime.engine.spec = spec
+    args = args_for(partial=partial, spec=spec)
     source = DataSource(slime, args)
     done = []
     for rid in range(rollouts):

@@ -30,7 +30,7 @@ def partial(tmp_path_factory):
 @pytest.fixture(scope="module")
 def plain_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("slime_plain")
-    rollouts = slime_run.run(root / "dump", rollouts=1, partial=False, train=False)
+    rollouts = slime_run.run(root / "dump", rollouts=1, partial=False, train=False, spec=True)
     import_slime([root / "dump"], root / "run")
     return rollouts, rltrace.store.open(root / "run")
 
@@ -182,6 +182,8 @@ def test_engine_means_equal_slimes_request_statistics(plain_run):
             assert got[f"{ours}_{stat}"] == pytest.approx(r.perf[f"{theirs}/{stat}"], abs=1e-9), (ours, stat)
     table = _rollout_table(con)[0]
     assert table["prefix_cache_hit_rate"] == pytest.approx(r.metrics["prefix_cache_hit_rate"], abs=1e-9)
+    for key in ("spec_accept_rate", "spec_accept_length"):  # slime computes these with speculative decoding on
+        assert 0 < table[key] == pytest.approx(r.metrics[key], abs=1e-9)
 
 
 def test_partial_rollout_requests_count_once_in_the_step_they_ran(partial):
@@ -289,6 +291,7 @@ def test_engine_section_from_the_requests_slime_recorded(plain_run):
     assert row["queue_share"] == pytest.approx(sum(a["queue_time"] for a in attrs) / sum(a["e2e_latency"] for a in attrs), abs=1e-9)
     assert row["decode_throughput_p90"] == pytest.approx(np.percentile([a["decode_throughput"] for a in attrs], 90), abs=1e-9)
     assert row["prefix_cache_hit_rate"] == pytest.approx(r.metrics["prefix_cache_hit_rate"], abs=1e-9)
+    assert row["spec_accept_rate"] == pytest.approx(r.metrics["spec_accept_rate"], abs=1e-9)
 
 
 def test_a_saturated_engine_explains_a_slow_rollout():
