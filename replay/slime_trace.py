@@ -378,6 +378,9 @@ def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, s
         n = len(rows)
         schema = pa.schema([*_names.SAMPLES_SCHEMA, *(pa.field(k, t) for k, t in EXTRA_COLUMNS.items())])
         cols = {f: [r.get(f) for r in rows] for f in (*_names.SAMPLE_COLUMNS, "step", *EXTRA_COLUMNS)}
+        for field in schema:  # ids stored as text where the schema says so (string ids, e.g. verl's UUIDs)
+            if pa.types.is_string(field.type) and field.name in _names.SAMPLE_COLUMNS:
+                cols[field.name] = [None if v is None else str(v) for v in cols[field.name]]
         cols.update(logged_ns=[time.time_ns()] * n, **{k: v.to_pylist() for k, v in process.columns(n).items()})
         write_part(Path(run_dir) / _names.SAMPLES.folder, name, pa.table(cols, schema=schema), _names.SAMPLES)
     return {"spans": len(spans), "samples": len(rows), "unmatched_ends": unmatched}

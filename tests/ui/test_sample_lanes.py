@@ -50,7 +50,7 @@ def test_one_lane_per_sample_under_its_group(slime_dir):
 def test_lanes_sort_by_duration_and_reward(slime_dir):
     run_dir, rollouts = slime_dir
     con = rltrace.store.open(run_dir)
-    times = con.execute("SELECT sample_id, gen_end - gen_start, reward FROM samples WHERE step = 0 AND in_batch").fetchall()
+    times = con.execute("SELECT CAST(sample_id AS BIGINT), gen_end - gen_start, reward FROM samples WHERE step = 0 AND in_batch").fetchall()
     labels, _ = _lanes(run_dir, "duration")
     group0 = [lab for lab in labels if lab.startswith("group 0 · ")]
     by_time = [f"group 0 · sample {i}" for i, _, _ in sorted((t for t in times if t[0] < 4), key=lambda t: -t[1])]
