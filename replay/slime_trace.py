@@ -388,11 +388,14 @@ def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, s
 
 def write_process(run_dir: Path, process: ProcessInfo, run_id: str, *, rows: int, spans: int) -> None:
     """The importing process's row in `processes`, so `rltrace info` says where the data came from."""
+    from rltrace import __version__
+
     now = time.time_ns()
     row = {
         "process_id": process.process_id, "role": process.role, "rank": process.rank, "host": process.host, "pid": process.pid,
         "run_id": run_id, "service_name": process.service_name, "started_ns": now, "heartbeat_ns": now, "ended_ns": now,
-        "spans_written": spans, "spans_dropped": 0, "rows_written": rows, "rows_dropped": 0,
+        "spans_written": spans, "spans_dropped": 0, "otlp_spans_dropped": None, "rows_written": rows, "rows_dropped": 0,
+        "rltrace_version": __version__,
         "argv": json.dumps(sys.argv), "resource": json.dumps({"service.name": process.service_name}),
     }
     table = pa.Table.from_pylist([row], schema=_names.PROCESSES_SCHEMA)
