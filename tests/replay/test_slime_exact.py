@@ -330,3 +330,12 @@ def test_dumps_imported_one_at_a_time_land_in_the_same_steps(partial, tmp_path):
     by_step = {row["step"]: row for row in report["rollout"]}
     assert by_step[0].get("log_probs") is None and by_step[1]["log_probs"] == pytest.approx(
         analysis.train_means(con).set_index("step").loc[1, "log_probs"], abs=1e-12)
+
+
+def test_aborted_parts_of_carried_over_samples_are_no_stragglers(partial):
+    rollouts, _, con, _ = partial
+    carried = {s.index for s in _carried(rollouts)}
+    tail = analysis.long_tail(con).set_index("step")
+    assert tail.loc[0, "samples"] == len(rollouts[0].samples)  # the batch of step 0, not the aborted group
+    s = analysis.stragglers(con, factor=1.0)
+    assert not ((s["step"] == 0) & s["sample_id"].astype(int).isin(carried)).any()
