@@ -24,6 +24,8 @@ from rltrace.analysis._steps import Steps, step_filter
 #: SGLang request fields slime summarises (`_SGLANG_REQUEST_PERF_FIELDS`): output name, span attribute.
 REQUEST_FIELDS = (("e2e_latency", "e2e_latency"), ("queue_time", "queue_time"), ("decode_throughput", "decode_throughput"))
 STATS = ("mean", "median", "max", "min")
+#: a cheap text test that skips the JSON parse of spans that cannot hold SGLang's meta
+_MENTIONS = " OR ".join(f"contains(attributes, '\"{a}\"')" for _, a in REQUEST_FIELDS)
 TRAIN_MEANS = (("log_probs", "train_log_probs"), ("rollout_log_probs", "rollout_log_probs"), ("ref_log_probs", "train_ref_log_probs"))
 
 
@@ -120,7 +122,8 @@ def engine(con, steps: Steps = None) -> pd.DataFrame:
     sel = ", ".join(f"TRY_CAST(attr(attributes, '{a}') AS DOUBLE) AS {n}" for n, a in REQUEST_FIELDS)
     any_attr = " OR ".join(f"attr(attributes, '{a}') IS NOT NULL" for _, a in REQUEST_FIELDS)
     frame = con.execute(
-        f"SELECT step, {sel} FROM spans WHERE {where} AND step IS NOT NULL AND ({any_attr}) ORDER BY step, start_ns", params
+        f"SELECT step, {sel} FROM spans WHERE {where} AND step IS NOT NULL AND ({_MENTIONS}) AND ({any_attr}) ORDER BY step, start_ns",
+        params,
     ).df()
     rows = []
     for step, g in frame.groupby("step", sort=True):
@@ -133,13 +136,14 @@ def engine(con, steps: Steps = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=None if rows else ["step", "requests"])
 
 
-def engine_summary(con, steps: Steps = None) -> pd.DataFrame:
+def engine_summary(con, steps: Steps = None, *, rollout_table: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per step, the rollout engine's own numbers: what explains a slow generation.
 
     Returns: step, requests, prefix_cache_hit_rate (cached prompt tokens / prompt tokens: the
     samples' prefix-cache columns, else the requests' `cached_tokens` / `prompt_tokens`),
     queue_share (sum of request queue_time / sum of e2e_latency), decode_throughput_p50/p90/p99
     (tokens/s per request), spec_accept_rate (mean over samples, when speculative decoding ran).
+    `rollout_table`: the `rollout()` table of the same steps, when the caller has it already.
     """
     where, params = step_filter(steps)
     rows: dict[int, dict] = {}
@@ -150,7 +154,7 @@ def engine_summary(con, steps: Steps = None) -> pd.DataFrame:
                        TRY_CAST(attr(attributes, 'decode_throughput') AS DOUBLE) AS t,
                        TRY_CAST(attr(attributes, 'cached_tokens') AS DOUBLE) AS c,
                        TRY_CAST(attr(attributes, 'prompt_tokens') AS DOUBLE) AS p
-                FROM spans WHERE {where} AND step IS NOT NULL
+                FROM spans WHERE {where} AND step IS NOT NULL AND ({_MENTIONS})
                 AND (attr(attributes, 'e2e_latency') IS NOT NULL OR attr(attributes, 'decode_throughput') IS NOT NULL)""",
             params,
         ).df()
@@ -166,7 +170,7 @@ def engine_summary(con, steps: Steps = None) -> pd.DataFrame:
             cp = g.dropna(subset=["c", "p"])
             if len(cp) and cp["p"].sum() > 0:
                 row["prefix_cache_hit_rate"] = float(cp["c"].sum() / cp["p"].sum())
-    samples = rollout(con, steps) if _columns(con, "samples") else pd.DataFrame()
+    samples = rollout_table if rollout_table is not None else rollout(con, steps)
     for rec in samples.to_dict("records") if len(samples) else []:
         row = rows.setdefault(int(rec["step"]), {"step": int(rec["step"])})
         for key in ("prefix_cache_hit_rate", "spec_accept_rate"):
