@@ -308,7 +308,7 @@ def import_slime(
             trains.setdefault(rid, []).append((path, train_samples(data, kind, path)))
     manifest = create_or_join(Path(out), run_name=None, config={"imported_from": "slime", "paths": [str(p) for p in files]})
     process = ProcessInfo(run_id=manifest["run_id"], role="slime-import", rank=None, service_name="rltrace-import")
-    result = {"batches": [], "spans": 0, "samples": 0, "unmatched_ends": 0, "skipped": skipped}
+    result = {"batches": [], "spans": 0, "samples": 0, "unmatched_ends": 0, "carried": 0, "skipped": skipped}
     steps = sorted(set(rollouts) | set(trains))
     starts = {rid: slime_trace.own_start(data["samples"], rid) for rid, (_, data) in rollouts.items()}
     for k, rid in enumerate(steps):
@@ -334,7 +334,7 @@ def import_slime(
         if rollout:
             mismatch = {i: {"train_rollout_logprob_abs_diff": d} for i, row in enumerate(rows) if (d := logprob_abs_diff(row)) is not None}
             counts = slime_trace.write(Path(out), rid, rollout, process, starts, mismatch)
-            for key in ("spans", "samples", "unmatched_ends"):
+            for key in ("spans", "samples", "unmatched_ends", "carried"):
                 result[key] += counts[key]
         result["batches"].append({"step": rid, "batch_id": batch_id, "samples": len(rows), "files": [str(p) for p in sources]})
     slime_trace.write_process(Path(out), process, manifest["run_id"], rows=result["samples"], spans=result["spans"])
@@ -359,6 +359,9 @@ def import_command(args) -> int:
     for b in result["batches"]:
         console.print(f"step {b['step']}: {b['samples']} samples from {', '.join(b['files'])}")
     console.print(f"{len(result['batches'])} batches, {result['samples']} sample rows and {result['spans']} spans from traces -> {args.out}")
+    if result["carried"]:
+        console.print(f"{result['carried']} sample(s) of a partial rollout also ran in an earlier step: "
+                      "a row there too (in_batch false), with the spans that ran then")
     if result["unmatched_ends"]:
         console.print(f"[yellow]{result['unmatched_ends']} span end(s) without a start[/] kept as zero-length spans marked slime.unmatched_end")
     for s in result["skipped"]:

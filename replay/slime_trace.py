@@ -383,7 +383,8 @@ def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, s
                 cols[field.name] = [None if v is None else str(v) for v in cols[field.name]]
         cols.update(logged_ns=[time.time_ns()] * n, **{k: v.to_pylist() for k, v in process.columns(n).items()})
         write_part(Path(run_dir) / _names.SAMPLES.folder, name, pa.table(cols, schema=schema), _names.SAMPLES)
-    return {"spans": len(spans), "samples": len(rows), "unmatched_ends": unmatched}
+    carried = sum(1 for r in rows if r.get("in_batch") is False)
+    return {"spans": len(spans), "samples": len(rows), "unmatched_ends": unmatched, "carried": carried}
 
 
 def write_process(run_dir: Path, process: ProcessInfo, run_id: str, *, rows: int, spans: int) -> None:

@@ -51,6 +51,7 @@ def test_the_fixture_holds_a_carried_over_sample_with_two_versions(partial):
     rollouts, _, _, _ = partial
     carried = _carried(rollouts)
     assert len(carried) == 4 and all(s.index in range(8, 12) for s in carried)
+    assert partial[1]["carried"] == 4  # the import says so
     assert any(len(set(s.weight_versions)) == 2 for s in carried)
 
 
