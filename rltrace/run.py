@@ -78,6 +78,7 @@ class Run:
         self._last_heartbeat = 0.0
         self._ended_ns: int | None = None
         self._closed = False
+        self._companions: list = []  # background helpers (the resource sampler) flushed and closed with the run
 
         self.tracer_provider = TracerProvider(resource=self._resource(), id_generator=ForkSafeRandomIdGenerator())
         self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name)
@@ -112,6 +113,7 @@ class Run:
             "process.pid": self.process.pid,
             _names.ROLE: self.role,
             _names.RUN_ID: self.run_id,
+            _names.SEMCONV_RUN_ID: self.run_id,  # the OTel rl.* proposal's name (docs/store.md)
             "rl.run_name": self.name,
         }
         if self.rank is not None:
@@ -189,10 +191,22 @@ class Run:
         """Add an OTel span processor to this run's provider (profiling watchdogs use this)."""
         self.tracer_provider.add_span_processor(processor)
 
+    def add_companion(self, companion) -> None:
+        """A background helper with `flush()` and `close()` (the resource sampler), run before this run's own."""
+        self._companions.append(companion)
+
+    def _each_companion(self, method: str) -> None:
+        for companion in self._companions:
+            try:
+                getattr(companion, method)()
+            except Exception:
+                logger.exception("rltrace: %s of %r failed", method, companion)
+
     def flush(self) -> None:
         """Write every span and row recorded so far to the store (blocks; not for the hot path)."""
         if self._closed:
             return
+        self._each_companion("flush")
         self.tracer_provider.force_flush()
         self._rows.flush()
         self.write_process_row()
@@ -202,6 +216,7 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        self._each_companion("close")
         self.tracer_provider.shutdown()
         self._rows.close()
         self._ended_ns = time.time_ns()

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from rltrace.ui import style
+from rltrace.analysis import _format as fmt
+from rltrace.ui import charts, style
 
 MAX_BARS = 4000  # the browser stays responsive; the longest spans are kept
 ROLE_ORDER = {"trainer": 0, "actor": 1, "rollout": 2, "reward": 3}
@@ -65,7 +66,7 @@ def layout(spans: pd.DataFrame, *, max_bars: int = MAX_BARS, keep: set[str] = fr
         chosen = ranked.index[:max_bars]
         left_out = len(s) - len(chosen)
         s = s.loc[chosen]
-    s["who"] = [style.who(r, k) for r, k in zip(s["role"], s["rank"])]
+    s["who"] = [fmt.process_name(r, k) for r, k in zip(s["role"], s["rank"])]
     s["label"] = s["who"] + " · " + s["host"].fillna("?").astype(str)
     s["role_order"] = s["role"].map(ROLE_ORDER).fillna(len(ROLE_ORDER))
     s["block"] = "process " + s["process_id"].astype(str)
@@ -100,7 +101,7 @@ def _bars(fig: go.Figure, g: pd.DataFrame, name: str, color: str, pattern: str =
                                     g["thread_name"].fillna("") if "request" not in g else
                                     (g["thread_name"].fillna("") + " " + g["request"].fillna("")).str.strip()]),
         hovertemplate="<b>%{customdata[1]}</b> (step %{customdata[4]}) on %{customdata[2]} · %{customdata[5]}<br>"
-                      "%{base:.4f} s → +%{customdata[3]:.4g} s<extra>" + name + "</extra>",
+                      "%{base:.4f} s → +%{customdata[3]:.4g} s",  # the side box: the trace's (escaped) name
     )
 
 
@@ -138,6 +139,7 @@ def figure(laid: pd.DataFrame, *, critical: set[str] = frozenset(), selected: st
     fig.update_xaxes(title_text="seconds from the first span shown", showgrid=True, gridcolor="#e4e4e7", zeroline=False,
                      range=list(x_range) if x_range else None)
     height = int(np.clip((laid["y"].max() + 2) * ROW_PX + 120, 260, 1600))
+    charts.inert(fig)
     fig.update_layout(template="plotly_white", barmode="overlay", height=height, bargap=0,
                       margin={"l": 10, "r": 10, "t": 30, "b": 70}, clickmode="event+select", dragmode="zoom",
                       legend={"orientation": "h", "yanchor": "top", "y": -60 / max(height - 100, 100), "xanchor": "left", "x": 0,

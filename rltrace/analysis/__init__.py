@@ -17,16 +17,20 @@ from rltrace.analysis.costs import (
     weight_sync_points,
 )
 from rltrace.analysis.critical_path import common_paths, critical_path
-from rltrace.analysis.health import drops, open_spans
+from rltrace.analysis.health import drops, open_spans, processes
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis.mismatch import mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
 from rltrace.analysis.rollout import engine, engine_summary, rollout, train_means
+from rltrace.analysis.resources import idle_devices, phase_resources
+from rltrace.analysis.resources import notes as resource_notes
+from rltrace.analysis.resources import samples as resource_samples
 from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
 from rltrace.analysis.steps import phase_breakdown, phase_totals, step_breakdown
 from rltrace.analysis.summary import table as summary_table
+from rltrace.analysis.sync import sync_children, sync_growth
 from rltrace.analysis.timeline import sample_timeline, step_timeline
 from rltrace.analysis.waits import top_waits, waits
 
@@ -59,10 +63,17 @@ __all__ = [
     "train_means",
     "open_spans",
     "drops",
+    "processes",
     "step_timeline",
     "sample_timeline",
     "has_profiles",
     "attached",
     "for_phase",
     "summary_table",
+    "phase_resources",
+    "idle_devices",
+    "resource_notes",
+    "resource_samples",
+    "sync_children",
+    "sync_growth",
 ]

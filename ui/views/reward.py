@@ -7,7 +7,8 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from rltrace.ui import charts, data, state, style
+from rltrace.analysis import _format as fmt
+from rltrace.ui import charts, data, state
 
 MAX_POINTS = 20_000  # samples drawn in the scatter (latest steps first)
 PANELS = [  # (metric, title, y label, log axis)
@@ -90,7 +91,7 @@ if len(trends):
 
 per_rollout = data.rollout(run, rng)
 if len(per_rollout) and len(per_rollout.columns) > 2:
-    with st.expander(f"Rollout numbers of {labels[run.path]} per step, computed as slime computes them", expanded=True):
+    with st.expander(f"Rollout numbers of {fmt.md(labels[run.path])} per step, computed as slime computes them", expanded=True):
         shown = per_rollout.copy()
         if "pass_at_k" in shown:
             ks = sorted({k for d in shown["pass_at_k"] if isinstance(d, dict) for k in d}, key=int)
@@ -105,7 +106,7 @@ if len(per_rollout) and len(per_rollout.columns) > 2:
         st.caption("Response lengths count trained tokens (loss mask 1); pass@k counts a reward of 1 as a pass; "
                    "engine columns summarise SGLang's per-request meta. See docs/analysis.md.")
 
-st.subheader(f"Samples of {labels[run.path]}")
+st.subheader(f"Samples of {fmt.md(labels[run.path])}")
 if steps is None:
     st.info("No steps yet.")
     st.stop()
@@ -143,12 +144,12 @@ rows = [p["customdata"][0] for p in picked if p.get("customdata")]
 st.caption("Click a point for the whole sample.")
 if rows:
     sample = samples.iloc[int(rows[0])]
-    st.markdown(f"#### Sample {sample.get('sample_id')} of step {sample['step']}")
+    st.markdown(f"#### Sample {fmt.md(sample.get('sample_id'))} of step {fmt.md(sample['step'])}")
     st.dataframe(pd.DataFrame({"column": sample.index, "value": [str(v) for v in sample.values]}),
                  hide_index=True, width="stretch")
     if data.info(run)["batches"]:
         if st.button("Look for it in the frozen batches", icon=":material/data_table:"):
             st.session_state["batches_step"] = int(sample["step"])
             st.switch_page(state.PAGES["batches"])
-    if not style.missing(sample["step"]) and st.button("Open its step on the Timeline", icon=":material/view_timeline:"):
+    if not fmt.missing(sample["step"]) and st.button("Open its step on the Timeline", icon=":material/view_timeline:"):
         state.open_timeline(int(sample["step"]))
