@@ -239,24 +239,6 @@ def _train_only_row(t: dict, where: str, drop: frozenset[str]) -> dict[str, Any]
     return row
 
 
-def logprob_abs_diff(row: dict) -> float | None:
-    """One sample's part of slime's `train_rollout_logprob_abs_diff` (megatron_utils/loss.py: the loss-masked
-    mean of |train log p - rollout log q|, the denominator `rollout_mask_sums` when given, at least 1;
-    the step's value is the mean over samples). Rollout log-probs as float32, as slime trains on them."""
-    train, rollout = row.get("train_log_probs"), row.get("rollout_log_probs")
-    if train is None or rollout is None:
-        return None
-    p = np.asarray(train.tolist() if hasattr(train, "tolist") else train, dtype=np.float64).reshape(-1)
-    q = np.asarray(rollout.tolist() if hasattr(rollout, "tolist") else rollout, dtype=np.float32).astype(np.float64).reshape(-1)
-    mask = row.get("loss_mask")
-    m = np.ones_like(p) if mask is None else np.asarray(mask.tolist() if hasattr(mask, "tolist") else mask, dtype=np.float64).reshape(-1)
-    if not (len(p) == len(q) == len(m)):
-        return None
-    denom = row.get("train_rollout_mask_sums")
-    d = float(np.asarray(denom.tolist() if hasattr(denom, "tolist") else denom, dtype=np.float64).reshape(-1)[0]) if denom is not None else m.sum()
-    return float((np.abs(p - q) * m).sum() / max(d, 1.0))
-
-
 # --- import ------------------------------------------------------------------------------------
 def find_dumps(paths: Iterable[str | Path]) -> list[Path]:
     """The .pt files named, and those under the directories named (slime's dump_details layout)."""
@@ -333,8 +315,7 @@ def import_slime(
             raise SlimeDumpError(f"{sources[0]}: {exc}; drop the field with --drop-field NAME") from None
         write_batch(Path(out), table, rid, batch_id)
         if rollout:
-            mismatch = {i: {"train_rollout_logprob_abs_diff": d} for i, row in enumerate(rows) if (d := logprob_abs_diff(row)) is not None}
-            counts = slime_trace.write(Path(out), rid, rollout, process, starts, mismatch)
+            counts = slime_trace.write(Path(out), rid, rollout, process, starts)
             for key in ("spans", "samples", "unmatched_ends", "carried"):
                 result[key] += counts[key]
         result["batches"].append({"step": rid, "batch_id": batch_id, "samples": len(rows), "files": [str(p) for p in sources]})

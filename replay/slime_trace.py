@@ -64,7 +64,6 @@ EXTRA_COLUMNS: dict[str, pa.DataType] = {
     "repetition": pa.bool_(),  # slime's has_repetition(response)
     "spec_accept_rate": pa.float64(),  # spec_info (speculative decoding)
     "spec_accept_length": pa.float64(),
-    "train_rollout_logprob_abs_diff": pa.float64(),  # with a joined train dump: this sample's masked mean |log p - log q|
 }
 
 

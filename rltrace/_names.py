@@ -22,6 +22,10 @@ SYNC_METHOD = "rl.method"  # weight_sync path: ipc, nccl, gloo, disk, delta, obj
 WAITING_FOR = "rl.waiting_for"  # wait spans: the phase being awaited, when the caller knows it
 THREAD_ID = "thread.id"  # OpenTelemetry semantic convention
 THREAD_NAME = "thread.name"
+#: Status message of a phase still open when its process exited (or its run shut down): rltrace
+#: ends it with status ERROR and this message, and the health analysis lists it with open spans.
+UNFINISHED_AT_EXIT = "the process exited (or its run was shut down) while this phase was open"
+
 
 #: Phase names the analyses know. Users may add their own.
 PHASES = (
@@ -57,6 +61,12 @@ WEIGHT_SYNC_CHILDREN = ("drain", "gather", "transfer", "load", "resume")
 # `gen_ai.operation.name`) until the proposal settles one.
 SEMCONV_RUN_ID = "rl.run.id"
 SEMCONV_OPERATION = "rl.operation.name"
+
+#: Attributes rltrace sets itself: set first on every span and never cut by the attribute limit.
+RESERVED_ATTRS = frozenset(
+    (PHASE, STEP, WEIGHT_VERSION, ROLE, RANK, RUN_ID, SYNC_BYTES, SYNC_METHOD, WAITING_FOR, THREAD_ID, THREAD_NAME,
+     SEMCONV_OPERATION)
+)
 SEMCONV_GROUP_OF_PHASE = {
     "step": "rl.loop",
     "rollout": "rl.sample",
@@ -124,8 +134,8 @@ def metric_names(canonical: str) -> tuple[str, ...]:
 
 #: Canonical types of the per-sample columns; other columns keep the type they arrive with.
 SAMPLE_COLUMNS: dict[str, pa.DataType] = {
-    "sample_id": pa.int64(),
-    "group_id": pa.int64(),
+    "sample_id": pa.string(),  # ids are text: integers and strings (verl's UUIDs) read as one column
+    "group_id": pa.string(),
     "prompt_len": pa.int64(),
     "response_len": pa.int64(),
     "finish_reason": pa.string(),
@@ -137,11 +147,16 @@ SAMPLE_COLUMNS: dict[str, pa.DataType] = {
     "gen_end": pa.float64(),
 }
 
+#: Id-like sample columns, stored as text; so is any column named `*_id` or `*_uid`.
+ID_COLUMNS = frozenset(("sample_id", "group_id", "uid", "id"))
+
 # --- tables ------------------------------------------------------------------------------------
 #: Parquet key-value metadata written into every part file.
 META_TABLE = b"rltrace.table"
 META_VERSION = b"rltrace.schema_version"
 META_REPLACES = b"rltrace.replaces"  # compacted parts: JSON list of the part names they replace
+META_RUN_ID = b"rltrace.run_id"  # the run a part belongs to (a part linked in from another run is refused)
+META_SUMMARY_OF = b"rltrace.summary_of"  # step_summary: digest of the span parts it was computed from
 
 _PROCESS_COLUMNS = [
     pa.field("process_id", pa.string()),
@@ -208,6 +223,8 @@ PROCESSES_SCHEMA = pa.schema(
         pa.field("otlp_spans_dropped", pa.int64()),  # lost before reaching the OTLP backend
         pa.field("rows_written", pa.int64()),  # metrics + samples rows
         pa.field("rows_dropped", pa.int64()),
+        pa.field("attributes_dropped", pa.int64()),  # span attributes cut by the attribute count limit
+        pa.field("drop_reasons", pa.string()),  # JSON list of {table, column, reason, count}: why rows were dropped
         pa.field("rltrace_version", pa.string()),
         pa.field("argv", pa.string()),  # JSON list
         pa.field("resource", pa.string()),  # JSON object of OTel resource attributes
@@ -341,9 +358,32 @@ STEP_SUMMARY_SCHEMA = pa.schema(
         pa.field("count", pa.int64()),
         pa.field("total_ns", pa.int64()),  # sum of span durations; with count, the step's fingerprint
         pa.field("version", pa.int64()),  # version of the algorithm that computed the row
+        # step rows: every finished span overlapping the step's time range, with a step or without
+        # (a reward server that never got the carrier): count and summed durations, so late spans recompute
+        pa.field("window_count", pa.int64()),
+        pa.field("window_ns", pa.int64()),
     ]
 )
 
+
+#: Uncaught exceptions (docs/integrations.md): one row per exception that reached the top of a
+#: thread (`kind` thread: the thread died) or of the process (`kind` process: it exited).
+CRASHES_SCHEMA = pa.schema(
+    [
+        *_PROCESS_COLUMNS,
+        pa.field("time_ns", pa.int64()),  # Unix epoch nanoseconds
+        pa.field("kind", pa.string()),  # process / thread
+        pa.field("thread_name", pa.string()),
+        pa.field("thread_id", pa.int64()),
+        pa.field("exc_type", pa.string()),  # RuntimeError, or module.Name for other modules' types
+        pa.field("message", pa.string()),
+        pa.field("traceback", pa.string()),  # the innermost frames, formatted
+        pa.field("phase", pa.string()),  # innermost phase the exception escaped through; null if none
+        pa.field("step", pa.int64()),  # that phase's rl.step
+        pa.field("span_id", pa.string()),  # that phase's span
+        pa.field("phases", pa.string()),  # JSON list of every phase it escaped through, innermost first
+    ]
+)
 
 #: Utilisation samples (`init(resources=True)`): one row per device per sample. `kind` "cpu" is the
 #: process itself (psutil); "gpu" an NVIDIA device it uses (NVML). A row with `note` set and no
@@ -412,6 +452,7 @@ PROFILE_FRAMES = Table("profile_frames", "profile_frames", PROFILE_FRAMES_SCHEMA
 PROFILE_FILES = "profiles/files"  # profile artefacts (speedscope, dumps, torch traces), relative to the run dir
 BATCHES = Table("batches", "batches", BATCHES_SCHEMA, 1, ("step", "batch_id", "sample_index", "codec"))
 REPLAYS = Table("replays", "replays", REPLAYS_SCHEMA, 1, ("replay_id", "step", "batch_id", "repeat", "sample_index", "codec"))
+CRASHES = Table("crashes", "crashes", CRASHES_SCHEMA, 1, ("process_id", "exc_type"))
 STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 RESOURCES = Table("resources", "resources", RESOURCES_SCHEMA, 1, ("time_ns", "kind"))
 ALERTS = Table("alerts", "alerts", ALERTS_SCHEMA, 1, ("alert_id", "key", "rule", "time_ns"))
@@ -420,7 +461,7 @@ ALERTS = Table("alerts", "alerts", ALERTS_SCHEMA, 1, ("alert_id", "key", "rule",
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY, PROFILES, PROFILE_FRAMES, BATCHES, REPLAYS,
-              RESOURCES, ALERTS)
+              RESOURCES, ALERTS, CRASHES)
 }
 
 #: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.

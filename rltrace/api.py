@@ -1,4 +1,4 @@
-"""The public API: `init`, `phase`, `log_metrics`, `log_samples`, `inject`, `attach`, `shutdown`.
+"""The public API: `init`, `phase`, `start_phase`, `log_metrics`, `log_samples`, `inject`, `attach`, `shutdown`.
 
 One `Run` per process, held here. Before `init` (and with `RLTRACE_DISABLED=1`) every call is a
 no-op that costs well under a microsecond; if `RLTRACE_RUN_DIR` is set, the first call
@@ -31,9 +31,11 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Status, StatusCode, get_current_span, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from rltrace import _names
+from rltrace import _crash, _names
 from rltrace._config import PROFILE_TRIGGERS, RltraceConfigError, env_sets_any, is_set, resolve
+from rltrace.otel.live import EXITED
 from rltrace.run import Run
+from rltrace.store import rows as store_rows
 
 logger = logging.getLogger("rltrace")
 
@@ -41,7 +43,6 @@ _run: Run | None = None
 _env_checked = False  # RLTRACE_RUN_DIR is looked at once, on the first call before init
 _lock = threading.Lock()
 _PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
-_RESERVED_SAMPLE_COLUMNS = frozenset(("step", "logged_ns", "process_id", "role", "rank", "host", "pid"))
 # The default role is "trainer"; a process that continues another process's trace is rarely the
 # trainer, so it is warned (once) when its role was never chosen. Carriers this process handed
 # out itself (to its own threads) are remembered, newest last, so attaching them does not count.
@@ -159,6 +160,7 @@ def init(
         )
         _default_role = not role_chosen
         _warn_if_default_role(stacklevel=3)
+        _crash.install()
         if policy is not None and policy.armed:
             try:
                 from rltrace.profiling import arm
@@ -205,6 +207,7 @@ def shutdown() -> None:
     global _run
     with _lock:
         if _run is not None:
+            end_open_phases(EXITED)
             _run.shutdown()
             _run = None
 
@@ -219,17 +222,32 @@ def _internal_error(what: str) -> None:
     logger.exception("rltrace: %s failed; your code still runs, with less telemetry", what)
 
 
+_INT64_MIN, _INT64_MAX = store_rows.INT64_MIN, store_rows.INT64_MAX
+
+
 def _as_int(name: str, value: Any) -> int:
+    """An rltrace integer argument (step, weight_version): an int that fits int64, never a bool."""
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:  # the usual case, first
+        return value
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r} (a bool is not a {name})")
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if item is not None and not isinstance(value, int):
+        try:
+            scalar = item()
+        except (TypeError, ValueError, RuntimeError):  # not a single value
+            scalar = None
+        if isinstance(scalar, bool):
+            raise TypeError(f"{name} must be an integer, got {value!r} (a bool is not a {name})")
+        if scalar is not None:
+            value = scalar
     try:
-        return operator.index(value)
+        number = operator.index(value)
     except TypeError:
-        item = getattr(value, "item", None)  # numpy / torch scalars
-        if item is not None:
-            try:
-                return operator.index(item())
-            except (TypeError, ValueError):
-                pass
-    raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+    if not store_rows.fits_int64(number):
+        raise ValueError(f"{name}={store_rows.show(number)} does not fit a 64-bit integer: pass a smaller {name}")
+    return number
 
 
 def _attr_value(value: Any):
@@ -244,13 +262,41 @@ def _attr_value(value: Any):
 
 
 def _attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
+    """`rl.<key>` attributes, rltrace's own keys (`rl.bytes`, `rl.waiting_for`, ...) first."""
+    if not attrs:
+        return {}
+    out, user = {}, {}
     for key, value in attrs.items():
         if not isinstance(key, str) or not key:
             raise ValueError(f"phase attribute keys must be non-empty strings, got {key!r}")
         if value is not None:
-            out[_names.attr_key(key)] = _attr_value(value)
+            full = _names.attr_key(key)
+            (out if full in _names.RESERVED_ATTRS else user)[full] = _attr_value(value)
+    out.update(user)
     return out
+
+
+def _within_limit(run: Run, attrs: dict[str, Any], present: int, current=None) -> dict[str, Any]:
+    """`attrs` cut to the span's attribute limit, rltrace's own keys always kept; cuts are counted.
+
+    `present` user attributes are on the span already (`current` holds them: updating one is free).
+    """
+    room = run.max_attributes - present
+    if len(attrs) <= room:
+        return attrs
+    kept, cut = {}, 0
+    for key, value in attrs.items():
+        if key in _names.RESERVED_ATTRS or (current is not None and key in current):
+            kept[key] = value
+        elif room > 0:
+            kept[key] = value
+            room -= 1
+        else:
+            cut += 1
+    if cut:
+        run.attributes_dropped += cut
+        run.drops.add("attributes", cut, f"over the limit of {run.max_attributes} attributes per span (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)")
+    return kept
 
 
 def _inherited(parent) -> tuple[int | None, int | None]:
@@ -258,8 +304,58 @@ def _inherited(parent) -> tuple[int | None, int | None]:
     attrs = getattr(parent, "attributes", None)
     if attrs:
         return attrs.get(_names.STEP), attrs.get(_names.WEIGHT_VERSION)
-    step, version = baggage.get_baggage(_names.STEP), baggage.get_baggage(_names.WEIGHT_VERSION)
-    return (int(step) if step is not None else None, int(version) if version is not None else None)
+    return _baggage_int(_names.STEP), _baggage_int(_names.WEIGHT_VERSION)
+
+
+def _baggage_int(key: str) -> int | None:
+    """An integer from W3C baggage (another process's text): None unless it is an int64."""
+    text = baggage.get_baggage(key)
+    try:
+        value = int(str(text)) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and store_rows.fits_int64(value) else None
+
+
+def _start_span(run: Run, name: str, step: int | None, version: int | None, attrs: dict[str, Any]):
+    """Start the span of a phase; `step` and `weight_version` default to the enclosing phase's."""
+    if step is None or version is None:
+        parent_step, parent_version = _inherited(get_current_span())
+        step = parent_step if step is None else step
+        version = parent_version if version is None else version
+    values = {_names.PHASE: name, _names.THREAD_ID: threading.get_ident()}
+    group = _names.SEMCONV_GROUP_OF_PHASE.get(name)
+    if group is not None:
+        values[_names.SEMCONV_OPERATION] = group
+    if step is not None:
+        values[_names.STEP] = step
+    if version is not None:
+        values[_names.WEIGHT_VERSION] = version
+    values.update(attrs)
+    if len(values) > run.max_attributes:
+        values = _within_limit(run, values, 0)
+    return run.tracer.start_span(name, attributes=values)
+
+
+#: Attribute set on an exception as it escapes phases: [(phase, step, span_id), ...], innermost
+#: first, so a crash record names the phases it went through (see rltrace._crash).
+ESCAPED_PHASES = "_rltrace_phases"
+
+
+def _record_error(span, name: str, error: BaseException | str) -> None:
+    """Mark a span as failed: an `exception` event and status ERROR (a string gives the status only)."""
+    if isinstance(error, BaseException):
+        span.record_exception(error, escaped=True)
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        ctx = span.get_span_context()
+        try:
+            getattr(error, "__dict__", {}).setdefault(ESCAPED_PHASES, []).append(
+                (name, (span.attributes or {}).get(_names.STEP), f"{ctx.span_id:016x}")
+            )
+        except Exception:  # an exception type without a __dict__ keeps its phases on the spans only
+            pass
+    else:
+        span.set_status(Status(StatusCode.ERROR, str(error)))
 
 
 class Phase:
@@ -290,21 +386,7 @@ class Phase:
         if self._span is not None:
             raise RuntimeError(f"phase {self.name!r} is already running: call rltrace.phase() again for a new span")
         try:
-            step, version = self._step, self._weight_version
-            if step is None or version is None:
-                parent_step, parent_version = _inherited(get_current_span())
-                step = parent_step if step is None else step
-                version = parent_version if version is None else version
-            attrs = {_names.PHASE: self.name, _names.THREAD_ID: threading.get_ident()}
-            group = _names.SEMCONV_GROUP_OF_PHASE.get(self.name)
-            if group is not None:
-                attrs[_names.SEMCONV_OPERATION] = group
-            if step is not None:
-                attrs[_names.STEP] = step
-            if version is not None:
-                attrs[_names.WEIGHT_VERSION] = version
-            attrs.update(self._attrs)
-            self._span = run.tracer.start_span(self.name, attributes=attrs)
+            self._span = _start_span(run, self.name, self._step, self._weight_version, self._attrs)
             self._token = context.attach(set_span_in_context(self._span))
         except Exception:
             self._span = self._token = None
@@ -318,8 +400,7 @@ class Phase:
         self._span = self._token = None
         try:
             if exc is not None:
-                span.record_exception(exc, escaped=True)
-                span.set_status(Status(StatusCode.ERROR, f"{exc_type.__name__}: {exc}"))
+                _record_error(span, self.name, exc)
             span.end()
         except Exception:
             _internal_error(f"ending phase {self.name!r}")
@@ -329,8 +410,16 @@ class Phase:
     def set(self, **attrs: Any) -> None:
         """Add attributes to the running span (`rl.<key>`), e.g. sizes known only at the end."""
         values = _attributes(attrs)
-        if self._span is not None:
-            self._span.set_attributes(values)
+        for key, name in ((_names.STEP, "step"), (_names.WEIGHT_VERSION, "weight_version")):
+            if key in values:  # rltrace's own integers: checked as in phase()
+                values[key] = _as_int(name, values[key])
+        span, run = self._span, _run
+        if span is not None:
+            current = span.attributes
+            if run is not None and len(current) + len(values) > run.max_attributes:
+                present = sum(1 for key in current if key not in _names.RESERVED_ATTRS)
+                values = _within_limit(run, values, present, current)
+            span.set_attributes(values)
 
     @property
     def span(self):
@@ -388,12 +477,157 @@ def phase(name: str, *, step: int | None = None, weight_version: int | None = No
     return Phase(name, step, weight_version, attrs)
 
 
+# --- callback-style phases ----------------------------------------------------------------------
+_local = threading.local()  # .stack: this thread's handles in start order (context to restore)
+_open_handles: dict[int, PhaseHandle] = {}  # every recording handle not yet ended, for crash and exit
+os.register_at_fork(after_in_child=_open_handles.clear)  # a forked child must not end its parent's phases
+
+
+def _stack() -> list[PhaseHandle]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def _unwind() -> None:
+    """Restore the context of this thread past handles that have ended, innermost first."""
+    stack = _stack()
+    while stack and stack[-1]._ended and context.get_current() is stack[-1]._ctx:
+        context.detach(stack.pop()._token)
+
+
+class PhaseHandle:
+    """A phase opened by `start_phase` and closed by `end()`: for frameworks that hand out
+    begin/end events (callbacks) instead of a block to wrap.
+
+    It nests and inherits `step`/`weight_version` like `phase`: until it ends, phases started
+    in the same thread are its children. Misuse (ending twice, out of order, from another
+    thread) is a warning; the span is still recorded, and the training loop never breaks.
+    """
+
+    __slots__ = ("name", "_span", "_token", "_ctx", "_thread", "_ended")
+
+    def __init__(self, name: str):
+        self.name = name
+        self._span = self._token = self._ctx = None
+        self._thread = threading.get_ident()
+        self._ended = False
+
+    def end(self, error: BaseException | str | None = None) -> None:
+        """Close the phase; `error` (an exception or a message) records it as failed (status ERROR)."""
+        if self._ended:
+            warnings.warn(f"rltrace: phase {self.name!r} was already ended; this end() is ignored", stacklevel=2)
+            return
+        self._ended = True
+        span = self._span
+        if span is None:
+            return
+        _open_handles.pop(id(self), None)
+        try:
+            if error is not None:
+                _record_error(span, self.name, error)
+            span.end()
+        except Exception:
+            _internal_error(f"ending phase {self.name!r}")
+        if threading.get_ident() != self._thread:
+            warnings.warn(
+                f"rltrace: phase {self.name!r} was ended in thread {threading.current_thread().name!r}, not the "
+                "thread that started it; it is recorded, and that thread's next phases stop nesting under it "
+                "when it starts or ends another one",
+                stacklevel=2,
+            )
+            return
+        if context.get_current() is not self._ctx:
+            inner = get_current_span()
+            inner_name = getattr(inner, "name", None) if inner.is_recording() else None
+            warnings.warn(
+                f"rltrace: phase {self.name!r} was not the innermost open phase when it ended (the current one is "
+                + (f"{inner_name!r}" if inner_name else "none")
+                + "); end phases in the reverse order they started. It is recorded",
+                stacklevel=2,
+            )
+        _unwind()
+
+    def set(self, **attrs: Any) -> None:
+        """Add attributes to the open span (`rl.<key>`)."""
+        values = _attributes(attrs)
+        if self._span is not None and not self._ended:
+            self._span.set_attributes(values)
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    @property
+    def span(self):
+        """The OpenTelemetry span (None when not recording)."""
+        return self._span
+
+    @property
+    def span_id(self) -> str | None:
+        return None if self._span is None else f"{self._span.get_span_context().span_id:016x}"
+
+    def __repr__(self) -> str:
+        return f"PhaseHandle({self.name!r}, {'ended' if self._ended else 'open'})"
+
+
+def start_phase(name: str, *, step: int | None = None, weight_version: int | None = None, **attrs: Any) -> PhaseHandle:
+    """Open a phase now and return its handle; close it with `handle.end()` from a later call.
+
+    Example (a framework callback):
+        >>> def on_step_begin(self, step):
+        ...     self.handle = rltrace.start_phase("step", step=step)
+        >>> def on_step_end(self):
+        ...     self.handle.end()          # or .end(error=exc) when the step failed
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"phase name must be a non-empty string, got {name!r}")
+    step = None if step is None else _as_int("step", step)
+    weight_version = None if weight_version is None else _as_int("weight_version", weight_version)
+    values = _attributes(attrs)
+    handle = PhaseHandle(name)
+    run = _run if _run is not None else recording_run()
+    if run is None:
+        return handle
+    try:
+        _unwind()
+        span = _start_span(run, name, step, weight_version, values)
+        handle._ctx = set_span_in_context(span)
+        handle._token = context.attach(handle._ctx)
+        handle._span = span
+        _stack().append(handle)
+        _open_handles[id(handle)] = handle
+    except Exception:
+        _internal_error(f"starting phase {name!r}")
+    return handle
+
+
+def end_open_phases(error: BaseException | str, *, thread: int | None = None) -> list[PhaseHandle]:
+    """End every handle still open (in `thread` only, if given) with `error`; innermost first.
+
+    Used when an exception escapes to the top of a thread or the process exits with phases open.
+    """
+    handles = [h for h in list(_open_handles.values()) if thread is None or h._thread == thread]
+    for handle in reversed(handles):
+        if handle._ended:
+            continue
+        handle._ended = True
+        _open_handles.pop(id(handle), None)
+        try:
+            _record_error(handle._span, handle.name, error)
+            handle._span.end()
+        except Exception:
+            _internal_error(f"ending phase {handle.name!r}")
+    return handles
+
+
 # --- metrics and samples -----------------------------------------------------------------------
 def _as_float(name: str, value: Any) -> float:
     try:
         return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"log_metrics: {name}={value!r} is not a number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"log_metrics: {name}={store_rows.show(value)} is not a number a float can hold") from None
 
 
 def log_metrics(step: int, **scalars: Any) -> None:
@@ -408,70 +642,20 @@ def log_metrics(step: int, **scalars: Any) -> None:
     step = _as_int("step", step)
     values = {name: _as_float(name, value) for name, value in scalars.items()}
     now = time.time_ns()
-    process = run.process
-
-    def build() -> pa.Table:
-        n = len(values)
-        return pa.table(
-            {
-                "step": pa.array([step] * n, pa.int64()),
-                "name": pa.array(list(values), pa.string()),
-                "value": pa.array(list(values.values()), pa.float64()),
-                "time_ns": pa.array([now] * n, pa.int64()),
-                **process.columns(n),
-            },
-            schema=_names.METRICS_SCHEMA,
-        )
-
+    process, drops = run.process, run.drops
+    build = lambda: store_rows.metrics_table(step, values, now, process, drops=drops)  # noqa: E731
     run.submit_rows(_names.METRICS_TABLE, len(values), build)
-
-
-def _split_versions(row: Mapping[str, Any]) -> Mapping[str, Any]:
-    versions = row.get("weight_version")
-    if not isinstance(versions, (list, tuple)):
-        return row
-    row = dict(row)
-    row["weight_versions"] = list(versions)
-    row["weight_version"] = min(versions) if versions else None
-    return row
-
-
-def _rows_table(rows: list[Mapping[str, Any]]) -> pa.Table:
-    """Rows to Arrow; a sample that spans several weight versions may list them all."""
-    if any(isinstance(row.get("weight_version"), (list, tuple)) for row in rows):
-        rows = [_split_versions(row) for row in rows]
-    return pa.Table.from_pylist(rows)
-
-
-def _samples_table(step: int, table: pa.Table, logged_ns: int, process) -> pa.Table:
-    n = table.num_rows
-    columns: dict[str, pa.ChunkedArray | pa.Array] = {
-        "step": pa.array([step] * n, pa.int64()),
-        "logged_ns": pa.array([logged_ns] * n, pa.int64()),
-        **process.columns(n),
-    }
-    user = {name: table.column(name) for name in table.column_names}
-    versions = user.get("weight_version")
-    if versions is not None and (pa.types.is_list(versions.type) or pa.types.is_large_list(versions.type)):
-        user["weight_versions"] = versions.cast(pa.list_(pa.int64()))
-        user["weight_version"] = pa.array([min(v) if v else None for v in user["weight_versions"].to_pylist()], pa.int64())
-    for name, typ in _names.SAMPLE_COLUMNS.items():
-        if name in user and user[name].type != typ:
-            try:
-                user[name] = user[name].cast(typ)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise TypeError(f"column {name!r} cannot be stored as {typ}: {exc}") from None
-    columns.update(user)
-    return pa.table(columns)
 
 
 def log_samples(step: int, rows: Iterable[Mapping[str, Any]] | pa.Table | Any) -> None:
     """Record one row per sample: a list of dicts, a dict of columns, a pyarrow Table or a DataFrame.
 
-    Columns named in the brief (`sample_id`, `group_id`, `prompt_len`, `response_len`,
+    The per-sample columns rltrace reads (`sample_id`, `group_id`, `prompt_len`, `response_len`,
     `finish_reason`, `reward`, `weight_version`, `train_version`, `gen_start`, `gen_end`) are
-    stored with fixed types; any other column is kept as it comes. The caller pays only for a
-    shallow copy; conversion to Arrow and the write happen on the background writer.
+    stored with fixed types; ids (`sample_id`, `group_id`, any `*_id`) as text, so integer and
+    string ids both work; any other column is kept as it comes. A row with a value its column
+    cannot hold is dropped alone and counted with the reason (`rltrace info`). The caller pays
+    only for a shallow copy; conversion to Arrow and the write happen on the background writer.
     """
     run = _run if _run is not None else recording_run()
     if run is None:
@@ -481,32 +665,31 @@ def log_samples(step: int, rows: Iterable[Mapping[str, Any]] | pa.Table | Any) -
         rows = pa.Table.from_batches([rows])
     if isinstance(rows, pa.Table):
         names, nrows, payload = rows.column_names, rows.num_rows, rows
-        make = lambda: payload  # noqa: E731
     elif isinstance(rows, Mapping):
         names = list(rows)
-        columns = {k: list(v) for k, v in rows.items()}
-        nrows = len(next(iter(columns.values()), []))
-        make = lambda: pa.table(columns)  # noqa: E731
+        payload = {k: list(v) for k, v in rows.items()}
+        lengths = {len(v) for v in payload.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"log_samples: columns have different lengths {sorted(lengths)}; give one value per sample")
+        nrows = lengths.pop() if lengths else 0
     elif isinstance(rows, (list, tuple)):
-        rows = list(rows)
-        if rows and not isinstance(rows[0], Mapping):
-            raise TypeError(f"log_samples: rows must be dicts (one per sample), got {type(rows[0]).__name__}")
-        names, nrows = (list(rows[0]) if rows else []), len(rows)
-        make = lambda: _rows_table(rows)  # noqa: E731
+        payload = list(rows)  # the caller pays for a shallow copy only: later rows are checked on the writer
+        if payload and not isinstance(payload[0], Mapping):
+            raise TypeError(f"log_samples: rows must be dicts (one per sample), got {type(payload[0]).__name__}")
+        names, nrows = (list(payload[0]) if payload else []), len(payload)
     elif hasattr(rows, "__arrow_c_stream__") or hasattr(rows, "to_dict"):
-        frame = rows
-        names, nrows = [str(c) for c in getattr(frame, "columns", [])], len(frame)
-        make = lambda: pa.table(frame)  # noqa: E731
+        payload = rows
+        names, nrows = [str(c) for c in getattr(rows, "columns", [])], len(rows)
     else:
         raise TypeError(f"log_samples: rows must be a list of dicts, a dict of columns or a table, got {type(rows).__name__}")
-    clash = _RESERVED_SAMPLE_COLUMNS.intersection(names)
+    clash = store_rows.RESERVED_SAMPLE_COLUMNS.intersection(names)
     if clash:
         raise ValueError(f"log_samples: column(s) {sorted(clash)} are set by rltrace itself; rename yours")
     if nrows == 0:
         return
     now = time.time_ns()
-    process = run.process
-    run.submit_rows(_names.SAMPLES, nrows, lambda: _samples_table(step, make(), now, process))
+    process, drops = run.process, run.drops
+    run.submit_rows(_names.SAMPLES, nrows, lambda: store_rows.samples_table(step, payload, now, process, drops=drops))
 
 
 # --- context across processes ------------------------------------------------------------------

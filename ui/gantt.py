@@ -55,7 +55,8 @@ def layout(spans: pd.DataFrame, *, max_bars: int = MAX_BARS, keep: set[str] = fr
     t0 = int(s["start_ns"].min())
     finished_end = s.loc[~s["is_open"], "end_ns"]
     window_end = int(max(finished_end.max() if len(finished_end) else t0, s["start_ns"].max()))
-    s["open"] = s["is_open"].astype(bool) | s["end_ns"].isna()
+    # open: never ended, or ended only by rltrace when its process exited (listed in open_until)
+    s["open"] = s["is_open"].astype(bool) | s["end_ns"].isna() | s["span_id"].isin(list(open_until or {}))
     until = s["span_id"].map(open_until or {}).fillna(window_end)
     s["end_plot"] = s["end_ns"].fillna(until).astype("int64").clip(lower=s["start_ns"])
     left_out = 0

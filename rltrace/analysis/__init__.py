@@ -17,10 +17,10 @@ from rltrace.analysis.costs import (
     weight_sync_points,
 )
 from rltrace.analysis.critical_path import common_paths, critical_path
-from rltrace.analysis.health import drops, open_spans, processes
+from rltrace.analysis.health import crashes, drops, open_spans, processes
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.metrics import step_metrics
-from rltrace.analysis.mismatch import mismatch, trends
+from rltrace.analysis.mismatch import batch_mismatch, mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
 from rltrace.analysis.rollout import engine, engine_summary, rollout, train_means
 from rltrace.analysis.resources import idle_devices, phase_resources
@@ -56,12 +56,14 @@ __all__ = [
     "staleness_histogram",
     "step_metrics",
     "mismatch",
+    "batch_mismatch",
     "trends",
     "rollout",
     "engine",
     "engine_summary",
     "train_means",
     "open_spans",
+    "crashes",
     "drops",
     "processes",
     "step_timeline",

@@ -1,4 +1,4 @@
-"""Health of a run: spans that started and never ended (hangs, kills), and what was dropped."""
+"""Health of a run: crashes, spans that started and never ended (hangs, kills), and what was dropped."""
 
 from __future__ import annotations
 
@@ -6,18 +6,27 @@ import time
 
 import pandas as pd
 
+from rltrace import _names
 from rltrace.analysis import summary
+
+STALE_AFTER_S = 30.0  # a process silent this long has stopped: three missed heartbeats (written every 10 s)
 
 
 def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
-    """Spans that started and have not ended: running, hung, or their process was killed.
+    """Spans that started and have not ended (running, hung, or their process was killed), and
+    spans still open when their process exited (rltrace ended them then, with status ERROR).
 
     Returns:
         process_id, role, rank, host, thread_name, phase, name, step, span_id, start_ns; age_s (now - start);
         stalled_s (the run's last activity - start: how long it had been open when the run
         last wrote anything, which is what matters for a dead run; activity = the last end of a
-        stepped span, a heartbeat or an open span's start); last_heard_ns (the process's
-        last heartbeat, Unix ns, or None); ended_cleanly (the process called shutdown).
+        stepped span, a heartbeat or an open span's start; for a span ended at exit, how long
+        it was open); last_heard_ns (the process's last heartbeat, Unix ns, or None);
+        ended_cleanly (the process called shutdown); heard_for_s (how long the process kept its
+        heartbeat after the span started); state: `exited` (the process exited with the span
+        open), `killed` (the process stopped without shutting down: no heartbeat for over
+        STALE_AFTER_S, e.g. SIGKILL or out of memory) or `running` (its heartbeat is fresh:
+        hung, or still running).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
     checks = summary.checks(con)  # per-step first start / last end, cached per connection
@@ -28,17 +37,37 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
            proc AS (SELECT process_id, max(heartbeat_ns) AS heard, bool_or(ended_ns IS NOT NULL) AS ended
                     FROM processes GROUP BY process_id)
            SELECT s.process_id, s.role, s.rank, s.host, s.thread_name, coalesce(s.phase, s.name) AS phase, s.name, s.step,
-                  s.span_id, s.start_ns, (SELECT ns FROM last) AS last_ns, p.heard AS last_heard_ns,
+                  s.span_id, s.start_ns, s.end_ns, (SELECT ns FROM last) AS last_ns, p.heard AS last_heard_ns,
                   coalesce(p.ended, false) AS ended_cleanly
            FROM spans s LEFT JOIN proc p USING (process_id)
-           WHERE s.is_open ORDER BY s.start_ns""",
-        [last_step_ns],
+           WHERE s.is_open OR (s.status = 'ERROR' AND s.status_message = ?) ORDER BY s.start_ns""",
+        [last_step_ns, _names.UNFINISHED_AT_EXIT],
     ).df()
     frame["age_s"] = (now_ns - frame["start_ns"]) / 1e9
-    frame["stalled_s"] = ((frame["last_ns"] - frame["start_ns"]) / 1e9).clip(lower=0)
+    closed = frame["end_ns"].notna()  # ended by rltrace when its process exited
+    frame["stalled_s"] = ((frame["end_ns"].where(closed, frame["last_ns"]) - frame["start_ns"]) / 1e9).clip(lower=0)
+    heard = frame["last_heard_ns"].astype("float64")
+    frame["heard_for_s"] = ((heard - frame["start_ns"]) / 1e9).clip(lower=0)
+    stopped = (now_ns - heard) / 1e9 > STALE_AFTER_S
+    frame["state"] = ["exited" if shut or ended else "killed" if gone else "running"
+                      for shut, ended, gone in zip(closed, frame["ended_cleanly"].astype(bool), stopped.fillna(True))]
     cols = ["process_id", "role", "rank", "host", "thread_name", "phase", "name", "step", "span_id", "start_ns", "age_s",
-            "stalled_s", "last_heard_ns", "ended_cleanly"]
+            "stalled_s", "last_heard_ns", "ended_cleanly", "heard_for_s", "state"]
     return frame[cols]
+
+
+def crashes(con) -> pd.DataFrame:
+    """Uncaught exceptions, in time order (docs/integrations.md).
+
+    Returns: process_id, role, rank, host, pid, time_ns, kind (`process`: it exited; `thread`:
+    that thread died), thread_name, exc_type, message, phase (innermost phase the exception
+    escaped through, or None), step, phases (JSON list, innermost first), traceback.
+    """
+    return con.execute(
+        """SELECT process_id, role, rank, host, pid, time_ns, kind, thread_name, exc_type, message, phase, step,
+                  phases, traceback
+           FROM crashes ORDER BY time_ns"""
+    ).df()
 
 
 def processes(con) -> pd.DataFrame:
@@ -46,8 +75,9 @@ def processes(con) -> pd.DataFrame:
 
     Returns: process_id, role, rank, host, pid, started_ns, heartbeat_ns (latest), ended_ns
     (None unless it shut down), spans_written, spans_dropped, otlp_spans_dropped, rows_written,
-    rows_dropped (counts from its latest heartbeat; drops 0 when unknown), spans (finished spans
-    in the store), open_spans; ordered by role, rank, start.
+    rows_dropped, attributes_dropped (counts from its latest heartbeat; drops 0 when unknown),
+    drop_reasons (JSON list of {table, column, reason, count}, latest heartbeat's), spans (finished
+    spans in the store), open_spans; ordered by role, rank, start.
     """
     return con.execute(
         """SELECT p.*, coalesce(s.spans, 0) AS spans, coalesce(s.open, 0) AS open_spans
@@ -56,7 +86,9 @@ def processes(con) -> pd.DataFrame:
                         max(ended_ns) AS ended_ns, max(spans_written) AS spans_written,
                         max(coalesce(spans_dropped, 0)) AS spans_dropped,
                         max(coalesce(otlp_spans_dropped, 0)) AS otlp_spans_dropped,
-                        max(rows_written) AS rows_written, max(coalesce(rows_dropped, 0)) AS rows_dropped
+                        max(rows_written) AS rows_written, max(coalesce(rows_dropped, 0)) AS rows_dropped,
+                        max(coalesce(attributes_dropped, 0)) AS attributes_dropped,
+                        arg_max(drop_reasons, heartbeat_ns) AS drop_reasons
                  FROM processes GROUP BY process_id) p
            LEFT JOIN (SELECT process_id, count(*) FILTER (NOT is_open) AS spans, count(*) FILTER (is_open) AS open
                       FROM spans GROUP BY process_id) s USING (process_id)
@@ -67,7 +99,10 @@ def processes(con) -> pd.DataFrame:
 def drops(con) -> pd.DataFrame:
     """What each process lost before the store (or the OTLP backend) got it.
 
-    Returns: process_id, role, rank, spans_dropped, rows_dropped, otlp_spans_dropped (counts
-    from the process's latest heartbeat).
+    Returns: process_id, role, rank, spans_dropped, rows_dropped, otlp_spans_dropped,
+    attributes_dropped (span attributes cut by the attribute limit), drop_reasons (JSON list of
+    {table, column, reason, count}) — from the process's latest heartbeat.
     """
-    return processes(con)[["process_id", "role", "rank", "spans_dropped", "rows_dropped", "otlp_spans_dropped"]]
+    return processes(con)[
+        ["process_id", "role", "rank", "spans_dropped", "rows_dropped", "otlp_spans_dropped", "attributes_dropped", "drop_reasons"]
+    ]

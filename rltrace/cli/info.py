@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import time
 
 from rich.console import Console
 from rich.table import Table
 
-from rltrace import _json, analysis, store
+from rltrace import _json, _names, analysis, store
 from rltrace.analysis._format import seconds_text, term
+from rltrace.analysis.health import STALE_AFTER_S
 from rltrace.report import plain
+from rltrace.report.findings import crash_sentence
+from rltrace.store import rows as store_rows
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +31,8 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
     snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
     con = store.connect(snap)
 
-    def rows(sql: str) -> list[dict]:
-        cur = con.execute(sql)
+    def rows(sql: str, params: list | None = None) -> list[dict]:
+        cur = con.execute(sql, params or [])
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r)) for r in cur.fetchall()]
 
@@ -44,12 +48,22 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
                   avg(duration_s) AS mean_s, max(duration_s) AS max_s
            FROM spans WHERE NOT is_open GROUP BY 1 ORDER BY total_s DESC NULLS LAST"""
     )
-    open_spans = rows(
-        """SELECT process_id, role, rank, name, phase, step, start_ns, span_id
-           FROM spans WHERE is_open ORDER BY start_ns"""
+    open_spans = rows(  # and spans rltrace ended because their process exited with them open
+        """SELECT process_id, role, rank, name, phase, step, start_ns, span_id, NOT is_open AS at_exit
+           FROM spans WHERE is_open OR (status = 'ERROR' AND status_message = ?) ORDER BY start_ns""",
+        [_names.UNFINISHED_AT_EXIT],
     )
     for span in open_spans:
         span["age_s"] = (now_ns - span["start_ns"]) / 1e9
+    crashes = rows("SELECT role, rank, kind, thread_name, exc_type, message, phase, step, process_id FROM crashes ORDER BY time_ns")
+    crashed = {c["process_id"] for c in crashes if c["kind"] == "process"}
+    for p in processes:
+        stopped = p["heartbeat_ns"] is None or (now_ns - p["heartbeat_ns"]) / 1e9 > STALE_AFTER_S
+        p["state"] = ("crashed" if p["process_id"] in crashed else "ended" if p["ended_ns"]
+                      else "killed" if stopped else "running")
+    states = {p["process_id"]: p["state"] for p in processes}
+    for span in open_spans:
+        span["state"] = "exited" if span.pop("at_exit") else states.get(span["process_id"], "killed")
     tables = {name: sum(p.rows for p in parts) for name, parts in snap.parts.items()}
     return {
         "run_dir": str(run_dir),
@@ -62,10 +76,28 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
         "phases": phases,
         "processes": processes,
         "open_spans": open_spans,
+        "crashes": crashes,
         "spans_dropped": sum(p["spans_dropped"] or 0 for p in processes),
         "rows_dropped": sum(p["rows_dropped"] or 0 for p in processes),
+        "attributes_dropped": sum(p["attributes_dropped"] or 0 for p in processes),
+        "drop_reasons": _reasons(processes),
         "skipped_parts": snap.skipped,
     }
+
+
+def _reasons(processes: list[dict]) -> list[dict]:
+    """Every process's drop reasons, summed over processes: {table, column, reason, count}."""
+    total: dict[tuple, int] = {}
+    for p in processes:
+        try:
+            records = json.loads(p.pop("drop_reasons") or "[]")
+        except ValueError:
+            continue
+        for r in records if isinstance(records, list) else []:
+            if isinstance(r, dict):
+                key = (r.get("table"), r.get("column"), r.get("reason"))
+                total[key] = total.get(key, 0) + int(r.get("count") or 0)
+    return [{"table": t, "column": c, "reason": r, "count": n} for (t, c, r), n in total.items()]
 
 
 def _ago(ns: int | None, now_ns: int) -> str:
@@ -90,7 +122,11 @@ def render(data: dict, console: Console) -> None:
         t.add_column(col, justify="right" if col in ("rank", "spans", "open", "dropped") else "left")
     for p in data["processes"]:
         dropped = (p["spans_dropped"] or 0) + (p["rows_dropped"] or 0)
-        ended = "cleanly " + _ago(p["ended_ns"], now_ns) if p["ended_ns"] else "[yellow]not yet (running, hung or killed)[/]"
+        ended = {
+            "crashed": "[red]crashed[/] " + _ago(p["ended_ns"], now_ns),
+            "ended": "cleanly " + _ago(p["ended_ns"], now_ns),
+            "killed": "[red]no: its heartbeat stopped (killed)[/]",
+        }.get(p.get("state"), "[yellow]not yet (running or hung)[/]")
         t.add_row(
             term(p["role"]),
             "" if p["rank"] is None else str(p["rank"]),
@@ -111,9 +147,11 @@ def render(data: dict, console: Console) -> None:
                   seconds_text(ph["max_s"]))
     console.print(t)
 
+    for c in data.get("crashes", []):
+        console.print("[red]Crash:[/] " + term(crash_sentence(c)))
     if data["open_spans"]:
         t = Table(title="[yellow]Open spans[/] (started, never ended: running, hung or killed)", title_justify="left")
-        for col in ("role", "rank", "phase", "step", "started", "open for"):
+        for col in ("role", "rank", "phase", "step", "started", "open for", "its process"):
             t.add_column(col)
         for o in data["open_spans"]:
             t.add_row(
@@ -123,15 +161,20 @@ def render(data: dict, console: Console) -> None:
                 "" if o["step"] is None else str(o["step"]),
                 dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),
                 seconds_text(o["age_s"]),
+                {"killed": "[red]killed (heartbeat stopped)[/]", "running": "alive: hung or still running"}.get(
+                    o.get("state"), "exited with it open"),
             )
         console.print(t)
     else:
         console.print("No open spans.")
-    if data["spans_dropped"] or data["rows_dropped"]:
+    reasons = data["drop_reasons"]
+    if data["spans_dropped"] or data["rows_dropped"] or data["attributes_dropped"]:
         console.print(
-            f"[red]Dropped: {data['spans_dropped']} spans, {data['rows_dropped']} metric/sample rows[/] "
-            "(queue full or write failed; raise RLTRACE_MAX_QUEUE / RLTRACE_MAX_PENDING_ROWS or record less)"
+            f"[red]Dropped: {data['spans_dropped']} spans, {data['rows_dropped']} metric/sample rows, "
+            f"{data['attributes_dropped']} span attributes[/]" + ("" if reasons else " (reasons not recorded by this rltrace version)")
         )
+        for line in store_rows.describe(reasons):
+            console.print("  " + term(line))
     else:
         console.print("Nothing dropped.")
     for skipped in data["skipped_parts"]:

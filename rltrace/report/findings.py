@@ -1,4 +1,4 @@
-"""Plain sentences from a report dict: hangs first, then the bottleneck, the top waits, stragglers,
+"""Plain sentences from a report dict: crashes and hangs first, then the bottleneck, the top waits, stragglers,
 the weight sync, what async could gain, staleness and mismatch. Each sentence states a measured
 number and where it comes from; a metric that did not move materially gets no sentence."""
 
@@ -11,6 +11,7 @@ from rltrace.analysis._format import process_name as _who
 from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
 from rltrace.analysis._format import size_text
+from rltrace.analysis.health import STALE_AFTER_S
 
 TAIL_SHARE = 0.25  # a long tail worth a sentence: this share of the step, median over steps
 STRAGGLER_FACTOR = 4.0  # a straggler worth a sentence: this many times the step's median length or time
@@ -26,14 +27,26 @@ MISMATCH_SCALE = {
     "tis_clipfrac": (0.0, 0.01),
 }
 MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest distance from neutral
+#: Where a mismatch value comes from (rltrace.analysis.mismatch sources), when not logged by the run.
+MISMATCH_SOURCE = {"samples": " (mean of per-sample values)", "batches": " (from frozen batches)"}
 
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync, _async,
-                 _drops, _reward, _staleness, _mismatch, _idle_devices, _engine):
+    for part in (_imported, _crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
+                 _async, _drops, _reward, _staleness, _mismatch, _idle_devices, _engine):
         out.extend(part(r))
     return out
+
+
+def _imported(r: dict) -> list[str]:
+    """Spans made from imported metric logs hold real durations at made-up places within the step."""
+    i = r.get("imported_spans") or {}
+    if not i.get("metrics"):
+        return []
+    share = "All" if i["metrics"] == i["total"] else f"{i['metrics']} of {i['total']}"
+    return [f"{share} spans come from imported metric logs (source: metrics): stage durations are measured, their "
+            "placement within a step is not, so waits, idle gaps, stragglers and critical paths need traced spans."]
 
 
 def _term(r: dict, key: str) -> str:
@@ -223,6 +236,23 @@ def _async(r: dict) -> list[str]:
     )]
 
 
+def crash_sentence(c: dict) -> str:
+    """"trainer0 crashed at step 3 in `train`: RuntimeError: loss is NaN" (what info and report say)."""
+    named = c.get("kind") == "thread" and c.get("thread_name") and c["thread_name"] != "MainThread"
+    who = _who(c.get("role"), c.get("rank")) + (f" (thread {c['thread_name']})" if named else "")
+    where = ("" if c.get("step") is None else f" at step {c['step']}") + (f" in `{c['phase']}`" if c.get("phase") else "")
+    message = (c.get("message") or "").strip().splitlines()
+    text = f"{c['exc_type']}: {message[0][:300]}" if message else c["exc_type"]
+    after = "; the process went on" if c.get("kind") == "thread" else ""
+    if c["exc_type"] == "KeyboardInterrupt":
+        return f"{who} was interrupted (Ctrl-C){where}."
+    return f"{who} crashed{where}: {text}{after}."
+
+
+def _crashes(r: dict) -> list[str]:
+    return [crash_sentence(c) for c in r.get("crashes") or []]
+
+
 def _reward(r: dict) -> list[str]:
     w = r.get("reward") or {}
     if w.get("first") is None:
@@ -239,19 +269,33 @@ def _hangs(r: dict) -> list[str]:
         thread_name = o.get("thread_name") or "MainThread"
         named = thread_name != "MainThread" and not thread_name.startswith("Dummy-")  # Dummy-N: a foreign thread
         thread = f" (thread {o['thread_name']})" if named else ""
-        out.append(
-            f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step} started and never ended "
-            f"({sec(o['stalled_s'])} before the run's last write; {sec(o['age_s'])} ago): hung or killed."
-            + (f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else "")
-        )
+        where = f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step}"
+        state = o.get("state")
+        if state == "exited":
+            text = (f"{where} was still running when its process exited, after {sec(o['stalled_s'])}: hung, or "
+                    "cut off by the exit.")
+        elif state == "killed":
+            heard = o.get("heard_for_s") or 0.0
+            how = f"hung {sec(heard)}, then killed" if heard > STALE_AFTER_S else "killed"
+            text = (f"{where} never ended: its process stopped {sec(heard)} after the span started, with no error "
+                    f"recorded: {how} (e.g. SIGKILL or out of memory).")
+        else:
+            text = (f"{where} started and never ended ({sec(o['stalled_s'])} before the run's last write; "
+                    f"{sec(o['age_s'])} ago)"
+                    + (" and its process is alive: hung or still running." if state == "running" else ": hung or killed."))
+        out.append(text + (f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else ""))
     return out
 
 
 def _drops(r: dict) -> list[str]:
     d = r["dropped"]
-    if not (d["spans"] or d["rows"]):
-        return []
-    return [f"Dropped before the store: {d['spans']} spans and {d['rows']} metric/sample rows; figures may be low."]
+    out = []
+    if d["spans"] or d["rows"]:
+        out.append(f"Dropped before the store: {d['spans']} spans and {d['rows']} metric/sample rows; figures may be low "
+                   "(`rltrace info` says why).")
+    if d.get("attributes"):
+        out.append(f"{d['attributes']} span attributes over the attribute limit were not stored (rltrace's own were kept).")
+    return out
 
 
 def _staleness(r: dict) -> list[str]:
@@ -265,6 +309,7 @@ def _mismatch(r: dict) -> list[str]:
     out = []
     for t in r["mismatch"]["trends"]:
         neutral, floor = MISMATCH_SCALE.get(t["metric"], (0.0, 0.0))
+        source = MISMATCH_SOURCE.get(t["source"], "")
         change = abs(t["slope_per_step"] or 0.0) * (t["steps"] - 1)
         reach = max(abs(t["max"] - neutral), abs(t["min"] - neutral))
         if t["steps"] > 1 and change > 0 and change >= max(floor, MATERIAL_CHANGE * reach):
@@ -272,10 +317,11 @@ def _mismatch(r: dict) -> list[str]:
                 moved = f"varied between {num(t['min'])} and {num(t['max'])}, ending at {num(t['last'])},"
             else:
                 moved = f"went from {num(t['first'])} to {num(t['last'])} (max {num(t['max'])} at step {t['max_step']})"
-            out.append(f"{t['metric']} {moved} over {t['steps']} steps (fitted trend {t['slope_per_step']:+.3g} per step).")
+            out.append(f"{t['metric']}{source} {moved} over {t['steps']} steps (fitted trend "
+                       f"{t['slope_per_step']:+.3g} per step).")
         elif t["metric"] == "train_rollout_logprob_abs_diff" and t["max"] >= ALIGNMENT_GATE:
             out.append(
-                f"{t['metric']} held at a mean of {num(t['mean'])} (max {num(t['max'])}) over {t['steps']} steps, "
+                f"{t['metric']}{source} held at a mean of {num(t['mean'])} (max {num(t['max'])}) over {t['steps']} steps, "
                 f"above the {ALIGNMENT_GATE:g} gate for exact alignment of rollout and training."
             )
     return out

@@ -98,7 +98,8 @@ def _quality(r: dict) -> Table | None:
     if w.get("first") is not None:
         t.add_row("reward", num(w["first"]), num(w["last"]), num(w["best"]), str(w["best_step"]))
     for m in r["mismatch"]["trends"]:
-        t.add_row(term(m["metric"]), num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
+        where = "" if m["source"] == "metrics" else f" ({m['source']})"  # computed from samples or frozen batches
+        t.add_row(term(m["metric"] + where), num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
     s = r["staleness"]
     if s.get("max") is not None:
         t.add_row("staleness", "", f"mean {num(s['mean'])}", num(s["max"]), "")
@@ -174,12 +175,14 @@ def _stragglers(r: dict, rows: int | None = None) -> Table | None:
 def _open_spans(r: dict) -> Table | None:
     if not r["open_spans"]:
         return None
-    t = _table("[red]Open spans[/] (started, never ended: hung or killed)",
-               ["process", "thread", "phase", "step", "started", "open for"])
+    t = _table("[red]Open spans[/] (started, never ended)",
+               ["process", "thread", "phase", "step", "started", "open for", "its process"])
+    state = {"killed": "killed (heartbeat stopped)", "running": "alive: hung or still running", "exited": "exited"}
     for o in r["open_spans"]:
         started = dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
         t.add_row(term(_who(o["role"], o["rank"])), term(o.get("thread_name") or ""), term(o["phase"]),
-                  "" if o["step"] is None else str(o["step"]), started, sec(o["stalled_s"]))
+                  "" if o["step"] is None else str(o["step"]), started, sec(o["stalled_s"]),
+                  state.get(o.get("state"), "hung or killed"))
     for col in t.columns[1:3]:
         col.justify = "left"
     return t

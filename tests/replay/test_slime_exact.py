@@ -269,17 +269,19 @@ def test_tool_turns_under_loss_mask_0_are_not_template_leaks(partial):
 def test_mismatch_is_slimes_masked_train_rollout_logprob_abs_diff(partial):
     rollouts, _, con, root = partial
     got = analysis.mismatch(con)
-    got = got[(got["metric"] == "train_rollout_logprob_abs_diff") & (got["source"] == "samples")].set_index("step")["value"]
+    got = got[(got["metric"] == "train_rollout_logprob_abs_diff") & (got["source"] == "batches")].set_index("step")["value"]
     for r in rollouts:
         samples = torch.load(root / "dump" / "train_data" / f"{r.rollout_id}.pt", weights_only=True)["samples"]
-        diffs = [(s["log_probs"].double() - s["rollout_log_probs"].double()).abs() for s in samples]
         masks = [s["loss_masks"] for s in samples]
-        # megatron_utils/loss.py:1140: sum_of_sample_mean(|log p - log q|), over the step's samples
+        # megatron_utils/loss.py:1140: sum_of_sample_mean(|log p - log q|) over the step's samples; rltrace
+        # reads the rollout's log-probs as the rollout dump holds them (float64), slime as float32 tensors
+        diffs = [(t["log_probs"].double() - torch.tensor(s.rollout_log_probs, dtype=torch.float64)).abs()
+                 for t, s in zip(samples, r.samples)]
         exact = sum(float((d * m.double()).sum()) / max(float(m.sum()), 1.0) for d, m in zip(diffs, masks)) / len(samples)
         assert got[r.rollout_id] == pytest.approx(exact, abs=1e-9)
         f32 = _sum_of_sample_mean_f32([(s["log_probs"] - s["rollout_log_probs"]).abs() for s in samples], masks).item()
         assert got[r.rollout_id] == pytest.approx(f32 / len(samples), rel=1e-5)  # slime itself sums in float32
-        unmasked = sum(float(d.double().mean()) for d in diffs) / len(samples)
+        unmasked = sum(float(d.mean()) for d in diffs) / len(samples)
         assert got[r.rollout_id] != pytest.approx(unmasked, rel=1e-6)  # tool tokens would count otherwise
 
 

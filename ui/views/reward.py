@@ -49,7 +49,8 @@ for ref in chosen_refs:
         if "reward_mean" in ro:
             reward[label] = ro.loc[ro["reward_mean"].notna(), ["step", "reward_mean"]].rename(columns={"reward_mean": "value"})
     values, _ = data.mismatch(ref, rng)
-    mism[label] = values[values["source"] == "metrics"] if (values["source"] == "metrics").any() else values
+    for source, by_source in values.groupby("source"):  # logged, per-sample columns, frozen batches: named apart
+        mism[f"{label} · {source}"] = by_source
     stale[label] = data.staleness(ref, rng)
 
 left, right = st.columns(2)
@@ -105,6 +106,15 @@ if len(per_rollout) and len(per_rollout.columns) > 2:
                                     for c in shown.columns if c != "step" and shown[c].dtype.kind == "f"})
         st.caption("Response lengths count trained tokens (loss mask 1); pass@k counts a reward of 1 as a pass; "
                    "engine columns summarise SGLang's per-request meta. See docs/analysis.md.")
+per_sample = data.batch_mismatch(run, steps)
+if len(per_sample):
+    with st.expander(f"Per-sample mismatch from frozen batches ({len(per_sample):,} samples)"):
+        st.caption("Computed from the rollout and train log-probs each frozen or imported batch holds, over "
+                   "loss-masked tokens; a step's value is the mean over its samples (as slime reports it).")
+        metric = st.selectbox("metric", [p[0] for p in PANELS], key="batch_mismatch_metric", persist_state="session")
+        fig = px.strip(per_sample.assign(step=per_sample["step"].astype(str)), x="step", y=metric,
+                       hover_data=["batch_id", "sample_index", "tokens"])
+        st.plotly_chart(charts.base(fig, height=320, x="step", y=metric), key=f"batch_mismatch-{metric}")
 
 st.subheader(f"Samples of {fmt.md(labels[run.path])}")
 if steps is None:

@@ -79,7 +79,8 @@ m[0].metric("Wall time", fmt.seconds_text(walls.loc[walls["step"].between(step, 
             help="first span start to last span end, summed over the steps shown")
 m[1].metric("Spans", f"{len(spans):,}")
 m[2].metric("Processes", spans["process_id"].nunique())
-m[3].metric("Open spans", int(spans["is_open"].sum()), help="started and never ended: running, hung or killed")
+m[3].metric("Open spans", int((spans["is_open"].astype(bool) | spans["span_id"].isin(hung["span_id"])).sum()),
+            help="started and never ended (running, hung or killed), or ended only when their process exited")
 m[4].metric("Waiting", fmt.seconds_text(waits["seconds"].sum()) if len(waits) else "0 s",
             help="longest waits of the steps shown (idle time and wait spans, see Waiting stages)")
 
