@@ -265,6 +265,7 @@ def import_slime(
 ) -> dict[str, Any]:
     """Convert slime dumps into frozen batches (+ spans and samples from traces) in run dir `out`."""
     from rltrace.replay import slime_trace
+    from rltrace.store import rows as store_rows
     from rltrace.replay.batch import batch_fields, build_table, write_batch
     from rltrace.store.layout import create_or_join
     from rltrace.store.writer import ProcessInfo
@@ -294,6 +295,7 @@ def import_slime(
     result = {"batches": [], "spans": 0, "samples": 0, "unmatched_ends": 0, "carried": 0, "skipped": skipped}
     steps = sorted(set(rollouts) | set(trains))
     starts = {rid: slime_trace.own_start(data["samples"], rid) for rid, (_, data) in rollouts.items()}
+    drops = store_rows.Drops()
     for k, rid in enumerate(steps):
         if progress:
             progress("converting", k, len(steps))
@@ -318,8 +320,10 @@ def import_slime(
             counts = slime_trace.write(Path(out), rid, rollout, process, starts)
             for key in ("spans", "samples", "unmatched_ends", "carried"):
                 result[key] += counts[key]
+            for record in counts["drops"].records():
+                drops.add(record["table"], record["count"], record["reason"], record.get("column"))
         result["batches"].append({"step": rid, "batch_id": batch_id, "samples": len(rows), "files": [str(p) for p in sources]})
-    slime_trace.write_process(Path(out), process, manifest["run_id"], rows=result["samples"], spans=result["spans"])
+    slime_trace.write_process(Path(out), process, manifest["run_id"], rows=result["samples"], spans=result["spans"], drops=drops)
     return result
 
 

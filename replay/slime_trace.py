@@ -29,7 +29,6 @@ What slime writes and how it is read:
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import sys
 import time
@@ -40,6 +39,7 @@ import pyarrow as pa
 
 from rltrace import _names
 from rltrace.replay.slime import STATUS_TO_FINISH
+from rltrace.store import rows as store_rows
 from rltrace.store.writer import ProcessInfo, write_part
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -216,15 +216,17 @@ def _set_versions(spans: list[dict], versions: list[int] | None) -> None:
 
 
 def _finish(span: dict) -> dict:
-    attrs = span.pop("attrs")
+    """The `spans` row of a parsed span, built by the store's one row builder."""
+    attrs = span["attrs"]
     error = attrs.get("error_type")
-    span["status"] = "ERROR" if error else "UNSET"
-    span["status_message"] = f"{error}: {attrs.get('error_message')}" if error else span["status_message"]
-    span["kind"] = "INTERNAL"
-    span["attributes"] = json.dumps({k: v for k, v in attrs.items() if v is not None}, default=str)
-    span["events"] = json.dumps(span["events"], default=str) if span["events"] else None
-    span["links"] = None
-    return span
+    return store_rows.span_row(
+        trace_id=span["trace_id"], span_id=span["span_id"], parent_span_id=span["parent_span_id"], name=span["name"],
+        phase=span["phase"], step=span["step"], weight_version=span["weight_version"], start_ns=span["start_ns"],
+        end_ns=span["end_ns"], status="ERROR" if error else "UNSET",
+        status_message=f"{error}: {attrs.get('error_message')}" if error else span["status_message"],
+        thread_id=span.get("thread_id"), thread_name=span.get("thread_name"),
+        attributes={k: v for k, v in attrs.items() if v is not None}, events=span["events"] or None,
+    )
 
 
 def has_repetition(text: Any) -> bool:
@@ -364,39 +366,33 @@ def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, s
         for row in sample_rows(sample, i, rollout_id, mine, train_version):
             rows.append({**row, **(extra or {}).get(i, {})} if row["step"] == rollout_id else row)
     spans = [_finish(s) for s in _dedupe_groups(spans)]
-    finished = [s for s in spans if s["end_ns"] is not None]
-    still_open = [s for s in spans if s["end_ns"] is None]
+    drops = store_rows.Drops()
     name = f"{process.process_id}-{rollout_id:010d}.parquet"
-    for table, part in ((_names.SPANS, finished), (_names.OPEN_SPANS, still_open)):
-        if part:
-            cols = {f: [s.get(f) for s in part] for f in _names.SPANS_SCHEMA.names}
-            cols.update({k: v.to_pylist() for k, v in process.columns(len(part)).items()})
-            cols["service_name"] = ["slime-rollout"] * len(part)
-            write_part(Path(run_dir) / table.folder, name, pa.table(cols, schema=_names.SPANS_SCHEMA), table)
-    if rows:
-        n = len(rows)
-        schema = pa.schema([*_names.SAMPLES_SCHEMA, *(pa.field(k, t) for k, t in EXTRA_COLUMNS.items())])
-        cols = {f: [r.get(f) for r in rows] for f in (*_names.SAMPLE_COLUMNS, "step", *EXTRA_COLUMNS)}
-        for field in schema:  # ids stored as text where the schema says so (string ids, e.g. verl's UUIDs)
-            if pa.types.is_string(field.type) and field.name in _names.SAMPLE_COLUMNS:
-                cols[field.name] = [None if v is None else str(v) for v in cols[field.name]]
-        cols.update(logged_ns=[time.time_ns()] * n, **{k: v.to_pylist() for k, v in process.columns(n).items()})
-        write_part(Path(run_dir) / _names.SAMPLES.folder, name, pa.table(cols, schema=schema), _names.SAMPLES)
-    carried = sum(1 for r in rows if r.get("in_batch") is False)
-    return {"spans": len(spans), "samples": len(rows), "unmatched_ends": unmatched, "carried": carried}
-
-
-def write_process(run_dir: Path, process: ProcessInfo, run_id: str, *, rows: int, spans: int) -> None:
-    """The importing process's row in `processes`, so `rltrace info` says where the data came from."""
-    from rltrace import __version__
-
+    for table, part in ((_names.SPANS, [s for s in spans if s["end_ns"] is not None]),
+                        (_names.OPEN_SPANS, [s for s in spans if s["end_ns"] is None])):
+        built = store_rows.span_rows_table(part, process, "slime-rollout", drops=drops) if part else None
+        if built is not None and built.num_rows:
+            write_part(Path(run_dir) / table.folder, name, built, table)
     now = time.time_ns()
-    row = {
-        "process_id": process.process_id, "role": process.role, "rank": process.rank, "host": process.host, "pid": process.pid,
-        "run_id": run_id, "service_name": process.service_name, "started_ns": now, "heartbeat_ns": now, "ended_ns": now,
-        "spans_written": spans, "spans_dropped": 0, "otlp_spans_dropped": None, "rows_written": rows, "rows_dropped": 0,
-        "rltrace_version": __version__,
-        "argv": json.dumps(sys.argv), "resource": json.dumps({"service.name": process.service_name}),
-    }
-    table = pa.Table.from_pylist([row], schema=_names.PROCESSES_SCHEMA)
+    for step in sorted({r["step"] for r in rows}):
+        mine = [{k: v for k, v in r.items() if k != "step"} for r in rows if r["step"] == step]
+        built = store_rows.samples_table(step, mine, now, process, drops=drops)
+        if built is not None and built.num_rows:
+            write_part(Path(run_dir) / _names.SAMPLES.folder, f"{process.process_id}-{rollout_id:010d}-{step:010d}.parquet",
+                       built, _names.SAMPLES)
+    carried = sum(1 for r in rows if r.get("in_batch") is False)
+    return {"spans": len(spans) - drops.total("spans"), "samples": len(rows) - drops.total("samples"),
+            "unmatched_ends": unmatched, "carried": carried, "drops": drops}
+
+
+def write_process(run_dir: Path, process: ProcessInfo, run_id: str, *, rows: int, spans: int,
+                  drops: store_rows.Drops | None = None) -> None:
+    """The importing process's row in `processes`, so `rltrace info` says where the data came from."""
+    now = time.time_ns()
+    table = store_rows.process_table(
+        process, run_id=run_id, service_name=process.service_name, started_ns=now, heartbeat_ns=now, ended_ns=now,
+        spans_written=spans, spans_dropped=drops.total("spans") if drops else 0, rows_written=rows,
+        rows_dropped=drops.total("samples") if drops else 0, drop_reasons=drops.to_json() if drops else None,
+        argv=sys.argv, resource={"service.name": process.service_name},
+    )
     write_part(Path(run_dir) / _names.PROCESSES.folder, f"{process.process_id}.parquet", table, _names.PROCESSES)
