@@ -2,7 +2,7 @@
 
 Every scalar becomes a `metrics` row under its own name (nothing is dropped for an unknown name),
 and the framework's step scalars also get their rltrace name (`critic/rewards/mean` ->
-`reward_mean`, see `frameworks.FRAMEWORKS`). Each step's stage timings become spans so the cost
+`reward_mean`, see `rltrace._names.METRIC_ALIASES`). Each step's stage timings become spans so the cost
 model (t_R, t_T, t_W, async bound, bottleneck) works on a run that was never traced:
 
     step (the step's wall time, or the sum of its stages when none was logged)
@@ -100,7 +100,8 @@ def _import(paths, out, framework: str, progress) -> dict:
     process = ProcessInfo(run_id=manifest["run_id"], role=f"{framework}-import", rank=None, service_name="rltrace-import")
 
     # metrics: every scalar as logged, then the rltrace names of the mapped ones
-    aliases = {n: fw.scalars[m] for n, m in mapped.items() if m in fw.scalars and fw.scalars[m] != n}
+    canonical = {n: _names.canonical_metric(m) for n, m in mapped.items()}
+    aliases = {n: c for n, c in canonical.items() if c is not None and c != n}
     alias_mask = np.isin(names, list(aliases)) if aliases else np.zeros(len(names), bool)
     alias_names = [aliases[n] for n in names[alias_mask]]
     tables = [_metrics_table(steps, names, values, times, process),
@@ -122,7 +123,7 @@ def _import(paths, out, framework: str, progress) -> dict:
         write_part(Path(out) / _names.SPANS.folder, f"{process.process_id}-spans.parquet",
                    pa.table(cols, schema=_names.SPANS_SCHEMA), _names.SPANS)
     write_process(Path(out), process, manifest["run_id"], rows=table.num_rows, spans=len(spans))
-    known_names = set(fw.stages) | set(fw.scalars) | set(fw.bytes) | {fw.wall}
+    known_names = set(fw.stages) | {m for m in mapped.values() if _names.canonical_metric(m)} | set(fw.bytes) | {fw.wall}
     return {
         "framework": framework,
         "files": [str(f) for f in files],
