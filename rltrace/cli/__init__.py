@@ -12,9 +12,9 @@ import sys
 
 from rltrace._config import RltraceError
 from rltrace.analysis._format import shown
-from rltrace.cli import compact, export, importer, info, profile, replay, report, run, ui, watch
+from rltrace.cli import collect, compact, export, importer, info, profile, replay, report, run, ui, watch
 
-COMMANDS = [info, compact, report, replay, importer, export, profile, ui, watch, run]
+COMMANDS = [info, compact, report, replay, importer, export, profile, ui, watch, run, collect]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -168,7 +168,7 @@ def render(data: dict, console: Console) -> None:
     else:
         console.print("No open spans.")
     reasons = data["drop_reasons"]
-    if data["spans_dropped"] or data["rows_dropped"] or data["attributes_dropped"]:
+    if data["spans_dropped"] or data["rows_dropped"] or data["attributes_dropped"] or reasons:
         console.print(
             f"[red]Dropped: {data['spans_dropped']} spans, {data['rows_dropped']} metric/sample rows, "
             f"{data['attributes_dropped']} span attributes[/]" + ("" if reasons else " (reasons not recorded by this rltrace version)")

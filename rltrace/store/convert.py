@@ -118,7 +118,8 @@ def describe(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-_UNITS = {"sample values": "sample value", "spans": "span", "samples": "sample row", "metrics": "metric row", "attributes": "span attribute", "batches": "frozen sample"}
+_UNITS = {"sample values": "sample value", "spans": "span", "samples": "sample row", "metrics": "metric row", "attributes": "span attribute", "batches": "frozen sample",
+          "requests": "rejected OTLP request", "refused spans": "refused span", "refused requests": "refused OTLP request"}
 
 
 def _diagnose(row: Mapping[str, Any], schema: pa.Schema | None, exc: Exception) -> tuple[str | None, str]:

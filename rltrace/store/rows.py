@@ -194,12 +194,13 @@ _STATUS = {code: code.name for code in StatusCode}
 _KIND = {kind: kind.name for kind in SpanKind}
 
 
-def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: bool) -> pa.Table:
+def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: bool, local: bool = True) -> pa.Table:
     trace_ids, span_ids, parents, names, phases, steps, versions = [], [], [], [], [], [], []
     starts, ends, statuses, messages, kinds, thread_ids, thread_names = [], [], [], [], [], [], []
     attributes, events, links = [], [], []
     encode = json.JSONEncoder(separators=(",", ":"), default=str).encode  # ASCII: surrogates escaped
-    known_threads = {t.ident: t.name for t in threading.enumerate()}  # looked up here, off the hot path
+    # this process's thread names, looked up here, off the hot path (a remote span's ids are not ours)
+    known_threads = {t.ident: t.name for t in threading.enumerate()} if local else {}
     for span in spans:
         ctx = span.context
         attrs = _span_attributes(span)
@@ -267,9 +268,11 @@ def _span_why(span, exc: Exception) -> tuple[str | None, str]:
 
 
 def spans_table(
-    spans: Sequence[Any], process, service_name: str, *, still_open: bool = False, drops: Drops | None = None
+    spans: Sequence[Any], process, service_name: str, *, still_open: bool = False, drops: Drops | None = None,
+    local: bool = True,
 ) -> pa.Table | None:
-    """One row per OTel span in the `spans` schema (see docs/store.md); `still_open` rows get no end.
+    """One row per OTel span in the `spans` schema (see docs/store.md); `still_open` rows get no end;
+    `local=False` for spans from another process (received over OTLP).
 
     Runs on the export thread for every span, so the usual path is one pass over plain lists,
     with no JSON encoding for a span that has no attributes beyond the promoted ones. Spans
@@ -277,7 +280,7 @@ def spans_table(
     """
     return convert(
         list(spans),
-        lambda items, cleaned: _span_columns(items, process, service_name, still_open, cleaned),
+        lambda items, cleaned: _span_columns(items, process, service_name, still_open, cleaned, local),
         table="spans",
         drops=drops if drops is not None else Drops(),
         why=_span_why,

@@ -219,8 +219,8 @@ class BackgroundWriter:
         with self._write_lock:
             by_table: dict[str, tuple[_names.Table, list[pa.Table]]] = {}
             tasks = []
-            while self._queue:
-                spec, nrows, payload = self._queue.popleft()
+            for _ in range(len(self._queue)):  # what is queued now: later items wait for the next cycle,
+                spec, nrows, payload = self._queue.popleft()  # so a steady flood still gets a part per interval
                 if spec is None:
                     tasks.append(payload)
                     continue
