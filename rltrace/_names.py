@@ -116,13 +116,26 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
         "critic/score/mean",  # verl, before reward shaping
         "rollout/raw_reward",  # slime
         "rollout/rewards",  # slime
+    ),  # OpenRLHF's rollout/reward_mean: the prefix rule
+    "reward_std": ("critic/rewards/std",),  # verl; TRL logs reward_std itself
+    "response_len_mean": (
+        "completions/mean_length",  # TRL
+        "response_length/mean",  # verl
+        "rollout/response_len/mean",  # slime
+        "rollout/response_length_mean",  # OpenRLHF
     ),
-    "reward_std": ("critic/rewards/std",),  # TRL logs reward_std itself
-    "response_len_mean": ("completions/mean_length", "response_length/mean", "rollout/response_lengths"),
+    # TRL averages |Δ log p| over all tokens of the batch (slime: over samples first)
     "train_rollout_logprob_abs_diff": ("sampling/sampling_logp_difference/mean",),  # TRL with vLLM
-    "tis_mean": ("sampling/importance_sampling_ratio/mean",),  # TRL with vLLM
-    "loss": ("actor/pg_loss",),  # verl
-    "grad_norm": ("actor/grad_norm",),  # verl
+    "mismatch_k3": ("rollout_corr/k3_kl",),  # verl
+    "tis_mean": (
+        "sampling/importance_sampling_ratio/mean",  # TRL with vLLM
+        "rollout_corr/rollout_is_mean",  # verl
+        "train/tis",  # slime
+    ),
+    "tis_clipfrac": ("rollout_corr/rollout_is_ratio_fraction_high",),  # verl; slime's train/tis_clipfrac: prefix
+    "loss": ("actor/pg_loss", "policy_loss"),  # verl, OpenRLHF
+    "grad_norm": ("actor/grad_norm", "actor_grad_norm"),  # verl, OpenRLHF
+    "tokens_per_s": ("perf/throughput",),  # verl
 }
 METRIC_PREFIXES = ("train/", "rollout/", "perf/")
 
@@ -130,6 +143,16 @@ METRIC_PREFIXES = ("train/", "rollout/", "perf/")
 def metric_names(canonical: str) -> tuple[str, ...]:
     """Every logged name that counts as `canonical`, most preferred first."""
     return (canonical, *(p + canonical for p in METRIC_PREFIXES), *METRIC_ALIASES.get(canonical, ()))
+
+
+def canonical_metric(name: str) -> str | None:
+    """The step scalar a logged name counts as (`critic/rewards/mean` -> `reward_mean`), or None."""
+    if name in METRICS:
+        return name
+    for canonical in METRICS:
+        if name in metric_names(canonical):
+            return canonical
+    return None
 
 
 #: Canonical types of the per-sample columns; other columns keep the type they arrive with.

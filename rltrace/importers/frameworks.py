@@ -1,4 +1,6 @@
-"""How each RL framework names its per-step stage timings and step scalars: the one name map.
+"""How each RL framework names its per-step stage timings: the one stage map. Step scalars
+(`critic/rewards/mean` -> `reward_mean`) live in the one metric alias table,
+`rltrace._names.METRIC_ALIASES`, which the report and the dashboard read too.
 
 `rltrace import metrics` and the verl live hook (`rltrace.integrations.verl`) both read this table;
 docs/integrations.md prints it. Names were read from the frameworks' own sources:
@@ -50,7 +52,6 @@ class Framework:
     step_offset: int  # the framework's first step number (rltrace steps start at 0)
     stages: dict[str, Stage]  # timing metric (seconds) -> span; laid out in this order within a step
     wall: str | None  # the step's wall time (seconds)
-    scalars: dict[str, str]  # metric -> rltrace step scalar (BRIEF names)
     bytes: dict[str, tuple[str, float]] = field(default_factory=dict)  # metric -> (stage metric, bytes per unit)
     strip: str = ""  # a prefix the framework's loggers put in front of every key
     markers: tuple[str, ...] = ()  # regexes on (stripped) names that identify the framework
@@ -75,7 +76,7 @@ VERL_PHASES = {
     "testing": "eval",
     "step": "step",
 }
-#: verl blocks outside the seed's stages that still become spans on import (they run on the driver, in the step)
+#: verl blocks outside the four stages that still become spans on import (they run on the driver, in the step)
 _VERL_OTHER = ("save_checkpoint", "testing")
 
 _TRL_TIMER = "profiling/Time taken: GRPOTrainer."
@@ -88,16 +89,6 @@ FRAMEWORKS: dict[str, Framework] = {
                 ("gen", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor",
                  "update_weights", *_VERL_OTHER)},
         wall="timing_s/step",
-        scalars={
-            "critic/rewards/mean": "reward_mean",
-            "response_length/mean": "response_len_mean",
-            "rollout_corr/k3_kl": "mismatch_k3",
-            "rollout_corr/rollout_is_mean": "tis_mean",
-            "rollout_corr/rollout_is_ratio_fraction_high": "tis_clipfrac",
-            "actor/pg_loss": "loss",
-            "actor/grad_norm": "grad_norm",
-            "perf/throughput": "tokens_per_s",
-        },
         bytes={"checkpoint_engine/payload_mbytes": ("timing_s/update_weights", 2.0**20)},
         markers=(r"^timing_s/", r"^timing_per_token_ms/", r"^critic/rewards/"),
     ),
@@ -113,15 +104,6 @@ FRAMEWORKS: dict[str, Framework] = {
             "perf/save_model_time": Stage("save_model", "save_model"),
         },
         wall="perf/step_time",
-        scalars={
-            "rollout/raw_reward": "reward_mean",
-            "rollout/response_len/mean": "response_len_mean",
-            "train/loss": "loss",
-            "train/grad_norm": "grad_norm",
-            "train/tis": "tis_mean",
-            "train/tis_clipfrac": "tis_clipfrac",
-            "train/train_rollout_logprob_abs_diff": "train_rollout_logprob_abs_diff",
-        },
         bytes={"perf/update_weights_wire_bytes": ("perf/update_weights_time", 1.0)},
         markers=(r"^perf/\w+_time$", r"^rollout/step$", r"^train/train_rollout_logprob_abs_diff$"),
     ),
@@ -136,12 +118,6 @@ FRAMEWORKS: dict[str, Framework] = {
             "timing/broadcast": Stage("broadcast", "weight_sync"),
         },
         wall="timing/step_total",
-        scalars={
-            "rollout/reward_mean": "reward_mean",
-            "rollout/response_length_mean": "response_len_mean",
-            "policy_loss": "loss",
-            "actor_grad_norm": "grad_norm",
-        },
         strip="train/",
         markers=(r"^timing/(make_experience|ppo_train|broadcast|step_total)$",),
     ),
@@ -157,16 +133,6 @@ FRAMEWORKS: dict[str, Framework] = {
             _TRL_TIMER + "sync_weights": Stage("sync_weights", "weight_sync"),
         },
         wall="step_time",
-        scalars={
-            "reward": "reward_mean",
-            "reward_std": "reward_std",
-            "completions/mean_length": "response_len_mean",
-            "loss": "loss",
-            "grad_norm": "grad_norm",
-            # TRL averages |Δ log p| over all tokens of the batch (slime: over samples first)
-            "sampling/sampling_logp_difference/mean": "train_rollout_logprob_abs_diff",
-            "sampling/importance_sampling_ratio/mean": "tis_mean",
-        },
         strip="train/",
         rename=(r"^profiling/Time taken: \w+\.", _TRL_TIMER),  # any trainer class: GRPOTrainer, a subclass, ...
         markers=(r"^profiling/Time taken: ", r"^completions/mean_length$", r"^frac_reward_zero_std$"),

@@ -2,7 +2,7 @@
 
 Every scalar becomes a `metrics` row under its own name (nothing is dropped for an unknown name),
 and the framework's step scalars also get their rltrace name (`critic/rewards/mean` ->
-`reward_mean`, see `frameworks.FRAMEWORKS`). Each step's stage timings become spans so the cost
+`reward_mean`, see `rltrace._names.METRIC_ALIASES`). Each step's stage timings become spans so the cost
 model (t_R, t_T, t_W, async bound, bottleneck) works on a run that was never traced:
 
     step (the step's wall time, or the sum of its stages when none was logged)
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
 import time
 import uuid
 from collections import Counter
@@ -33,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from rltrace import _names
+from rltrace.store import rows
 from rltrace.importers import frameworks, readers
 from rltrace.importers.readers import MetricsImportError, Scalars
 
@@ -100,7 +100,8 @@ def _import(paths, out, framework: str, progress) -> dict:
     process = ProcessInfo(run_id=manifest["run_id"], role=f"{framework}-import", rank=None, service_name="rltrace-import")
 
     # metrics: every scalar as logged, then the rltrace names of the mapped ones
-    aliases = {n: fw.scalars[m] for n, m in mapped.items() if m in fw.scalars and fw.scalars[m] != n}
+    canonical = {n: _names.canonical_metric(m) for n, m in mapped.items()}
+    aliases = {n: c for n, c in canonical.items() if c is not None and c != n}
     alias_mask = np.isin(names, list(aliases)) if aliases else np.zeros(len(names), bool)
     alias_names = [aliases[n] for n in names[alias_mask]]
     tables = [_metrics_table(steps, names, values, times, process),
@@ -115,14 +116,11 @@ def _import(paths, out, framework: str, progress) -> dict:
             progress("writing", min(start + _PART_ROWS, table.num_rows), table.num_rows)
 
     spans = step_spans(fw, steps, names, values, np.where(known, times_ns, -1), mapped, manifest["run_id"])
-    if spans:
-        cols = {f: [s.get(f) for s in spans] for f in _names.SPANS_SCHEMA.names}
-        cols.update({k: v.to_pylist() for k, v in process.columns(len(spans)).items()})
-        cols["service_name"] = [process.service_name] * len(spans)
-        write_part(Path(out) / _names.SPANS.folder, f"{process.process_id}-spans.parquet",
-                   pa.table(cols, schema=_names.SPANS_SCHEMA), _names.SPANS)
+    span_table = rows.span_rows_table(spans, process, process.service_name) if spans else None
+    if span_table is not None and span_table.num_rows:
+        write_part(Path(out) / _names.SPANS.folder, f"{process.process_id}-spans.parquet", span_table, _names.SPANS)
     write_process(Path(out), process, manifest["run_id"], rows=table.num_rows, spans=len(spans))
-    known_names = set(fw.stages) | set(fw.scalars) | set(fw.bytes) | {fw.wall}
+    known_names = set(fw.stages) | {m for m in mapped.values() if _names.canonical_metric(m)} | set(fw.bytes) | {fw.wall}
     return {
         "framework": framework,
         "files": [str(f) for f in files],
@@ -165,7 +163,7 @@ def step_spans(fw: frameworks.Framework, steps, names, values, times, mapped: di
         per_step.setdefault(step, {})[wanted[name]] = (value, None if t < 0 else t)  # logged twice: the later value
     order = list(fw.stages)
     raw_of = {m: n for n, m in wanted.items()}
-    rows, prev_end = [], None
+    out, prev_end = [], None
     for step in sorted(per_step):
         got = per_step[step]
         stages = [(m, got[m][0]) for m in order if m in got and np.isfinite(got[m][0]) and got[m][0] >= 0]
@@ -182,7 +180,7 @@ def step_spans(fw: frameworks.Framework, steps, names, values, times, mapped: di
         prev_end = start + length
         trace_id = hashlib.sha256(f"{run_id}:{step}".encode()).hexdigest()[:32]
         parent = _span_id()
-        rows.append(_span(trace_id, parent, None, "step", "step", step, start, start + length,
+        out.append(_span(trace_id, parent, None, "step", "step", step, start, start + length,
                           {METRIC_ATTR: raw_of.get(fw.wall) if wall is not None else None}))
         at = start
         sizes = {fw.bytes[m][0]: got[m][0] * fw.bytes[m][1] for m in fw.bytes if m in got}
@@ -191,18 +189,16 @@ def step_spans(fw: frameworks.Framework, steps, names, values, times, mapped: di
             extra = {METRIC_ATTR: raw_of[metric]}
             if metric in sizes and np.isfinite(sizes[metric]):
                 extra[_names.SYNC_BYTES] = int(round(sizes[metric]))
-            rows.append(_span(trace_id, _span_id(), parent, stage.name, stage.phase, step, at, at + dur, extra))
+            out.append(_span(trace_id, _span_id(), parent, stage.name, stage.phase, step, at, at + dur, extra))
             at += dur
-    return rows
+    return out
 
 
 def _span(trace_id, span_id, parent, name, phase, step, start, end, extra) -> dict:
     attrs = {_names.PHASE: phase, _names.STEP: step, SOURCE_ATTR: SOURCE,
              **{k: v for k, v in extra.items() if v is not None}}
-    return {"trace_id": trace_id, "span_id": span_id, "parent_span_id": parent, "name": name, "phase": phase,
-            "step": step, "weight_version": None, "start_ns": int(start), "end_ns": int(end), "status": "UNSET",
-            "status_message": None, "kind": "INTERNAL", "thread_id": None, "thread_name": None,
-            "attributes": json.dumps(attrs), "events": None, "links": None}
+    return rows.span_row(trace_id=trace_id, span_id=span_id, parent_span_id=parent, name=name, phase=phase,
+                         step=step, start_ns=int(start), end_ns=int(end), attributes=attrs)
 
 
 def command(args) -> int:
