@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from rltrace._config import RltraceError, resolve
+from rltrace.store import objstore
 
 BOOTSTRAP = Path(__file__).resolve().parents[1] / "integrations" / "bootstrap"
 
@@ -43,10 +44,10 @@ def _new_run_dir() -> Path:
     return path
 
 
-def environment(run_dir: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+def environment(run_dir: Path | str, env: dict[str, str] | None = None) -> dict[str, str]:
     """The command's environment: RLTRACE_RUN_DIR, and the start-up folder leading PYTHONPATH."""
     env = dict(os.environ if env is None else env)
-    env["RLTRACE_RUN_DIR"] = str(run_dir.resolve())
+    env["RLTRACE_RUN_DIR"] = run_dir if objstore.is_uri(run_dir) else str(Path(run_dir).resolve())
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOTSTRAP)]
     env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), *rest])
     from rltrace.integrations._load import CACHE_ENV, entry_points_cache
@@ -62,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
     if not command:
         raise RltraceError("rltrace run needs a command to run, e.g. rltrace run -- python train.py")
     disabled = resolve("disabled")
-    run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir()
+    run_dir = (args.run_dir if objstore.is_uri(args.run_dir) else Path(args.run_dir)) if args.run_dir else _new_run_dir()
     env = dict(os.environ) if disabled else environment(run_dir)
     if not disabled:
         print(f"rltrace: recording into {run_dir}", file=sys.stderr)

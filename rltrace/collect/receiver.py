@@ -33,7 +33,7 @@ from pathlib import Path
 
 from rltrace import _names
 from rltrace.collect import decode
-from rltrace.store import layout, rows
+from rltrace.store import layout, objstore, rows
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, safe_name, write_part
 
 logger = logging.getLogger("rltrace")
@@ -108,13 +108,19 @@ class Receiver:
     """
 
     def __init__(self, run_dir, host: str = "127.0.0.1", port: int = 4318, limits: Limits | None = None):
-        self.run_dir = Path(run_dir)
         self.limits = limits or Limits()
-        manifest = layout.create_or_join(self.run_dir, run_name=None, config=None)
+        self.drops = rows.Drops()  # the receiver's own: bad requests, refusals, failed part writes
+        self._spool: objstore.Spool | None = None
+        if objstore.is_uri(run_dir):  # an s3:// run: parts go through a local spool (docs/store.md)
+            manifest = objstore.create_or_join(str(run_dir), run_name=None, config=None)
+            self._spool = objstore.Spool(str(run_dir), manifest, drops=self.drops)
+            self.run_dir = self._spool.dir
+        else:
+            self.run_dir = Path(run_dir)
+            manifest = layout.create_or_join(self.run_dir, run_name=None, config=None)
         self.run_id = manifest["run_id"]
         self.process = ProcessInfo(run_id=self.run_id, role="collector", rank=None, service_name="rltrace-collect")
         self.started_ns = time.time_ns()
-        self.drops = rows.Drops()  # the receiver's own: bad requests, refusals, failed part writes
         self.requests = 0
         self.rejected_requests = 0
         self.refused_spans = 0
@@ -139,6 +145,8 @@ class Receiver:
             self.server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
         except OSError:
             self._writer.close()
+            if self._spool is not None:
+                self._spool.close(timeout=5)
             raise
         self.server.receiver = self
         self._thread: threading.Thread | None = None
@@ -164,6 +172,8 @@ class Receiver:
         """Write everything accepted so far, and the process rows (blocks)."""
         self._writer.flush()
         self._write_process_rows(force=True)
+        if self._spool is not None:
+            self._spool.flush()
 
     def close(self) -> None:
         """Stop listening, write what was accepted, and mark every process row as ended."""
@@ -178,6 +188,8 @@ class Receiver:
         self._writer.close()
         self._ended_ns = time.time_ns()
         self._write_process_rows(force=True)
+        if self._spool is not None:
+            self._spool.close()
 
     def __enter__(self) -> "Receiver":
         return self.start()

@@ -285,3 +285,25 @@ def test_a_full_spool_drops_the_oldest_parts_counted_and_uploads_the_rest(s3_run
     spool.close(timeout=30)
     assert store.open(uri).execute("SELECT count(*) FROM metrics").fetchone() == (2000,)
     assert not spool.dir.exists()
+
+
+def test_collect_receives_otlp_into_an_s3_run(s3_run, capsys):
+    from rltrace.collect.receiver import Limits, Receiver
+    from tests.collect.test_receiver import JS, otlp_json, post
+
+    uri, _, _ = s3_run
+    r = Receiver(uri, "127.0.0.1", 0, Limits(flush_interval=0.2)).start()
+    try:
+        status, _, _ = post(r.url, json.dumps(otlp_json(7)).encode(), JS)
+        assert status == 200
+    finally:
+        r.close()
+    info = _cli_json(capsys, "info", uri)
+    assert info["rows"]["spans"] == 7
+    assert {p["role"] for p in info["processes"]} >= {"reward-svc"}
+
+
+def test_rltrace_run_passes_the_uri_through():
+    from rltrace.cli.run import environment
+
+    assert environment("s3://bucket/runs/exp1", {})["RLTRACE_RUN_DIR"] == "s3://bucket/runs/exp1"
