@@ -81,9 +81,15 @@ def manifest_text(manifest: dict) -> str:
     return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
 
 
+_MANGLED_URI = ("s3:/",)  # what pathlib makes of "s3://…": a URI passed where only a folder works
+
+
 def create_or_join(run_dir: Path, *, run_name: str | None, config: Any) -> dict:
     """Create the run in `run_dir` (or join the run already there) and return its manifest."""
     run_dir = Path(run_dir)
+    if str(run_dir).startswith(_MANGLED_URI):
+        raise StoreError(f"{str(run_dir).replace(':/', '://', 1)}: this command writes into run directories on disk, "
+                         "not into object-store runs (see docs/store.md, Runs in object storage)")
     if run_dir.exists() and not run_dir.is_dir():
         raise StoreError(f"{run_dir} is a file, not a run directory: pass a directory path to rltrace.init")
     run_dir.mkdir(parents=True, exist_ok=True)

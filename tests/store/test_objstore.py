@@ -307,3 +307,12 @@ def test_rltrace_run_passes_the_uri_through():
     from rltrace.cli.run import environment
 
     assert environment("s3://bucket/runs/exp1", {})["RLTRACE_RUN_DIR"] == "s3://bucket/runs/exp1"
+
+
+def test_commands_that_need_a_folder_on_disk_refuse_the_uri_instead_of_writing_locally(tmp_path, monkeypatch):
+    from rltrace.store import layout
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(store.StoreError, match="object-store runs"):
+        layout.create_or_join(Path("s3://bucket/runs/exp1"), run_name=None, config=None)
+    assert not list(tmp_path.iterdir())  # no local folder named "s3:" was made
