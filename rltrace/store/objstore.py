@@ -40,6 +40,7 @@ SCHEMES = ("s3://",)
 MUTABLE = frozenset((_names.OPEN_SPANS.folder, _names.PROCESSES.folder))
 _CANDIDATES = "_rltrace_new_run"  # manifests proposed by processes racing to create the run
 _OWNER = ".owner"
+_SETTLE_S = 1.0  # the uploader leaves a file this long after its last change
 
 
 def is_uri(run_dir: Any) -> bool:
@@ -215,7 +216,7 @@ class Spool:
             self._wake.wait(max(self.interval, self._backoff))
             self._wake.clear()
             try:
-                ok = self.upload_once()
+                ok = self.upload_once(min_age_s=_SETTLE_S)
             except Exception:  # never let the thread die
                 logger.exception("rltrace: uploading to %s failed", self.uri)
                 ok = False
@@ -254,14 +255,20 @@ class Spool:
                     continue
         return sorted(found, key=lambda f: f[2].st_mtime_ns)
 
-    def upload_once(self) -> bool:
-        """One pass over the spool; False if the store could not be reached (retried later)."""
+    def upload_once(self, min_age_s: float = 0.0) -> bool:
+        """One pass over the spool; False if the store could not be reached (retried later).
+
+        The background pass leaves files younger than `min_age_s` for the next one, so a writer
+        that looks at its part right after writing it (its size) still finds it."""
         with self._lock:
             ok = True
+            young = time.time_ns() - int(min_age_s * 1e9)
             for folder in self._folders():
                 files = self._files(folder)
                 self._trim(files)
                 for path, rel, st in files:
+                    if folder == self.dir and st.st_mtime_ns > young:  # a dead process's files are settled
+                        continue
                     mutable = rel.split("/", 1)[0] in MUTABLE
                     state = (st.st_mtime_ns, st.st_size)
                     if mutable and self._sent.get(f"{folder}/{rel}") == state:
