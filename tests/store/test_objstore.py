@@ -316,3 +316,23 @@ def test_commands_that_need_a_folder_on_disk_refuse_the_uri_instead_of_writing_l
     with pytest.raises(store.StoreError, match="object-store runs"):
         layout.create_or_join(Path("s3://bucket/runs/exp1"), run_name=None, config=None)
     assert not list(tmp_path.iterdir())  # no local folder named "s3:" was made
+
+
+FREEZING = """
+import sys, rltrace
+from rltrace import replay
+rltrace.init(sys.argv[1], role="trainer", flush_interval=0.2)
+assert replay.freeze(3, [{"prompt_tokens": [1, 2], "response_tokens": [3], "reward": 1.0},
+                         {"prompt_tokens": [4], "response_tokens": [5, 6], "reward": 0.0}])
+rltrace.shutdown()
+"""
+
+
+def test_a_frozen_batch_reaches_the_bucket_and_replay_reads_it(s3_run, capsys):
+    uri, env, _ = s3_run
+    proc = subprocess.run([sys.executable, "-c", FREEZING, uri], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    listed = _cli_json(capsys, "replay", "list", uri)
+    assert [b["step"] for b in listed["batches"]] == [3], listed
+    shown = _cli_json(capsys, "replay", "show", uri, "--step", "3")
+    assert len(shown["samples"]) == 2
