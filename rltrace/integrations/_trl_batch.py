@@ -81,6 +81,7 @@ class Generation:
     completion_ids: list | None = None
     rollout_logps: Any = None  # (B, K) tensor from LogprobRecorder, or per-sample lists from vLLM
     rewards_per_func: torch.Tensor | None = None  # (N_all_processes, F)
+    reward_inputs: tuple | None = None  # (inputs, prompts, completions) given to the reward functions
 
 
 @dataclass

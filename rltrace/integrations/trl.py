@@ -23,6 +23,7 @@ from typing import Any
 
 import rltrace
 from rltrace import _names
+from rltrace._config import resolve
 from rltrace.integrations import _trl_batch as tb
 
 logger = logging.getLogger("rltrace.integrations.trl")
@@ -156,7 +157,7 @@ class _Hooks:
         self.recorder: tb.LogprobRecorder | None = None
         self.own_metrics: dict[int, set[str]] = {}
         self.freezing = None
-        if freeze is not None or os.environ.get("RLTRACE_FREEZE_EVERY"):
+        if freeze is not None or resolve("freeze_every", None):
             from rltrace.integrations.trl_replay import FreezeHook
 
             self.freezing = FreezeHook(self, freeze)
@@ -359,6 +360,8 @@ class _Hooks:
             gen = self.gen
             if gen is None:
                 return orig(*args, **kwargs)
+            if self.freezing is not None and len(args) >= 3:
+                gen.reward_inputs = args[:3]  # (inputs, prompts, completions), for replaying the rewards
             with rltrace.phase("reward", step=gen.step, weight_version=gen.step):
                 out = orig(*args, **kwargs)
             gen.rewards_per_func = out
