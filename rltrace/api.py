@@ -1,4 +1,4 @@
-"""The public API: `init`, `phase`, `log_metrics`, `log_samples`, `inject`, `attach`, `shutdown`.
+"""The public API: `init`, `phase`, `start_phase`, `log_metrics`, `log_samples`, `inject`, `attach`, `shutdown`.
 
 One `Run` per process, held here. Before `init` (and with `RLTRACE_DISABLED=1`) every call is a
 no-op that costs well under a microsecond; if `RLTRACE_RUN_DIR` is set, the first call
@@ -232,6 +232,42 @@ def _inherited(parent) -> tuple[int | None, int | None]:
     return (int(step) if step is not None else None, int(version) if version is not None else None)
 
 
+def _start_span(run: Run, name: str, step: int | None, version: int | None, attrs: dict[str, Any]):
+    """Start the span of a phase; `step` and `weight_version` default to the enclosing phase's."""
+    if step is None or version is None:
+        parent_step, parent_version = _inherited(get_current_span())
+        step = parent_step if step is None else step
+        version = parent_version if version is None else version
+    values = {_names.PHASE: name, _names.THREAD_ID: threading.get_ident()}
+    if step is not None:
+        values[_names.STEP] = step
+    if version is not None:
+        values[_names.WEIGHT_VERSION] = version
+    values.update(attrs)
+    return run.tracer.start_span(name, attributes=values)
+
+
+#: Attribute set on an exception as it escapes phases: [(phase, step, span_id), ...], innermost
+#: first, so a crash record names the phases it went through (see rltrace._crash).
+ESCAPED_PHASES = "_rltrace_phases"
+
+
+def _record_error(span, name: str, error: BaseException | str) -> None:
+    """Mark a span as failed: an `exception` event and status ERROR (a string gives the status only)."""
+    if isinstance(error, BaseException):
+        span.record_exception(error, escaped=True)
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        ctx = span.get_span_context()
+        try:
+            getattr(error, "__dict__", {}).setdefault(ESCAPED_PHASES, []).append(
+                (name, (span.attributes or {}).get(_names.STEP), f"{ctx.span_id:016x}")
+            )
+        except Exception:  # an exception type without a __dict__ keeps its phases on the spans only
+            pass
+    else:
+        span.set_status(Status(StatusCode.ERROR, str(error)))
+
+
 class Phase:
     """A span for one RL phase: a context manager (`with`) and a decorator (sync and async).
 
@@ -260,18 +296,7 @@ class Phase:
         if self._span is not None:
             raise RuntimeError(f"phase {self.name!r} is already running: call rltrace.phase() again for a new span")
         try:
-            step, version = self._step, self._weight_version
-            if step is None or version is None:
-                parent_step, parent_version = _inherited(get_current_span())
-                step = parent_step if step is None else step
-                version = parent_version if version is None else version
-            attrs = {_names.PHASE: self.name, _names.THREAD_ID: threading.get_ident()}
-            if step is not None:
-                attrs[_names.STEP] = step
-            if version is not None:
-                attrs[_names.WEIGHT_VERSION] = version
-            attrs.update(self._attrs)
-            self._span = run.tracer.start_span(self.name, attributes=attrs)
+            self._span = _start_span(run, self.name, self._step, self._weight_version, self._attrs)
             self._token = context.attach(set_span_in_context(self._span))
         except Exception:
             self._span = self._token = None
@@ -285,8 +310,7 @@ class Phase:
         self._span = self._token = None
         try:
             if exc is not None:
-                span.record_exception(exc, escaped=True)
-                span.set_status(Status(StatusCode.ERROR, f"{exc_type.__name__}: {exc}"))
+                _record_error(span, self.name, exc)
             span.end()
         except Exception:
             _internal_error(f"ending phase {self.name!r}")
@@ -353,6 +377,150 @@ def phase(name: str, *, step: int | None = None, weight_version: int | None = No
         ...     p.set(bytes=nbytes)
     """
     return Phase(name, step, weight_version, attrs)
+
+
+# --- callback-style phases ----------------------------------------------------------------------
+_local = threading.local()  # .stack: this thread's handles in start order (context to restore)
+_open_handles: dict[int, PhaseHandle] = {}  # every recording handle not yet ended, for crash and exit
+
+
+def _stack() -> list[PhaseHandle]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def _unwind() -> None:
+    """Restore the context of this thread past handles that have ended, innermost first."""
+    stack = _stack()
+    while stack and stack[-1]._ended and context.get_current() is stack[-1]._ctx:
+        context.detach(stack.pop()._token)
+
+
+class PhaseHandle:
+    """A phase opened by `start_phase` and closed by `end()`: for frameworks that hand out
+    begin/end events (callbacks) instead of a block to wrap.
+
+    It nests and inherits `step`/`weight_version` like `phase`: until it ends, phases started
+    in the same thread are its children. Misuse (ending twice, out of order, from another
+    thread) is a warning; the span is still recorded, and the training loop never breaks.
+    """
+
+    __slots__ = ("name", "_span", "_token", "_ctx", "_thread", "_ended")
+
+    def __init__(self, name: str):
+        self.name = name
+        self._span = self._token = self._ctx = None
+        self._thread = threading.get_ident()
+        self._ended = False
+
+    def end(self, error: BaseException | str | None = None) -> None:
+        """Close the phase; `error` (an exception or a message) records it as failed (status ERROR)."""
+        if self._ended:
+            warnings.warn(f"rltrace: phase {self.name!r} was already ended; this end() is ignored", stacklevel=2)
+            return
+        self._ended = True
+        span = self._span
+        if span is None:
+            return
+        _open_handles.pop(id(self), None)
+        try:
+            if error is not None:
+                _record_error(span, self.name, error)
+            span.end()
+        except Exception:
+            _internal_error(f"ending phase {self.name!r}")
+        if threading.get_ident() != self._thread:
+            warnings.warn(
+                f"rltrace: phase {self.name!r} was ended in thread {threading.current_thread().name!r}, not the "
+                "thread that started it; it is recorded, and that thread's next phases stop nesting under it "
+                "when it starts or ends another one",
+                stacklevel=2,
+            )
+            return
+        if context.get_current() is not self._ctx:
+            inner = get_current_span()
+            inner_name = getattr(inner, "name", None) if inner.is_recording() else None
+            warnings.warn(
+                f"rltrace: phase {self.name!r} was ended while a phase started inside it"
+                + (f" ({inner_name!r})" if inner_name else "")
+                + " is still open; end the inner phase first. Both are recorded",
+                stacklevel=2,
+            )
+        _unwind()
+
+    def set(self, **attrs: Any) -> None:
+        """Add attributes to the open span (`rl.<key>`)."""
+        values = _attributes(attrs)
+        if self._span is not None and not self._ended:
+            self._span.set_attributes(values)
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    @property
+    def span(self):
+        """The OpenTelemetry span (None when not recording)."""
+        return self._span
+
+    @property
+    def span_id(self) -> str | None:
+        return None if self._span is None else f"{self._span.get_span_context().span_id:016x}"
+
+    def __repr__(self) -> str:
+        return f"PhaseHandle({self.name!r}, {'ended' if self._ended else 'open'})"
+
+
+def start_phase(name: str, *, step: int | None = None, weight_version: int | None = None, **attrs: Any) -> PhaseHandle:
+    """Open a phase now and return its handle; close it with `handle.end()` from a later call.
+
+    Example (a framework callback):
+        >>> def on_step_begin(self, step):
+        ...     self.handle = rltrace.start_phase("step", step=step)
+        >>> def on_step_end(self):
+        ...     self.handle.end()          # or .end(error=exc) when the step failed
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"phase name must be a non-empty string, got {name!r}")
+    step = None if step is None else _as_int("step", step)
+    weight_version = None if weight_version is None else _as_int("weight_version", weight_version)
+    values = _attributes(attrs)
+    handle = PhaseHandle(name)
+    run = _run if _run is not None else _active()
+    if run is None:
+        return handle
+    try:
+        _unwind()
+        span = _start_span(run, name, step, weight_version, values)
+        handle._ctx = set_span_in_context(span)
+        handle._token = context.attach(handle._ctx)
+        handle._span = span
+        _stack().append(handle)
+        _open_handles[id(handle)] = handle
+    except Exception:
+        _internal_error(f"starting phase {name!r}")
+    return handle
+
+
+def end_open_phases(error: BaseException | str, *, thread: int | None = None) -> list[PhaseHandle]:
+    """End every handle still open (in `thread` only, if given) with `error`; innermost first.
+
+    Used when an exception escapes to the top of a thread or the process exits with phases open.
+    """
+    handles = [h for h in list(_open_handles.values()) if thread is None or h._thread == thread]
+    for handle in reversed(handles):
+        if handle._ended:
+            continue
+        handle._ended = True
+        _open_handles.pop(id(handle), None)
+        try:
+            _record_error(handle._span, handle.name, error)
+            handle._span.end()
+        except Exception:
+            _internal_error(f"ending phase {handle.name!r}")
+    return handles
 
 
 # --- metrics and samples -----------------------------------------------------------------------

@@ -29,7 +29,8 @@ def test_wheel_has_only_the_rltrace_import_name(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert top == {"rltrace", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
-    for pkg in ("rltrace/replay/__init__.py", "rltrace/profiling/__init__.py", "rltrace/ui/__init__.py", "rltrace/store/views.py"):
+    for pkg in ("rltrace/replay/__init__.py", "rltrace/profiling/__init__.py", "rltrace/ui/__init__.py", "rltrace/store/views.py",
+                "rltrace/integrations/bootstrap/sitecustomize.py"):
         assert pkg in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "rltrace = rltrace.cli:main" in entry_points

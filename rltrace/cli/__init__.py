@@ -10,9 +10,9 @@ import argparse
 import sys
 
 from rltrace._config import RltraceError
-from rltrace.cli import compact, export, importer, info, profile, replay, report, ui
+from rltrace.cli import compact, export, importer, info, profile, replay, report, run, ui
 
-COMMANDS = [info, compact, report, replay, importer, export, profile, ui]
+COMMANDS = [info, compact, report, replay, importer, export, profile, ui, run]
 
 
 def build_parser() -> argparse.ArgumentParser:
