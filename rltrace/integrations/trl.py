@@ -14,17 +14,13 @@ version and the method; the rest still records. Faults of ours never stop traini
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import os
 import warnings
 from typing import Any
 
 import rltrace
-from rltrace import _names
-from rltrace._config import resolve
-from rltrace.integrations import _trl_batch as tb
+from rltrace.integrations import BaseInstrumentor, when_imported
 
 logger = logging.getLogger("rltrace.integrations.trl")
 
@@ -91,8 +87,9 @@ def supported_class(trainer: Any) -> str:
 def instrument(trainer: Any, run_dir: str | os.PathLike | None = None, *, freeze: Any = None, **init_kwargs: Any) -> Any:
     """Record `trainer`'s rollout, generate, reward, train (and vLLM weight_sync) phases; returns `trainer`.
 
-    Starts rltrace in this process (`rltrace.init(run_dir, role="trainer", rank=<process index>,
-    **init_kwargs)`) unless a run is already recording and no argument asks for another.
+    Starts rltrace in this process (`rltrace.init(run_dir, rank=<process index>, **init_kwargs)`;
+    run_dir defaults to RLTRACE_RUN_DIR) unless a run is already recording and no argument asks
+    for another. With RLTRACE_DISABLED=1 the trainer is left untouched.
     `freeze` (a `rltrace.replay.FreezePolicy` or `Freezer`; default from `RLTRACE_FREEZE_EVERY`)
     freezes trained batches with a checkpoint for `rltrace replay run` (see
     `rltrace.integrations.trl_replay`). Calling it twice is harmless.
@@ -100,15 +97,22 @@ def instrument(trainer: Any, run_dir: str | os.PathLike | None = None, *, freeze
     cls = supported_class(trainer)
     if getattr(trainer, _STATE, None) is not None:
         return trainer
-    if run_dir is not None or init_kwargs or rltrace.current_run() is None:
-        init_kwargs.setdefault("role", "trainer")
-        init_kwargs.setdefault("rank", getattr(getattr(trainer, "accelerator", None), "process_index", None))
+    from rltrace import api
+    from rltrace._config import resolve
+
+    if resolve("disabled", init_kwargs.get("disabled")):
+        return trainer  # RLTRACE_DISABLED=1: not a single wrapper
+    if run_dir is not None or init_kwargs or api._run is None:  # not current_run(): it would start one from the env with no rank
+        if resolve("rank", init_kwargs.get("rank")) is None:
+            init_kwargs["rank"] = getattr(getattr(trainer, "accelerator", None), "process_index", None)
         rltrace.init(run_dir, **init_kwargs)
     version = _trl_version()
     if not _in_tested_range(version):
         _warn_once("version", f"rltrace: trl {version} is outside the tested range {TESTED_VERSIONS}; "
                               "hooks that still match will record, missing ones are reported")
-    hooks = _Hooks(trainer, cls, version, freeze)
+    from rltrace.integrations._trl_hooks import Hooks  # torch and transformers: only now
+
+    hooks = Hooks(trainer, cls, version, freeze)
     setattr(trainer, _STATE, hooks)
     hooks.install()
     return trainer
@@ -131,492 +135,45 @@ def _in_tested_range(version: str) -> bool:
         return False
 
 
-def _callback_base():
-    from transformers import TrainerCallback
-
-    return TrainerCallback
 
 
-class _Hooks:
-    """The wrappers of one trainer and the state they share."""
-
-    def __init__(self, trainer, cls: str, version: str, freeze):
-        import torch
-
-        self.trainer, self.cls, self.version = trainer, cls, version
-        self._torch = torch
-        self._restore: list[tuple[Any, str, bool, Any]] = []  # (object, attribute, had own attr, old value)
-        self.gen: tb.Generation | None = None
-        self.generations = 0
-        self.pending_rows: dict[int, dict] = {}  # sample id -> row awaiting its train_version
-        self.sums: dict[int, tb.StepSums] = {}  # step -> mismatch sums
-        self.trained: dict[int, list[int]] = {}  # step -> sample ids first trained on then
-        self.in_loss = False
-        self.loss_logps = None
-        self.train_phase = None
-        self.recorder: tb.LogprobRecorder | None = None
-        self.own_metrics: dict[int, set[str]] = {}
-        self.freezing = None
-        if freeze is not None or resolve("freeze_every", None):
-            from rltrace.integrations.trl_replay import FreezeHook
-
-            self.freezing = FreezeHook(self, freeze)
-
-    # --- patching -----------------------------------------------------------------------------
-    def _patch(self, obj, name: str, make) -> bool:
-        original = getattr(obj, name, None)
-        if original is None:
-            return False
-        had_own = name in getattr(obj, "__dict__", {})
-        self._restore.append((obj, name, had_own, obj.__dict__.get(name) if had_own else None))
-        setattr(obj, name, make(original))
-        return True
-
-    def install(self) -> None:
-        t = self.trainer
-        wrappers = {
-            "_generate_and_score_completions": self._rollout,
-            "_generate": self._generate,
-            "_calculate_rewards": self._rewards,
-            "_get_per_token_logps_and_entropies": self._logps,
-            "compute_loss": self._loss,
-        }
-        for name, what in HOOK_POINTS:
-            if not self._patch(t, name, wrappers[name]):
-                _warn_once(f"missing:{name}", f"rltrace: trl {self.version} {self.cls} has no method {name}; "
-                                              f"not recorded: {what}")
-        if not self._patch(t.accelerator, "backward", self._backward):
-            _warn_once("missing:backward", f"rltrace: trl {self.version}: accelerator.backward not found; "
-                                           "backward is not recorded")
-        self._wrap_reward_funcs()
-        if getattr(t, "use_vllm", False):
-            self._wrap_vllm()
-        elif getattr(t, "use_transformers_continuous_batching", False):
-            model = t.accelerator.unwrap_model(t.model)
-            self._patch(model, "generate_batch", lambda orig: self._engine(orig, record=False))
-            _warn_once("cb", "rltrace: transformers continuous batching returns no log-probs; "
-                             "mismatch metrics are not recorded")
-        else:
-            model = t.accelerator.unwrap_model(t.model)
-            if not self._patch(model, "generate", lambda orig: self._engine(orig, record=True)):
-                _warn_once("missing:generate", "rltrace: the model has no generate(); generate spans are not recorded")
-        if getattr(t, "rollout_func", None) is not None:
-            self._patch(t, "rollout_func", lambda orig: self._engine(orig, record=False))
-        if hasattr(t, "evaluate"):
-            self._patch(t, "evaluate", lambda orig: rltrace.phase("eval")(orig))
-        t.add_callback(_make_callback(self))
-
-    def uninstall(self) -> None:
-        for obj, name, had_own, old in reversed(self._restore):
-            if had_own:
-                setattr(obj, name, old)
-            else:
-                try:
-                    delattr(obj, name)
-                except AttributeError:
-                    pass
-        self._restore.clear()
-        for cb in list(self.trainer.callback_handler.callbacks):
-            if getattr(cb, "_rltrace_hooks", None) is self:
-                self.trainer.remove_callback(cb)
-
-    def _wrap_reward_funcs(self) -> None:
-        """One child span per reward function, named by TRL's name for it."""
-        t = self.trainer
-        funcs, names = getattr(t, "reward_funcs", None), getattr(t, "reward_func_names", None)
-        if not funcs or not names:
-            _warn_once("missing:reward_funcs", f"rltrace: trl {self.version}: no reward_funcs/reward_func_names; "
-                                               "per-function reward spans are not recorded")
-            return
-        torch = self._torch
-        wrapped = []
-        for func, name in zip(funcs, names):
-            span_name = name if name not in _names.PHASES else f"reward:{name}"
-            if isinstance(func, torch.nn.Module):
-                _module_phase(func, span_name, name)
-                wrapped.append(func)
-            else:
-                wrapped.append(_func_phase(func, span_name, name, self))
-        self._restore.append((t, "reward_funcs", True, funcs))
-        t.reward_funcs = wrapped
-
-    def _wrap_vllm(self) -> None:
-        """vLLM paths (server and colocate): untested here (no GPU engine on CPU)."""
-        t = self.trainer
-        vg = getattr(t, "vllm_generation", None)
-        if vg is None:
-            _warn_once("missing:vllm", f"rltrace: trl {self.version}: vllm_generation not found; vLLM generate "
-                                       "and weight_sync are not recorded")
-            return
-        self._patch(vg, "generate", lambda orig: self._engine(orig, record=False))
-        method = f"vllm_{getattr(t.args, 'vllm_mode', 'server')}"
-
-        def make(orig):
-            @functools.wraps(orig)
-            def sync_weights(*args, **kwargs):
-                step = t.state.global_step
-                with rltrace.phase("weight_sync", step=step, weight_version=step, method=method,
-                                   bytes=self._model_bytes()):
-                    return orig(*args, **kwargs)
-
-            return sync_weights
-
-        if not self._patch(vg, "sync_weights", make):
-            _warn_once("missing:sync_weights", f"rltrace: trl {self.version}: vllm_generation.sync_weights not "
-                                               "found; weight_sync is not recorded")
-
-    def _model_bytes(self) -> int:
-        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        return int(sum(p.numel() * p.element_size() for p in model.parameters()))
-
-    # --- wrappers -----------------------------------------------------------------------------
-    def _training(self) -> bool:
-        return bool(getattr(self.trainer.model, "training", False))
-
-    def _rollout(self, orig):
-        @functools.wraps(orig)
-        def rollout(inputs, *args, **kwargs):
-            if not self._training():
-                return orig(inputs, *args, **kwargs)
-            self._close_train(None)
-            step = self.trainer.state.global_step
-            self.gen = tb.Generation(step=step)
-            try:
-                with rltrace.phase("rollout", step=step, weight_version=step, samples=len(inputs)):
-                    output = orig(inputs, *args, **kwargs)
-                try:
-                    self._finish_generation(output)
-                except Exception:
-                    _fault("recording a TRL generation")
-                return output
-            finally:
-                self.gen = None
-
-        return rollout
-
-    def _generate(self, orig):
-        @functools.wraps(orig)
-        def generate(prompts, *args, **kwargs):
-            out = orig(prompts, *args, **kwargs)
-            gen = self.gen
-            if gen is not None:
-                try:
-                    gen.prompt_ids, gen.completion_ids = out[0], out[1]
-                    if out[4] is not None:  # vLLM (or a rollout_func) returned the sampling log-probs
-                        gen.rollout_logps = out[4]
-                except Exception:
-                    _fault("reading TRL's generation output")
-            return out
-
-        return generate
-
-    def _engine(self, orig, record: bool):
-        """`generate` around the engine call; on the transformers path, log q from the sampling scores."""
-
-        @functools.wraps(orig)
-        def engine(*args, **kwargs):
-            gen = self.gen
-            if gen is None:
-                return orig(*args, **kwargs)
-            recorder = tb.LogprobRecorder() if record else None
-            model = getattr(orig, "__self__", None)
-            patched = recorder is not None and self._add_recorder(model, recorder)
-            gen.gen_start = tb.now()
-            try:
-                with rltrace.phase("generate", step=gen.step, weight_version=gen.step):
-                    out = orig(*args, **kwargs)
-            finally:
-                gen.gen_end = tb.now()
-                if patched:
-                    del model._get_logits_processor
-            if patched:
-                try:
-                    sequences = out if isinstance(out, self._torch.Tensor) else out.sequences
-                    gen.rollout_logps = recorder.finish(sequences)
-                except Exception:
-                    _fault("reading rollout log-probs")
-            return out
-
-        return engine
-
-    def _add_recorder(self, model, recorder) -> bool:
-        original = getattr(model, "_get_logits_processor", None)
-        if original is None:
-            _warn_once("missing:_get_logits_processor", "rltrace: this transformers version has no "
-                       "GenerationMixin._get_logits_processor; rollout log-probs and mismatch are not recorded")
-            return False
-
-        def with_recorder(*args, **kwargs):
-            processors = original(*args, **kwargs)
-            processors.append(recorder)
-            return processors
-
-        model._get_logits_processor = with_recorder
-        return True
-
-    def _rewards(self, orig):
-        @functools.wraps(orig)
-        def rewards(*args, **kwargs):
-            gen = self.gen
-            if gen is None:
-                return orig(*args, **kwargs)
-            if self.freezing is not None and len(args) >= 3:
-                gen.reward_inputs = args[:3]  # (inputs, prompts, completions), for replaying the rewards
-            with rltrace.phase("reward", step=gen.step, weight_version=gen.step):
-                out = orig(*args, **kwargs)
-            gen.rewards_per_func = out
-            return out
-
-        return rewards
-
-    def _logps(self, orig):
-        @functools.wraps(orig)
-        def logps(model, *args, **kwargs):
-            if self.in_loss:
-                out = orig(model, *args, **kwargs)
-                if self.loss_logps is None:
-                    self.loss_logps = out[0]
-                return out
-            gen = self.gen
-            if gen is None:
-                return orig(model, *args, **kwargs)
-            which = "reference" if model is getattr(self.trainer, "ref_model", None) else "policy"
-            with rltrace.phase("train", step=gen.step, weight_version=gen.step, logprobs_of=which):
-                return orig(model, *args, **kwargs)
-
-        return logps
-
-    def _loss(self, orig):
-        @functools.wraps(orig)
-        def compute_loss(model, inputs, *args, **kwargs):
-            torch = self._torch
-            if not self._training() or not torch.is_grad_enabled():
-                return orig(model, _strip(inputs), *args, **kwargs)
-            self._close_train(None)
-            step = self.trainer.state.global_step
-            self.train_phase = rltrace.phase("train", step=step, weight_version=step)
-            self.train_phase.__enter__()
-            self.in_loss, self.loss_logps = True, None
-            try:
-                with rltrace.phase("forward"):
-                    loss = orig(model, _strip(inputs), *args, **kwargs)
-            except BaseException as exc:
-                self._close_train(exc)
-                raise
-            finally:
-                self.in_loss = False
-            try:
-                self._after_loss(step, inputs)
-            except Exception:
-                _fault("recording TRL train log-probs")
-            return loss
-
-        return compute_loss
-
-    def _backward(self, orig):
-        @functools.wraps(orig)
-        def backward(*args, **kwargs):
-            if self.train_phase is None:
-                return orig(*args, **kwargs)
-            try:
-                with rltrace.phase("backward"):
-                    out = orig(*args, **kwargs)
-            except BaseException as exc:
-                self._close_train(exc)
-                raise
-            self._close_train(None)
-            return out
-
-        return backward
-
-    def _close_train(self, exc: BaseException | None) -> None:
-        p, self.train_phase = self.train_phase, None
-        if p is not None:
-            p.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
-
-    # --- bookkeeping --------------------------------------------------------------------------
-    def _finish_generation(self, output: dict) -> None:
-        """Samples of this generation, and the ids and rollout log-probs that ride along in the batch."""
-        gen, t = self.gen, self.trainer
-        torch = self._torch
-        if gen.completion_ids is None or not isinstance(output, dict):
-            return
-        n_local = len(gen.completion_ids)
-        index = t.accelerator.process_index
-        n_all = n_local * t.accelerator.num_processes
-        base = self.generations * n_all
-        self.generations += 1
-        group = getattr(t, "num_generations", None) or 1
-        eos = set(getattr(t, "eos_token_ids", None) or []) | {t._tokenizer.pad_token_id}
-        names = list(getattr(t, "reward_func_names", []) or [])
-        weights = getattr(t, "reward_weights", None)
-        if weights is None:
-            weights = torch.ones(len(names))
-        rows = tb.sample_rows(gen, first_id=base + index * n_local, first_group=base // group, group_size=group,
-                              process_slice=slice(index * n_local, (index + 1) * n_local), func_names=names,
-                              weights=weights, eos_ids=eos)
-        for row in rows:
-            self.pending_rows[row["sample_id"]] = row
-        device = output["completion_ids"].device
-        output[tb.SAMPLE_ID] = torch.arange(base + index * n_local, base + (index + 1) * n_local, device=device)
-        logps = tb.padded(gen.rollout_logps, output["completion_ids"].shape[1], device)
-        if logps is not None:
-            output[tb.ROLLOUT_LOGPS] = logps
-        if self.freezing is not None:
-            self.freezing.remember(gen, rows)
-
-    def _after_loss(self, step: int, inputs: dict) -> None:
-        ids = inputs.get(tb.SAMPLE_ID)
-        if ids is not None:
-            first = self.trained.setdefault(step, [])
-            first.extend(ids.tolist())  # a (B,) CPU copy of ints; on GPU a small sync
-        rollout = inputs.get(tb.ROLLOUT_LOGPS)
-        if rollout is None:
-            rollout = inputs.get("sampling_per_token_logps")  # vLLM's, as TRL keeps them
-        train = self.loss_logps
-        if rollout is None or train is None:
-            return
-        mask = inputs["completion_mask"]
-        if "tool_mask" in inputs:
-            mask = mask * inputs["tool_mask"]
-        cap = getattr(self.trainer, "vllm_importance_sampling_clip_max", None) or 2.0
-        self.sums.setdefault(step, tb.StepSums()).add(train, rollout, mask, cap, ids)
-        if self.freezing is not None:
-            self.freezing.trained(step, inputs, train)
-
-    def end_step(self, step: int) -> None:
-        """The optimizer step `step` is done: its mismatch metrics and the samples first trained on in it."""
-        sums = self.sums.pop(step, None)
-        per_sample = {}
-        if sums is not None:
-            metrics = sums.metrics()
-            if metrics:
-                rltrace.log_metrics(step, **metrics)
-                self.own_metrics[step] = set(metrics)
-            per_sample = sums.per_sample()
-        rows = []
-        for sid in self.trained.pop(step, []):
-            row = self.pending_rows.pop(sid, None)
-            if row is None:
-                continue  # trained on before (num_iterations > 1): logged at its first step
-            row["train_version"] = step
-            if sid in per_sample:
-                row["logprob_abs_diff"] = per_sample[sid]
-            rows.append(row)
-        if rows:
-            rltrace.log_samples(step, rows)
-
-    def end_training(self) -> None:
-        """Samples generated but never trained on (the run stopped first) are logged without train_version."""
-        self._close_train(None)
-        for step in sorted(set(self.sums) | set(self.trained)):
-            self.end_step(step)
-        by_step: dict[int, list[dict]] = {}
-        for row in self.pending_rows.values():
-            by_step.setdefault(row["weight_version"], []).append(row)
-        self.pending_rows.clear()
-        for step, rows in by_step.items():
-            rltrace.log_samples(step, rows)
-        if self.freezing is not None:
-            self.freezing.close()
-        rltrace.flush()
-
-    def forward_logs(self, step: int, logs: dict) -> None:
-        """TRL's logged numbers as step metrics, under rltrace's names where one exists."""
-        own = self.own_metrics.get(step, set())
-        values = {}
-        for key, value in logs.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            name = METRIC_NAMES.get(key, key)
-            if name in own and name != key:
-                name = key  # we measured it ourselves this step: keep TRL's figure under TRL's name
-            values[name] = value
-        if values:
-            rltrace.log_metrics(step, **values)
+# --- zero-code: `rltrace run -- python train_grpo.py` --------------------------------------------
+_MODULES = {"GRPOTrainer": "trl.trainer.grpo_trainer", "RLOOTrainer": "trl.trainer.rloo_trainer"}
 
 
-def _strip(inputs):
-    """The batch without our riders, so TRL sees exactly what it built."""
-    if isinstance(inputs, dict) and tb.SAMPLE_ID in inputs:
-        return {k: v for k, v in inputs.items() if k not in tb.KEYS}
-    return inputs
-
-
-def _func_phase(func, span_name: str, name: str, hooks: _Hooks):
-    """A reward function recorded as a child span; async stays async (TRL awaits those)."""
-    from trl.trainer.utils import is_async_callable
-
-    if is_async_callable(func):
-
-        async def async_reward(*args, **kwargs):
-            with rltrace.phase(span_name, reward_function=name):
-                return await func(*args, **kwargs)
-
-        async_reward.__name__ = getattr(func, "__name__", name)
-        async_reward._rltrace_original = func
-        return async_reward
-
-    def reward(*args, **kwargs):
-        with rltrace.phase(span_name, reward_function=name):
-            return func(*args, **kwargs)
-
-    reward.__name__ = getattr(func, "__name__", name)
-    reward._rltrace_original = func
-    return reward
-
-
-def _module_phase(module, span_name: str, name: str) -> None:
-    """A reward model (nn.Module) recorded from forward hooks: TRL checks isinstance(nn.Module)."""
-    if getattr(module, "_rltrace_hooked", False):
+def _patch_train(cls) -> None:
+    """`cls.train` instruments its trainer first (into RLTRACE_RUN_DIR), then trains."""
+    if getattr(cls.train, "_rltrace_original", None) is not None:
         return
-    open_phases: list = []
+    original = cls.train
 
-    def pre(mod, args):
-        p = rltrace.phase(span_name, reward_function=name)
-        p.__enter__()
-        open_phases.append(p)
+    def train(self, *args, **kwargs):
+        try:
+            instrument(self)
+        except Exception:
+            _fault("instrumenting a TRL trainer")
+        return original(self, *args, **kwargs)
 
-    def post(mod, args, output):
-        if open_phases:
-            open_phases.pop().__exit__(None, None, None)
-
-    module.register_forward_pre_hook(pre)
-    module.register_forward_hook(post, always_call=True)
-    module._rltrace_hooked = True
+    train.__doc__, train.__name__, train._rltrace_original = original.__doc__, "train", original
+    cls.train = train
 
 
-def _make_callback(hooks: _Hooks):
-    """A TrainerCallback that ends each step's bookkeeping and forwards TRL's logs."""
-    base = _callback_base()
+class TRLInstrumentor(BaseInstrumentor):
+    """Registered under the `rltrace.instrumentors` entry point: every GRPOTrainer/RLOOTrainer of a
+    program started by `rltrace run` is instrumented when its `train()` starts."""
 
-    class _TrlCallback(base):
-        _rltrace_hooks = hooks
+    def instrumentation_dependencies(self):
+        return ("trl >= 1.16, < 2",)
 
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            if hooks.freezing is not None:
-                try:
-                    hooks.freezing.before_update(state.global_step)
-                except Exception:
-                    _fault("freezing a TRL batch")
+    def _instrument(self, **kwargs):
+        for name, module in _MODULES.items():
+            when_imported(module, lambda mod, name=name: _patch_train(getattr(mod, name)))
 
-        def on_step_end(self, args, state, control, **kwargs):
-            try:
-                hooks.end_step(state.global_step - 1)  # HF has already counted the finished step
-            except Exception:
-                _fault("ending a TRL step")
+    def _uninstrument(self, **kwargs):
+        import sys
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            try:
-                if logs:
-                    hooks.forward_logs(max(state.global_step - 1, 0), logs)
-            except Exception:
-                _fault("forwarding TRL logs")
-
-        def on_train_end(self, args, state, control, **kwargs):
-            try:
-                hooks.end_training()
-            except Exception:
-                _fault("ending a TRL run")
-
-    return _TrlCallback()
+        for name, module in _MODULES.items():
+            cls = getattr(sys.modules.get(module), name, None)
+            original = getattr(getattr(cls, "train", None), "_rltrace_original", None)
+            if original is not None:
+                cls.train = original
