@@ -283,6 +283,26 @@ STEP_SUMMARY_SCHEMA = pa.schema(
 )
 
 
+#: Uncaught exceptions (docs/integrations.md): one row per exception that reached the top of a
+#: thread (`kind` thread: the thread died) or of the process (`kind` process: it exited).
+CRASHES_SCHEMA = pa.schema(
+    [
+        *_PROCESS_COLUMNS,
+        pa.field("time_ns", pa.int64()),  # Unix epoch nanoseconds
+        pa.field("kind", pa.string()),  # process / thread
+        pa.field("thread_name", pa.string()),
+        pa.field("thread_id", pa.int64()),
+        pa.field("exc_type", pa.string()),  # RuntimeError, or module.Name for other modules' types
+        pa.field("message", pa.string()),
+        pa.field("traceback", pa.string()),  # the innermost frames, formatted
+        pa.field("phase", pa.string()),  # innermost phase the exception escaped through; null if none
+        pa.field("step", pa.int64()),  # that phase's rl.step
+        pa.field("span_id", pa.string()),  # that phase's span
+        pa.field("phases", pa.string()),  # JSON list of every phase it escaped through, innermost first
+    ]
+)
+
+
 class Table:
     """A table of the store: a folder of Parquet parts with one schema."""
 
@@ -304,12 +324,14 @@ PROFILE_FRAMES = Table("profile_frames", "profile_frames", PROFILE_FRAMES_SCHEMA
 PROFILE_FILES = "profiles/files"  # profile artefacts (speedscope, dumps, torch traces), relative to the run dir
 BATCHES = Table("batches", "batches", BATCHES_SCHEMA, 1, ("step", "batch_id", "sample_index", "codec"))
 REPLAYS = Table("replays", "replays", REPLAYS_SCHEMA, 1, ("replay_id", "step", "batch_id", "repeat", "sample_index", "codec"))
+CRASHES = Table("crashes", "crashes", CRASHES_SCHEMA, 1, ("process_id", "exc_type"))
 STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 
 #: Every table `rltrace.store.open` makes a view of. Later parts of rltrace add theirs here.
 TABLES: dict[str, Table] = {
     t.name: t
-    for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY, PROFILES, PROFILE_FRAMES, BATCHES, REPLAYS)
+    for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY, PROFILES, PROFILE_FRAMES, BATCHES, REPLAYS,
+              CRASHES)
 }
 
 #: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.

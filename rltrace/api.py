@@ -30,8 +30,9 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Status, StatusCode, get_current_span, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from rltrace import _names
+from rltrace import _crash, _names
 from rltrace._config import PROFILE_TRIGGERS, RltraceConfigError, env_sets_any, resolve
+from rltrace.otel.live import EXITED
 from rltrace.run import Run
 
 logger = logging.getLogger("rltrace")
@@ -138,6 +139,7 @@ def init(
             max_pending_rows=resolve("max_pending_rows", max_pending_rows),
             otlp_endpoint=resolve("otlp_endpoint", otlp_endpoint),
         )
+        _crash.install()
         if policy is not None and policy.armed:
             try:
                 from rltrace.profiling import arm
@@ -175,6 +177,7 @@ def shutdown() -> None:
     global _run
     with _lock:
         if _run is not None:
+            end_open_phases(EXITED)
             _run.shutdown()
             _run = None
 

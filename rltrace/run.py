@@ -29,6 +29,7 @@ from rltrace import _names
 from rltrace._config import RltraceConfigError, otlp_traces_url
 from rltrace.otel.exporter import ParquetSpanExporter
 from rltrace.otel.ids import ForkSafeRandomIdGenerator
+from rltrace.otel.live import LiveSpans
 from rltrace.otel.processor import CountingBatchProcessor, OpenSpanProcessor
 from rltrace.store import layout
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child, write_part
@@ -77,12 +78,17 @@ class Run:
         self._ended_ns: int | None = None
         self._closed = False
 
-        self.tracer_provider = TracerProvider(resource=self._resource(), id_generator=ForkSafeRandomIdGenerator())
+        # rltrace.shutdown (atexit) shuts the provider down, after closing the phases still open
+        self.tracer_provider = TracerProvider(
+            resource=self._resource(), id_generator=ForkSafeRandomIdGenerator(), shutdown_on_exit=False
+        )
         self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name)
         self._store_pipeline = CountingBatchProcessor(
             self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval
         )
         self.tracer_provider.add_span_processor(OpenSpanProcessor(self._store_pipeline))
+        self.live_spans = LiveSpans()  # closed with an error if the process exits while they are open
+        self.tracer_provider.add_span_processor(self.live_spans)
         self._otlp_pipeline: CountingBatchProcessor | None = None
         if otlp_endpoint:
             self._otlp_pipeline = CountingBatchProcessor(
@@ -200,6 +206,10 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        try:
+            self.live_spans.end_all()
+        except Exception as exc:
+            logger.warning("rltrace: could not close the phases left open: %s", exc)
         self.tracer_provider.shutdown()
         self._rows.close()
         self._ended_ns = time.time_ns()

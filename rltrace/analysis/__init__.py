@@ -10,7 +10,7 @@ definitions in docs/analysis.md). No plotting, no paths: `rltrace report` and th
 from rltrace.analysis._steps import StepRangeError, parse_steps
 from rltrace.analysis.costs import cost_model, cost_summary, fit_bandwidth, weight_sync_fit, weight_sync_points
 from rltrace.analysis.critical_path import common_paths, critical_path
-from rltrace.analysis.health import drops, open_spans
+from rltrace.analysis.health import crashes, drops, open_spans
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis.mismatch import mismatch, trends
@@ -45,6 +45,7 @@ __all__ = [
     "mismatch",
     "trends",
     "open_spans",
+    "crashes",
     "drops",
     "step_timeline",
     "has_profiles",

@@ -1,4 +1,4 @@
-"""Health of a run: spans that started and never ended (hangs, kills), and what was dropped."""
+"""Health of a run: crashes, spans that started and never ended (hangs, kills), and what was dropped."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import time
 import pandas as pd
 
 from rltrace.analysis import summary
+
+STALE_AFTER_S = 30.0  # a process silent this long has stopped: three missed heartbeats (written every 10 s)
 
 
 def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
@@ -36,9 +38,28 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
     ).df()
     frame["age_s"] = (now_ns - frame["start_ns"]) / 1e9
     frame["stalled_s"] = ((frame["last_ns"] - frame["start_ns"]) / 1e9).clip(lower=0)
+    heard = frame["last_heard_ns"].astype("float64")
+    frame["heard_for_s"] = ((heard - frame["start_ns"]) / 1e9).clip(lower=0)
+    stopped = (now_ns - heard) / 1e9 > STALE_AFTER_S
+    frame["state"] = ["exited" if ended else "killed" if gone else "running"
+                      for ended, gone in zip(frame["ended_cleanly"].astype(bool), stopped.fillna(True))]
     cols = ["process_id", "role", "rank", "host", "thread_name", "phase", "name", "step", "span_id", "start_ns", "age_s",
-            "stalled_s", "last_heard_ns", "ended_cleanly"]
+            "stalled_s", "last_heard_ns", "ended_cleanly", "heard_for_s", "state"]
     return frame[cols]
+
+
+def crashes(con) -> pd.DataFrame:
+    """Uncaught exceptions, in time order (docs/integrations.md).
+
+    Returns: process_id, role, rank, host, pid, time_ns, kind (`process`: it exited; `thread`:
+    that thread died), thread_name, exc_type, message, phase (innermost phase the exception
+    escaped through, or None), step, phases (JSON list, innermost first), traceback.
+    """
+    return con.execute(
+        """SELECT process_id, role, rank, host, pid, time_ns, kind, thread_name, exc_type, message, phase, step,
+                  phases, traceback
+           FROM crashes ORDER BY time_ns"""
+    ).df()
 
 
 def drops(con) -> pd.DataFrame:

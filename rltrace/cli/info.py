@@ -8,9 +8,12 @@ import json
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rltrace import store
+from rltrace.analysis.health import STALE_AFTER_S
+from rltrace.report.findings import crash_sentence
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +60,15 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
     )
     for span in open_spans:
         span["age_s"] = (now_ns - span["start_ns"]) / 1e9
+    crashes = rows("SELECT role, rank, kind, thread_name, exc_type, message, phase, step, process_id FROM crashes ORDER BY time_ns")
+    crashed = {c["process_id"] for c in crashes if c["kind"] == "process"}
+    for p in processes:
+        stopped = p["heartbeat_ns"] is None or (now_ns - p["heartbeat_ns"]) / 1e9 > STALE_AFTER_S
+        p["state"] = ("crashed" if p["process_id"] in crashed else "ended" if p["ended_ns"]
+                      else "killed" if stopped else "running")
+    states = {p["process_id"]: p["state"] for p in processes}
+    for span in open_spans:
+        span["state"] = states.get(span["process_id"], "killed")
     tables = {name: sum(p.rows for p in parts) for name, parts in snap.parts.items()}
     return {
         "run_dir": str(run_dir),
@@ -69,6 +81,7 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
         "phases": phases,
         "processes": processes,
         "open_spans": open_spans,
+        "crashes": crashes,
         "spans_dropped": sum(p["spans_dropped"] or 0 for p in processes),
         "rows_dropped": sum(p["rows_dropped"] or 0 for p in processes),
         "skipped_parts": snap.skipped,
@@ -99,7 +112,11 @@ def render(data: dict, console: Console) -> None:
         t.add_column(col, justify="right" if col in ("rank", "spans", "open", "dropped") else "left")
     for p in data["processes"]:
         dropped = (p["spans_dropped"] or 0) + (p["rows_dropped"] or 0)
-        ended = "cleanly " + _ago(p["ended_ns"], now_ns) if p["ended_ns"] else "[yellow]not yet (running, hung or killed)[/]"
+        ended = {
+            "crashed": "[red]crashed[/] " + _ago(p["ended_ns"], now_ns),
+            "ended": "cleanly " + _ago(p["ended_ns"], now_ns),
+            "killed": "[red]no: its heartbeat stopped (killed)[/]",
+        }.get(p.get("state"), "[yellow]not yet (running or hung)[/]")
         t.add_row(
             p["role"],
             "" if p["rank"] is None else str(p["rank"]),
@@ -119,9 +136,11 @@ def render(data: dict, console: Console) -> None:
         t.add_row(ph["phase"], str(ph["spans"]), f"{ph['total_s'] or 0:.3f}", f"{ph['mean_s'] or 0:.4f}", f"{ph['max_s'] or 0:.4f}")
     console.print(t)
 
+    for c in data.get("crashes", []):
+        console.print("[red]Crash:[/] " + escape(crash_sentence(c)))
     if data["open_spans"]:
         t = Table(title="[yellow]Open spans[/] (started, never ended: running, hung or killed)", title_justify="left")
-        for col in ("role", "rank", "phase", "step", "started", "open for"):
+        for col in ("role", "rank", "phase", "step", "started", "open for", "its process"):
             t.add_column(col)
         for o in data["open_spans"]:
             t.add_row(
@@ -131,6 +150,8 @@ def render(data: dict, console: Console) -> None:
                 "" if o["step"] is None else str(o["step"]),
                 dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),
                 f"{o['age_s']:.1f}s",
+                {"killed": "[red]killed (heartbeat stopped)[/]", "running": "alive: hung or still running"}.get(
+                    o.get("state"), "exited"),
             )
         console.print(t)
     else:

@@ -72,6 +72,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "staleness": _staleness(con, steps),
         "mismatch": _mismatch(con, steps),
         "reward": _reward(con, steps),
+        "crashes": plain(analysis.crashes(con)),
         "open_spans": _open_spans(con, now_ns),
         "dropped": _dropped(con),
     }

@@ -1,4 +1,4 @@
-"""Plain sentences from a report dict: hangs first, then the bottleneck, the top waits, stragglers,
+"""Plain sentences from a report dict: crashes and hangs first, then the bottleneck, the top waits, stragglers,
 the weight sync, what async could gain, staleness and mismatch. Each sentence states a measured
 number and where it comes from; a metric that did not move materially gets no sentence."""
 
@@ -9,6 +9,7 @@ from collections import defaultdict
 from rltrace.analysis._format import number_text as num
 from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
+from rltrace.analysis.health import STALE_AFTER_S
 
 TAIL_SHARE = 0.25  # a long tail worth a sentence: this share of the step, median over steps
 STRAGGLER_FACTOR = 4.0  # a straggler worth a sentence: this many times the step's median length or time
@@ -31,7 +32,7 @@ def _who(role, rank) -> str:
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_hangs, _bottleneck, _outliers, _waits, _stragglers, _weight_sync, _async, _drops, _staleness,
+    for part in (_crashes, _hangs, _bottleneck, _outliers, _waits, _stragglers, _weight_sync, _async, _drops, _staleness,
                  _mismatch):
         out.extend(part(r))
     return out
@@ -155,19 +156,51 @@ def _async(r: dict) -> list[str]:
     )]
 
 
+def crash_sentence(c: dict) -> str:
+    """"trainer0 crashed at step 3 in `train`: RuntimeError: loss is NaN" (what info and report say)."""
+    named = c.get("kind") == "thread" and c.get("thread_name") and c["thread_name"] != "MainThread"
+    who = _who(c.get("role"), c.get("rank")) + (f" (thread {c['thread_name']})" if named else "")
+    where = ("" if c.get("step") is None else f" at step {c['step']}") + (f" in `{c['phase']}`" if c.get("phase") else "")
+    message = (c.get("message") or "").strip().splitlines()
+    text = f"{c['exc_type']}: {message[0][:300]}" if message else c["exc_type"]
+    after = "; the process went on" if c.get("kind") == "thread" else ""
+    return f"{who} crashed{where}: {text}{after}."
+
+
+def _crashes(r: dict) -> list[str]:
+    return [crash_sentence(c) for c in r.get("crashes") or []]
+
+
 def _hangs(r: dict) -> list[str]:
     out = []
     for o in r["open_spans"]:
+        if o.get("state") in ("killed", "exited"):
+            out.append(_stopped(o))
+            continue
         step = "" if o.get("step") is None else f" at step {o['step']}"
         thread_name = o.get("thread_name") or "MainThread"
         named = thread_name != "MainThread" and not thread_name.startswith("Dummy-")  # Dummy-N: a foreign thread
         thread = f" (thread {o['thread_name']})" if named else ""
         out.append(
             f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step} started and never ended "
-            f"({sec(o['stalled_s'])} before the run's last write; {sec(o['age_s'])} ago): hung or killed."
+            f"({sec(o['stalled_s'])} before the run's last write; {sec(o['age_s'])} ago)"
+            + (" and its process is alive: hung or still running." if o.get("state") == "running" else ": hung or killed.")
             + (f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else "")
         )
     return out
+
+
+def _stopped(o: dict) -> str:
+    """An open span whose process is gone: killed (heartbeat stopped) or exited with it open."""
+    step = "" if o.get("step") is None else f" at step {o['step']}"
+    who = _who(o["role"], o["rank"])
+    profiles = f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else ""
+    if o["state"] == "exited":
+        return f"Open span: {o['phase']} on {who}{step} was still open when its process exited.{profiles}"
+    heard = o.get("heard_for_s") or 0.0
+    how = f"hung {sec(heard)}, then killed" if heard > STALE_AFTER_S else "killed"
+    return (f"Open span: {o['phase']} on {who}{step} never ended: its process stopped {sec(heard)} after the span "
+            f"started, with no error recorded: {how} (e.g. SIGKILL or out of memory).{profiles}")
 
 
 def _drops(r: dict) -> list[str]:

@@ -92,4 +92,4 @@ def test_an_occasional_slow_stage_is_named_with_its_profile(tmp_path):
     said = " ".join(data["findings"])
     assert ("Outlier: reward took 1.20 s at step 3 against a median of 10.0 ms per step (1 of 6 steps took over "
             "3x the median). Profile: pyspy_record p1 at profiles/files/p1.json.") in said
-    assert "hung or killed. Profile: pyspy_dump p2 at profiles/files/p2.txt." in said
+    assert "killed (e.g. SIGKILL or out of memory). Profile: pyspy_dump p2 at profiles/files/p2.txt." in said

@@ -1,0 +1,50 @@
+"""`LiveSpans`: the spans of this process that have started and not ended.
+
+When the process exits (or its run shuts down) with phases still open, say a daemon thread
+inside `with rltrace.phase(...)`, those spans are ended with status ERROR and a message that
+says so, instead of being left as open records that read as a hang.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import Status, StatusCode
+
+from rltrace.store.writer import after_fork_in_child
+
+EXITED = "the process exited (or its run was shut down) while this phase was open"
+
+
+class LiveSpans(SpanProcessor):
+    """Tracks open spans (a dict insert and pop per span) so they can be closed at exit."""
+
+    def __init__(self):
+        self._live: dict[int, Span] = {}
+        after_fork_in_child(self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._live = {}  # the parent's open spans are the parent's
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        self._live[id(span)] = span
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._live.pop(id(span), None)
+
+    def end_all(self, message: str = EXITED) -> int:
+        """End every open span with status ERROR and `message`, innermost first; return how many."""
+        spans = list(self._live.values())
+        for span in reversed(spans):
+            if span.end_time is None:
+                span.add_event("rltrace.unfinished", {"reason": message})
+                span.set_status(Status(StatusCode.ERROR, message))
+                span.end()
+        self._live.clear()
+        return len(spans)
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True

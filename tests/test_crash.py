@@ -1,0 +1,145 @@
+"""Crashes are recorded: uncaught exceptions in the process or a thread, phases left open at exit, kill -9."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import textwrap
+import time
+
+from rltrace import store
+
+from .conftest import PYTHON, python_env
+
+
+def run_script(run_dir, body: str, **kwargs):
+    code = "import sys, threading, time, rltrace\nrltrace.init(sys.argv[1], role='trainer', rank=0)\n" + textwrap.dedent(body)
+    return subprocess.run([PYTHON, "-c", code, str(run_dir)], env=python_env(), capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
+def rows(run_dir, sql: str) -> list[dict]:
+    cur = store.open(run_dir).execute(sql)
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def test_exception_escaping_phases_and_handles_is_a_crash_record(run_dir):
+    out = run_script(run_dir, """
+        handle = rltrace.start_phase("step", step=3)
+        with rltrace.phase("train"):
+            raise RuntimeError("loss is NaN")
+    """)
+    assert out.returncode == 1 and "RuntimeError: loss is NaN" in out.stderr  # the usual traceback still prints
+    (crash,) = rows(run_dir, "SELECT * FROM crashes")
+    assert (crash["kind"], crash["exc_type"], crash["message"]) == ("process", "RuntimeError", "loss is NaN")
+    assert (crash["phase"], crash["step"], json.loads(crash["phases"])) == ("train", 3, ["train", "step"])
+    assert (crash["role"], crash["rank"], crash["thread_name"]) == ("trainer", 0, "MainThread")
+    assert 'line 6, in <module>' in crash["traceback"] and crash["traceback"].endswith("RuntimeError: loss is NaN\n")
+    spans = {s["name"]: s for s in rows(run_dir, "SELECT * FROM spans")}
+    assert not any(s["is_open"] for s in spans.values())  # the open handle was closed by the crash
+    assert spans["step"]["status"] == "ERROR" and spans["step"]["status_message"] == "RuntimeError: loss is NaN"
+    assert crash["span_id"] == spans["train"]["span_id"]
+
+
+def test_exception_in_a_thread_is_recorded_and_the_process_goes_on(run_dir):
+    out = run_script(run_dir, """
+        def score():
+            h = rltrace.start_phase("reward", step=2)   # left open by the failure
+            raise ValueError("verifier crashed")
+        main = rltrace.start_phase("rollout", step=2)
+        t = threading.Thread(target=score, name="scorer"); t.start(); t.join()
+        main.end()
+        print("still running")
+    """)
+    assert out.returncode == 0 and "still running" in out.stdout and "ValueError: verifier crashed" in out.stderr
+    (crash,) = rows(run_dir, "SELECT * FROM crashes")
+    assert (crash["kind"], crash["thread_name"], crash["exc_type"], crash["phase"], crash["step"]) == (
+        "thread", "scorer", "ValueError", "reward", 2)
+    spans = {s["name"]: s for s in rows(run_dir, "SELECT * FROM spans")}
+    assert spans["reward"]["status"] == "ERROR" and not spans["reward"]["is_open"]
+    assert spans["rollout"]["status"] == "UNSET"  # another thread's phase is not the thread's crash
+
+
+def test_phases_open_when_the_process_exits_end_with_an_error(run_dir):
+    out = run_script(run_dir, """
+        def forever():
+            with rltrace.phase("generate", step=5):
+                time.sleep(600)
+        threading.Thread(target=forever, daemon=True, name="engine").start()
+        rltrace.start_phase("step", step=5)   # never ended
+        time.sleep(0.2)
+    """)
+    assert out.returncode == 0, out.stderr
+    spans = rows(run_dir, "SELECT name, is_open, status, status_message, events FROM spans ORDER BY name")
+    assert [(s["name"], s["is_open"], s["status"]) for s in spans] == [("generate", False, "ERROR"), ("step", False, "ERROR")]
+    assert all("while this phase was open" in s["status_message"] for s in spans)
+    assert rows(run_dir, "SELECT count(*) AS n FROM crashes")[0]["n"] == 0  # exiting is not a crash
+
+
+def test_kill_9_leaves_open_phases_and_a_stopped_heartbeat(run_dir):
+    code = textwrap.dedent("""
+        import sys, time, rltrace
+        rltrace.init(sys.argv[1], role="rollout", rank=1, flush_interval=0.1)
+        with rltrace.phase("generate", step=7):
+            rltrace.flush()
+            print("ready", flush=True)
+            time.sleep(600)
+    """)
+    proc = subprocess.Popen([PYTHON, "-c", code, str(run_dir)], env=python_env(), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    (span,) = rows(run_dir, "SELECT name, step, is_open FROM spans")
+    assert (span["name"], span["step"], span["is_open"]) == ("generate", 7, True)
+    (proc_row,) = rows(run_dir, "SELECT ended_ns, heartbeat_ns FROM processes")
+    assert proc_row["ended_ns"] is None and proc_row["heartbeat_ns"] < time.time_ns()
+    assert rows(run_dir, "SELECT count(*) AS n FROM crashes")[0]["n"] == 0
+
+
+def test_info_and_report_say_the_same_about_a_crash(run_dir):
+    from rltrace import report
+    from rltrace.cli import info
+
+    run_script(run_dir, """
+        def score():
+            with rltrace.phase("reward", step=1):
+                raise ValueError("verifier broke")
+        t = threading.Thread(target=score, name="scorer"); t.start(); t.join()
+        with rltrace.phase("step", step=3):
+            raise RuntimeError("loss is NaN\\nsecond line")
+    """)
+    data = info.collect(str(run_dir))
+    said = report.build(store.open(run_dir))["findings"]
+    expected = ["trainer0 (thread scorer) crashed at step 1 in `reward`: ValueError: verifier broke; the process went on.",
+                "trainer0 crashed at step 3 in `step`: RuntimeError: loss is NaN."]
+    assert said[:2] == expected
+    assert [p["state"] for p in data["processes"]] == ["crashed"]
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    info.render(data, console)
+    text = console.export_text()
+    assert all("Crash: " + e in text for e in expected) and "hung" not in text
+
+
+def test_after_kill_9_info_and_report_say_killed_not_hung(run_dir, monkeypatch):
+    from rich.console import Console
+
+    from rltrace import report
+    from rltrace.cli import info
+
+    test_kill_9_leaves_open_phases_and_a_stopped_heartbeat(run_dir)
+    soon = report.build(store.open(run_dir))["findings"][0]  # heartbeat still fresh: can't tell yet
+    assert soon.startswith("Open span: generate on rollout1 at step 7") and "alive: hung or still running" in soon
+    later = time.time_ns() + 120 * 10**9
+    said = report.build(store.open(run_dir), now_ns=later)["findings"][0]
+    assert said.startswith("Open span: generate on rollout1 at step 7 never ended: its process stopped")
+    assert said.endswith("killed (e.g. SIGKILL or out of memory).")
+    monkeypatch.setattr(info.time, "time_ns", lambda: later)
+    data = info.collect(str(run_dir))
+    assert data["processes"][0]["state"] == "killed" and data["open_spans"][0]["state"] == "killed"
+    console = Console(record=True, width=200)
+    info.render(data, console)
+    assert "killed (heartbeat stopped)" in console.export_text()
