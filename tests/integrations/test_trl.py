@@ -211,3 +211,58 @@ def test_uninstrument_restores_the_trainer(tmp_path):
     after = (trainer.compute_loss, trainer.reward_funcs, trainer.accelerator.backward, len(trainer.callback_handler.callbacks))
     assert after == before
     assert "compute_loss" not in vars(trainer) and "generate" not in vars(trainer.model)
+
+
+# --- zero code: `rltrace run -- python train_grpo.py` ---------------------------------------------
+def _launch(run_dir, tmp_path, *command):
+    """`rltrace run` with the `trl` instrumentor registered as pyproject.toml declares it."""
+    import os
+    import subprocess
+    import tomllib
+
+    from ..conftest import PYTHON, REPO, python_env
+
+    entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["rltrace.instrumentors"]["trl"]
+    dist = tmp_path / "site" / "rltrace_trl_entry-0.1.dist-info"  # what `pip install rltrace[trl]` puts in site-packages
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rltrace-trl-entry\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[rltrace.instrumentors]\ntrl = {entry}\n")
+    env = python_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), env["PYTHONPATH"]])
+    return subprocess.run([PYTHON, "-m", "rltrace", "run", "--run-dir", str(run_dir), "--", PYTHON, *command],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+CRASHING_SCRIPT = """
+import sys
+sys.path.insert(0, {repo!r})
+from examples.trl_grpo import build_trainer, reward_a
+
+calls = []
+
+def reward_flaky(completions, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+        raise RuntimeError("reward service down")
+    return [0.0] * len(completions)
+
+build_trainer({out!r}, steps=3, reward_funcs=[reward_a, reward_flaky]).train()
+"""
+
+
+@pytest.mark.slow
+def test_rltrace_run_traces_a_script_that_never_imports_rltrace_and_records_its_crash(tmp_path):
+    from ..conftest import REPO
+
+    run_dir, script = tmp_path / "run", tmp_path / "train_grpo.py"
+    script.write_text(CRASHING_SCRIPT.format(repo=str(REPO), out=str(tmp_path / "out")))
+    out = _launch(run_dir, tmp_path, str(script))
+    assert out.returncode == 1 and "RuntimeError: reward service down" in out.stderr, out.stderr[-3000:]
+    s = spans(run_dir)
+    assert {"rollout", "generate", "reward", "train", "forward", "backward"} <= set(s.phase)
+    assert sorted(s[s.phase == "train"].step) == [0]  # step 0 trained; step 1 died in its reward
+    con = store.open(run_dir)
+    assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == BATCH
+    assert con.execute("SELECT role, rank FROM processes").fetchall() == [("trainer", 0)]
+    crash = con.execute("SELECT exc_type, message, phase, step FROM crashes").fetchall()
+    assert crash == [("RuntimeError", "reward service down", "reward_flaky", 1)]
