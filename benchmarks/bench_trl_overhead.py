@@ -1,0 +1,105 @@
+"""What `rltrace.integrations.trl.instrument` costs a TRL GRPOTrainer step: instrumented vs plain.
+
+    python benchmarks/bench_trl_overhead.py [--rounds 6] [--steps 5]
+
+Two GRPOTrainers built identically (examples/trl_grpo.py: tiny Llama, CPU), one instrumented
+(tracing, samples, rollout log-probs, mismatch metrics; no frozen batches), one plain. They
+train in alternating rounds of `--steps` optimizer steps in this one process (plain, traced,
+traced, plain, ...), each round from the same seed, so both do the same work and drift of the
+machine hits both alike. Per step (on_step_begin -> on_step_end, which holds TRL's generation,
+scoring, loss, backward and optimizer step) the CPU time of the whole process is measured (every
+thread, so rltrace's background writers count) and the wall time. torch runs on one thread so
+CPU time is not inflated by spinning workers. Reported: median and mean per variant and the
+ratios (goal: CPU < 1.02), and whether both variants computed bit-identical losses (the hooks
+must never change training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per variant")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per round")
+    args = parser.parse_args()
+
+    import torch
+    import transformers
+    from transformers import TrainerCallback
+
+    import rltrace
+    from examples import trl_grpo
+    from rltrace.integrations.trl import instrument
+
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.cpu, self.wall, self.losses = [], [], []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._t = (time.process_time(), time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.cpu.append(time.process_time() - self._t[0])
+            self.wall.append(time.perf_counter() - self._t[1])
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.losses.append(logs["loss"])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers, timers = {}, {}
+        for name in ("plain", "traced"):
+            trainer = trl_grpo.build_trainer(f"{tmp}/{name}", steps=args.steps)
+            trainer.args.log_level = "error"
+            if name == "traced":
+                instrument(trainer, f"{tmp}/run")
+            timers[name] = StepTimer()
+            trainer.add_callback(timers[name])
+            trainers[name] = trainer
+        order = ["plain", "traced"]
+        for r in range(args.rounds * 2):
+            name = order[(r + r // 2) % 2]  # plain, traced, traced, plain, plain, traced, ...
+            trainer = trainers[name]
+            transformers.set_seed(r // 2)
+            trainer.train()
+        rltrace.shutdown()
+
+    skip = 1  # the first step of each round warms up caches
+    rows = {}
+    for name, timer in timers.items():
+        keep = [i for i in range(len(timer.cpu)) if i % args.steps >= skip]
+        cpu = [timer.cpu[i] for i in keep]
+        wall = [timer.wall[i] for i in keep]
+        rows[name] = (statistics.median(cpu), statistics.fmean(cpu), statistics.median(wall), statistics.fmean(wall), len(cpu))
+    table = Table(title=f"TRL GRPOTrainer step, {args.rounds} rounds x {args.steps} steps per variant (first step of each round dropped)")
+    for col in ("variant", "steps", "CPU median ms", "CPU mean ms", "wall median ms", "wall mean ms"):
+        table.add_column(col, justify="right" if col != "variant" else "left")
+    for name, (cm, ca, wm, wa, n) in rows.items():
+        table.add_row(name, str(n), f"{cm * 1e3:.1f}", f"{ca * 1e3:.1f}", f"{wm * 1e3:.1f}", f"{wa * 1e3:.1f}")
+    p, t = rows["plain"], rows["traced"]
+    table.add_row("ratio traced/plain", "", f"{t[0] / p[0]:.4f}", f"{t[1] / p[1]:.4f}", f"{t[2] / p[2]:.4f}", f"{t[3] / p[3]:.4f}")
+    console = Console()
+    console.print(table)
+    same = timers["plain"].losses == timers["traced"].losses
+    console.print(f"losses bit-identical between variants: {'yes' if same else 'NO'} "
+                  f"({len(timers['plain'].losses)} logged steps each)")
+
+
+if __name__ == "__main__":
+    main()
