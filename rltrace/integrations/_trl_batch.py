@@ -84,15 +84,15 @@ class Generation:
     reward_inputs: tuple | None = None  # (inputs, prompts, completions) given to the reward functions
 
 
+#: The sums kept per step, in this order (see StepSums.add).
+_SUMS = ("abs_diff", "k3", "ratio", "clipped", "tokens")
+
+
 @dataclass
 class StepSums:
-    """Mismatch sums of one optimizer step over its micro-batches, as tensors (no sync until the step ends)."""
+    """Mismatch sums of one optimizer step over its micro-batches, as one tensor (no sync until the step ends)."""
 
-    abs_diff: torch.Tensor | float = 0.0
-    k3: torch.Tensor | float = 0.0
-    ratio: torch.Tensor | float = 0.0
-    clipped: torch.Tensor | float = 0.0
-    tokens: torch.Tensor | float = 0.0
+    sums: torch.Tensor | None = None  # (5,) in _SUMS order
     sample_ids: list[torch.Tensor] = field(default_factory=list)
     sample_abs_diff: list[torch.Tensor] = field(default_factory=list)
 
@@ -105,27 +105,29 @@ class StepSums:
         """
         with torch.no_grad():
             mask = mask.float() * ~torch.isnan(rollout_logps)
-            log_ratio = torch.nan_to_num((train_logps.detach().float() - rollout_logps) * mask)
+            log_ratio = torch.nan_to_num(train_logps.detach().float() - rollout_logps) * mask
             ratio = log_ratio.exp()
-            self.abs_diff = self.abs_diff + (log_ratio.abs() * mask).sum()
-            self.k3 = self.k3 + ((ratio - 1 - log_ratio) * mask).sum()
-            self.ratio = self.ratio + (ratio * mask).sum()
-            self.clipped = self.clipped + ((ratio > tis_cap).float() * mask).sum()
-            self.tokens = self.tokens + mask.sum()
+            terms = torch.stack([log_ratio.abs(), ratio - 1 - log_ratio, ratio, (ratio > tis_cap).float(), mask]) * mask
+            per_sample = terms.sum(dim=2)  # (5, B)
+            total = per_sample.sum(dim=1)
+            self.sums = total if self.sums is None else self.sums + total
             if sample_ids is not None:
                 self.sample_ids.append(sample_ids.detach())
-                self.sample_abs_diff.append((log_ratio.abs() * mask).sum(1) / mask.sum(1).clamp(min=1))
+                self.sample_abs_diff.append(per_sample[0] / per_sample[4].clamp(min=1))
 
     def metrics(self) -> dict[str, float]:
         """The step scalars (one device sync here, at the step's end)."""
-        tokens = float(self.tokens)
+        if self.sums is None:
+            return {}
+        sums = dict(zip(_SUMS, self.sums.tolist()))
+        tokens = sums["tokens"]
         if tokens == 0:
             return {}
         return {
-            "train_rollout_logprob_abs_diff": float(self.abs_diff) / tokens,
-            "mismatch_k3": float(self.k3) / tokens,
-            "tis_mean": float(self.ratio) / tokens,
-            "tis_clipfrac": float(self.clipped) / tokens,
+            "train_rollout_logprob_abs_diff": sums["abs_diff"] / tokens,
+            "mismatch_k3": sums["k3"] / tokens,
+            "tis_mean": sums["ratio"] / tokens,
+            "tis_clipfrac": sums["clipped"] / tokens,
         }
 
     def per_sample(self) -> dict[int, float]:

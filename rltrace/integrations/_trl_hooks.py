@@ -187,7 +187,7 @@ class Hooks:
             if gen is not None:
                 try:
                     gen.prompt_ids, gen.completion_ids = out[0], out[1]
-                    if out[4] is not None:  # vLLM (or a rollout_func) returned the sampling log-probs
+                    if len(out) > 4 and out[4] is not None:  # GRPO with vLLM (or a rollout_func): sampling log-probs
                         gen.rollout_logps = out[4]
                 except Exception:
                     _fault("reading TRL's generation output")
@@ -272,18 +272,19 @@ class Hooks:
         return logps
 
     def _loss(self, orig):
+        """`train` opens with the loss forward and closes after `accelerator.backward`: one span per
+        micro-batch for TRL's forward and backward, opened and closed from two calls (start_phase)."""
+
         @functools.wraps(orig)
         def compute_loss(model, inputs, *args, **kwargs):
             if not self._training() or not torch.is_grad_enabled():
                 return orig(model, _strip(inputs), *args, **kwargs)
             self._close_train(None)
             step = self.trainer.state.global_step
-            self.train_phase = rltrace.phase("train", step=step, weight_version=step)
-            self.train_phase.__enter__()
+            self.train_phase = rltrace.start_phase("train", step=step, weight_version=step)
             self.in_loss, self.loss_logps = True, None
             try:
-                with rltrace.phase("forward"):
-                    loss = orig(model, _strip(inputs), *args, **kwargs)
+                loss = orig(model, _strip(inputs), *args, **kwargs)
             except BaseException as exc:
                 self._close_train(exc)
                 raise
@@ -303,8 +304,7 @@ class Hooks:
             if self.train_phase is None:
                 return orig(*args, **kwargs)
             try:
-                with rltrace.phase("backward"):
-                    out = orig(*args, **kwargs)
+                out = orig(*args, **kwargs)
             except BaseException as exc:
                 self._close_train(exc)
                 raise
@@ -314,9 +314,9 @@ class Hooks:
         return backward
 
     def _close_train(self, exc: BaseException | None) -> None:
-        p, self.train_phase = self.train_phase, None
-        if p is not None:
-            p.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+        handle, self.train_phase = self.train_phase, None
+        if handle is not None and not handle.ended:
+            handle.end(error=exc)
 
     # --- bookkeeping --------------------------------------------------------------------------
     def _finish_generation(self, output: dict) -> None:

@@ -59,7 +59,7 @@ def test_steps_start_at_zero_and_match_optimizer_steps(run1):
     s = spans(run_dir)
     steps = list(range(trainer.state.global_step))
     assert steps == [0, 1, 2]
-    for phase in ("rollout", "generate", "reward", "train", "forward", "backward"):
+    for phase in ("rollout", "generate", "reward", "train"):
         assert sorted(s[s.phase == phase].step.unique()) == steps, phase
     assert (s[s.phase == "rollout"].weight_version == s[s.phase == "rollout"].step).all()
     con = store.open(run_dir)
@@ -71,7 +71,7 @@ def test_phases_nest_as_trl_runs_them(run1):
     _, run_dir = run1
     s = spans(run_dir)
     names = set(s.name)
-    assert {"rollout", "generate", "reward", "reward_a", "reward_short", "train", "forward", "backward"} <= names
+    assert {"rollout", "generate", "reward", "reward_a", "reward_short", "train"} <= names
     funcs = s[s.name.isin(["reward_a", "reward_short"])]
     assert {json.loads(a)["rl.reward_function"] for a in funcs.attributes} == {"reward_a", "reward_short"}
     # no train span covers a generation: TRL's training_step is never wrapped whole
@@ -259,10 +259,29 @@ def test_rltrace_run_traces_a_script_that_never_imports_rltrace_and_records_its_
     out = _launch(run_dir, tmp_path, str(script))
     assert out.returncode == 1 and "RuntimeError: reward service down" in out.stderr, out.stderr[-3000:]
     s = spans(run_dir)
-    assert {"rollout", "generate", "reward", "train", "forward", "backward"} <= set(s.phase)
+    assert {"rollout", "generate", "reward", "train"} <= set(s.phase)
     assert sorted(s[s.phase == "train"].step) == [0]  # step 0 trained; step 1 died in its reward
     con = store.open(run_dir)
     assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == BATCH
     assert con.execute("SELECT role, rank FROM processes").fetchall() == [("trainer", 0)]
     crash = con.execute("SELECT exc_type, message, phase, step FROM crashes").fetchall()
     assert crash == [("RuntimeError", "reward service down", "reward_flaky", 1)]
+
+
+def test_rloo_trainer_shares_the_hooks(tmp_path):
+    from trl import RLOOConfig, RLOOTrainer
+
+    tok = trl_grpo.build_tokenizer()
+    args = RLOOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], bf16=False, max_steps=2, beta=0.0,
+                      per_device_train_batch_size=BATCH, num_generations=trl_grpo.GENERATIONS,
+                      max_completion_length=trl_grpo.MAX_COMPLETION, logging_steps=1, save_strategy="no", disable_tqdm=True)
+    trainer = RLOOTrainer(model=trl_grpo.build_model(tok), reward_funcs=[trl_grpo.reward_a], args=args,
+                          train_dataset=trl_grpo.build_dataset(), processing_class=tok)
+    instrument(trainer, tmp_path / "run")
+    trainer.train()
+    rltrace.shutdown()
+    s = spans(tmp_path / "run")
+    assert {"rollout", "generate", "reward", "reward_a", "train"} <= set(s.phase)
+    con = store.open(tmp_path / "run")
+    assert con.execute("SELECT count(*), count(DISTINCT step) FROM samples").fetchone() == (2 * BATCH, 2)
+    assert con.execute("SELECT count(*) FROM metrics WHERE name = 'mismatch_k3'").fetchone()[0] == 2
