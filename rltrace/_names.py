@@ -60,7 +60,33 @@ METRICS = (
     "tokens_per_s",
 )
 
-#: Canonical types of the brief's per-sample columns; other columns keep the type they arrive with.
+#: Other names frameworks log the step scalars above under, in order of preference (the canonical
+#: name first, then `train/`, `rollout/` or `perf/` + the canonical name, then these). One table
+#: for every reader: the report, the dashboard and `rltrace import metrics`. docs/analysis.md.
+METRIC_ALIASES: dict[str, tuple[str, ...]] = {
+    "reward_mean": (
+        "reward",  # TRL
+        "critic/rewards/mean",  # verl
+        "critic/score/mean",  # verl, before reward shaping
+        "rollout/raw_reward",  # slime
+        "rollout/rewards",  # slime
+    ),
+    "reward_std": ("critic/rewards/std",),  # TRL logs reward_std itself
+    "response_len_mean": ("completions/mean_length", "response_length/mean", "rollout/response_lengths"),
+    "train_rollout_logprob_abs_diff": ("sampling/sampling_logp_difference/mean",),  # TRL with vLLM
+    "tis_mean": ("sampling/importance_sampling_ratio/mean",),  # TRL with vLLM
+    "loss": ("actor/pg_loss",),  # verl
+    "grad_norm": ("actor/grad_norm",),  # verl
+}
+METRIC_PREFIXES = ("train/", "rollout/", "perf/")
+
+
+def metric_names(canonical: str) -> tuple[str, ...]:
+    """Every logged name that counts as `canonical`, most preferred first."""
+    return (canonical, *(p + canonical for p in METRIC_PREFIXES), *METRIC_ALIASES.get(canonical, ()))
+
+
+#: Canonical types of the per-sample columns; other columns keep the type they arrive with.
 SAMPLE_COLUMNS: dict[str, pa.DataType] = {
     "sample_id": pa.int64(),
     "group_id": pa.int64(),

@@ -385,6 +385,7 @@ def phase(name: str, *, step: int | None = None, weight_version: int | None = No
 # --- callback-style phases ----------------------------------------------------------------------
 _local = threading.local()  # .stack: this thread's handles in start order (context to restore)
 _open_handles: dict[int, PhaseHandle] = {}  # every recording handle not yet ended, for crash and exit
+os.register_at_fork(after_in_child=_open_handles.clear)  # a forked child must not end its parent's phases
 
 
 def _stack() -> list[PhaseHandle]:
@@ -446,9 +447,9 @@ class PhaseHandle:
             inner = get_current_span()
             inner_name = getattr(inner, "name", None) if inner.is_recording() else None
             warnings.warn(
-                f"rltrace: phase {self.name!r} was ended while a phase started inside it"
-                + (f" ({inner_name!r})" if inner_name else "")
-                + " is still open; end the inner phase first. Both are recorded",
+                f"rltrace: phase {self.name!r} was not the innermost open phase when it ended (the current one is "
+                + (f"{inner_name!r}" if inner_name else "none")
+                + "); end phases in the reverse order they started. It is recorded",
                 stacklevel=2,
             )
         _unwind()

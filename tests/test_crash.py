@@ -143,3 +143,14 @@ def test_after_kill_9_info_and_report_say_killed_not_hung(run_dir, monkeypatch):
     console = Console(record=True, width=200)
     info.render(data, console)
     assert "killed (heartbeat stopped)" in console.export_text()
+
+
+def test_crash_sentences():
+    from rltrace.report.findings import crash_sentence
+
+    base = {"role": "rollout", "rank": 2, "kind": "process", "thread_name": "MainThread", "step": None, "phase": None}
+    assert crash_sentence({**base, "exc_type": "OSError", "message": ""}) == "rollout2 crashed: OSError."
+    assert crash_sentence({**base, "exc_type": "KeyboardInterrupt", "message": "", "step": 4, "phase": "generate"}) == (
+        "rollout2 was interrupted (Ctrl-C) at step 4 in `generate`.")
+    long = crash_sentence({**base, "exc_type": "mylib.Error", "message": "x" * 1000 + "\nmore"})
+    assert long == "rollout2 crashed: mylib.Error: " + "x" * 300 + "."

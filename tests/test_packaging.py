@@ -12,7 +12,8 @@ import pytest
 from .conftest import PYTHON, REPO
 
 
-def test_wheel_has_only_the_rltrace_import_name(tmp_path):
+def build_wheel(tmp_path):
+    """The wheel, built from a copy of the sources (building in the checkout would leave build/ there)."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -26,6 +27,11 @@ def test_wheel_has_only_the_rltrace_import_name(tmp_path):
         timeout=300,
     )
     (wheel,) = (tmp_path / "dist").glob("rltrace-*.whl")
+    return wheel
+
+
+def test_wheel_has_only_the_rltrace_import_name(tmp_path):
+    wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert top == {"rltrace", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
@@ -49,10 +55,7 @@ def test_a_folder_named_rltrace_beside_a_script_does_not_shadow_the_install(tmp_
 @pytest.mark.slow
 def test_the_wheel_without_extras_runs_the_command_on_a_recorded_run(tmp_path):
     """`pip install rltrace` (no extras) gives a working `rltrace --version`, `info` and `report`."""
-    dist = tmp_path / "dist"
-    subprocess.run([PYTHON, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(REPO)],
-                   check=True, capture_output=True, timeout=300)
-    (wheel,) = dist.glob("rltrace-*.whl")
+    wheel = build_wheel(tmp_path)
     venv = tmp_path / "venv"
     subprocess.run([PYTHON, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],

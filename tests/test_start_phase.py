@@ -85,7 +85,7 @@ def test_ending_out_of_order_warns_and_records_both(run_dir):
     rltrace.init(run_dir)
     outer = rltrace.start_phase("step", step=0)
     inner = rltrace.start_phase("train")
-    with pytest.warns(UserWarning, match=r"'step' was ended while a phase started inside it \('train'\)"):
+    with pytest.warns(UserWarning, match=r"'step' was not the innermost open phase when it ended \(the current one is 'train'\)"):
         outer.end()
     with rltrace.phase("still_inner"):  # inner is still open: it stays the parent
         pass
@@ -97,6 +97,20 @@ def test_ending_out_of_order_warns_and_records_both(run_dir):
     assert not s["step"]["is_open"] and not s["train"]["is_open"]
     assert s["still_inner"]["parent_span_id"] == s["train"]["span_id"]
     assert s["top"]["parent_span_id"] is None
+
+
+def test_a_handle_that_outlives_its_with_block_warns_and_later_phases_are_not_its_children(run_dir):
+    rltrace.init(run_dir)
+    with rltrace.phase("epoch", step=1):
+        h = rltrace.start_phase("step")
+    with pytest.warns(UserWarning, match=r"'step' was not the innermost open phase when it ended \(the current one is none\)"):
+        h.end()
+    with rltrace.phase("after"):
+        pass
+    rltrace.shutdown()
+    s = by_name(run_dir)
+    assert s["step"]["parent_span_id"] == s["epoch"]["span_id"] and s["step"]["step"] == 1
+    assert s["after"]["parent_span_id"] is None
 
 
 def test_ending_from_another_thread_warns_and_the_first_thread_recovers(run_dir):

@@ -7,9 +7,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from rltrace import _phases
+from rltrace._phases import COST_COLUMN
 from rltrace.ui import style
 
-STAGES = [("t_rollout", "rollout"), ("t_reward", "reward"), ("t_T", "train"), ("t_W", "weight_sync")]
+STAGES = [(COST_COLUMN[s], s) for s in _phases.STAGES]  # (cost-model column, stage), in loop order
 
 
 def base(fig: go.Figure, *, height: int = 320, title: str | None = None, y: str | None = None, x: str | None = None,

@@ -6,6 +6,8 @@ import math
 
 import pandas as pd
 
+from rltrace import _phases
+
 #: Phases of one stage share a hue: rollout blues, reward green, train oranges, weight sync purple.
 PHASE_COLORS = {
     "step": "#d4d4d8",
@@ -21,7 +23,7 @@ PHASE_COLORS = {
     "wait": "#b8b8c0",
 }
 OTHER_COLORS = ["#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#9edae5", "#dbdb8d", "#f7b6d2", "#c49c94"]
-STAGE_COLORS = {"rollout": "#3b6fb6", "reward": "#3f9e4d", "train": "#e0861a", "weight_sync": "#8e5bb5"}
+STAGE_COLORS = {stage: PHASE_COLORS[stage] for stage in _phases.STAGES}  # a stage wears its main phase's colour
 IDLE_COLOR = "#e4572e"  # waiting, open (hung) spans
 RUN_COLORS = ["#3b6fb6", "#e0861a", "#3f9e4d", "#8e5bb5", "#e4572e", "#17becf", "#8c6d52", "#bcbd22"]
 

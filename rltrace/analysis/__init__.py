@@ -8,7 +8,14 @@ definitions in docs/analysis.md). No plotting, no paths: `rltrace report` and th
 """
 
 from rltrace.analysis._steps import StepRangeError, parse_steps
-from rltrace.analysis.costs import cost_model, cost_summary, fit_bandwidth, weight_sync_fit, weight_sync_points
+from rltrace.analysis.costs import (
+    cost_model,
+    cost_summary,
+    fit_bandwidth,
+    nested_stages,
+    weight_sync_fit,
+    weight_sync_points,
+)
 from rltrace.analysis.critical_path import common_paths, critical_path
 from rltrace.analysis.health import crashes, drops, open_spans
 from rltrace.analysis.long_tail import long_tail, stragglers
@@ -30,6 +37,7 @@ __all__ = [
     "phase_totals",
     "cost_model",
     "cost_summary",
+    "nested_stages",
     "weight_sync_points",
     "weight_sync_fit",
     "fit_bandwidth",

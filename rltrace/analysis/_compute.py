@@ -6,8 +6,16 @@
 
 - phase seconds: length of the union of that phase's spans of the step (per process, and across
   processes with process_id NULL); `count` spans, `total_ns` summed durations.
-- stage seconds (`R`, `T`, `W`, and `reward`): union over every process of the step's spans
-  whose phase is in that category, so nested or concurrent spans count once.
+- stage seconds (`R`, `T`, `W`, and `reward`): union over every process of the *own time* of the
+  step's spans whose phase is in that category, so nested or concurrent spans count once. A
+  span's own time leaves out its descendants on the same thread that belong to another stage:
+  when `train` contains `rollout` and `reward` (TRL generates inside its training step), each
+  instant counts for the innermost stage and `train` keeps only its own work.
+- nested: per step, outer stage and inner stage, the time the inner stage ran inside the outer
+  one on the same thread (what was taken out of the outer stage's time).
+- overlap: per step and cost term X, the time X's own intervals ran while another term ran
+  anywhere (other processes, other threads, other steps): measured concurrency, the only
+  evidence that stages overlapped.
 - self time: the parts of a span where none of its children on the same thread runs, i.e. what
   that thread was doing itself (a `rollout` span whose thread sits in a `wait` child is waiting,
   not working, during that wait).
@@ -27,9 +35,10 @@ import numpy as np
 import pandas as pd
 
 from rltrace.analysis import _intervals as iv
-from rltrace.analysis._phases import STAGE_OF, WAIT, containers
+from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
+from rltrace._phases import term as term_of
 
-VERSION = 3  # 3: waits use self time per thread (a wait inside a busy span counts)
+VERSION = 4  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -73,7 +82,7 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
             total_ns=checks["total_ns"].to_numpy(),
         ),
         _phase_rows(spans[in_batch]),
-        _stage_rows(spans[in_batch]),
+        *_stage_rows(spans, prow, in_batch),
         _wait_rows(spans, checks, prow, busy, in_batch),
         _path_rows(spans, prow, busy, in_batch),
         _sync_rows(spans[in_batch]),
@@ -125,22 +134,118 @@ def _phase_rows(spans: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _stage_rows(spans: pd.DataFrame) -> pd.DataFrame:
-    cat = spans["phase"].map(STAGE_OF)
-    parts = [spans.assign(stage=cat).dropna(subset=["stage"]), spans[spans["phase"] == "reward"].assign(stage="reward")]
-    tagged = pd.concat(parts, ignore_index=True)
-    if tagged.empty:
-        return pd.DataFrame()
-    tagged["duration_ns"] = tagged["end_ns"] - tagged["start_ns"]
-    out = _union_seconds(tagged, ["step", "stage"])
-    return _rows(
-        "stage",
-        step=out["step"].to_numpy(),
-        phase=out["stage"].to_numpy(object),
-        seconds=out["seconds"].to_numpy(),
-        count=out["count"].to_numpy(),
-        total_ns=out["total_ns"].to_numpy(),
+def _same_thread_parent(spans: pd.DataFrame, prow: np.ndarray) -> np.ndarray:
+    """Parent row of each span when the parent ran on the same process and thread, else -1."""
+    proc = pd.factorize(spans["process_id"])[0]
+    thread = spans["thread_id"].fillna(-1).to_numpy(np.int64)
+    parent = np.maximum(prow, 0)
+    same = (prow >= 0) & (proc[parent] == proc) & (thread[parent] == thread)
+    return np.where(same, prow, -1)
+
+
+def _own_stage_time(spans: pd.DataFrame, prow: np.ndarray):
+    """Each staged span's own time: its interval minus same-thread descendants of another stage.
+
+    Returns (row, start, end) pieces for spans with a stage, and the (outer row, inner row) pairs
+    that were taken out (every staged ancestor of another stage, so `train > forward > rollout`
+    takes rollout out of both).
+    """
+    stage_names = list(TERM_OF_STAGE)
+    code = spans["phase"].map({p: stage_names.index(st) for p, st in STAGE_OF.items()}).fillna(-1).to_numpy(np.int64)
+    up = _same_thread_parent(spans, prow)
+    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    inner = np.flatnonzero(code >= 0)
+    anc = up[inner]
+    outer_l, inner_l = [], []
+    while len(inner):
+        live = anc >= 0
+        inner, anc = inner[live], anc[live]
+        hit = (code[anc] >= 0) & (code[anc] != code[inner])
+        outer_l.append(anc[hit])
+        inner_l.append(inner[hit])
+        anc = up[anc]
+    outer = np.concatenate(outer_l) if outer_l else np.empty(0, np.int64)
+    nested = np.concatenate(inner_l) if inner_l else np.empty(0, np.int64)
+    rows, a, b = iv.complement(outer, start[nested], end[nested], start, end)
+    keep = code[rows] >= 0
+    return (rows[keep], a[keep], b[keep]), (outer, nested)
+
+
+def _stage_rows(spans: pd.DataFrame, prow: np.ndarray, in_batch: np.ndarray) -> list[pd.DataFrame]:
+    """`stage` rows (R, T, W, reward: own-time unions), `nested` rows and `overlap` rows."""
+    if spans.empty:
+        return []
+    (rows, a, b), (outer, inner) = _own_stage_time(spans, prow)
+    phase = spans["phase"].to_numpy(object)
+    steps = spans["step"].to_numpy()
+    terms = np.array([term_of(p) for p in phase], object)
+    pieces = pd.DataFrame({"row": rows, "a": a, "b": b, "term": terms[rows], "step": steps[rows]})
+    mine = pieces[in_batch[rows]]
+    tagged = pd.concat(
+        [mine.assign(stage=mine["term"]), mine[phase[mine["row"].to_numpy()] == "reward"].assign(stage="reward")],
+        ignore_index=True,
     )
+    out = []
+    if len(tagged):
+        groups = tagged.groupby(["step", "stage"], sort=True)
+        codes = groups.ngroup().to_numpy()
+        covered = iv.total(codes, tagged["a"].to_numpy(), tagged["b"].to_numpy(), groups.ngroups)
+        dur = spans["end_ns"].to_numpy(np.int64) - spans["start_ns"].to_numpy(np.int64)
+        keys = groups.size().reset_index()[["step", "stage"]]
+        per_row = tagged.drop_duplicates(["step", "stage", "row"])
+        agg = per_row.assign(d=dur[per_row["row"].to_numpy()]).groupby(["step", "stage"], sort=True).agg(
+            count=("row", "size"), total_ns=("d", "sum"))
+        out.append(_rows("stage", step=keys["step"].to_numpy(), phase=keys["stage"].to_numpy(object),
+                         seconds=covered / 1e9, count=agg["count"].to_numpy(), total_ns=agg["total_ns"].to_numpy()))
+    out.append(_nested_rows(spans, outer, inner, in_batch))
+    out.append(_overlap_rows(pieces, in_batch))
+    return [f for f in out if len(f)]
+
+
+def _nested_rows(spans: pd.DataFrame, outer: np.ndarray, inner: np.ndarray, in_batch: np.ndarray) -> pd.DataFrame:
+    """Per step, (outer stage, inner stage): how long the inner one ran inside the outer one."""
+    keep = in_batch[outer]
+    outer, inner = outer[keep], inner[keep]
+    if not len(outer):
+        return pd.DataFrame()
+    phase = spans["phase"].to_numpy(object)
+    frame = pd.DataFrame({
+        "step": spans["step"].to_numpy()[outer],
+        "outer": [STAGE_OF[p] for p in phase[outer]],
+        "inner": [STAGE_OF[p] for p in phase[inner]],
+        "a": spans["start_ns"].to_numpy(np.int64)[inner],
+        "b": spans["end_ns"].to_numpy(np.int64)[inner],
+    })
+    groups = frame.groupby(["step", "outer", "inner"], sort=True)
+    covered = iv.total(groups.ngroup().to_numpy(), frame["a"].to_numpy(), frame["b"].to_numpy(), groups.ngroups)
+    keys = groups.size().reset_index()
+    return _rows("nested", step=keys["step"].to_numpy(), phase=keys["outer"].to_numpy(object),
+                 other=keys["inner"].to_numpy(object), seconds=covered / 1e9, count=keys[0].to_numpy())
+
+
+def _overlap_rows(pieces: pd.DataFrame, in_batch: np.ndarray) -> pd.DataFrame:
+    """Per step and term X: time X's own intervals ran while another term ran anywhere."""
+    pieces = pieces[pieces["term"].notna()]
+    if pieces.empty:
+        return pd.DataFrame()
+    term_codes = {t: i for i, t in enumerate(TERMS)}
+    code = pieces["term"].map(term_codes).to_numpy(np.int64)
+    a, b = pieces["a"].to_numpy(np.int64), pieces["b"].to_numpy(np.int64)
+    # group k = "every term but k", built from all loaded spans (any step: async stages overlap across steps)
+    g = np.concatenate([np.full((code != k).sum(), k, np.int64) for k in range(len(TERMS))])
+    s = np.concatenate([a[code != k] for k in range(len(TERMS))])
+    e = np.concatenate([b[code != k] for k in range(len(TERMS))])
+    others = iv.Coverage(g, s, e)
+    mine = pieces[in_batch[pieces["row"].to_numpy()]]
+    if mine.empty:
+        return pd.DataFrame()
+    groups = mine.groupby(["step", "term"], sort=True)
+    ug, us, ue = iv.union(groups.ngroup().to_numpy(), mine["a"].to_numpy(), mine["b"].to_numpy())
+    keys = groups.size().reset_index()
+    term_of_group = keys["term"].map(term_codes).to_numpy(np.int64)
+    ns = others.between(term_of_group[ug], us, ue)
+    total = np.bincount(ug, weights=ns.astype(np.float64), minlength=len(keys))
+    return _rows("overlap", step=keys["step"].to_numpy(), phase=keys["term"].to_numpy(object), seconds=total / 1e9)
 
 
 def _self_time(spans: pd.DataFrame, proc_codes: np.ndarray, prow: np.ndarray):

@@ -37,6 +37,13 @@ def seconds_text(seconds) -> str:
     return f"{sign}{total // 3600} h {total % 3600 // 60:02d} min"
 
 
+def size_text(nbytes) -> str:
+    """`850 B`, `1.00 kB`, `2.36 GB` (powers of 1000, like `rate_text`); `-` for None/NaN."""
+    if _missing(nbytes):
+        return "-"
+    return rate_text(nbytes)[: -len("/s")]
+
+
 def rate_text(bytes_per_s) -> str:
     """`850 B/s`, `1.00 MB/s`, `2.36 GB/s`; `-` for None/NaN."""
     if _missing(bytes_per_s):

@@ -1,10 +1,20 @@
-"""The seed's cost models from measured spans: t_R, t_T, t_W, t_sync, the async bound, the
-weight-sync fit `t_W ≈ S_W / B_W + t_0`.
+"""The async cost model from measured spans: t_R, t_T, t_W, t_sync, the async bound
+max(t_R, t_T) + t_W (after slime's async analysis), the weight-sync fit `t_W ≈ S_W / B_W + t_0`.
 
-Per step, `t_X` is the length of the union, over every process and thread, of the intervals of
-the step's finished spans whose phase is in category X (R: rollout, generate, reward; T: train,
-forward, backward, optimizer; W: weight_sync). Nested or concurrent spans count once; a
-category with no span in the step counts 0. Medians are taken per column over steps.
+Per step, `t_X` is the length of the union, over every process and thread, of the *own time*
+of the step's spans whose phase is in term X (R: rollout, generate, reward; T: train, forward,
+backward, optimizer; W: weight_sync); a span's own time leaves out nested spans of another stage
+on its thread (see `_compute`). Three rules keep the model true on real run shapes:
+
+- **Absent is not zero.** A term with no span anywhere in the run is None (not recorded); the
+  formulas use the terms that were recorded and say which.
+- **Amortised steps.** A stage that runs on some steps only (generation every k steps, several
+  updates per rollout) serves the steps up to its next run: its time is spread over them
+  (`t_R` of a rollout feeding k train steps is its time / k). Medians, the async bound and the
+  bottleneck use the amortised figures; the per-step table shows both.
+- **Overlap only from evidence.** `achieved_speedup` comes from measured concurrency: the time
+  each term ran while another term ran anywhere (`overlap` summary rows), never from comparing a
+  step period with medians. A run whose stages never ran at once reports exactly 1.0.
 """
 
 from __future__ import annotations
@@ -14,73 +24,150 @@ import math
 import numpy as np
 import pandas as pd
 
+from rltrace._phases import TERM_COLUMN
 from rltrace.analysis import summary
 from rltrace.analysis._steps import Steps
 
-STAGES_OVERLAP = 1.05  # t_sync above this multiple of a step's wall time: its stages ran at the same time
+OVERLAP_SHARE = 0.05  # stages ran at once for at least this share of their time: the run overlaps
+_RAW = ("t_R", "t_T", "t_W", "t_reward")
+
 
 def cost_model(con, steps: Steps = None) -> pd.DataFrame:
-    """Per step: the seed's formulas on measured times.
+    """Per step: the cost model on measured times.
 
     Returns:
-        step; wall_s (first start to last end); t_R, t_T, t_W (seconds, see module doc);
-        t_reward (union of reward spans), t_rollout (t_R - t_reward); t_sync = t_R + t_T + t_W;
-        async_bound = max(t_R, t_T) + t_W; async_speedup_bound = t_sync / async_bound
-        (NaN when async_bound is 0).
+        step; wall_s (first start to last end); t_R, t_T, t_W, t_reward (seconds, own time; NaN
+        where the step has no such span), t_rollout (t_R - t_reward); t_R_amortised,
+        t_T_amortised, t_W_amortised, t_reward_amortised, t_rollout_amortised (each run of a
+        stage spread over the steps it serves; NaN when the run has no such span at all);
+        t_sync = t_R + t_T + t_W and async_bound = max(t_R, t_T) + t_W on the amortised figures
+        (absent terms left out); async_speedup_bound = t_sync / async_bound (NaN when 0).
     """
     rows = summary.rows(con, steps, kinds=("stage", "step"))
     walls = rows[rows["kind"] == "step"].set_index("step")["seconds"].rename("wall_s")
     stages = rows[rows["kind"] == "stage"].pivot_table(index="step", columns="phase", values="seconds", aggfunc="sum")
     out = pd.DataFrame(index=walls.index).join(walls)
     for col, key in (("t_R", "R"), ("t_T", "T"), ("t_W", "W"), ("t_reward", "reward")):
-        out[col] = stages[key] if key in stages else 0.0
-    out = out.fillna({"t_R": 0.0, "t_T": 0.0, "t_W": 0.0, "t_reward": 0.0})
+        out[col] = stages[key] if key in stages else np.nan
+    if out["t_R"].notna().any():  # a step with rollout but no reward has reward 0, not "not recorded"
+        out["t_reward"] = out["t_reward"].where(out["t_R"].isna(), out["t_reward"].fillna(0.0))
     out["t_rollout"] = out["t_R"] - out["t_reward"]
-    out = _formulas(out)
+    for col in _RAW:
+        out[col + "_amortised"] = _amortise(out[col])
+    out["t_rollout_amortised"] = out["t_R_amortised"] - out["t_reward_amortised"].fillna(0.0)
+    out = _formulas(out, suffix="_amortised")
     return out.reset_index()
 
 
-def _formulas(frame: pd.DataFrame) -> pd.DataFrame:
-    frame["t_sync"] = frame["t_R"] + frame["t_T"] + frame["t_W"]
-    frame["async_bound"] = np.maximum(frame["t_R"], frame["t_T"]) + frame["t_W"]
+def serving_period(present: np.ndarray) -> int:
+    """How many steps one run of a stage serves: the median gap between the steps it ran on (the
+    steps left after its only run when it ran once); 1 for a stage that runs every step."""
+    where = np.flatnonzero(present)
+    if not len(where):
+        return 1
+    gaps = np.diff(where) if len(where) > 1 else np.array([len(present) - where[0]])
+    return max(1, int(round(float(np.median(gaps)))))
+
+
+def _amortise(values: pd.Series) -> pd.Series:
+    """Spread each recorded value over the steps it serves (itself and up to k - 1 after it).
+
+    A stage that normally runs every step (k = 1) is left as recorded: a step where it is
+    missing (a hung last step, a gap in the record) is not recorded rather than amortised.
+    """
+    present = values.notna().to_numpy()
+    k = serving_period(present)
+    if k == 1:
+        return values.astype(float)
+    where = np.flatnonzero(present)
+    stop = np.minimum(np.append(where[1:], len(present)), where + k)
+    out = np.full(len(present), np.nan)
+    v = values.to_numpy(float)
+    for a, b in zip(where, stop):
+        out[a:b] = v[a] / (b - a)
+    return pd.Series(out, index=values.index)
+
+
+def _formulas(frame: pd.DataFrame, suffix: str = "") -> pd.DataFrame:
+    r, t, w = (frame[c + suffix] for c in ("t_R", "t_T", "t_W"))
+    frame["t_sync"] = r.fillna(0) + t.fillna(0) + w.fillna(0)
+    frame["async_bound"] = np.maximum(r.fillna(0), t.fillna(0)) + w.fillna(0)
     frame["async_speedup_bound"] = frame["t_sync"] / frame["async_bound"].where(frame["async_bound"] > 0)
     return frame
 
 
 def cost_summary(con, steps: Steps = None) -> dict:
-    """Medians over steps and what async achieved.
+    """Medians over steps and what overlap achieved.
 
     Returns a dict (seconds unless noted): steps (count); t_R, t_T, t_W, t_reward, t_rollout,
-    wall_s (per-column medians); t_sync, async_bound, async_speedup_bound (the formulas on those
-    medians); period_s (median time between the ends of consecutive steps: the achieved step
-    time); achieved_speedup (t_sync / period_s); achieved_fraction ((t_sync - period_s) /
-    (t_sync - async_bound): 1 means the async bound was reached, 0 no overlap); overlapping
-    (true when the run did not run its stages one after another: most consecutive steps overlap
-    in time, or in most steps t_sync exceeds the step's wall time by over 5 %, i.e. R, T and W
-    ran at the same time, as in an async run whose generation is labelled with the step it feeds).
+    wall_s (medians of the amortised per-step figures; None when the run recorded no such span);
+    recorded (the terms with spans, e.g. ["t_R", "t_T"]); amortised ({column: k} for stages that
+    run every k > 1 steps: one run serves k steps, see `serving_period`);
+    t_sync, async_bound, async_speedup_bound (the formulas on those medians, absent terms left
+    out); spread ({column: [q25, q75]} of the amortised per-step figures); period_s (median time
+    between the ends of consecutive steps, for reference); stage_s (summed own time of every
+    term over the steps); concurrent_s (time during which two terms ran at once, pairwise);
+    achieved_speedup (stage_s / (stage_s - concurrent_s): 1.0 when no two terms ever ran at
+    once); achieved_fraction ((1 - 1/achieved) / (1 - 1/async_speedup_bound): 1 means the async
+    bound was reached, 0 no overlap); overlapping (concurrent_s is at least 5 % of stage_s).
     """
     per_step = cost_model(con, steps)
-    out: dict = {"steps": int(len(per_step))}
+    keys = ("t_R", "t_T", "t_W", "t_reward", "t_rollout", "wall_s", "recorded", "amortised", "t_sync", "async_bound",
+            "async_speedup_bound", "spread", "period_s", "stage_s", "concurrent_s", "achieved_speedup",
+            "achieved_fraction", "overlapping")
+    out: dict = {"steps": int(len(per_step))} | {k: None for k in keys}
     if per_step.empty:
-        return out | {k: None for k in ("t_R", "t_T", "t_W", "t_reward", "t_rollout", "wall_s", "t_sync",
-                                           "async_bound", "async_speedup_bound", "period_s", "achieved_speedup",
-                                           "achieved_fraction", "overlapping")}
-    for col in ("t_R", "t_T", "t_W", "t_reward", "t_rollout", "wall_s"):
-        out[col] = float(per_step[col].median())
-    med = _formulas(pd.DataFrame([{k: out[k] for k in ("t_R", "t_T", "t_W")}])).iloc[0]
+        return out
+    out["wall_s"] = float(per_step["wall_s"].median())
+    out["recorded"] = [c for c in TERM_COLUMN.values() if per_step[c].notna().any()]
+    out["amortised"], out["spread"] = {}, {}
+    for col in ("t_R", "t_T", "t_W", "t_reward", "t_rollout"):
+        values = per_step[col + "_amortised"].dropna()
+        out[col] = float(values.median()) if len(values) else None
+        if len(values):
+            out["spread"][col] = [float(values.quantile(0.25)), float(values.quantile(0.75))]
+        k = serving_period(per_step[col].notna().to_numpy())
+        if col != "t_rollout" and k > 1:
+            out["amortised"][col] = k
+    med = _formulas(pd.DataFrame([{k: out[k] if out[k] is not None else np.nan for k in ("t_R", "t_T", "t_W")}])).iloc[0]
     out["t_sync"], out["async_bound"] = float(med["t_sync"]), float(med["async_bound"])
     out["async_speedup_bound"] = _num(med["async_speedup_bound"])
     checks = summary.checks(con, steps)
     consecutive = checks["step"].diff() == 1
     periods = (checks["end_ns"].diff() / 1e9)[consecutive]
-    overlaps = (checks["start_ns"] < checks["end_ns"].shift())[consecutive]
     out["period_s"] = float(periods.median()) if len(periods) else None
-    out["achieved_speedup"] = out["t_sync"] / out["period_s"] if out["period_s"] else None
-    room = out["t_sync"] - out["async_bound"]
-    out["achieved_fraction"] = (out["t_sync"] - out["period_s"]) / room if out["period_s"] and room > 0 else None
-    concurrent = per_step["t_sync"] > STAGES_OVERLAP * per_step["wall_s"]
-    out["overlapping"] = bool((len(overlaps) and overlaps.mean() > 0.5) or concurrent.mean() > 0.5)
+    out |= _concurrency(con, steps, out["async_speedup_bound"])
     return out
+
+
+def _concurrency(con, steps: Steps, bound: float | None) -> dict:
+    """Achieved overlap from the `overlap` rows (each term's time while another ran anywhere)."""
+    rows = summary.rows(con, steps, kinds=("stage", "overlap"))
+    stage_ns = round(rows.loc[(rows["kind"] == "stage") & rows["phase"].isin(list(TERM_COLUMN)), "seconds"].sum() * 1e9)
+    both_sides_ns = round(rows.loc[rows["kind"] == "overlap", "seconds"].sum() * 1e9)
+    concurrent_ns = both_sides_ns // 2  # each instant of two terms at once is counted from both sides
+    out = {"stage_s": stage_ns / 1e9, "concurrent_s": concurrent_ns / 1e9}
+    if stage_ns <= 0:
+        return out | {"achieved_speedup": None, "achieved_fraction": None, "overlapping": False}
+    achieved = stage_ns / (stage_ns - concurrent_ns) if concurrent_ns else 1.0
+    out["achieved_speedup"] = achieved
+    out["achieved_fraction"] = (1 - 1 / achieved) / (1 - 1 / bound) if bound and bound > 1 else None
+    out["overlapping"] = bool(concurrent_ns >= OVERLAP_SHARE * stage_ns)
+    return out
+
+
+def nested_stages(con, steps: Steps = None) -> pd.DataFrame:
+    """Stages that ran inside another stage's span on the same thread (TRL generates and scores
+    inside its training step), and what that took out of the outer stage.
+
+    Returns: outer, inner (stages), steps (how many steps it happened in), seconds (median per
+    such step of the inner stage's time inside the outer one).
+    """
+    rows = summary.rows(con, steps, kinds=("nested",))
+    if rows.empty:
+        return pd.DataFrame(columns=["outer", "inner", "steps", "seconds"])
+    g = rows.groupby(["phase", "other"]).agg(steps=("step", "nunique"), seconds=("seconds", "median")).reset_index()
+    return g.rename(columns={"phase": "outer", "other": "inner"}).sort_values("seconds", ascending=False, ignore_index=True)
 
 
 def _num(value) -> float | None:
@@ -110,10 +197,13 @@ def weight_sync_points(con, steps: Steps = None) -> pd.DataFrame:
 def weight_sync_fit(con, steps: Steps = None) -> dict:
     """Least-squares fit of weight-sync time against payload: seconds ≈ bytes / B_W + t_0.
 
-    Returns a dict: n (points), sizes (distinct payload sizes), B_W (bytes/s; None when all
-    payloads have one size, or the fitted slope is not positive), t_0 (seconds), r2 (coefficient
-    of determination), rmse_s (root-mean-square residual, seconds), effective_B_W (total bytes /
-    total seconds: what a single size can still tell), methods (distinct `rl.method` values).
+    Returns a dict: n (points), sizes (distinct payload sizes), regime (`bandwidth`: time grows
+    with payload, B_W and t_0 fitted; `latency`: time does not grow with payload over the sizes
+    seen, so t_0 is the mean time and B_W is not measurable; None with fewer than two sizes),
+    B_W (bytes/s, only in the bandwidth regime), t_0 (seconds), r2 (coefficient of
+    determination of the line), rmse_s (root-mean-square residual, seconds), effective_B_W
+    (total bytes / total seconds: what a single size can still tell), min_bytes, max_bytes,
+    methods (distinct `rl.method` values).
     """
     pts = weight_sync_points(con, steps)
     return fit_bandwidth(pts["bytes"].to_numpy(float), pts["seconds"].to_numpy(float)) | {
@@ -121,19 +211,34 @@ def weight_sync_fit(con, steps: Steps = None) -> dict:
     }
 
 
+#: Payload explains less than this share of the mean sync time across the sizes seen: latency-bound.
+SIZE_EFFECT = 0.05
+
+
 def fit_bandwidth(nbytes: np.ndarray, seconds: np.ndarray) -> dict:
-    """The fit of `weight_sync_fit` on plain arrays."""
+    """The fit of `weight_sync_fit` on plain arrays.
+
+    The regime is decided by how much time the payload explains across the sizes seen (slope ×
+    size range) against the mean time and the residual noise, never by the sign of a slope
+    that is zero in theory and a rounding error in practice.
+    """
     n = len(nbytes)
-    out = {"n": int(n), "sizes": int(len(np.unique(nbytes))), "B_W": None, "t_0": None, "r2": None, "rmse_s": None}
+    out = {"n": int(n), "sizes": int(len(np.unique(nbytes))), "regime": None, "B_W": None, "t_0": None,
+           "r2": None, "rmse_s": None, "min_bytes": float(nbytes.min()) if n else None,
+           "max_bytes": float(nbytes.max()) if n else None}
     out["effective_B_W"] = float(nbytes.sum() / seconds.sum()) if n and seconds.sum() > 0 else None
     if n < 2 or out["sizes"] < 2:
         return out
-    design = np.column_stack([nbytes, np.ones(n)])
+    scale = float(nbytes.max())  # fit in units of the largest payload: a well-conditioned design
+    design = np.column_stack([nbytes / scale, np.ones(n)])
     (slope, intercept), *_ = np.linalg.lstsq(design, seconds, rcond=None)
     residual = seconds - design @ np.array([slope, intercept])
     spread = ((seconds - seconds.mean()) ** 2).sum()
-    out["t_0"] = float(intercept)
-    out["B_W"] = float(1.0 / slope) if slope > 0 else None
     out["rmse_s"] = float(np.sqrt((residual**2).mean()))
     out["r2"] = float(1.0 - (residual**2).sum() / spread) if spread > 0 else None
+    explained = slope * (nbytes.max() - nbytes.min()) / scale  # seconds the payload adds across the sizes seen
+    if explained > max(SIZE_EFFECT * seconds.mean(), 2 * out["rmse_s"]):
+        out["regime"], out["B_W"], out["t_0"] = "bandwidth", float(scale / slope), float(intercept)
+    else:
+        out["regime"], out["t_0"] = "latency", float(seconds.mean())
     return out

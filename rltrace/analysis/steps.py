@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from rltrace.analysis import _who, summary
-from rltrace.analysis._phases import stage
+from rltrace._phases import term as stage
 from rltrace.analysis._steps import Steps
 
 

@@ -5,21 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from rltrace._phases import STAGE_OF
 from rltrace.analysis import _who, summary
 from rltrace.analysis._format import seconds_text
 from rltrace.analysis._steps import Steps
 
-#: Phases rolled up to the stage a person names ("waited for train", not "for backward").
-GROUP_OF = {
-    "generate": "rollout",
-    "rollout": "rollout",
-    "reward": "reward",
-    "train": "train",
-    "forward": "train",
-    "backward": "train",
-    "optimizer": "train",
-    "weight_sync": "weight_sync",
-}
 UNTRACED = "untraced"  # waited while no busy span ran anywhere
 
 
@@ -52,7 +42,7 @@ def waits(con, steps: Steps = None) -> pd.DataFrame:
             "intervals": rows["count"],
         }
     )
-    out["waited_for_group"] = out["waited_for"].map(lambda p: GROUP_OF.get(p, p))
+    out["waited_for_group"] = out["waited_for"].map(lambda p: STAGE_OF.get(p, p))
     out = _who.label(out, con)
     cols = ["step", "process_id", "role", "rank", "kind", "in_phase", "waited_for", "waited_for_group",
             "waited_for_process", "seconds", "intervals"]

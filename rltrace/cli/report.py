@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--steps", metavar="A:B", help="only steps A to B inclusive (A:, :B or one step also work)")
     p.add_argument("--json", action="store_true", help="print the report as JSON with stable keys")
+    p.add_argument("--full", action="store_true", help="print every table (phases, steps, critical paths), not one screen")
     p.add_argument("--compare", metavar="OTHER_RUN", help="put another run side by side")
     p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable part files (with a warning)")
     p.set_defaults(func=main)
@@ -48,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.plain(data), indent=2))
         return 0
-    report.render(data, console)
+    report.render(data, console, full=args.full)
     if args.compare:
         report.render_compare(data["compare"]["rows"], data["run"]["name"], data["compare"]["run"]["name"], console)
     return 0

@@ -49,6 +49,9 @@ def environment(run_dir: Path, env: dict[str, str] | None = None) -> dict[str, s
     env["RLTRACE_RUN_DIR"] = str(run_dir.resolve())
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOTSTRAP)]
     env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), *rest])
+    from rltrace.integrations._load import CACHE_ENV, entry_points_cache
+
+    env[CACHE_ENV] = entry_points_cache()
     return env
 
 

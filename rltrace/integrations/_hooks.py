@@ -8,7 +8,6 @@ hooks; the module keeps its own loader and spec. A failing hook warns and never 
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import sys
 import threading
@@ -49,7 +48,7 @@ def _fire(name: str, module: ModuleType) -> None:
         _call(name, fn, module)
 
 
-class _HookLoader(importlib.abc.Loader):
+class _HookLoader:  # duck-typed: importlib.abc would import importlib.resources at start-up
     """Runs the real loader, puts it back on the module, then the hooks."""
 
     def __init__(self, loader, name: str):
@@ -70,7 +69,7 @@ class _HookLoader(importlib.abc.Loader):
         return getattr(self._loader, attr)
 
 
-class _PostImportFinder(importlib.abc.MetaPathFinder):
+class _PostImportFinder:
     def find_spec(self, fullname, path, target=None):
         if fullname not in _hooks:
             return None

@@ -4,16 +4,23 @@ Sources, in order: the package entry point group `rltrace.instrumentors` (each n
 `BaseInstrumentor` subclass, an object with `instrument()`, or a plain callable), then
 `RLTRACE_INSTRUMENTORS` ("module:attr,module:attr"). One that cannot be loaded or fails is one
 warning naming it; the others still load and the command still runs.
+
+`rltrace run` scans the entry points once and hands the list to the command's processes
+(`RLTRACE_ENTRY_POINTS`, tagged with the Python environment it holds for), so a process of the
+same environment starts without scanning every installed distribution.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import warnings
-from importlib import import_module, metadata
+from importlib import import_module
 
 GROUP = "rltrace.instrumentors"
 ENV = "RLTRACE_INSTRUMENTORS"
+CACHE_ENV = "RLTRACE_ENTRY_POINTS"
 
 _started = False
 
@@ -27,13 +34,37 @@ def _disabled() -> bool:
         return False  # a malformed value is reported by rltrace.init itself, once
 
 
+def _path_key() -> list[str]:
+    """sys.path without the script's folder and rltrace's start-up folder: where distributions are found."""
+    boot = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+    return [p for p in sys.path[1:] if os.path.abspath(p or os.curdir) != boot]
+
+
+def entry_points() -> list[tuple[str, str]]:
+    """(name, "module:attr") of the `rltrace.instrumentors` entry points of this environment."""
+    try:
+        cached = json.loads(os.environ.get(CACHE_ENV) or "null")
+        if cached and cached["prefix"] == sys.prefix and cached["path"] == _path_key():
+            return [tuple(ep) for ep in cached["entry_points"]]
+    except (ValueError, KeyError, TypeError):
+        pass
+    from importlib import metadata
+
+    return [(ep.name, ep.value) for ep in metadata.entry_points(group=GROUP)]
+
+
+def entry_points_cache() -> str:
+    """The value of RLTRACE_ENTRY_POINTS that lets processes of this environment skip the scan."""
+    return json.dumps({"prefix": sys.prefix, "path": _path_key(), "entry_points": entry_points()})
+
+
 def registered() -> list[tuple[str, str]]:
     """(name, "module:attr") of every instrumentor: entry points first, then RLTRACE_INSTRUMENTORS."""
     out, seen = [], set()
-    for ep in metadata.entry_points(group=GROUP):
-        if ep.value not in seen:
-            seen.add(ep.value)
-            out.append((ep.name, ep.value))
+    for name, value in entry_points():
+        if value not in seen:
+            seen.add(value)
+            out.append((name, value))
     for value in os.environ.get(ENV, "").split(","):
         value = value.strip()
         if value and value not in seen:

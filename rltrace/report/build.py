@@ -13,16 +13,10 @@ import numpy as np
 import pandas as pd
 
 from rltrace import analysis
+from rltrace._phases import COST_COLUMN, phases_of
 from rltrace.analysis._steps import Steps
 from rltrace.report import findings
 
-STAGE_COLUMNS = {"rollout": "t_rollout", "reward": "t_reward", "train": "t_T", "weight_sync": "t_W"}
-STAGE_PHASES = {
-    "rollout": ("rollout", "generate"),
-    "reward": ("reward",),
-    "train": ("train", "forward", "backward", "optimizer"),
-    "weight_sync": ("weight_sync",),
-}
 WAITS_PER_STEP = 3
 SPIKE_RATIO = 3.0  # an outlier step: a stage took at least this multiple of its median ...
 SPIKE_SHARE = 0.25  # ... and at least this share of the median step's wall time more than its median
@@ -60,9 +54,11 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "steps": step_rows,
         "phases": plain(phases),
         **{k: plain(summary.get(k)) for k in ("t_R", "t_T", "t_W", "t_reward", "t_rollout", "t_sync",
-                                               "async_bound", "async_speedup_bound")},
-        "async": plain({k: summary.get(k) for k in ("period_s", "achieved_speedup", "achieved_fraction", "overlapping")}),
-        "bottleneck": _bottleneck(con, steps, summary),
+                                               "async_bound", "async_speedup_bound", "recorded", "amortised")},
+        "async": plain({k: summary.get(k) for k in ("period_s", "stage_s", "concurrent_s", "achieved_speedup",
+                                                    "achieved_fraction", "overlapping")}),
+        "nested": plain(analysis.nested_stages(con, steps)),
+        "bottleneck": _bottleneck(con, steps, summary, costs),
         "outliers": _outliers(con, step_rows),
         "critical_path": plain(analysis.common_paths(con, steps)),
         "waits": plain(analysis.top_waits(con, steps, n=WAITS_PER_STEP)),
@@ -80,15 +76,19 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     return report
 
 
-def _bottleneck(con, steps: Steps, summary: dict) -> dict | None:
-    """The stage with the longest median time per step, where it ran and what to open next."""
-    medians = {stage: summary.get(col) for stage, col in STAGE_COLUMNS.items()}
-    medians = {k: v for k, v in medians.items() if v}
+def _bottleneck(con, steps: Steps, summary: dict, costs: pd.DataFrame) -> dict | None:
+    """The stage with the longest median time per step (amortised), where it ran, what to open
+    next, and the runner-up: when their interquartile ranges overlap the two are within noise."""
+    per_step = {stage: costs[col + "_amortised"].dropna() for stage, col in COST_COLUMN.items()}
+    medians = {k: float(v.median()) for k, v in per_step.items() if len(v) and v.median() > 0}
     if not medians:
         return None
-    stage = max(medians, key=medians.get)
+    ranked = sorted(medians, key=medians.get, reverse=True)
+    stage = ranked[0]
+    iqr = {k: [float(per_step[k].quantile(0.25)), float(per_step[k].quantile(0.75))] for k in ranked[:2]}
+    runner_up = ranked[1] if len(ranked) > 1 else None
     breakdown = analysis.phase_breakdown(con, steps)
-    mine = breakdown[breakdown["phase"].isin(STAGE_PHASES[stage])]
+    mine = breakdown[breakdown["phase"].isin(phases_of(stage))]
     by_process = mine.groupby("process_id")["seconds"].sum().sort_values(ascending=False)
     by_phase = mine.groupby("phase")["seconds"].sum().sort_values(ascending=False)
     process_id = by_process.index[0] if len(by_process) else None
@@ -98,6 +98,11 @@ def _bottleneck(con, steps: Steps, summary: dict) -> dict | None:
         "stage": stage,
         "median_s": medians[stage],
         "share": medians[stage] / wall if wall else None,
+        "iqr_s": iqr[stage],
+        "runner_up": runner_up,
+        "runner_up_median_s": medians.get(runner_up),
+        "runner_up_iqr_s": iqr.get(runner_up),
+        "within_noise": bool(runner_up and iqr[runner_up][1] >= iqr[stage][0]),
         "phase": by_phase.index[0] if len(by_phase) else stage,
         "process_id": process_id,
         "role": None if who is None else who["role"],
@@ -113,15 +118,15 @@ def _outliers(con, step_rows: list[dict]) -> list[dict]:
     if frame.empty:
         return []
     wall, out = frame["wall_s"].median(), []
-    for stage, col in STAGE_COLUMNS.items():
-        values = frame[col].dropna()
+    for stage, col in COST_COLUMN.items():
+        values = frame[col].dropna() if col in frame else pd.Series(dtype=float)
         if values.empty:
             continue
         median, worst = values.median(), values.idxmax()
         if values[worst] < SPIKE_RATIO * median or values[worst] - median < SPIKE_SHARE * wall:
             continue
         step = int(frame.loc[worst, "step"])
-        profiles = [p for phase in STAGE_PHASES[stage] for p in plain(analysis.for_phase(con, phase, (step, step)))]
+        profiles = [p for phase in phases_of(stage) for p in plain(analysis.for_phase(con, phase, (step, step)))]
         out.append({"stage": stage, "step": step, "seconds": values[worst], "median_s": median,
                     "steps_over": int((values >= SPIKE_RATIO * median).sum()), "profiles": profiles})
     return plain(out)
@@ -160,8 +165,12 @@ def _mismatch(con, steps: Steps) -> dict:
 def _reward(con, steps: Steps) -> dict:
     r = analysis.step_metrics(con, ["reward_mean"], steps)
     if r.empty:
-        return {"first": None, "last": None, "mean": None, "per_step": []}
+        return {"first": None, "last": None, "mean": None, "best": None, "best_step": None, "logged_as": None,
+                "per_step": []}
+    best = r["value"].idxmax()
     return plain({"first": r["value"].iloc[0], "last": r["value"].iloc[-1], "mean": r["value"].mean(),
+                  "best": r["value"][best], "best_step": r["step"][best], "first_step": r["step"].iloc[0],
+                  "last_step": r["step"].iloc[-1], "logged_as": sorted(set(r["logged_as"])),
                   "per_step": r[["step", "value"]]})
 
 

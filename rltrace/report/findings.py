@@ -9,13 +9,14 @@ from collections import defaultdict
 from rltrace.analysis._format import number_text as num
 from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
+from rltrace.analysis._format import size_text
 from rltrace.analysis.health import STALE_AFTER_S
 
 TAIL_SHARE = 0.25  # a long tail worth a sentence: this share of the step, median over steps
 STRAGGLER_FACTOR = 4.0  # a straggler worth a sentence: this many times the step's median length or time
 SYNC_SHARE = 0.25  # weight sync worth a sentence: this share of t_sync
 WAIT_SHARE = 0.10  # a wait worth a sentence: this share of the run's step time
-ALIGNMENT_GATE = 1e-6  # train_rollout_logprob_abs_diff below this: rollout and training agree (BRIEF)
+ALIGNMENT_GATE = 1e-6  # train_rollout_logprob_abs_diff below this: rollout and training agree exactly
 #: Per mismatch metric: its neutral value and the smallest change worth a sentence.
 MISMATCH_SCALE = {
     "train_rollout_logprob_abs_diff": (0.0, ALIGNMENT_GATE),
@@ -32,10 +33,15 @@ def _who(role, rank) -> str:
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_crashes, _hangs, _bottleneck, _outliers, _waits, _stragglers, _weight_sync, _async, _drops, _staleness,
-                 _mismatch):
+    for part in (_crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
+                 _async, _drops, _reward, _staleness, _mismatch):
         out.extend(part(r))
     return out
+
+
+def _term(r: dict, key: str) -> str:
+    """A cost-model figure in text: `not recorded` when the run has no such span (absent is not zero)."""
+    return "not recorded" if r.get(key) is None else sec(r[key])
 
 
 def _bottleneck(r: dict) -> list[str]:
@@ -44,16 +50,50 @@ def _bottleneck(r: dict) -> list[str]:
         return ["No step has rollout, reward, train or weight_sync spans: nothing to model."]
     where = f" on {_who(b['role'], b['rank'])}" if b.get("role") else ""
     share = f" ({b['share']:.0%} of a step)" if b.get("share") is not None else ""
+    rollout = "" if r.get("t_R") is None else f" (rollout {sec(r['t_rollout'])} + reward {sec(r['t_reward'])})"
     text = (
         f"Bottleneck: {b['stage']}{where}, median {sec(b['median_s'])} per step{share}; "
-        f"t_R = {sec(r['t_R'])} (rollout {sec(r['t_rollout'])} + reward {sec(r['t_reward'])}), "
-        f"t_T = {sec(r['t_T'])}, t_W = {sec(r['t_W'])}."
+        f"t_R = {_term(r, 't_R')}{rollout}, t_T = {_term(r, 't_T')}, t_W = {_term(r, 't_W')}."
     )
     if b.get("phase") and b["phase"] != b["stage"]:
         text += f" Its largest phase is {b['phase']}."
     out = [text]
+    if b.get("within_noise"):
+        (a0, a1), (b0, b1) = b["iqr_s"], b["runner_up_iqr_s"]
+        out.append(
+            f"{b['stage']} and {b['runner_up']} are within noise of each other: {sec(b['median_s'])} vs "
+            f"{sec(b['runner_up_median_s'])} median per step, middle half of steps {sec(a0)}–{sec(a1)} vs "
+            f"{sec(b0)}–{sec(b1)}; look at both."
+        )
     for p in b.get("profiles") or []:
         out.append(f"Profile of a slow {b['phase']} span (step {p['step']}): {p['kind']} {p['profile_id']} at {p['path']}.")
+    return out
+
+
+def _nested(r: dict) -> list[str]:
+    """Once: stages that ran inside another stage on its thread, and what the outer one keeps."""
+    out, by_outer = [], defaultdict(list)
+    for n in r.get("nested") or []:
+        by_outer[n["outer"]].append(n["inner"])
+    own = {"rollout": r.get("t_rollout"), "reward": r.get("t_reward"), "train": r.get("t_T"), "weight_sync": r.get("t_W")}
+    for outer, inner in by_outer.items():
+        names = " and ".join(sorted(set(inner)))
+        verb = "runs" if len(set(inner)) == 1 else "run"
+        out.append(
+            f"{names} {verb} inside {outer} on the same thread; each instant counts once, for the innermost stage, "
+            f"so {outer} counts its own {_term({'x': own.get(outer)}, 'x')} per step."
+        )
+    return out
+
+
+def _amortised(r: dict) -> list[str]:
+    names = {"t_R": "rollout and reward", "t_T": "train", "t_W": "weight sync", "t_reward": "reward"}
+    out = []
+    for col, k in (r.get("amortised") or {}).items():
+        if col == "t_reward" and "t_R" in r["amortised"]:
+            continue
+        out.append(f"{names.get(col, col)} runs every {k} steps: each run's time is spread over the {k} steps it "
+                   f"serves ({col} = {_term(r, col)} per step).")
     return out
 
 
@@ -118,16 +158,21 @@ def _stragglers(r: dict) -> list[str]:
 
 def _weight_sync(r: dict) -> list[str]:
     fit, out = r["weight_sync_fit"], []
-    if fit.get("B_W"):
+    if fit.get("regime") == "bandwidth":
         quality = f" (R² {fit['r2']:.2f})" if fit.get("r2") is not None else ""
         out.append(f"Weight sync fit over {fit['n']} syncs: B_W = {rate_text(fit['B_W'])}, t_0 = {sec(fit['t_0'])}{quality}.")
+    elif fit.get("regime") == "latency":
+        out.append(
+            f"Weight sync time does not grow with payload over {fit['n']} syncs of {fit['sizes']} sizes "
+            f"({size_text(fit['min_bytes'])} to {size_text(fit['max_bytes'])}): latency-bound, "
+            f"t_0 ≈ {sec(fit['t_0'])}; bandwidth is not what limits it."
+        )
     elif fit.get("effective_B_W"):
-        sizes = "one payload size" if fit["sizes"] == 1 else f"{fit['sizes']} payload sizes"
         out.append(
             f"Weight sync moved {rate_text(fit['effective_B_W'])} on average over {fit['n']} syncs "
-            f"({sizes}: B_W and t_0 need several sizes to separate)."
+            "(one payload size: B_W and t_0 need several sizes to separate)."
         )
-    if r["t_sync"] and r["t_W"] / r["t_sync"] >= SYNC_SHARE:
+    if r["t_sync"] and r["t_W"] is not None and r["t_W"] / r["t_sync"] >= SYNC_SHARE:
         out.append(
             f"Weight sync takes {r['t_W'] / r['t_sync']:.0%} of the synchronous step (t_W = {sec(r['t_W'])}): "
             "the cost to fix first."
@@ -139,20 +184,23 @@ def _async(r: dict) -> list[str]:
     a = r["async"]
     if not r["t_sync"] or not r["async_speedup_bound"]:
         return []
-    if a.get("overlapping") and a.get("period_s"):
+    used = [k for k in ("t_R", "t_T", "t_W") if k in (r.get("recorded") or [])]
+    missing = [k for k in ("t_R", "t_T", "t_W") if k not in used]
+    terms = f" ({', '.join(missing)} not recorded, left out)" if missing else ""
+    bound = f"max(t_R, t_T) + t_W = {sec(r['async_bound'])} ({r['async_speedup_bound']:.2f}x){terms}"
+    if a.get("overlapping"):
         text = (
-            f"Stages overlap (async): measured step period {sec(a['period_s'])} against "
-            f"t_sync = {sec(r['t_sync'])}, a {a['achieved_speedup']:.2f}x speed-up"
+            f"Stages overlap (measured): two stages ran at once for {sec(a['concurrent_s'])} of "
+            f"{sec(a['stage_s'])} of stage time, a {a['achieved_speedup']:.2f}x speed-up over running them one after another"
         )
-        bound = f"max(t_R, t_T) + t_W = {sec(r['async_bound'])} ({r['async_speedup_bound']:.2f}x)"
         if a["achieved_speedup"] > r["async_speedup_bound"]:
-            return [(f"{text}, beyond the seed's bound {bound}: stages overlap more than it assumes "
+            return [(f"{text}, beyond the async bound {bound}: stages overlap more than it assumes "
                      "(e.g. weight sync with generation).")]
         gain = r["async_speedup_bound"] / a["achieved_speedup"]
-        return [f"{text}; the seed's bound {bound} leaves at most {gain:.2f}x to gain."]
+        return [f"{text}; the async bound {bound} leaves at most {gain:.2f}x to gain."]
     return [(
-        f"Async could at best bring a step from t_sync = {sec(r['t_sync'])} to max(t_R, t_T) + t_W = "
-        f"{sec(r['async_bound'])} ({r['async_speedup_bound']:.2f}x, an optimistic bound)."
+        f"Stages ran one after another (no measured overlap): async could at best bring a step from "
+        f"t_sync = {sec(r['t_sync'])} to {bound}, an optimistic bound."
     )]
 
 
@@ -164,11 +212,22 @@ def crash_sentence(c: dict) -> str:
     message = (c.get("message") or "").strip().splitlines()
     text = f"{c['exc_type']}: {message[0][:300]}" if message else c["exc_type"]
     after = "; the process went on" if c.get("kind") == "thread" else ""
+    if c["exc_type"] == "KeyboardInterrupt":
+        return f"{who} was interrupted (Ctrl-C){where}."
     return f"{who} crashed{where}: {text}{after}."
 
 
 def _crashes(r: dict) -> list[str]:
     return [crash_sentence(c) for c in r.get("crashes") or []]
+
+
+def _reward(r: dict) -> list[str]:
+    w = r.get("reward") or {}
+    if w.get("first") is None:
+        return []
+    logged = f" (logged as {', '.join(w['logged_as'])})" if w.get("logged_as") and w["logged_as"] != ["reward_mean"] else ""
+    return [f"Reward went from {num(w['first'])} at step {w['first_step']} to {num(w['last'])} at step {w['last_step']}; "
+            f"best {num(w['best'])} at step {w['best_step']}{logged}."]
 
 
 def _hangs(r: dict) -> list[str]:

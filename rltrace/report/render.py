@@ -16,6 +16,7 @@ from rltrace.analysis._format import seconds_text as sec
 
 MAX_STEP_ROWS = 30
 MAX_WAIT_ROWS = 10
+SHORT_ROWS = 3  # rows of the waits and stragglers tables in the default (one-screen) report
 _UNIT = re.compile(r"(\d) (ns|µs|ms|s|min|h|B/s|kB/s|MB/s|GB/s|TB/s)\b")
 
 
@@ -43,7 +44,9 @@ def _table(title: str, columns: list[str]) -> Table:
     return t
 
 
-def render(r: dict, console: Console) -> None:
+def render(r: dict, console: Console, *, full: bool = False) -> None:
+    """The report: by default what fits a screen (findings, cost model, quality, the top waits and
+    stragglers, open spans); `full=True` adds every table (phases, steps, critical paths)."""
     run = r.get("run", {})
     steps = r["steps"]
     span = f"steps {steps[0]['step']}–{steps[-1]['step']} ({len(steps)})" if steps else "no steps"
@@ -55,28 +58,56 @@ def render(r: dict, console: Console) -> None:
         findings.add_row(" •", _keep_units(sentence))
     console.print(findings)
     console.print(_cost_model(r))
-    console.print(_phases(r))
-    console.print(_steps(steps))
-    for table in (_waits(r), _paths(r), _stragglers(r), _open_spans(r)):
+    quality = _quality(r)
+    if quality is not None:
+        console.print(quality)
+    rows = None if full else SHORT_ROWS
+    tables = [_waits(r, rows), _stragglers(r, rows), _open_spans(r)]
+    if full:
+        tables = [_phases(r), _steps(steps), tables[0], _paths(r), *tables[1:]]
+    for table in tables:
         if table is not None:
             console.print(table)
+    if not full:
+        console.print("[dim]--full: every table (phases, steps, critical paths); --json: every number[/]")
+
+
+def _term(r: dict, key: str) -> str:
+    return "not recorded" if r.get(key) is None else sec(r[key])
 
 
 def _cost_model(r: dict) -> Table:
     a = r["async"]
     t = _table("Cost model (median per step)", ["", "time", "what"])
-    t.add_row("t_R", sec(r["t_R"]), f"rollout {sec(r['t_rollout'])} + reward {sec(r['t_reward'])}")
-    t.add_row("t_T", sec(r["t_T"]), "train")
-    t.add_row("t_W", sec(r["t_W"]), "weight sync")
+    every = r.get("amortised") or {}
+    note = {k: f", runs every {v} steps (spread)" for k, v in every.items()}
+    rollout = "" if r.get("t_R") is None else f"rollout {sec(r['t_rollout'])} + reward {sec(r['t_reward'])}"
+    t.add_row("t_R", _term(r, "t_R"), rollout + note.get("t_R", ""))
+    t.add_row("t_T", _term(r, "t_T"), "train" + note.get("t_T", ""))
+    t.add_row("t_W", _term(r, "t_W"), "weight sync" + note.get("t_W", ""))
     t.add_row("t_sync", sec(r["t_sync"]), "t_R + t_T + t_W: one synchronous step")
     bound = r["async_speedup_bound"]
     t.add_row("async bound", sec(r["async_bound"]),
               "max(t_R, t_T) + t_W" + ("" if bound is None else f": at best {bound:.2f}x"))
-    if a.get("period_s"):
-        achieved = f": {a['achieved_speedup']:.2f}x t_sync" if a.get("achieved_speedup") else ""
-        t.add_row("period", sec(a["period_s"]), f"measured, between step ends{achieved}")
+    if a.get("achieved_speedup"):
+        t.add_row("achieved", f"{a['achieved_speedup']:.2f}x",
+                  "measured: stage time / time with any stage running")
     t.columns[2].justify = "left"
     return t
+
+
+def _quality(r: dict) -> Table | None:
+    """Reward (first → last, best step), mismatch and staleness in one small table."""
+    t = _table("Reward, mismatch, staleness", ["", "first", "last", "best / max", "at step"])
+    w = r.get("reward") or {}
+    if w.get("first") is not None:
+        t.add_row("reward", num(w["first"]), num(w["last"]), num(w["best"]), str(w["best_step"]))
+    for m in r["mismatch"]["trends"]:
+        t.add_row(m["metric"], num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
+    s = r["staleness"]
+    if s.get("max") is not None:
+        t.add_row("staleness", "", f"mean {num(s['mean'])}", num(s["max"]), "")
+    return t if t.row_count else None
 
 
 def _phases(r: dict) -> Table:
@@ -87,17 +118,28 @@ def _phases(r: dict) -> Table:
 
 
 def _steps(steps: list[dict]) -> Table:
-    t = _table("Steps", ["step", "wall", "t_R", "t_T", "t_W", "tail", "spans"])
+    t = _table("Steps (amortised share in brackets)", ["step", "wall", "t_R", "t_T", "t_W", "tail", "spans"])
     for s in steps[-MAX_STEP_ROWS:]:
-        t.add_row(str(s["step"]), sec(s["wall_s"]), sec(s["t_R"]), sec(s["t_T"]), sec(s["t_W"]), sec(s["tail_s"]),
+        t.add_row(str(s["step"]), sec(s["wall_s"]), _both(s, "t_R"), _both(s, "t_T"), _both(s, "t_W"), sec(s["tail_s"]),
                   str(s["spans"]))
     if len(steps) > MAX_STEP_ROWS:
         t.caption = f"last {MAX_STEP_ROWS} of {len(steps)} steps (--json for all)"
     return t
 
 
-def _waits(r: dict) -> Table | None:
-    waits = sorted(r["waits"], key=lambda w: -w["seconds"])[:MAX_WAIT_ROWS]
+def _both(s: dict, col: str) -> str:
+    """A step's recorded time, and its amortised share when the stage runs every few steps."""
+    raw, spread = s.get(col), s.get(col + "_amortised")
+    if raw is not None and spread is not None and abs(raw - spread) > 1e-12:
+        return f"{sec(raw)} ({sec(spread)})"
+    if raw is None and spread is not None:
+        return f"({sec(spread)})"
+    return sec(raw)
+
+
+def _waits(r: dict, rows: int | None = None) -> Table | None:
+    limit = rows or MAX_WAIT_ROWS
+    waits = sorted(r["waits"], key=lambda w: -w["seconds"])[:limit]
     if not waits:
         return None
     t = _table("Longest waits", ["step", "process", "in", "waited for", "on", "time", "share"])
@@ -107,8 +149,8 @@ def _waits(r: dict) -> Table | None:
                   sec(w["seconds"]), _pct(w["share"]))
     for col in t.columns[1:5]:
         col.justify = "left"
-    if len(r["waits"]) > MAX_WAIT_ROWS:
-        t.caption = f"{MAX_WAIT_ROWS} longest of {len(r['waits'])} (--json for all)"
+    if len(r["waits"]) > limit:
+        t.caption = f"{limit} longest of {len(r['waits'])} (--full or --json for more)"
     return t
 
 
@@ -121,11 +163,14 @@ def _paths(r: dict) -> Table | None:
     return t
 
 
-def _stragglers(r: dict) -> Table | None:
+def _stragglers(r: dict, rows: int | None = None) -> Table | None:
     if not r["stragglers"]:
         return None
+    limit = rows or 10
     t = _table("Stragglers", ["step", "sample", "length", "x median", "gen time", "x median", "after median"])
-    for s in r["stragglers"][:10]:
+    if len(r["stragglers"]) > limit:
+        t.caption = f"{limit} of {len(r['stragglers'])} (--full or --json for more)"
+    for s in sorted(r["stragglers"], key=lambda x: -(x.get("after_median_s") or 0))[:limit]:
         t.add_row(str(s["step"]), str(s["sample_id"]), num(s["response_len"]), _times(s["len_ratio"]),
                   sec(s["gen_s"]), _times(s["time_ratio"]), sec(s["after_median_s"]))
     return t

@@ -87,6 +87,50 @@ def test_env_var_instrumentors_follow_entry_points(monkeypatch):
     names = [value for _, value in registered()]
     assert names[-2:] == ["a.b:C", "x:y"]
     monkeypatch.setenv("RLTRACE_INSTRUMENTORS", "json:loads.__name__")  # not callable
-    monkeypatch.setattr("rltrace.integrations._load.metadata.entry_points", lambda group: [])
+    monkeypatch.setattr("rltrace.integrations._load.entry_points", lambda: [])
     with pytest.warns(RuntimeWarning, match="neither callable nor has an instrument"):
         assert load_instrumentors() == []
+
+
+class _Deferred(BaseInstrumentor):
+    target = "rlt_hookdemo_deferred"
+    deps: tuple = ()
+    patched: list = []
+
+    def instrumentation_dependencies(self):
+        return self.deps
+
+    def _instrument(self, **kwargs):
+        self.patched.append(sys.modules[self.target].NAME)
+
+    def _uninstrument(self, **kwargs):
+        self.patched.append("undone")
+
+
+def test_with_a_target_the_check_and_patch_wait_for_its_import(module_dir):
+    (module_dir / "rlt_hookdemo_deferred.py").write_text("NAME = 'lib'\n")
+    demo = _Deferred()
+    demo.deps = ("packaging < 1",)  # a conflict, but nothing is said until the library is used
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert demo.instrument() is True
+    assert demo.patched == []
+    with pytest.warns(RuntimeWarning, match="_Deferred not applied"):
+        importlib.import_module("rlt_hookdemo_deferred")
+    assert demo.patched == [] and not demo.is_instrumented
+    demo.deps = ()
+    assert demo.instrument() is True and demo.patched == ["lib"]  # already imported: patched at once
+    demo.uninstrument()
+    assert demo.patched == ["lib", "undone"]
+
+
+def test_loading_the_hf_instrumentor_does_not_import_transformers():
+    import subprocess
+
+    from ..conftest import PYTHON, python_env
+
+    code = ("import sys; from rltrace.integrations.hf import HFInstrumentor; HFInstrumentor().instrument(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'torch', 'pyarrow')))")
+    out = subprocess.run([PYTHON, "-c", code], env=python_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

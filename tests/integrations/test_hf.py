@@ -1,0 +1,99 @@
+"""`RltraceCallback` and `HFInstrumentor` on a real Hugging Face Trainer (tiny Llama, CPU, no download)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("datasets")
+
+import rltrace  # noqa: E402
+from rltrace import report, store  # noqa: E402
+from rltrace.integrations.hf import HFInstrumentor, RltraceCallback  # noqa: E402
+
+from ..conftest import PYTHON, REPO, python_env  # noqa: E402
+from .hf_train import make_trainer  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+def spans(run_dir) -> list[dict]:
+    cur = store.open(run_dir).execute("SELECT * FROM spans ORDER BY start_ns")
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def test_callback_records_optimizer_steps_from_zero_with_their_metrics(run_dir, tmp_path):
+    trainer = make_trainer(steps=3, callbacks=[RltraceCallback(str(run_dir))], output_dir=str(tmp_path / "out"))
+    trainer.train()
+    rltrace.shutdown()
+    rows = spans(run_dir)
+    steps = [r for r in rows if r["name"] == "step"]
+    assert [(s["step"], s["weight_version"]) for s in steps] == [(0, 0), (1, 1), (2, 2)]
+    assert len(steps) == trainer.state.global_step
+    assert all(json.loads(s["attributes"])["rl.world_size"] == 1 and s["rank"] == 0 and s["role"] == "trainer"
+               for s in steps)
+    opt = [r for r in rows if r["name"] == "optimizer"]
+    assert [o["parent_span_id"] for o in opt] == [s["span_id"] for s in steps]
+    assert [o["step"] for o in opt] == [0, 1, 2]
+    for o, s in zip(opt, steps):
+        assert s["start_ns"] <= o["start_ns"] <= o["end_ns"] <= s["end_ns"]
+    assert not any(r["is_open"] or r["status"] == "ERROR" for r in rows)
+    con = store.open(run_dir)
+    losses = con.execute("SELECT step, value FROM metrics WHERE name = 'loss' ORDER BY step").fetchall()
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert losses == [(h["step"] - 1, pytest.approx(h["loss"])) for h in logged] and [s for s, _ in losses] == [0, 1, 2]
+
+
+def test_instrumentor_adds_the_callback_and_a_raising_step_ends_with_the_error(run_dir, tmp_path, monkeypatch):
+    import transformers.trainer
+
+    monkeypatch.setenv("RLTRACE_RUN_DIR", str(run_dir))
+    original = transformers.trainer.Trainer.__init__
+    instrumentor = HFInstrumentor()
+    assert instrumentor.instrument()
+    try:
+        trainer = make_trainer(steps=3, raise_at=1, output_dir=str(tmp_path / "out"))
+        assert sum(isinstance(cb, RltraceCallback) for cb in trainer.callback_handler.callbacks) == 1
+        with pytest.raises(RuntimeError, match="loss is NaN"):
+            trainer.train()
+    finally:
+        instrumentor.uninstrument()
+    assert transformers.trainer.Trainer.__init__ is original
+    rltrace.shutdown()
+    steps = [r for r in spans(run_dir) if r["name"] == "step"]
+    assert [(s["step"], s["status"], s["is_open"]) for s in steps] == [(0, "UNSET", False), (1, "ERROR", False)]
+    assert steps[1]["status_message"] == "RuntimeError: loss is NaN"
+
+
+def pyproject_entry_points(site: Path) -> Path:
+    """A dist-info declaring this checkout's `rltrace.instrumentors` entry points, as an install would."""
+    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["rltrace.instrumentors"]
+    dist = site / "rltrace_checkout-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rltrace-checkout\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[rltrace.instrumentors]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    return site
+
+
+@pytest.mark.slow
+def test_rltrace_run_traces_an_unmodified_trainer_script_and_its_crash(run_dir, tmp_path):
+    env = python_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(pyproject_entry_points(tmp_path / "site")), env["PYTHONPATH"]])
+    out = subprocess.run([PYTHON, "-m", "rltrace", "run", "--run-dir", str(run_dir), "--", PYTHON,
+                          str(HERE / "hf_train.py"), "--steps", "3", "--raise-at", "2"],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "RuntimeError: loss is NaN" in out.stderr
+    steps = [r for r in spans(run_dir) if r["name"] == "step"]
+    assert [(s["step"], s["status"]) for s in steps] == [(0, "UNSET"), (1, "UNSET"), (2, "ERROR")]
+    said = report.build(store.open(run_dir))["findings"]
+    assert said[0] == "trainer0 crashed at step 2 in `step`: RuntimeError: loss is NaN."
+    assert not any("Open span" in s for s in said)
