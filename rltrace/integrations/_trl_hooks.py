@@ -43,6 +43,8 @@ class Hooks:
         self.recorder: tb.LogprobRecorder | None = None
         self.own_metrics: dict[int, set[str]] = {}
         self.freezing = None
+        self._added_hf = None
+        self.last_step = -1  # the last optimizer step ended (TRL's logs are stored at it)
         if freeze is not None or resolve("freeze_every", None):
             from rltrace.integrations.trl_replay import FreezeHook
 
@@ -91,6 +93,25 @@ class Hooks:
         if hasattr(t, "evaluate"):
             self._patch(t, "evaluate", lambda orig: rltrace.phase("eval")(orig))
         t.add_callback(_make_callback(self))
+        self._hf_callback()
+
+    def _hf_callback(self) -> None:
+        """`step`/`optimizer` spans and TRL's logs come from rltrace.integrations.hf.RltraceCallback
+        (added unless `rltrace run` already did); TRL's names are mapped to rltrace's on the way."""
+        from rltrace.integrations.hf import RltraceCallback
+
+        t = self.trainer
+        callback = next((cb for cb in t.callback_handler.callbacks if isinstance(cb, RltraceCallback)), None)
+        if callback is None:
+            callback = RltraceCallback()
+            t.add_callback(callback)
+            self._added_hf = callback
+        original = callback.metrics
+
+        def metrics(logs):
+            return self.rename(original(logs))
+
+        self._patch(callback, "metrics", lambda orig: metrics)
 
     def uninstall(self) -> None:
         for obj, name, had_own, old in reversed(self._restore):
@@ -103,7 +124,7 @@ class Hooks:
                     pass
         self._restore.clear()
         for cb in list(self.trainer.callback_handler.callbacks):
-            if getattr(cb, "_rltrace_hooks", None) is self:
+            if getattr(cb, "_rltrace_hooks", None) is self or cb is self._added_hf:
                 self.trainer.remove_callback(cb)
 
     def _wrap_reward_funcs(self) -> None:
@@ -404,19 +425,16 @@ class Hooks:
             self.freezing.close()
         rltrace.flush()
 
-    def forward_logs(self, step: int, logs: dict) -> None:
-        """TRL's logged numbers as step metrics, under rltrace's names where one exists."""
-        own = self.own_metrics.get(step, set())
-        values = {}
-        for key, value in logs.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
+    def rename(self, values: dict) -> dict:
+        """TRL's logged numbers under rltrace's names where one exists (METRIC_NAMES)."""
+        own = self.own_metrics.get(self.last_step, set())
+        out = {}
+        for key, value in values.items():
             name = METRIC_NAMES.get(key, key)
             if name in own and name != key:
                 name = key  # we measured it ourselves this step: keep TRL's figure under TRL's name
-            values[name] = value
-        if values:
-            rltrace.log_metrics(step, **values)
+            out[name] = value
+        return out
 
 
 def _strip(inputs):
@@ -470,7 +488,7 @@ def _module_phase(module, span_name: str, name: str) -> None:
 
 
 def _make_callback(hooks: Hooks):
-    """A TrainerCallback that ends each step's bookkeeping and forwards TRL's logs."""
+    """A TrainerCallback that ends each step's bookkeeping (mismatch metrics, samples, frozen batches)."""
     base = _callback_base()
 
     class _TrlCallback(base):
@@ -485,16 +503,10 @@ def _make_callback(hooks: Hooks):
 
         def on_step_end(self, args, state, control, **kwargs):
             try:
-                hooks.end_step(state.global_step - 1)  # HF has already counted the finished step
+                hooks.last_step = state.global_step - 1  # HF has already counted the finished step
+                hooks.end_step(hooks.last_step)
             except Exception:
                 _fault("ending a TRL step")
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            try:
-                if logs:
-                    hooks.forward_logs(max(state.global_step - 1, 0), logs)
-            except Exception:
-                _fault("forwarding TRL logs")
 
         def on_train_end(self, args, state, control, **kwargs):
             try:

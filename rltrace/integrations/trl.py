@@ -143,7 +143,7 @@ _MODULES = {"GRPOTrainer": "trl.trainer.grpo_trainer", "RLOOTrainer": "trl.train
 
 def _patch_train(cls) -> None:
     """`cls.train` instruments its trainer first (into RLTRACE_RUN_DIR), then trains."""
-    if getattr(cls.train, "_rltrace_original", None) is not None:
+    if getattr(cls.__dict__.get("train"), "_rltrace_trl", False):
         return
     original = cls.train
 
@@ -154,7 +154,7 @@ def _patch_train(cls) -> None:
             _fault("instrumenting a TRL trainer")
         return original(self, *args, **kwargs)
 
-    train.__doc__, train.__name__, train._rltrace_original = original.__doc__, "train", original
+    train.__doc__, train.__name__, train._rltrace_original, train._rltrace_trl = original.__doc__, "train", original, True
     cls.train = train
 
 
@@ -174,6 +174,9 @@ class TRLInstrumentor(BaseInstrumentor):
 
         for name, module in _MODULES.items():
             cls = getattr(sys.modules.get(module), name, None)
-            original = getattr(getattr(cls, "train", None), "_rltrace_original", None)
-            if original is not None:
-                cls.train = original
+            train = cls.__dict__.get("train") if cls is not None else None
+            if getattr(train, "_rltrace_trl", False):
+                if train._rltrace_original is getattr(super(cls, cls), "train", None):
+                    delattr(cls, "train")  # it was inherited
+                else:
+                    cls.train = train._rltrace_original

@@ -59,8 +59,9 @@ def test_steps_start_at_zero_and_match_optimizer_steps(run1):
     s = spans(run_dir)
     steps = list(range(trainer.state.global_step))
     assert steps == [0, 1, 2]
-    for phase in ("rollout", "generate", "reward", "train"):
+    for phase in ("step", "optimizer", "rollout", "generate", "reward", "train"):
         assert sorted(s[s.phase == phase].step.unique()) == steps, phase
+    assert sorted(s[s.phase == "step"].step) == steps  # one step span per optimizer step (HF callback)
     assert (s[s.phase == "rollout"].weight_version == s[s.phase == "rollout"].step).all()
     con = store.open(run_dir)
     loss_steps = [r[0] for r in con.execute("SELECT step FROM metrics WHERE name = 'loss' ORDER BY step").fetchall()]
