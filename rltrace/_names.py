@@ -149,7 +149,7 @@ METRICS_SCHEMA = pa.schema(
     ]
 )
 
-#: Samples always carry these; the brief's columns and the user's extras follow.
+#: Samples always carry these; the per-sample columns above and the user's extras follow.
 SAMPLES_SCHEMA = pa.schema(
     [
         pa.field("step", pa.int64()),

@@ -1,1 +1,1 @@
-"""The dashboard: Streamlit over DuckDB (issue 7)."""
+"""The dashboard: Streamlit over DuckDB."""

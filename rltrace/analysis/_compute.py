@@ -62,6 +62,7 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
     sync_method.
     """
     spans = spans.reset_index(drop=True)
+    phases = pd.factorize(spans["phase"])
     parent_row = pd.Series(np.arange(len(spans)), index=spans["span_id"])
     parent_row = parent_row[~parent_row.index.duplicated()]
     prow = spans["parent_span_id"].map(parent_row).fillna(-1).astype(np.int64).to_numpy()
@@ -82,7 +83,7 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
             total_ns=checks["total_ns"].to_numpy(),
         ),
         _phase_rows(spans[in_batch]),
-        *_stage_rows(spans, prow, in_batch),
+        *_stage_rows(spans, phases, prow, in_batch),
         _wait_rows(spans, checks, prow, busy, in_batch),
         _path_rows(spans, prow, busy, in_batch),
         _sync_rows(spans[in_batch]),
@@ -134,6 +135,14 @@ def _phase_rows(spans: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _lookup(phases: tuple, table: dict, default):
+    """`table[phase]` for every span, from `pd.factorize` of the phases (a per-row map is seconds at
+    1M spans); code -1 (no phase) gets the default."""
+    codes, names = phases
+    values = np.array([table.get(n, default) for n in names] + [default], dtype=object if default is None else None)
+    return values[codes]
+
+
 def _same_thread_parent(spans: pd.DataFrame, prow: np.ndarray) -> np.ndarray:
     """Parent row of each span when the parent ran on the same process and thread, else -1."""
     proc = pd.factorize(spans["process_id"])[0]
@@ -143,15 +152,14 @@ def _same_thread_parent(spans: pd.DataFrame, prow: np.ndarray) -> np.ndarray:
     return np.where(same, prow, -1)
 
 
-def _own_stage_time(spans: pd.DataFrame, prow: np.ndarray):
+def _own_stage_time(spans: pd.DataFrame, phases: tuple, prow: np.ndarray):
     """Each staged span's own time: its interval minus same-thread descendants of another stage.
 
     Returns (row, start, end) pieces for spans with a stage, and the (outer row, inner row) pairs
     that were taken out (every staged ancestor of another stage, so `train > forward > rollout`
     takes rollout out of both).
     """
-    stage_names = list(TERM_OF_STAGE)
-    code = spans["phase"].map({p: stage_names.index(st) for p, st in STAGE_OF.items()}).fillna(-1).to_numpy(np.int64)
+    code = _lookup(phases, {p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}, -1).astype(np.int64)
     up = _same_thread_parent(spans, prow)
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     inner = np.flatnonzero(code >= 0)
@@ -171,48 +179,50 @@ def _own_stage_time(spans: pd.DataFrame, prow: np.ndarray):
     return (rows[keep], a[keep], b[keep]), (outer, nested)
 
 
-def _stage_rows(spans: pd.DataFrame, prow: np.ndarray, in_batch: np.ndarray) -> list[pd.DataFrame]:
+_TAGS = (*TERMS, "reward")  # stage rows: the three cost terms, and reward on its own
+
+
+def _stage_rows(spans: pd.DataFrame, phases: tuple, prow: np.ndarray, in_batch: np.ndarray) -> list[pd.DataFrame]:
     """`stage` rows (R, T, W, reward: own-time unions), `nested` rows and `overlap` rows."""
     if spans.empty:
         return []
-    (rows, a, b), (outer, inner) = _own_stage_time(spans, prow)
-    phase = spans["phase"].to_numpy(object)
+    (rows, a, b), (outer, inner) = _own_stage_time(spans, phases, prow)
+    term = _lookup(phases, {p: TERMS.index(term_of(p)) for p in STAGE_OF}, -1).astype(np.int64)
+    reward = _lookup(phases, {"reward": True}, False).astype(bool)
     steps = spans["step"].to_numpy()
-    terms = np.array([term_of(p) for p in phase], object)
-    pieces = pd.DataFrame({"row": rows, "a": a, "b": b, "term": terms[rows], "step": steps[rows]})
-    mine = pieces[in_batch[rows]]
-    tagged = pd.concat(
-        [mine.assign(stage=mine["term"]), mine[phase[mine["row"].to_numpy()] == "reward"].assign(stage="reward")],
-        ignore_index=True,
-    )
+    mine = in_batch[rows]
+    r, pa_, pb = rows[mine], a[mine], b[mine]
+    both = np.concatenate([np.flatnonzero(term[r] >= 0), np.flatnonzero(reward[r])])
+    tag = np.concatenate([term[r][term[r] >= 0], np.full(int(reward[r].sum()), len(TERMS), np.int64)])
+    tagged = pd.DataFrame({"step": steps[r][both].astype(np.int64), "tag": tag, "row": r[both],
+                           "a": pa_[both], "b": pb[both]})
     out = []
     if len(tagged):
-        groups = tagged.groupby(["step", "stage"], sort=True)
-        codes = groups.ngroup().to_numpy()
-        covered = iv.total(codes, tagged["a"].to_numpy(), tagged["b"].to_numpy(), groups.ngroups)
+        groups = tagged.groupby(["step", "tag"], sort=True)
+        covered = iv.total(groups.ngroup().to_numpy(), tagged["a"].to_numpy(), tagged["b"].to_numpy(), groups.ngroups)
         dur = spans["end_ns"].to_numpy(np.int64) - spans["start_ns"].to_numpy(np.int64)
-        keys = groups.size().reset_index()[["step", "stage"]]
-        per_row = tagged.drop_duplicates(["step", "stage", "row"])
-        agg = per_row.assign(d=dur[per_row["row"].to_numpy()]).groupby(["step", "stage"], sort=True).agg(
-            count=("row", "size"), total_ns=("d", "sum"))
-        out.append(_rows("stage", step=keys["step"].to_numpy(), phase=keys["stage"].to_numpy(object),
+        per_row = tagged.drop_duplicates(["step", "tag", "row"])
+        agg = per_row.assign(d=dur[per_row["row"].to_numpy()]).groupby(["step", "tag"], sort=True).agg(
+            count=("row", "size"), total_ns=("d", "sum")).reset_index()
+        out.append(_rows("stage", step=agg["step"].to_numpy(), phase=np.array(_TAGS, object)[agg["tag"].to_numpy()],
                          seconds=covered / 1e9, count=agg["count"].to_numpy(), total_ns=agg["total_ns"].to_numpy()))
-    out.append(_nested_rows(spans, outer, inner, in_batch))
-    out.append(_overlap_rows(pieces, in_batch))
+    out.append(_nested_rows(spans, phases, outer, inner, in_batch))
+    out.append(_overlap_rows(rows, a, b, term[rows], steps, in_batch))
     return [f for f in out if len(f)]
 
 
-def _nested_rows(spans: pd.DataFrame, outer: np.ndarray, inner: np.ndarray, in_batch: np.ndarray) -> pd.DataFrame:
+def _nested_rows(spans: pd.DataFrame, phases: tuple, outer: np.ndarray, inner: np.ndarray,
+                 in_batch: np.ndarray) -> pd.DataFrame:
     """Per step, (outer stage, inner stage): how long the inner one ran inside the outer one."""
     keep = in_batch[outer]
     outer, inner = outer[keep], inner[keep]
     if not len(outer):
         return pd.DataFrame()
-    phase = spans["phase"].to_numpy(object)
+    stage = _lookup(phases, STAGE_OF, None)
     frame = pd.DataFrame({
         "step": spans["step"].to_numpy()[outer],
-        "outer": [STAGE_OF[p] for p in phase[outer]],
-        "inner": [STAGE_OF[p] for p in phase[inner]],
+        "outer": stage[outer],
+        "inner": stage[inner],
         "a": spans["start_ns"].to_numpy(np.int64)[inner],
         "b": spans["end_ns"].to_numpy(np.int64)[inner],
     })
@@ -223,29 +233,28 @@ def _nested_rows(spans: pd.DataFrame, outer: np.ndarray, inner: np.ndarray, in_b
                  other=keys["inner"].to_numpy(object), seconds=covered / 1e9, count=keys[0].to_numpy())
 
 
-def _overlap_rows(pieces: pd.DataFrame, in_batch: np.ndarray) -> pd.DataFrame:
+def _overlap_rows(rows, a, b, code, steps, in_batch) -> pd.DataFrame:
     """Per step and term X: time X's own intervals ran while another term ran anywhere."""
-    pieces = pieces[pieces["term"].notna()]
-    if pieces.empty:
+    staged = code >= 0
+    rows, a, b, code = rows[staged], a[staged], b[staged], code[staged]
+    if not len(rows):
         return pd.DataFrame()
-    term_codes = {t: i for i, t in enumerate(TERMS)}
-    code = pieces["term"].map(term_codes).to_numpy(np.int64)
-    a, b = pieces["a"].to_numpy(np.int64), pieces["b"].to_numpy(np.int64)
     # group k = "every term but k", built from all loaded spans (any step: async stages overlap across steps)
-    g = np.concatenate([np.full((code != k).sum(), k, np.int64) for k in range(len(TERMS))])
+    g = np.concatenate([np.full(int((code != k).sum()), k, np.int64) for k in range(len(TERMS))])
     s = np.concatenate([a[code != k] for k in range(len(TERMS))])
     e = np.concatenate([b[code != k] for k in range(len(TERMS))])
     others = iv.Coverage(g, s, e)
-    mine = pieces[in_batch[pieces["row"].to_numpy()]]
-    if mine.empty:
+    mine = in_batch[rows]
+    if not mine.any():
         return pd.DataFrame()
-    groups = mine.groupby(["step", "term"], sort=True)
-    ug, us, ue = iv.union(groups.ngroup().to_numpy(), mine["a"].to_numpy(), mine["b"].to_numpy())
+    frame = pd.DataFrame({"step": steps[rows[mine]].astype(np.int64), "term": code[mine]})
+    groups = frame.groupby(["step", "term"], sort=True)
+    ug, us, ue = iv.union(groups.ngroup().to_numpy(), a[mine], b[mine])
     keys = groups.size().reset_index()
-    term_of_group = keys["term"].map(term_codes).to_numpy(np.int64)
-    ns = others.between(term_of_group[ug], us, ue)
+    ns = others.between(keys["term"].to_numpy(np.int64)[ug], us, ue)
     total = np.bincount(ug, weights=ns.astype(np.float64), minlength=len(keys))
-    return _rows("overlap", step=keys["step"].to_numpy(), phase=keys["term"].to_numpy(object), seconds=total / 1e9)
+    return _rows("overlap", step=keys["step"].to_numpy(), phase=np.array(TERMS, object)[keys["term"].to_numpy()],
+                 seconds=total / 1e9)
 
 
 def _self_time(spans: pd.DataFrame, proc_codes: np.ndarray, prow: np.ndarray):
@@ -410,8 +419,11 @@ def _path_rows(spans, prow, busy, in_batch) -> pd.DataFrame:
     last_child = dict(zip(prow[kids[is_last]].tolist(), kids[is_last].tolist()))
     steps = spans["step"].to_numpy()
     out = []
-    for step in pd.unique(steps[top]):
-        idx = np.flatnonzero(top & (steps == step))
+    tops = np.flatnonzero(top)
+    tops = tops[np.argsort(steps[tops], kind="stable")]
+    cuts = np.flatnonzero(np.diff(steps[tops])) + 1  # one slice per step (no scan of every span per step)
+    for idx in np.split(tops, cuts) if len(tops) else []:
+        step = steps[idx[0]]
         idx = idx[np.lexsort((-(end[idx] - start[idx]), end[idx]))]  # by end, longer first on ties
         ends = end[idx]
         chain = [idx[-1]]

@@ -1,4 +1,4 @@
-"""Training-vs-rollout mismatch per step and its trend (BRIEF: precision and mismatch)."""
+"""Training-vs-rollout mismatch per step and its trend (how far the rollout engine's log-probs drift from the trainer's)."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ def compare(this: dict, other: dict) -> list[dict]:
     for key in ("t_R", "t_T", "t_W", "t_sync", "async_bound"):
         add(key, "s/step (median)", this[key], other[key])
     add("step period", "s (median)", this["async"]["period_s"], other["async"]["period_s"])
+    add("measured overlap", "x", this["async"]["achieved_speedup"], other["async"]["achieved_speedup"])
     phases_a = {p["phase"]: p["mean_s"] for p in this["phases"]}
     phases_b = {p["phase"]: p["mean_s"] for p in other["phases"]}
     for phase in sorted(set(phases_a) | set(phases_b), key=lambda p: -max(phases_a.get(p) or 0, phases_b.get(p) or 0)):

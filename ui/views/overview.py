@@ -1,4 +1,4 @@
-"""Overview: what the run is, where its step time goes (the report's sentences and the seed's
+"""Overview: what the run is, where its step time goes (the report's sentences and the async
 cost model), whether it is healthy, and how the runs given to the dashboard compare."""
 
 from __future__ import annotations
@@ -37,18 +37,26 @@ if findings:
 st.subheader("Cost model (median seconds per step)")
 cols = st.columns(6)
 speedup = report["async_speedup_bound"]
-cols[0].metric("t_R", style.seconds(report["t_R"]), help="rollout + reward: union of rollout, generate and reward spans per step")
-cols[1].metric("t_T", style.seconds(report["t_T"]), help="training: train, forward, backward, optimizer spans")
-cols[2].metric("t_W", style.seconds(report["t_W"]), help="weight sync spans")
+def term(key: str) -> str:
+    return "not recorded" if report[key] is None else style.seconds(report[key])
+
+
+every = report.get("amortised") or {}
+cols[0].metric("t_R", term("t_R"), help="rollout + reward: union of rollout, generate and reward spans per step "
+               "(own time: a stage nested in another counts once, for the innermost)"
+               + (f"; runs every {every['t_R']} steps, spread over them" if "t_R" in every else ""))
+cols[1].metric("t_T", term("t_T"), help="training: train, forward, backward, optimizer spans (own time)")
+cols[2].metric("t_W", term("t_W"), help="weight sync spans; not recorded when the run has none")
 cols[3].metric("t_sync", style.seconds(report["t_sync"]), help="t_R + t_T + t_W: one synchronous step")
 cols[4].metric("Async bound", style.seconds(report["async_bound"]),
                delta=None if style.missing(speedup) else f"≤ {speedup:.2f}× faster", delta_color="off",
-               help="max(t_R, t_T) + t_W: the seed's optimistic bound for fully async training")
-period = report["async"]["period_s"]
+               help="max(t_R, t_T) + t_W: the optimistic bound for fully async training (after slime's "
+                    "async analysis); terms not recorded are left out")
 achieved = report["async"]["achieved_speedup"]
-cols[5].metric("Measured step period", style.seconds(period),
-               delta=None if style.missing(achieved) else f"{achieved:.2f}× vs t_sync", delta_color="off",
-               help="median time between the ends of consecutive steps")
+cols[5].metric("Measured overlap", "–" if style.missing(achieved) else f"{achieved:.2f}×",
+               delta=None if style.missing(report["async"]["concurrent_s"]) else
+               f"{style.seconds(report['async']['concurrent_s'])} concurrent", delta_color="off",
+               help="stage time / time with any stage running: 1.00× when no two stages ever ran at once")
 
 per_step = pd.DataFrame(report["steps"])
 left, right = st.columns([3, 2])
@@ -62,7 +70,8 @@ with right:
     st.markdown("**Reward**")
     reward = pd.DataFrame(report["reward"]["per_step"])
     if reward.empty:
-        st.caption("No `reward_mean` logged (rltrace.log_metrics(step, reward_mean=...)).")
+        st.caption("No reward logged (rltrace.log_metrics(step, reward_mean=...); TRL's `reward`, verl's "
+                   "`critic/rewards/mean` and slime's `rollout/raw_reward` count too).")
     else:
         st.plotly_chart(charts.metric_lines({info["name"]: reward}, title="", y="reward_mean", height=320),
                         key="overview_reward")

@@ -26,8 +26,9 @@ if costs.empty:
 else:
     st.plotly_chart(charts.stage_times(costs), key="waits_stages")
     if summary.get("overlapping"):
-        st.caption(f"Steps overlap in time (async): the measured step period is {style.seconds(summary['period_s'])}, "
-                   f"so stacked stage times exceed the time a step really adds.")
+        st.caption(f"Stages ran at once for {style.seconds(summary['concurrent_s'])} of {style.seconds(summary['stage_s'])} "
+                   f"of stage time ({summary['achieved_speedup']:.2f}× measured overlap), so stacked stage times exceed "
+                   "the time a step really adds.")
 
 st.subheader("Who waits for what")
 waits = data.waits(run, steps)
@@ -84,7 +85,9 @@ else:
 
 st.subheader("Weight sync: t_W ≈ S_W / B_W + t_0")
 points, fit = data.weight_sync(run, steps)
-if points.empty:
+if summary.get("t_W") is None:
+    st.info("No weight sync recorded: nothing to fit (a run that generates with the trained module itself has none).")
+elif points.empty:
     st.info("No `weight_sync` span carries a payload size: record it with `rltrace.phase('weight_sync', bytes=n)`.")
 else:
     left, right = st.columns([3, 1])
@@ -94,7 +97,9 @@ else:
         st.metric("t_0", style.seconds(fit.get("t_0")), help="fitted fixed overhead per sync")
         st.metric("R²", style.number(fit.get("r2"), 2))
         st.metric("Syncs", f"{fit['n']} ({style.plural(fit['sizes'], 'size')})")
-        if not fit.get("B_W") and fit.get("effective_B_W"):
+        if fit.get("regime") == "latency":
+            st.caption("Sync time does not grow with payload over the sizes seen: latency-bound, t_0 is the mean time.")
+        elif not fit.get("B_W") and fit.get("effective_B_W"):
             st.caption(f"One payload size: effective {fit['effective_B_W'] / 1e9:.3g} GB/s. B_W and t_0 need several sizes.")
         if fit.get("methods"):
             st.caption("methods: " + ", ".join(fit["methods"]))
