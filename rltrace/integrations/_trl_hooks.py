@@ -17,13 +17,17 @@ from rltrace import _names
 from rltrace._config import resolve
 from rltrace.integrations import _trl_batch as tb
 from rltrace.integrations import trl as _public
-from rltrace.integrations.trl import METRIC_NAMES, _fault, _warn_once
+from rltrace.integrations.trl import _fault, _warn_once
 
 
 def _callback_base():
     from transformers import TrainerCallback
 
     return TrainerCallback
+
+#: TRL's logged names -> rltrace's (`reward` -> `reward_mean`, `sampling/...` -> the mismatch names):
+#: the aliases every reader of a run already accepts, applied once when TRL's logs are stored.
+METRIC_NAMES = {alias: name for name, aliases in _names.METRIC_ALIASES.items() for alias in aliases}
 
 
 class Hooks:
@@ -380,13 +384,17 @@ class Hooks:
         train = self.loss_logps
         if rollout is None or train is None:
             return
+        # Mismatch is the engine gap: log p of the trainer at the generation's weights. TRL computes
+        # those (old_per_token_logps) when a generation feeds later steps; else the loss's are them.
+        # Staleness is measured apart (samples' train_version - weight_version).
+        old = inputs.get("old_per_token_logps")
         mask = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask = mask * inputs["tool_mask"]
         cap = getattr(self.trainer, "vllm_importance_sampling_clip_max", None) or 2.0
-        self.sums.setdefault(step, tb.StepSums()).add(train, rollout, mask, cap, ids)
+        self.sums.setdefault(step, tb.StepSums()).add(train if old is None else old, rollout, mask, cap, ids)
         if self.freezing is not None:
-            self.freezing.trained(step, inputs, train)
+            self.freezing.trained(step, inputs, train)  # log p at v_t: what a replay at this step's checkpoint gives
 
     def end_step(self, step: int) -> None:
         """The optimizer step `step` is done: its mismatch metrics and the samples first trained on in it."""

@@ -34,16 +34,6 @@ HOOK_POINTS = (
     ("_get_per_token_logps_and_entropies", "reference/old log-prob train spans and mismatch metrics"),
     ("compute_loss", "train spans and mismatch metrics"),
 )
-#: TRL's logged names -> rltrace's (docs/integrations.md); other numeric logs keep TRL's name.
-METRIC_NAMES = {
-    "reward": "reward_mean",
-    "reward_std": "reward_std",
-    "completions/mean_length": "response_len_mean",
-    "loss": "loss",
-    "grad_norm": "grad_norm",
-    "sampling/sampling_logp_difference/mean": "train_rollout_logprob_abs_diff",
-    "sampling/importance_sampling_ratio/mean": "tis_mean",
-}
 _STATE = "_rltrace_trl"
 _warned: set[str] = set()
 
