@@ -1,6 +1,6 @@
 """What `rltrace.integrations.trl.instrument` costs a TRL GRPOTrainer step: instrumented vs plain.
 
-    python benchmarks/bench_trl_overhead.py [--rounds 6] [--steps 5]
+    python benchmarks/bench_trl_overhead.py [--rounds 6] [--steps 5] [--hidden 256 --layers 4 --completion 32]
 
 Two GRPOTrainers built identically (examples/trl_grpo.py: tiny Llama, CPU), one instrumented
 (tracing, samples, rollout log-probs, mismatch metrics; no frozen batches), one plain. They
@@ -39,6 +39,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="rounds per variant")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per round")
+    parser.add_argument("--hidden", type=int, default=None, help="model width (default: the example's, 64)")
+    parser.add_argument("--layers", type=int, default=2, help="transformer layers")
+    parser.add_argument("--completion", type=int, default=None, help="max_completion_length (default: the example's, 8)")
     args = parser.parse_args()
 
     import torch
@@ -70,7 +73,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trainers, timers = {}, {}
         for name in ("plain", "traced"):
-            trainer = trl_grpo.build_trainer(f"{tmp}/{name}", steps=args.steps)
+            trainer = trl_grpo.build_trainer(f"{tmp}/{name}", steps=args.steps, hidden=args.hidden or trl_grpo.HIDDEN,
+                                             layers=args.layers, max_completion=args.completion or trl_grpo.MAX_COMPLETION)
             trainer.args.log_level = "error"
             if name == "traced":
                 instrument(trainer, f"{tmp}/run")
@@ -85,7 +89,7 @@ def main() -> None:
             trainer.train()
         rltrace.shutdown()
 
-    isolated = isolated_step_cpu(trl_grpo, 200)
+    isolated = isolated_step_cpu(trl_grpo, 200, args.completion or trl_grpo.MAX_COMPLETION)
     skip = 1  # the first step of each round warms up caches
     rows = {}
     for name, timer in timers.items():
@@ -93,7 +97,8 @@ def main() -> None:
         cpu = [timer.cpu[i] for i in keep]
         wall = [timer.wall[i] for i in keep]
         rows[name] = (statistics.median(cpu), statistics.fmean(cpu), statistics.median(wall), statistics.fmean(wall), len(cpu))
-    table = Table(title=f"TRL GRPOTrainer step, {args.rounds} rounds x {args.steps} steps per variant (first step of each round dropped)")
+    size = f"hidden {args.hidden or trl_grpo.HIDDEN}, {args.layers} layers, {args.completion or trl_grpo.MAX_COMPLETION} tokens"
+    table = Table(title=f"TRL GRPOTrainer step ({size}), {args.rounds} rounds x {args.steps} steps per variant (first step of each round dropped)")
     for col in ("variant", "steps", "CPU median ms", "CPU mean ms", "wall median ms", "wall mean ms"):
         table.add_column(col, justify="right" if col != "variant" else "left")
     for name, (cm, ca, wm, wa, n) in rows.items():
@@ -109,14 +114,14 @@ def main() -> None:
                   f"({len(timers['plain'].losses)} logged steps each)")
 
 
-def isolated_step_cpu(trl_grpo, n: int) -> float:
+def isolated_step_cpu(trl_grpo, n: int, completion: int) -> float:
     """CPU seconds of the rltrace work one instrumented step does, measured without TRL."""
     import torch
 
     import rltrace
     from rltrace.integrations import _trl_batch as tb
 
-    b, t, v = trl_grpo.BATCH, trl_grpo.MAX_COMPLETION, len(trl_grpo.build_tokenizer())
+    b, t, v = trl_grpo.BATCH, completion, len(trl_grpo.build_tokenizer())
     scores = [torch.randn(b, v) for _ in range(t + 1)]
     prompt = torch.randint(0, v, (b, 12))
     sequences = torch.cat([prompt, torch.randint(0, v, (b, t))], dim=1)

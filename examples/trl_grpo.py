@@ -41,14 +41,14 @@ def build_tokenizer():
     )
 
 
-def build_model(tokenizer, seed: int = SEED):
+def build_model(tokenizer, seed: int = SEED, hidden: int = HIDDEN, layers: int = 2):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )
     return LlamaForCausalLM(config)
@@ -73,19 +73,20 @@ def reward_short(completion_ids, **kwargs) -> list[float]:
 
 
 def build_trainer(output_dir: str, *, steps: int = STEPS, steps_per_generation: int | None = None,
-                  reward_funcs=None, seed: int = SEED, **config):
+                  reward_funcs=None, seed: int = SEED, hidden: int = HIDDEN, layers: int = 2,
+                  max_completion: int = MAX_COMPLETION, **config):
     """The GRPOTrainer a TRL user would write, with everything built in code and CPU settings."""
     from trl import GRPOConfig, GRPOTrainer
 
     tokenizer = build_tokenizer()
     args = GRPOConfig(
         output_dir=output_dir, use_cpu=True, report_to=[], bf16=False, max_steps=steps, seed=seed,
-        per_device_train_batch_size=BATCH, num_generations=GENERATIONS, max_completion_length=MAX_COMPLETION,
+        per_device_train_batch_size=BATCH, num_generations=GENERATIONS, max_completion_length=max_completion,
         steps_per_generation=steps_per_generation, learning_rate=3e-3, logging_steps=1, save_strategy="no",
         disable_tqdm=True, dataloader_num_workers=0, **config,
     )
     return GRPOTrainer(
-        model=build_model(tokenizer, seed), reward_funcs=reward_funcs or [reward_a, reward_short], args=args,
+        model=build_model(tokenizer, seed, hidden, layers), reward_funcs=reward_funcs or [reward_a, reward_short], args=args,
         train_dataset=build_dataset(), processing_class=tokenizer,
     )
 

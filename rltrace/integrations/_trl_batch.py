@@ -138,18 +138,20 @@ class StepSums:
         return out
 
 
-def finish_reason(completion: list[int], eos_ids: set[int]) -> str:
+def finish_reason(completion, eos_ids: set[int]) -> str:
     """`stop` when the completion ends with an end-of-sequence (or pad) token, else `length` (TRL's own test)."""
-    return "stop" if completion and completion[-1] in eos_ids else "length"
+    return "stop" if len(completion) and int(completion[-1]) in eos_ids else "length"
 
 
 def sample_rows(gen: Generation, *, first_id: int, first_group: int, group_size: int, process_slice: slice,
                 func_names: list[str], weights: torch.Tensor, eos_ids: set[int]) -> list[dict]:
     """One `log_samples` row per completion of this process (train_version filled in when trained on)."""
     rewards = gen.rewards_per_func[process_slice].float().cpu() if gen.rewards_per_func is not None else None
-    total = (rewards * weights.cpu().float().unsqueeze(0)).nansum(dim=1) if rewards is not None else None
-    if total is not None:
-        total[torch.isnan(rewards).all(dim=1)] = math.nan
+    per_func, total = [], []
+    if rewards is not None:
+        summed = (rewards * weights.cpu().float().unsqueeze(0)).nansum(dim=1)  # TRL's formula, in float32
+        summed[torch.isnan(rewards).all(dim=1)] = math.nan
+        per_func, total = rewards.tolist(), summed.tolist()
     rows = []
     offset = process_slice.start or 0
     for i, (prompt, completion) in enumerate(zip(gen.prompt_ids, gen.completion_ids)):
@@ -158,16 +160,16 @@ def sample_rows(gen: Generation, *, first_id: int, first_group: int, group_size:
             "group_id": first_group + (offset + i) // group_size,
             "prompt_len": len(prompt),
             "response_len": len(completion),
-            "finish_reason": finish_reason(list(completion), eos_ids),
-            "reward": float(total[i]) if total is not None else None,
+            "finish_reason": finish_reason(completion, eos_ids),
+            "reward": total[i] if total else None,
             "weight_version": gen.step,
             "train_version": None,
             "gen_start": gen.gen_start,
             "gen_end": gen.gen_end,
         }
-        if rewards is not None:
-            for j, name in enumerate(func_names):
-                row[f"reward_{name}"] = float(rewards[i, j])
+        if per_func:
+            for name, value in zip(func_names, per_func[i]):
+                row[f"reward_{name}"] = value
         rows.append(row)
     return rows
 
