@@ -48,6 +48,7 @@ class Hooks:
         self.own_metrics: dict[int, set[str]] = {}
         self.freezing = None
         self._added_hf = None
+        self._module_hooks: list = []  # forward hooks on reward models, removed by uninstall
         self.last_step = -1  # the last optimizer step ended (TRL's logs are stored at it)
         if freeze is not None or resolve("freeze_every", None):
             from rltrace.integrations.trl_replay import FreezeHook
@@ -127,6 +128,9 @@ class Hooks:
                 except AttributeError:
                     pass
         self._restore.clear()
+        for handle in self._module_hooks:
+            handle.remove()
+        self._module_hooks.clear()
         for cb in list(self.trainer.callback_handler.callbacks):
             if getattr(cb, "_rltrace_hooks", None) is self or cb is self._added_hf:
                 self.trainer.remove_callback(cb)
@@ -143,7 +147,7 @@ class Hooks:
         for func, name in zip(funcs, names):
             span_name = name if name not in _names.PHASES else f"reward:{name}"
             if isinstance(func, torch.nn.Module):
-                _module_phase(func, span_name, name)
+                self._module_hooks.extend(_module_phase(func, span_name, name))
                 wrapped.append(func)
             else:
                 wrapped.append(_func_phase(func, span_name, name, self))
@@ -475,24 +479,19 @@ def _func_phase(func, span_name: str, name: str, hooks: Hooks):
     return reward
 
 
-def _module_phase(module, span_name: str, name: str) -> None:
-    """A reward model (nn.Module) recorded from forward hooks: TRL checks isinstance(nn.Module)."""
-    if getattr(module, "_rltrace_hooked", False):
-        return
+def _module_phase(module, span_name: str, name: str) -> list:
+    """A reward model (nn.Module) recorded from forward hooks (TRL checks isinstance(nn.Module),
+    so it is not wrapped); returns the hook handles."""
     open_phases: list = []
 
     def pre(mod, args):
-        p = rltrace.phase(span_name, reward_function=name)
-        p.__enter__()
-        open_phases.append(p)
+        open_phases.append(rltrace.start_phase(span_name, reward_function=name))
 
     def post(mod, args, output):
         if open_phases:
-            open_phases.pop().__exit__(None, None, None)
+            open_phases.pop().end()
 
-    module.register_forward_pre_hook(pre)
-    module.register_forward_hook(post, always_call=True)
-    module._rltrace_hooked = True
+    return [module.register_forward_pre_hook(pre), module.register_forward_hook(post, always_call=True)]
 
 
 def _make_callback(hooks: Hooks):

@@ -304,3 +304,42 @@ def test_report_sees_a_sequential_loop(which, request):
     assert any("no measured overlap" in f for f in report["findings"])
     costs = analysis.cost_model(con).fillna({"t_R": 0.0, "t_T": 0.0})  # a step with no generation has no t_R
     assert (costs.t_R + costs.t_T <= costs.wall_s * 1.001).all(), costs
+
+
+def test_the_example_runs_as_a_user_runs_it(tmp_path):
+    trl_grpo.main(["--out", str(tmp_path / "run"), "--steps", "1"])
+    rltrace.shutdown()
+    assert {"rollout", "reward", "train", "step"} <= set(spans(tmp_path / "run").phase)
+
+
+def test_vllm_weight_sync_and_reward_models_are_recorded(tmp_path):
+    """Stand-ins: vLLM needs a GPU engine, so a fake `vllm_generation` takes its place (the real
+    object has the same two methods); the reward model is a bare nn.Module called directly."""
+    import torch
+
+    trainer = trl_grpo.build_trainer(str(tmp_path / "out"), steps=1)
+
+    class FakeVLLMGeneration:  # stand-in for trl's VLLMGeneration (server mode)
+        def sync_weights(self):
+            return "synced"
+
+        def generate(self, **kwargs):
+            return None
+
+    trainer.use_vllm, trainer.vllm_generation = True, FakeVLLMGeneration()
+    trainer.args.vllm_mode = "server"
+    reward_model = torch.nn.Linear(4, 1)
+    trainer.reward_funcs = [*trainer.reward_funcs, reward_model]
+    trainer.reward_func_names = [*trainer.reward_func_names, "rm"]
+    instrument(trainer, tmp_path / "run")
+    assert trainer.vllm_generation.sync_weights() == "synced"
+    assert trainer.reward_funcs[-1] is reward_model  # TRL checks isinstance(nn.Module): never wrapped
+    reward_model(torch.zeros(2, 4))
+    uninstrument(trainer)
+    assert not reward_model._forward_hooks and not reward_model._forward_pre_hooks
+    rltrace.shutdown()
+    s = spans(tmp_path / "run").set_index("name")
+    attrs = json.loads(s.loc["weight_sync", "attributes"])
+    params = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+    assert attrs["rl.method"] == "vllm_server" and attrs["rl.bytes"] == params
+    assert json.loads(s.loc["rm", "attributes"])["rl.reward_function"] == "rm"
