@@ -343,3 +343,19 @@ def test_vllm_weight_sync_and_reward_models_are_recorded(tmp_path):
     params = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
     assert attrs["rl.method"] == "vllm_server" and attrs["rl.bytes"] == params
     assert json.loads(s.loc["rm", "attributes"])["rl.reward_function"] == "rm"
+
+
+def test_freeze_every_from_the_environment(tmp_path, monkeypatch):
+    from rltrace._config import RltraceConfigError
+
+    trainer = trl_grpo.build_trainer(str(tmp_path / "out"), steps=1)
+    monkeypatch.setenv("RLTRACE_FREEZE_EVERY", "often")
+    with pytest.raises(RltraceConfigError, match="RLTRACE_FREEZE_EVERY='often'"):
+        instrument(trainer, tmp_path / "run")
+    monkeypatch.setenv("RLTRACE_FREEZE_EVERY", "1")
+    instrument(trainer, tmp_path / "run")
+    trainer.train()
+    rltrace.shutdown()
+    batch = rltrace.replay.load(tmp_path / "run", 0)
+    assert len(batch) == BATCH and batch.meta["trigger"] == "every_n"
+    assert (tmp_path / "run" / "checkpoints" / "trl" / "step_000000" / "config.json").exists()
