@@ -144,7 +144,7 @@ def demo_cost(steps: int, work: Path) -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: examples/
     import examples.tiny_grpo.replay as demo_replay
-    from examples.tiny_grpo import train
+    from examples.tiny_grpo.system import cli
     from rltrace.replay import freezer, writer
 
     spent: collections.Counter[str] = collections.Counter()
@@ -169,7 +169,7 @@ def demo_cost(steps: int, work: Path) -> None:
     timed(writer.BatchWriter, "_write", "conversion + write (writer thread)")
     timed(demo_replay, "_save_state", "v_t checkpoint (its thread)")
     out = work / "demo"
-    train.main(["--out", str(out), "--steps", str(steps), "--seed", "0"])
+    cli.main(["--out", str(out), "--steps", str(steps), "--seed", "0"])
     rows = json.loads((out / "demo_summary.json").read_text())["steps"]
     cpu = sum(r["cpu_seconds"] for r in rows)
     frozen = len(list((out / "batches").glob("*.parquet")))

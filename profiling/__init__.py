@@ -77,9 +77,9 @@ def dump_stacks(reason: str = "asked for by rltrace.profiling.dump_stacks()") ->
     Returns the profile id, or None when no phase is running or the process took its maximum
     of profiles. Arms profiling (with the environment's policy) if `init` did not.
     """
-    from rltrace import current_run
+    from rltrace.api import recording_run
 
-    run, span = current_run(), get_current_span()
+    run, span = recording_run(), get_current_span()
     if run is None or not span.is_recording():
         return None
     return arm(run, force=True).dump_now(span, reason)

@@ -9,6 +9,7 @@ so a reader never sees half a batch. Every column is described in docs/replay.md
 from __future__ import annotations
 
 import json
+import operator
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -72,10 +73,52 @@ def batch_fields(meta: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def check_columns(names: Sequence[str]) -> None:
-    """User column names must not shadow the batch columns (done on the caller's thread)."""
-    bad = [n for n in names if not isinstance(n, str) or n in RESERVED or n.startswith(codec.SHAPE_PREFIX)]
+    """Column names must be strings (checked on the caller's thread; other clashes are settled by
+    `take_reserved` on the writer thread)."""
+    bad = [n for n in names if not isinstance(n, str)]
     if bad:
-        raise ValueError(f"freeze: column name(s) {bad} are used by rltrace itself (see docs/replay.md); rename yours")
+        raise TypeError(f"freeze: column names must be strings, got {bad}")
+
+
+def _clashes(name: str) -> bool:
+    return name in RESERVED or name.startswith(codec.SHAPE_PREFIX)
+
+
+def _version(value: Any) -> int | None:
+    try:
+        return None if value is None else operator.index(value.item() if hasattr(value, "item") else value)
+    except (TypeError, ValueError):
+        raise ValueError(f"holds {value!r}, not an integer version") from None
+
+
+def take_reserved(form: str, data: Any, meta: dict) -> dict[str, str]:
+    """Take the user's columns named like batch columns out of `data` (writer thread; `data` and
+    `meta` are the freeze's own copies). A `train_version` column (which `log_samples` asks for)
+    holding one version that agrees with `batch_meta` becomes the batch's `train_version`; any
+    other clash is dropped. Returns {column: why} for each drop (the caller counts them)."""
+    names = [n for n in (dict.fromkeys(k for row in data for k in row) if form == "rows" else data) if _clashes(n)]
+    dropped: dict[str, str] = {}
+    for name in names:
+        if form == "rows":
+            values = [row.pop(name, None) for row in data]
+        else:
+            column = data.pop(name)
+            values = column.tolist() if hasattr(column, "tolist") else list(column)
+        if name != "train_version":
+            dropped[name] = "the name of a column rltrace sets itself (docs/replay.md); rename yours to keep it"
+            continue
+        given = meta.get("weight_version", meta.get("train_version"))
+        try:
+            versions = {v for v in map(_version, values) if v is not None} | ({_version(given)} if given is not None else set())
+        except ValueError as exc:
+            dropped[name] = f"column train_version {exc}"
+            continue
+        if len(versions) > 1:
+            dropped[name] = (f"column train_version holds versions {sorted(versions)[:5]}; a batch has one v_t "
+                             "(batch_meta weight_version)")
+        elif versions and given is None:
+            meta["train_version"] = versions.pop()
+    return dropped
 
 
 def user_columns(form: str, data: Any, n: int) -> tuple[dict[str, pa.Array], dict[str, dict]]:

@@ -40,6 +40,7 @@ def list_batches(run_dir: str | Path) -> tuple[list[dict], list[str]]:
 
 
 def _decode(tokenizer: Any, ids: Any) -> str | None:
+    """The text of `ids` with special tokens shown (Hugging Face's default), or None."""
     if tokenizer is None or ids is None:
         return None
     values = ids.tolist() if hasattr(ids, "tolist") else list(ids)
@@ -47,7 +48,11 @@ def _decode(tokenizer: Any, ids: Any) -> str | None:
 
 
 def sample_views(batch: FrozenBatch, tokenizer: Any = None) -> list[dict[str, Any]]:
-    """Per sample: ids, versions, lengths, reward, texts (stored, or decoded with `tokenizer`), flags."""
+    """Per sample: ids, versions, lengths, reward, texts, flags.
+
+    With `tokenizer`, texts are decoded from the stored tokens, special tokens visible: the stored
+    text is the framework's own decode, which often strips them, hiding a template leak. The
+    stored text is kept as `stored_response_text` where it differs (else None)."""
     n = len(batch)
     columns = {name: rows_of(batch[name], n) for name in batch.columns}
     rules = TextRules.from_meta(batch.extra)
@@ -55,12 +60,11 @@ def sample_views(batch: FrozenBatch, tokenizer: Any = None) -> list[dict[str, An
     for i in range(n):
         get = {name: column[i] for name, column in columns.items()}.get
         response, prompt = get("response_tokens"), get("prompt_tokens")
-        response_text = get("response_text")
-        prompt_text = get("prompt_text")
-        if response_text is None:
-            response_text = _decode(tokenizer, response)
+        stored_response, decoded_response = get("response_text"), _decode(tokenizer, response)
+        response_text = stored_response if decoded_response is None else decoded_response
+        prompt_text = _decode(tokenizer, prompt)
         if prompt_text is None:
-            prompt_text = _decode(tokenizer, prompt)
+            prompt_text = get("prompt_text")
         views.append(
             {
                 "sample_index": i,
@@ -73,6 +77,8 @@ def sample_views(batch: FrozenBatch, tokenizer: Any = None) -> list[dict[str, An
                 "response_len": None if response is None else len(response),
                 "prompt_text": prompt_text,
                 "response_text": response_text,
+                "text_from": "tokens" if decoded_response is not None else "stored" if stored_response is not None else None,
+                "stored_response_text": stored_response if stored_response != response_text else None,
                 "response_tokens": response,
             }
         )

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from rltrace.replay.errors import ReplayError
+
 ALIGNMENT_GATE = 1e-6
 #: recorded column each replayed column is compared with by default (same name otherwise)
 DEFAULT_PAIRS = {"log_probs": ("rollout_log_probs", "train_log_probs"), "reward": ("reward",)}
@@ -202,15 +204,33 @@ def pairs_for(recorded: Sequence[str], replayed: Sequence[str], explicit: Mappin
     return out
 
 
+def _require(columns: Sequence[str], name: str, where: str) -> None:
+    if name not in columns:
+        raise ReplayError(f"{where} has no column {name!r} (its columns: {', '.join(columns) or 'none'})")
+
+
+def _compare(batch, a_name: str, a: Any, b_name: str, b: Any, top: int) -> ColumnDiff:
+    logprob = "log_prob" in a_name or "log_prob" in b_name  # aligned with response tokens: masked, token ids shown
+    mask, tokens = (batch.get("loss_mask"), batch.get("response_tokens")) if logprob else (None, None)
+    return compare_columns(a_name, a, b_name, b, len(batch), mask=mask, tokens=tokens, logprob=logprob, top=top)
+
+
 def diff_against_record(batch, replay, *, pairs: Mapping[str, str] | None = None, top: int = 5) -> list[ColumnDiff]:
-    """Recorded (a) vs replayed (b), for every matching pair of columns."""
-    n = len(batch)
-    out = []
-    for rec, rep in pairs_for(batch.columns, replay.columns, pairs):
-        logprob = "log_prob" in rec or "log_prob" in rep  # aligned with response tokens: masked, token ids shown
-        mask, tokens = (batch.get("loss_mask"), batch.get("response_tokens")) if logprob else (None, None)
-        out.append(compare_columns(rec, batch[rec], rep, replay[rep], n, mask=mask, tokens=tokens, logprob=logprob, top=top))
-    return out
+    """Recorded (a) vs replayed (b), for every matching pair of columns. An explicit pair
+    ({replayed: recorded}) naming a column that is not there is a `ReplayError` listing the columns."""
+    for rep, rec in (pairs or {}).items():
+        _require(replay.columns, rep, f"replay {replay.replay_id} ({replay.label})")
+        _require(batch.columns, rec, f"the frozen batch {batch.path.name}")
+    return [_compare(batch, rec, batch[rec], rep, replay[rep], top) for rec, rep in pairs_for(batch.columns, replay.columns, pairs)]
+
+
+def diff_recorded(batch, pairs: Sequence[tuple[str, str]], *, top: int = 5) -> list[ColumnDiff]:
+    """Two recorded columns of one batch, (a, b) per pair: e.g. `rollout_log_probs` (log q) against
+    `train_log_probs` (log p), the mismatch the trainer saw, with no replay needed."""
+    for a, b in pairs:
+        _require(batch.columns, a, f"the frozen batch {batch.path.name}")
+        _require(batch.columns, b, f"the frozen batch {batch.path.name}")
+    return [_compare(batch, a, batch[a], b, batch[b], top) for a, b in pairs]
 
 
 def diff_replays(a, b, batch=None, *, top: int = 5) -> list[ColumnDiff]:

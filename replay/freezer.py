@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from rltrace import _names
-from rltrace.api import current_run
+from rltrace.api import recording_run
 from rltrace.replay import codec, flags
 from rltrace.replay.batch import check_columns, new_batch_id
 from rltrace.replay.writer import Job, writer_for
@@ -130,15 +130,25 @@ def freeze(
     """Freeze `samples` as the batch of `step`; True if queued for writing (False: skipped and
     counted, or no run). See docs/replay.md for the columns and `batch_meta` keys.
 
+    It never raises into the training loop: samples it cannot take (a column with a fixed meaning
+    holding the wrong thing, columns of different lengths) are logged and counted as
+    `replay_failed`; a column named like one rltrace sets is dropped, logged and counted as
+    `replay_columns_dropped` (a `train_version` column that agrees with the batch's v_t is kept
+    as the batch's own).
+
     Example:
         >>> rltrace.replay.freeze(step, [{"prompt_tokens": p, "response_tokens": r, "reward": 1.0}],
         ...                       batch_meta={"weight_version": v, "tokenizer": tok})
     """
-    run = current_run()
+    run = recording_run()
     if run is None:
         return False
-    step = _step(step)
-    form, data, n = snapshot(samples, copy)
+    try:
+        step = _step(step)
+        form, data, n = snapshot(samples, copy)
+    except (TypeError, ValueError) as exc:  # a debugging aid never raises into the loop: counted as failed
+        writer_for(run).reject(step if isinstance(step, int) else None, str(exc))
+        return False
     job = Job(step, new_batch_id(), form, data, n, dict(batch_meta or {}), trigger, reason, time.time_ns())
     return writer_for(run).submit(job)
 
@@ -195,8 +205,15 @@ class Freezer:
         metrics: Mapping[str, float] | None = None,
         batch_meta: Mapping[str, Any] | None = None,
     ) -> str | None:
-        """Freeze this step's batch if the policy says so; returns the trigger, or None."""
-        decision = self.decide(step, samples, metrics, batch_meta)
+        """Freeze this step's batch if the policy says so; returns the trigger, or None. Never raises
+        into the loop: samples it cannot read are counted as `replay_failed` (see `freeze`)."""
+        try:
+            decision = self.decide(step, samples, metrics, batch_meta)
+        except Exception as exc:
+            run = recording_run()
+            if run is not None:
+                writer_for(run).reject(step if isinstance(step, int) else None, f"{type(exc).__name__}: {exc}")
+            return None
         if decision is None:
             return None
         trigger, reason = decision
@@ -213,7 +230,7 @@ class Freezer:
         batch_meta: Mapping[str, Any] | None = None,
     ) -> tuple[str, str] | None:
         """(trigger, reason) if `step` should be frozen, else None. Cheap: no device syncs, no disk writes."""
-        if current_run() is None:  # not recording (no init, or RLTRACE_DISABLED=1): nothing to decide
+        if recording_run() is None:  # not recording (no init, or RLTRACE_DISABLED=1): nothing to decide
             return None
         p = self.policy
         metrics = metrics or {}
@@ -252,10 +269,13 @@ class Freezer:
     def _probe(self, samples: Any, rules: flags.TextRules) -> str | None:
         keys = ("response_tokens", "response_text", "prompt_text", "finish_reason")
         if isinstance(samples, Mapping):
-            n = len(next(iter(samples.values()), ()))
-            rows = [{k: samples[k][i] for k in keys if k in samples} for i in range(min(n, self.policy.probe_samples))]
+            columns = {k: samples[k] for k in keys if hasattr(samples.get(k), "__len__")}
+            n = min((len(c) for c in columns.values()), default=0)
+            rows = [{k: c[i] for k, c in columns.items()} for i in range(min(n, self.policy.probe_samples))]
+        elif isinstance(samples, (list, tuple)):  # anything else is reported by `freeze`, if a trigger fires
+            rows = [r for r in samples[: self.policy.probe_samples] if isinstance(r, Mapping)]
         else:
-            rows = list(samples[: self.policy.probe_samples])
+            return None
         for i, row in enumerate(rows):
             found = flags.sample_flags(row, rules, only=flags.BAD_TEXT)
             if found:
@@ -266,7 +286,7 @@ class Freezer:
     def _file_request(self) -> str | None:
         if not self.policy.watch_requests:
             return None
-        run = current_run()
+        run = recording_run()
         if run is None:
             return None
         path = Path(run.run_dir) / REQUEST_FILE

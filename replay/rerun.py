@@ -59,6 +59,9 @@ def load_object(spec: str, what: str = "--entry") -> Any:
             path = Path(target)
             if not path.is_file():
                 raise ReplayError(f"{what} {spec!r}: file {path} does not exist")
+            folder = str(path.resolve().parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)  # like `python path/file.py`: the file's neighbours import
             module_name = f"_rltrace_entry_{abs(hash(str(path.resolve())))}"
             module = sys.modules.get(module_name)
             if module is None:

@@ -42,6 +42,16 @@ def vocab_hash(vocab: Mapping[str, int]) -> str:
     return hashlib.sha256(json.dumps(items, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
 
 
+def tokenizer_name(tokenizer: Any, size: int, digest: str) -> str:
+    """Its `name_or_path` (Hugging Face) or `name` when it has one; else a name from its vocabulary,
+    `vocab-<size>-<hash prefix>` (a class name such as `TokenizersBackend` says nothing)."""
+    for attr in ("name_or_path", "name"):
+        name = getattr(tokenizer, attr, None)
+        if isinstance(name, str) and name.strip():
+            return name.strip()
+    return f"vocab-{size}-{digest[:12]}"
+
+
 def tokenizer_identity(tokenizer: Any) -> tuple[str, str]:
     """(name, vocabulary hash) of a tokenizer; computed once per tokenizer object."""
     try:
@@ -51,8 +61,9 @@ def tokenizer_identity(tokenizer: Any) -> tuple[str, str]:
             return cached
     except TypeError:  # not weak-referenceable (e.g. a dict): compute each time
         pass
-    name = getattr(tokenizer, "name_or_path", None) or getattr(tokenizer, "name", None) or type(tokenizer).__name__
-    identity = (str(name), vocab_hash(_vocab(tokenizer)))
+    vocab = _vocab(tokenizer)
+    digest = vocab_hash(vocab)
+    identity = (tokenizer_name(tokenizer, len(vocab), digest), digest)
     try:
         with _lock:
             _cache[tokenizer] = identity

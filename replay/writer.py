@@ -3,8 +3,11 @@
 One `BatchWriter` per run and process. A freeze is a reference to the caller's samples put on a
 bounded queue (`RLTRACE_REPLAY_QUEUE`, default 2): conversion to Arrow and the write happen on
 this thread. When the queue is full, or the run's batches would exceed the disk budget
-(`RLTRACE_REPLAY_BUDGET_MB`), the freeze is skipped and counted, never waited for. The counts
-are logged as metrics `replay_frozen`, `replay_skipped`, `replay_failed` and `replay_bytes`.
+(`RLTRACE_REPLAY_BUDGET_MB`), the freeze is skipped and counted, never waited for; a freeze that
+cannot be taken or converted is counted as failed, and a column named like one rltrace sets is
+dropped and counted (its reason kept in the batch's `batch_meta`). Nothing raises into the loop.
+The counts are logged as metrics `replay_frozen`, `replay_skipped`, `replay_failed`,
+`replay_columns_dropped` and `replay_bytes`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 from rltrace import _names
 from rltrace._config import resolve
 from rltrace.api import log_metrics
-from rltrace.replay.batch import batch_fields, build_table, write_batch
+from rltrace.replay.batch import batch_fields, build_table, take_reserved, write_batch
 from rltrace.store.writer import after_fork_in_child
 
 logger = logging.getLogger("rltrace")
@@ -80,7 +83,7 @@ class BatchWriter:
         after_fork_in_child(self._start)
 
     def _start(self) -> None:
-        self.frozen = self.skipped_queue = self.skipped_budget = self.failed = 0
+        self.frozen = self.skipped_queue = self.skipped_budget = self.failed = self.columns_dropped = 0
         self.bytes_written = 0
         self.last_error: str | None = None
         self.last_path: Path | None = None
@@ -106,6 +109,16 @@ class BatchWriter:
                 )
             self._log(job.step)
             return False
+
+    def reject(self, step: int | None, reason: str) -> None:
+        """Count a freeze that could not even be taken (bad samples); say why. Never raises."""
+        self.failed += 1
+        self.last_error = f"step {step}: {reason}"
+        if _milestone(self.failed):
+            logger.warning("rltrace: could not freeze step %s: %s (the training loop goes on; %d failed so far)",
+                           step, reason, self.failed)
+        if isinstance(step, int):
+            self._log(step)
 
     def flush(self) -> None:
         """Wait until every queued freeze is written (for tests, checkpoints and exit; not the hot path)."""
@@ -144,6 +157,12 @@ class BatchWriter:
         if used >= self.budget_bytes:
             self._over_budget(job, used)
             return
+        dropped = take_reserved(job.form, job.data, job.batch_meta)
+        if dropped:
+            self.columns_dropped += len(dropped)
+            job.batch_meta["dropped_columns"] = dropped
+            for name, why in dropped.items():
+                logger.warning("rltrace: step %d was frozen without its column %r: %s", job.step, name, why)
         table = build_table(
             job.step,
             job.batch_id,
@@ -186,6 +205,7 @@ class BatchWriter:
                 replay_frozen=self.frozen,
                 replay_skipped=self.skipped,
                 replay_failed=self.failed,
+                replay_columns_dropped=self.columns_dropped,
                 replay_bytes=self.bytes_written,
             )
 

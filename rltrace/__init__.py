@@ -12,7 +12,7 @@ span, with step metrics and per-sample facts, into one local Parquet store that 
 Then `rltrace info runs/exp1`, `rltrace.store.open("runs/exp1")` for SQL, and the docs/ folder.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
 import importlib  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402

@@ -268,6 +268,11 @@ def resolve(name: str, value: Any = None) -> Any:
     return param.default
 
 
+def is_set(name: str, value: Any = None) -> bool:
+    """Whether setting `name` was chosen (passed, or set by its environment variable) rather than defaulted."""
+    return value is not None or any(os.environ.get(var) for var in PARAMS[name].env)
+
+
 def otlp_traces_url(endpoint: str) -> str:
     """The OTLP/HTTP traces URL for a backend address: `/v1/traces` is appended unless present."""
     endpoint = endpoint.rstrip("/")

@@ -68,11 +68,12 @@ def _clip(text: str) -> str:
 def record(exc: BaseException, *, thread: threading.Thread | None = None, kind: str = "process") -> bool:
     """Store `exc` as a crash of this process (`kind` "process") or of `thread` ("thread").
 
-    Returns False when no run records this process (rltrace not initialised, no RLTRACE_RUN_DIR).
+    Returns False when this process records nothing: a process that never started recording (a
+    helper probing `python -c "import apex"` under `rltrace run`, say) is not one of the run's.
     """
     from rltrace import _names, api
 
-    run = api.current_run()
+    run = api.current_run()  # never starts one
     if run is None:
         return False
     thread = thread or threading.current_thread()

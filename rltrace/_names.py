@@ -22,6 +22,9 @@ SYNC_METHOD = "rl.method"  # weight_sync path: ipc, nccl, gloo, disk, delta, obj
 WAITING_FOR = "rl.waiting_for"  # wait spans: the phase being awaited, when the caller knows it
 THREAD_ID = "thread.id"  # OpenTelemetry semantic convention
 THREAD_NAME = "thread.name"
+#: Status message of a phase still open when its process exited (or its run shut down): rltrace
+#: ends it with status ERROR and this message, and the health analysis lists it with open spans.
+UNFINISHED_AT_EXIT = "the process exited (or its run was shut down) while this phase was open"
 
 #: Phase names the analyses know. Users may add their own.
 PHASES = (

@@ -12,6 +12,7 @@ pytest they raise, so tests see them).
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import inspect
 import logging
@@ -31,7 +32,7 @@ from opentelemetry.trace import Status, StatusCode, get_current_span, set_span_i
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from rltrace import _crash, _names
-from rltrace._config import PROFILE_TRIGGERS, RltraceConfigError, env_sets_any, resolve
+from rltrace._config import PROFILE_TRIGGERS, RltraceConfigError, env_sets_any, is_set, resolve
 from rltrace.otel.live import EXITED
 from rltrace.run import Run
 
@@ -42,12 +43,21 @@ _env_checked = False  # RLTRACE_RUN_DIR is looked at once, on the first call bef
 _lock = threading.Lock()
 _PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
 _RESERVED_SAMPLE_COLUMNS = frozenset(("step", "logged_ns", "process_id", "role", "rank", "host", "pid"))
+# The default role is "trainer"; a process that continues another process's trace is rarely the
+# trainer, so it is warned (once) when its role was never chosen. Carriers this process handed
+# out itself (to its own threads) are remembered, newest last, so attaching them does not count.
+_INJECTED_KEPT = 4096
+_injected: collections.OrderedDict[str, None] = collections.OrderedDict()
+_injected_lock = threading.Lock()
+_remote_parent = False  # this process attached a carrier from another process
+_default_role = False  # the current run's role is the default, not passed or set by RLTRACE_ROLE
+_role_warned = False
 
 
 class DisabledRun:
     """What `init` returns when rltrace is disabled: every method is a no-op."""
 
-    disabled = True
+    disabled = True  # `Run.disabled` is False
 
     def __init__(self, run_dir: Path | None):
         self.run_dir = run_dir
@@ -93,7 +103,7 @@ def init(
     `init` again with the same dir, role and rank returns the same run; with others it ends the
     current run first.
     """
-    global _run, _env_checked
+    global _run, _env_checked, _default_role
     with _lock:
         _env_checked = True
         if resolve("disabled", disabled):
@@ -105,7 +115,7 @@ def init(
         dir_value = resolve("run_dir", run_dir)
         if not dir_value:
             raise RltraceConfigError("rltrace.init needs a run directory: pass run_dir=... or set RLTRACE_RUN_DIR")
-        role = resolve("role", role)
+        role_chosen, role = is_set("role", role), resolve("role", role)
         if not isinstance(role, str) or not role:
             raise RltraceConfigError(f"role must be a non-empty string such as 'trainer' or 'rollout', got {role!r}")
         rank = resolve("rank", rank)
@@ -139,6 +149,8 @@ def init(
             max_pending_rows=resolve("max_pending_rows", max_pending_rows),
             otlp_endpoint=resolve("otlp_endpoint", otlp_endpoint),
         )
+        _default_role = not role_chosen
+        _warn_if_default_role(stacklevel=3)
         _crash.install()
         if policy is not None and policy.armed:
             try:
@@ -150,8 +162,9 @@ def init(
         return _run
 
 
-def _active() -> Run | None:
-    """The current run; before `init`, initialise once from RLTRACE_RUN_DIR if it is set."""
+def recording_run() -> Run | None:
+    """The run a recording call writes into; before `init`, the first recording call initialises
+    once from RLTRACE_RUN_DIR if it is set (rltrace's own recording paths use this too)."""
     global _env_checked
     if _run is not None or _env_checked:
         return _run
@@ -162,8 +175,9 @@ def _active() -> Run | None:
 
 
 def current_run() -> Run | None:
-    """The run this process records into, or None before `init` (or when disabled)."""
-    return _active()
+    """The run this process records into, or None before `init` (or when disabled). It only looks:
+    unlike a recording call, it never starts a run (or creates its directory) from RLTRACE_RUN_DIR."""
+    return _run
 
 
 def flush() -> None:
@@ -293,7 +307,7 @@ class Phase:
         self._token = None
 
     def __enter__(self) -> Phase:
-        run = _run if _run is not None else _active()
+        run = _run if _run is not None else recording_run()
         if run is None:
             return self
         if self._span is not None:
@@ -492,7 +506,7 @@ def start_phase(name: str, *, step: int | None = None, weight_version: int | Non
     weight_version = None if weight_version is None else _as_int("weight_version", weight_version)
     values = _attributes(attrs)
     handle = PhaseHandle(name)
-    run = _run if _run is not None else _active()
+    run = _run if _run is not None else recording_run()
     if run is None:
         return handle
     try:
@@ -541,7 +555,7 @@ def log_metrics(step: int, **scalars: Any) -> None:
     Values are converted with `float()` here (a 1-element tensor syncs its device: log after
     the step's own sync). Writing happens on a background thread.
     """
-    run = _run if _run is not None else _active()
+    run = _run if _run is not None else recording_run()
     if run is None or not scalars:
         return
     step = _as_int("step", step)
@@ -612,7 +626,7 @@ def log_samples(step: int, rows: Iterable[Mapping[str, Any]] | pa.Table | Any) -
     stored with fixed types; any other column is kept as it comes. The caller pays only for a
     shallow copy; conversion to Arrow and the write happen on the background writer.
     """
-    run = _run if _run is not None else _active()
+    run = _run if _run is not None else recording_run()
     if run is None:
         return
     step = _as_int("step", step)
@@ -655,7 +669,7 @@ def inject() -> dict[str, str]:
     Pass it to another process (a Ray call argument, an HTTP header, an env var) and call
     `rltrace.attach(carrier)` there, so the remote spans become children of this one.
     """
-    run = _run if _run is not None else _active()
+    run = _run if _run is not None else recording_run()
     if run is None:
         return {}
     ctx = context.get_current()
@@ -666,6 +680,12 @@ def inject() -> dict[str, str]:
         ctx = baggage.set_baggage(_names.WEIGHT_VERSION, str(version), ctx)
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, context=ctx)
+    parent = carrier.get("traceparent")
+    if parent is not None:
+        with _injected_lock:
+            _injected[parent] = None
+            if len(_injected) > _INJECTED_KEPT:
+                _injected.popitem(last=False)
     return carrier
 
 
@@ -697,4 +717,30 @@ def attach(carrier: Mapping[str, str] | None = None) -> Attachment:
         carrier = {k.lower(): v for k in ("TRACEPARENT", "TRACESTATE", "BAGGAGE") if (v := os.environ.get(k))}
     if not carrier:
         return Attachment(None)
+    _note_parent(carrier.get("traceparent"))
     return Attachment(context.attach(_PROPAGATOR.extract(dict(carrier))))
+
+
+def _note_parent(traceparent: str | None) -> None:
+    """Remember that a parent came from another process (not one of this process's own carriers)."""
+    global _remote_parent
+    if _remote_parent or traceparent is None:  # known already: init warns if the role is then defaulted
+        return
+    with _injected_lock:
+        local = traceparent in _injected
+    if not local:
+        _remote_parent = True
+        _warn_if_default_role(stacklevel=4)
+
+
+def _warn_if_default_role(stacklevel: int) -> None:
+    """Once per process: it continues another process's trace but records under the default role."""
+    global _role_warned
+    if _role_warned or not (_remote_parent and _default_role and _run is not None):
+        return
+    _role_warned = True
+    warnings.warn(
+        f"rltrace: this process continues a trace from another process but records as role {_run.role!r}, "
+        "the default; pass role= to rltrace.init (e.g. role='rollout') or set RLTRACE_ROLE",
+        stacklevel=stacklevel,
+    )

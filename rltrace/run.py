@@ -51,6 +51,8 @@ class Run:
     Made by `rltrace.init`; use `rltrace.phase`, `log_metrics` and `log_samples` to record.
     """
 
+    disabled = False  # `rltrace.init` returns a `DisabledRun` (disabled = True) under RLTRACE_DISABLED
+
     def __init__(
         self,
         run_dir: Path,

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import rltrace
-from rltrace import store
+from rltrace import api, store
 from rltrace._config import RltraceConfigError
 
 from .conftest import PYTHON, python_env
@@ -281,3 +281,60 @@ def test_internal_fault_never_breaks_the_loop(run_dir, monkeypatch):
         with rltrace.phase("train", step=1) as p:
             ran = True
     assert ran and p.span is None
+
+
+def test_run_and_disabled_run_both_say_whether_they_record(run_dir, monkeypatch):
+    run = rltrace.init(run_dir)
+    assert run.disabled is False
+    rltrace.shutdown()
+    monkeypatch.setenv("RLTRACE_DISABLED", "1")
+    assert rltrace.init(run_dir).disabled is True
+
+
+def test_current_run_only_looks_and_never_creates_a_run_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLTRACE_RUN_DIR", str(tmp_path / "envrun"))
+    assert rltrace.current_run() is None
+    assert not (tmp_path / "envrun").exists()
+    rltrace.log_metrics(0, loss=1.0)  # a recording call still starts the run from the environment
+    assert rltrace.current_run() is not None and (tmp_path / "envrun").is_dir()
+
+
+DEFAULT_ROLE_WARNING = "continues a trace from another process but records as role 'trainer', the default"
+REMOTE_CARRIER = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+
+
+def test_default_role_warns_once_when_the_process_continues_another_processs_trace(run_dir, monkeypatch):
+    monkeypatch.setattr(api, "_remote_parent", False)
+    monkeypatch.setattr(api, "_role_warned", False)
+    rltrace.init(run_dir)
+    with rltrace.phase("rollout", step=0):
+        own = rltrace.inject()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with rltrace.attach(own):  # its own carrier (another thread of this process): no warning
+            pass
+    with pytest.warns(UserWarning, match=DEFAULT_ROLE_WARNING):
+        with rltrace.attach(REMOTE_CARRIER):
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with rltrace.attach(REMOTE_CARRIER):  # once per process
+            pass
+
+
+def test_default_role_warns_at_init_after_a_remote_carrier_and_not_when_chosen(run_dir, monkeypatch):
+    monkeypatch.setattr(api, "_remote_parent", False)
+    monkeypatch.setattr(api, "_role_warned", False)
+    with rltrace.attach(REMOTE_CARRIER):  # before init: nothing to warn about yet
+        with pytest.warns(UserWarning, match=DEFAULT_ROLE_WARNING):
+            rltrace.init(run_dir)
+    rltrace.shutdown()
+    monkeypatch.setattr(api, "_role_warned", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rltrace.init(run_dir, role="rollout", rank=0)
+        rltrace.attach(REMOTE_CARRIER).detach()
+        rltrace.shutdown()
+        monkeypatch.setenv("RLTRACE_ROLE", "trainer")  # chosen by the environment, even if it is the default
+        rltrace.init(run_dir)
+        rltrace.attach(REMOTE_CARRIER).detach()

@@ -8,6 +8,7 @@ import subprocess
 import textwrap
 import time
 
+import rltrace
 from rltrace import store
 
 from .conftest import PYTHON, python_env
@@ -76,6 +77,15 @@ def test_phases_open_when_the_process_exits_end_with_an_error(run_dir):
     assert [(s["name"], s["is_open"], s["status"]) for s in spans] == [("generate", False, "ERROR"), ("step", False, "ERROR")]
     assert all("while this phase was open" in s["status_message"] for s in spans)
     assert rows(run_dir, "SELECT count(*) AS n FROM crashes")[0]["n"] == 0  # exiting is not a crash
+    from rltrace import report
+    from rltrace.cli import info
+
+    said = report.build(store.open(run_dir))["findings"]
+    assert said[0].startswith("Open span: generate on trainer0 (thread engine) at step 5 was still running when its "
+                              "process exited, after ")
+    assert said[0].endswith(": hung, or cut off by the exit.")
+    assert [(o["phase"], o["state"]) for o in info.collect(str(run_dir))["open_spans"]] == [
+        ("generate", "exited"), ("step", "exited")]
 
 
 def test_kill_9_leaves_open_phases_and_a_stopped_heartbeat(run_dir):
@@ -154,3 +164,14 @@ def test_crash_sentences():
         "rollout2 was interrupted (Ctrl-C) at step 4 in `generate`.")
     long = crash_sentence({**base, "exc_type": "mylib.Error", "message": "x" * 1000 + "\nmore"})
     assert long == "rollout2 crashed: mylib.Error: " + "x" * 300 + "."
+
+
+def test_finished_spans_are_not_kept_alive(run_dir):
+    run = rltrace.init(run_dir)
+    for i in range(100):
+        with rltrace.phase("train", step=i):
+            pass
+    handle = rltrace.start_phase("step")
+    assert len(run.live_spans) == 1
+    handle.end()
+    assert len(run.live_spans) == 0

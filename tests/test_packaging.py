@@ -9,6 +9,8 @@ import zipfile
 
 import pytest
 
+import rltrace
+
 from .conftest import PYTHON, REPO
 
 
@@ -42,6 +44,12 @@ def test_wheel_has_only_the_rltrace_import_name(tmp_path):
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "rltrace = rltrace.cli:main" in entry_points
     assert "trl = rltrace.integrations.trl:TRLInstrumentor" in entry_points
+    # the version is written once, in rltrace/__init__.py; the wheel's metadata reads it from there
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert f"\nVersion: {rltrace.__version__}\n" in metadata
+    assert wheel.name.startswith(f"rltrace-{rltrace.__version__}-")
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and '\nversion = "' not in pyproject
 
 
 def test_a_folder_named_rltrace_beside_a_script_does_not_shadow_the_install(tmp_path):

@@ -8,13 +8,13 @@ Pieces other tools reuse (replay, tests):
     policy, tok = load_checkpoint("runs/demo/checkpoints/policy_v000012.pt")
     logp = response_logprobs(policy, [prompt_tokens], [response_tokens], pad_id=tok.pad_id)
 
-Files, one idea each: tokenizer.py (vocabulary, chat template), policy.py (model, trainer
-log-probs, checkpoints), task.py (problems, reward), engine.py (KV-cached rollout engine),
-grpo.py (loss and mismatch formulas), worker.py (the rollout side), weight_sync.py (transfer
-paths), placement.py (colocated thread or Ray actors), ray_actors.py, display.py, train.py (the loop).
+The loop a reader learns from: train.py (the loop, its four phases), policy.py (model, trainer
+log-probs, checkpoints), task.py (problems, reward) and grpo.py (the loss formulas). replay.py
+holds what debug replay freezes and the entry points `rltrace replay run` calls. system/ holds
+the rest: flags, tokenizer, rollout engine and workers, placement (thread or Ray actors), weight
+transfer paths, fault injection, display.
 """
 
-from examples.tiny_grpo.engine import Completion, RolloutEngine, SamplingParams
 from examples.tiny_grpo.policy import (
     CheckpointError,
     Policy,
@@ -23,8 +23,10 @@ from examples.tiny_grpo.policy import (
     read_model_config,
     response_logprobs,
 )
-from examples.tiny_grpo.task import Problem, ProblemSource, reward, slow_verifier
-from examples.tiny_grpo.tokenizer import Tokenizer, TokenizerError
+from examples.tiny_grpo.system.engine import Completion, RolloutEngine, SamplingParams
+from examples.tiny_grpo.system.faults import slow_verifier
+from examples.tiny_grpo.system.tokenizer import Tokenizer, TokenizerError
+from examples.tiny_grpo.task import Problem, ProblemSource, reward
 
 __all__ = [
     "CheckpointError",

@@ -29,12 +29,15 @@ def mismatch(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Ten
     - `tis_mean`, `tis_clipfrac`: truncated importance weight w = p/q, its mean and the fraction
       above `tis_cap` (those tokens are down-weighted by the clip)
     - `per_sample_abs_diff` (B,): mean |log p - log q| of each sample
+
+    Sync point: every `.item()` / `.tolist()` here waits for the forward that made `old_logp`
+    (train.py calls this inside its `forward` phase, so the wait is counted there).
     """
     log_ratio = (old_logp - rollout_logp) * mask
     ratio = log_ratio.exp()
-    per_sample = (log_ratio.abs().sum(1) / mask.sum(1).clamp(min=1)).tolist()
+    per_sample = (log_ratio.abs().sum(1) / mask.sum(1).clamp(min=1)).tolist()  # sync point (in "forward")
     return {
-        "train_rollout_logprob_abs_diff": masked_mean(log_ratio.abs(), mask).item(),
+        "train_rollout_logprob_abs_diff": masked_mean(log_ratio.abs(), mask).item(),  # sync points (in "forward")
         "mismatch_k3": masked_mean(ratio - 1 - log_ratio, mask).item(),
         "tis_mean": masked_mean(ratio, mask).item(),
         "tis_clipfrac": masked_mean((ratio > tis_cap).float(), mask).item(),

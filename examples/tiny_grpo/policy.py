@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from examples.tiny_grpo.tokenizer import Tokenizer
+from examples.tiny_grpo.system.tokenizer import Tokenizer
 
 
 class CheckpointError(RuntimeError):
@@ -31,6 +31,11 @@ class PolicyConfig:
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 160  # 2 layers x 160 wide: 0.65M parameters, 2.6 MB in fp32
+
+
+def policy_config(cfg) -> PolicyConfig:
+    """The model shape the demo's flags ask for (`--n-layer`, `--n-embd`): the trainer and every engine use it."""
+    return PolicyConfig(vocab_size=Tokenizer().vocab_size, n_layer=cfg.n_layer, n_embd=cfg.n_embd)
 
 
 class KVCache:
@@ -210,3 +215,11 @@ def save_checkpoint(policy: Policy, path: Path) -> int:
     torch.save(policy.state_dict(), tmp)
     tmp.replace(path)
     return path.stat().st_size
+
+
+def save_version(policy: Policy, folder: Path, version: int, keep: int) -> int:
+    """`policy_v{version:06d}.pt`, keeping the newest `keep` of them (for replay); returns bytes written."""
+    size = save_checkpoint(policy, folder / f"policy_v{version:06d}.pt")
+    for old in sorted(folder.glob("policy_v*.pt"))[:-keep]:
+        old.unlink()
+    return size

@@ -24,15 +24,30 @@ import rltrace.replay
 from examples.tiny_grpo import grpo
 from examples.tiny_grpo.policy import load_checkpoint, response_logprobs
 from examples.tiny_grpo.task import Problem, reward as task_reward
-from examples.tiny_grpo.tokenizer import ASSISTANT, SPECIAL_TOKENS, Tokenizer
+from examples.tiny_grpo.system.tokenizer import ASSISTANT, SPECIAL_TOKENS, Tokenizer
 
 PINNED = "frozen"  # checkpoints/frozen/: the versions frozen batches need, never pruned
 
 
 # --- freezing (called from train.py) ----------------------------------------------------------
+def freezer(cfg) -> rltrace.replay.Freezer:
+    """Freeze every `--freeze-every` steps (0: never on a schedule) and on anomalies (a reward drop, bad text)."""
+    return rltrace.replay.Freezer(rltrace.replay.FreezePolicy(every=cfg.freeze_every or None, reward_drop=0.3,
+                                                              bad_text=True))
+
+
+def freeze(freezer: rltrace.replay.Freezer, step: int, samples, rewards: list[float], *, policy, tokenizer: Tokenizer,
+           ckpt: Path, version: int, cfg) -> None:
+    """Offer the step's batch to `freezer` (written on its own thread, never waited for); when it is
+    kept, pin the checkpoints a rerun needs."""
+    if freezer.step(step, rows(samples, rewards, cfg.group_size), batch_meta=batch_meta(tokenizer, ckpt, version, cfg),
+                    metrics={"reward_mean": sum(rewards) / len(rewards)}):
+        pin_checkpoints(policy, ckpt, version, {s.weight_version for s in samples})
+
+
 def rows(samples, rewards: list[float], group_size: int) -> list[dict]:
     """One dict per sample, in rltrace.replay's column names (the lists are the loop's own)."""
-    advantages = grpo.group_advantages(torch.tensor(rewards), group_size).tolist()
+    advantages = grpo.group_advantages(torch.tensor(rewards), group_size).tolist()  # sync point (in "step")
     return [
         {
             "sample_id": s.sample_id,

@@ -2,13 +2,12 @@
 
     prompt  "reverse 3141"      answer "1413"      reward = matching positions / max(len)
 
-A random policy scores about 0.05; a perfect one 1.0. `slow_verifier` is the `--slow-reward`
-fault: a CPU-bound checker standing for an LLM judge or a sandboxed test run.
+A random policy scores about 0.05; a perfect one 1.0. (The `--slow-reward` fault swaps in a
+CPU-bound checker standing for an LLM judge: system/faults.py.)
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass
 
@@ -50,15 +49,3 @@ def reward(problem: Problem, response_text: str) -> float:
     matches = sum(a == b for a, b in zip(response_text, target))
     return matches / max(len(target), len(response_text), 1)
 
-
-def slow_verifier(problem: Problem, response_text: str, rounds: int = 2_000_000) -> float:
-    """Reward computed the slow way (pure Python, about 0.5 s): a stand-in for an LLM judge.
-
-    Burns CPU instead of sleeping, so a py-spy profile of a slow `reward` span names this function.
-    """
-    digest = (problem.digits + "|" + response_text).encode()
-    for _ in range(rounds // 1000):
-        for _ in range(1000):
-            digest = digest[1:] + digest[:1]
-        digest = hashlib.blake2b(digest, digest_size=16).digest()
-    return reward(problem, response_text)

@@ -6,20 +6,27 @@ import time
 
 import pandas as pd
 
+from rltrace import _names
 from rltrace.analysis import summary
 
 STALE_AFTER_S = 30.0  # a process silent this long has stopped: three missed heartbeats (written every 10 s)
 
 
 def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
-    """Spans that started and have not ended: running, hung, or their process was killed.
+    """Spans that started and have not ended (running, hung, or their process was killed), and
+    spans still open when their process exited (rltrace ended them then, with status ERROR).
 
     Returns:
         process_id, role, rank, host, thread_name, phase, name, step, span_id, start_ns; age_s (now - start);
         stalled_s (the run's last activity - start: how long it had been open when the run
         last wrote anything, which is what matters for a dead run; activity = the last end of a
-        stepped span, a heartbeat or an open span's start); last_heard_ns (the process's
-        last heartbeat, Unix ns, or None); ended_cleanly (the process called shutdown).
+        stepped span, a heartbeat or an open span's start; for a span ended at exit, how long
+        it was open); last_heard_ns (the process's last heartbeat, Unix ns, or None);
+        ended_cleanly (the process called shutdown); heard_for_s (how long the process kept its
+        heartbeat after the span started); state: `exited` (the process exited with the span
+        open), `killed` (the process stopped without shutting down: no heartbeat for over
+        STALE_AFTER_S, e.g. SIGKILL or out of memory) or `running` (its heartbeat is fresh:
+        hung, or still running).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
     checks = summary.checks(con)  # per-step first start / last end, cached per connection
@@ -30,19 +37,20 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
            proc AS (SELECT process_id, max(heartbeat_ns) AS heard, bool_or(ended_ns IS NOT NULL) AS ended
                     FROM processes GROUP BY process_id)
            SELECT s.process_id, s.role, s.rank, s.host, s.thread_name, coalesce(s.phase, s.name) AS phase, s.name, s.step,
-                  s.span_id, s.start_ns, (SELECT ns FROM last) AS last_ns, p.heard AS last_heard_ns,
+                  s.span_id, s.start_ns, s.end_ns, (SELECT ns FROM last) AS last_ns, p.heard AS last_heard_ns,
                   coalesce(p.ended, false) AS ended_cleanly
            FROM spans s LEFT JOIN proc p USING (process_id)
-           WHERE s.is_open ORDER BY s.start_ns""",
-        [last_step_ns],
+           WHERE s.is_open OR (s.status = 'ERROR' AND s.status_message = ?) ORDER BY s.start_ns""",
+        [last_step_ns, _names.UNFINISHED_AT_EXIT],
     ).df()
     frame["age_s"] = (now_ns - frame["start_ns"]) / 1e9
-    frame["stalled_s"] = ((frame["last_ns"] - frame["start_ns"]) / 1e9).clip(lower=0)
+    closed = frame["end_ns"].notna()  # ended by rltrace when its process exited
+    frame["stalled_s"] = ((frame["end_ns"].where(closed, frame["last_ns"]) - frame["start_ns"]) / 1e9).clip(lower=0)
     heard = frame["last_heard_ns"].astype("float64")
     frame["heard_for_s"] = ((heard - frame["start_ns"]) / 1e9).clip(lower=0)
     stopped = (now_ns - heard) / 1e9 > STALE_AFTER_S
-    frame["state"] = ["exited" if ended else "killed" if gone else "running"
-                      for ended, gone in zip(frame["ended_cleanly"].astype(bool), stopped.fillna(True))]
+    frame["state"] = ["exited" if shut or ended else "killed" if gone else "running"
+                      for shut, ended, gone in zip(closed, frame["ended_cleanly"].astype(bool), stopped.fillna(True))]
     cols = ["process_id", "role", "rank", "host", "thread_name", "phase", "name", "step", "span_id", "start_ns", "age_s",
             "stalled_s", "last_heard_ns", "ended_cleanly", "heard_for_s", "state"]
     return frame[cols]

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rltrace import store
+from rltrace import _names, store
 from rltrace.analysis.health import STALE_AFTER_S
 from rltrace.report.findings import crash_sentence
 
@@ -29,8 +29,8 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
     snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
     con = store.connect(snap)
 
-    def rows(sql: str) -> list[dict]:
-        cur = con.execute(sql)
+    def rows(sql: str, params: list | None = None) -> list[dict]:
+        cur = con.execute(sql, params or [])
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r)) for r in cur.fetchall()]
 
@@ -54,9 +54,10 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
                   avg(duration_s) AS mean_s, max(duration_s) AS max_s
            FROM spans WHERE NOT is_open GROUP BY 1 ORDER BY total_s DESC NULLS LAST"""
     )
-    open_spans = rows(
-        """SELECT process_id, role, rank, name, phase, step, start_ns, span_id
-           FROM spans WHERE is_open ORDER BY start_ns"""
+    open_spans = rows(  # and spans rltrace ended because their process exited with them open
+        """SELECT process_id, role, rank, name, phase, step, start_ns, span_id, NOT is_open AS at_exit
+           FROM spans WHERE is_open OR (status = 'ERROR' AND status_message = ?) ORDER BY start_ns""",
+        [_names.UNFINISHED_AT_EXIT],
     )
     for span in open_spans:
         span["age_s"] = (now_ns - span["start_ns"]) / 1e9
@@ -68,7 +69,7 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
                       else "killed" if stopped else "running")
     states = {p["process_id"]: p["state"] for p in processes}
     for span in open_spans:
-        span["state"] = states.get(span["process_id"], "killed")
+        span["state"] = "exited" if span.pop("at_exit") else states.get(span["process_id"], "killed")
     tables = {name: sum(p.rows for p in parts) for name, parts in snap.parts.items()}
     return {
         "run_dir": str(run_dir),
@@ -151,7 +152,7 @@ def render(data: dict, console: Console) -> None:
                 dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),
                 f"{o['age_s']:.1f}s",
                 {"killed": "[red]killed (heartbeat stopped)[/]", "running": "alive: hung or still running"}.get(
-                    o.get("state"), "exited"),
+                    o.get("state"), "exited with it open"),
             )
         console.print(t)
     else:

@@ -3,7 +3,7 @@
     rltrace replay list RUN_DIR
     rltrace replay show RUN_DIR --step N [--sample I] [--flagged] [--tokenizer module:name]
     rltrace replay run RUN_DIR --step N --entry module:function [--repeat 2] [--arg key=value]
-    rltrace replay diff RUN_DIR --step N [--replay ID] [--against ID] [--pair replayed=recorded]
+    rltrace replay diff RUN_DIR --step N [--replay ID] [--against ID] [--pair replayed=recorded] [--recorded A B]
     rltrace replay compare RUN_DIR --step N --entry A --entry B [--repeat 2]   (or --replay ID --replay ID)
     rltrace replay decompose RUN_DIR --step N --entry module:function   (staleness vs engine gap)
     rltrace replay request RUN_DIR [--reason TEXT]   (a running Freezer freezes its next step)
@@ -72,6 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--replay", default=None, help="replay id (default: the latest replay of the step)")
     a.add_argument("--against", default=None, help="another replay id: compare the two replays instead of the record")
     a.add_argument("--pair", type=_pair, action="append", default=[], metavar="REPLAYED=RECORDED", help="columns to compare")
+    a.add_argument("--recorded", nargs=2, action="append", default=[], metavar=("A", "B"),
+                   help="compare two recorded columns of the batch instead (b - a), e.g. rollout_log_probs train_log_probs")
     a = action("compare", "alignment of two entry points on one batch (plus repeatability of each)", _compare)
     step_args(a)
     a.add_argument("--entry", action="append", default=[], metavar="MODULE:FUNCTION", help="give twice: A and B")
@@ -161,10 +163,20 @@ def _run(args) -> int:
 
 def _diff(args) -> int:
     from rltrace.replay import load
-    from rltrace.replay.diff import diff_against_record, diff_replays
+    from rltrace.replay.diff import diff_against_record, diff_recorded, diff_replays
     from rltrace.replay.rerun import latest_replay, load_replays
 
     batch = load(args.run_dir, args.step, batch_id=args.batch, tokenizer=_tokenizer(args))
+    console = Console()
+    if args.recorded:
+        if args.replay or args.against or args.pair:
+            raise RltraceError("--recorded compares two recorded columns; it takes no --replay, --against or --pair")
+        diffs = diff_recorded(batch, [tuple(p) for p in args.recorded])
+        if args.json:
+            _print_json(console, {"replay_id": None, "diffs": [d.to_dict() for d in diffs]})
+        else:
+            render.diffs(console, f"recorded columns of step {batch.step}", diffs)
+        return 0
     replay = (load_replays(args.run_dir, step=args.step, replay_id=args.replay) if args.replay else latest_replay(args.run_dir, args.step))[0]
     if args.against:
         other = load_replays(args.run_dir, step=args.step, replay_id=args.against)[0]
@@ -172,7 +184,6 @@ def _diff(args) -> int:
     else:
         diffs = diff_against_record(batch, replay, pairs=dict(args.pair) or None)
         title = f"recorded vs replay {replay.replay_id} ({replay.label})"
-    console = Console()
     if args.json:
         _print_json(console, {"replay_id": replay.replay_id, "diffs": [d.to_dict() for d in diffs]})
     else:

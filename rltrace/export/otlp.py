@@ -22,7 +22,7 @@ from rltrace.analysis._steps import Steps, step_filter
 BATCH = 512
 
 
-class ReplayError(RltraceError):
+class OtlpExportError(RltraceError):
     """The OTLP backend did not accept the spans."""
 
 
@@ -122,7 +122,7 @@ def replay(con, endpoint: str, *, steps: Steps = None, progress: Callable[[int, 
                 chunk = frame.iloc[i : i + BATCH]
                 spans = [to_readable(r, _resource_for(resources, r)) for r in chunk.itertuples(index=False)]
                 if exporter.export(spans) is not SpanExportResult.SUCCESS:
-                    raise ReplayError(
+                    raise OtlpExportError(
                         f"the OTLP backend at {url} did not accept spans ({sent} of {total} sent): "
                         "check that it is running and speaks OTLP over HTTP"
                     )

@@ -54,9 +54,7 @@ class _Callback:
 
     # --- lifecycle -------------------------------------------------------------------------
     def _ensure_run(self, args) -> None:
-        from rltrace import api
-
-        if self.run_dir is None and (api._run is not None or not _env_run_dir()):
+        if self.run_dir is None and (rltrace.current_run() is not None or not _env_run_dir()):
             return  # a run started by the program itself is used as is; no run dir: record nothing
         rltrace.init(self.run_dir, role=self.role, rank=getattr(args, "process_index", None), **self.init_kwargs)
 

@@ -11,26 +11,30 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
+from rltrace import _names
 from rltrace.store.writer import after_fork_in_child
 
-EXITED = "the process exited (or its run was shut down) while this phase was open"
+EXITED = _names.UNFINISHED_AT_EXIT
 
 
 class LiveSpans(SpanProcessor):
     """Tracks open spans (a dict insert and pop per span) so they can be closed at exit."""
 
     def __init__(self):
-        self._live: dict[int, Span] = {}
+        self._live: dict[int, Span] = {}  # span_id -> live span
         after_fork_in_child(self._after_fork)
 
     def _after_fork(self) -> None:
         self._live = {}  # the parent's open spans are the parent's
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        self._live[id(span)] = span
+        self._live[span.context.span_id] = span
 
     def on_end(self, span: ReadableSpan) -> None:
-        self._live.pop(id(span), None)
+        self._live.pop(span.context.span_id, None)  # the SDK hands a ReadableSpan copy: match by id
+
+    def __len__(self) -> int:
+        return len(self._live)
 
     def end_all(self, message: str = EXITED) -> int:
         """End every open span with status ERROR and `message`, innermost first; return how many."""

@@ -233,33 +233,26 @@ def _reward(r: dict) -> list[str]:
 def _hangs(r: dict) -> list[str]:
     out = []
     for o in r["open_spans"]:
-        if o.get("state") in ("killed", "exited"):
-            out.append(_stopped(o))
-            continue
         step = "" if o.get("step") is None else f" at step {o['step']}"
         thread_name = o.get("thread_name") or "MainThread"
         named = thread_name != "MainThread" and not thread_name.startswith("Dummy-")  # Dummy-N: a foreign thread
         thread = f" (thread {o['thread_name']})" if named else ""
-        out.append(
-            f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step} started and never ended "
-            f"({sec(o['stalled_s'])} before the run's last write; {sec(o['age_s'])} ago)"
-            + (" and its process is alive: hung or still running." if o.get("state") == "running" else ": hung or killed.")
-            + (f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else "")
-        )
+        where = f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step}"
+        state = o.get("state")
+        if state == "exited":
+            text = (f"{where} was still running when its process exited, after {sec(o['stalled_s'])}: hung, or "
+                    "cut off by the exit.")
+        elif state == "killed":
+            heard = o.get("heard_for_s") or 0.0
+            how = f"hung {sec(heard)}, then killed" if heard > STALE_AFTER_S else "killed"
+            text = (f"{where} never ended: its process stopped {sec(heard)} after the span started, with no error "
+                    f"recorded: {how} (e.g. SIGKILL or out of memory).")
+        else:
+            text = (f"{where} started and never ended ({sec(o['stalled_s'])} before the run's last write; "
+                    f"{sec(o['age_s'])} ago)"
+                    + (" and its process is alive: hung or still running." if state == "running" else ": hung or killed."))
+        out.append(text + (f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else ""))
     return out
-
-
-def _stopped(o: dict) -> str:
-    """An open span whose process is gone: killed (heartbeat stopped) or exited with it open."""
-    step = "" if o.get("step") is None else f" at step {o['step']}"
-    who = _who(o["role"], o["rank"])
-    profiles = f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else ""
-    if o["state"] == "exited":
-        return f"Open span: {o['phase']} on {who}{step} was still open when its process exited.{profiles}"
-    heard = o.get("heard_for_s") or 0.0
-    how = f"hung {sec(heard)}, then killed" if heard > STALE_AFTER_S else "killed"
-    return (f"Open span: {o['phase']} on {who}{step} never ended: its process stopped {sec(heard)} after the span "
-            f"started, with no error recorded: {how} (e.g. SIGKILL or out of memory).{profiles}")
 
 
 def _drops(r: dict) -> list[str]:

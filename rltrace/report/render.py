@@ -179,12 +179,14 @@ def _stragglers(r: dict, rows: int | None = None) -> Table | None:
 def _open_spans(r: dict) -> Table | None:
     if not r["open_spans"]:
         return None
-    t = _table("[red]Open spans[/] (started, never ended: hung or killed)",
-               ["process", "thread", "phase", "step", "started", "open for"])
+    t = _table("[red]Open spans[/] (started, never ended)",
+               ["process", "thread", "phase", "step", "started", "open for", "its process"])
+    state = {"killed": "killed (heartbeat stopped)", "running": "alive: hung or still running", "exited": "exited"}
     for o in r["open_spans"]:
         started = dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
         t.add_row(_who(o["role"], o["rank"]), o.get("thread_name") or "", o["phase"],
-                  "" if o["step"] is None else str(o["step"]), started, sec(o["stalled_s"]))
+                  "" if o["step"] is None else str(o["step"]), started, sec(o["stalled_s"]),
+                  state.get(o.get("state"), "hung or killed"))
     for col in t.columns[1:3]:
         col.justify = "left"
     return t

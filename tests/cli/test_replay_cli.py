@@ -65,6 +65,21 @@ def test_show_decodes_tokens_with_the_right_tokenizer_only(capsys, tmp_path):
     assert code == 2 and "has no decode() method" in err
 
 
+def test_show_with_a_tokenizer_decodes_tokens_so_a_stripped_template_leak_is_visible(capsys, tmp_path):
+    tok = CharTokenizer()
+    rltrace.init(tmp_path / "run")
+    leaked = tok.encode("<|im_start|>ab")  # the framework decoded it with special tokens skipped
+    rltrace.replay.freeze(1, [{"response_tokens": torch.tensor(leaked), "response_text": "ab"}], batch_meta={"tokenizer": tok})
+    rltrace.replay.flush()
+    plain = cli_json(capsys, "replay", "show", tmp_path / "run", "--step", 1, "--sample", 0)
+    assert plain["response_text"] == "ab" and plain["text_from"] == "stored"
+    view = cli_json(capsys, "replay", "show", tmp_path / "run", "--step", 1, "--sample", 0, "--tokenizer", TOKENIZER)
+    assert view["response_text"] == "<|im_start|>ab" and view["text_from"] == "tokens"
+    assert view["stored_response_text"] == "ab" and "template_leak" in view["flags"]
+    code, out, _ = cli(capsys, "replay", "show", tmp_path / "run", "--step", 1, "--sample", 0, "--tokenizer", TOKENIZER)
+    assert code == 0 and "<|im_start|>ab" in out and "decoded from its tokens" in out and "response as stored" in out
+
+
 def test_run_diff_and_compare(capsys, run_dir):
     ran = cli_json(capsys, "replay", "run", run_dir, "--step", 3, "--entry", f"{ENTRIES}:reward", "--repeat", 2)
     assert ran["repeatable"] == {"reward": True} and ran["diffs"][0]["bitwise_equal"]
@@ -80,6 +95,34 @@ def test_run_diff_and_compare(capsys, run_dir):
     other = cli_json(capsys, "replay", "run", run_dir, "--step", 3, "--entry", f"{ENTRIES}:noisy")
     against = cli_json(capsys, "replay", "diff", run_dir, "--step", 3, "--replay", a_id, "--against", other["replay_id"])
     assert against["diffs"][0]["bitwise_equal"] is False
+
+
+def test_diff_pair_with_a_missing_column_is_one_line(capsys, run_dir):
+    cli_json(capsys, "replay", "run", run_dir, "--step", 3, "--entry", f"{ENTRIES}:reward")
+    code, _, err = cli(capsys, "replay", "diff", run_dir, "--step", 3, "--pair", "reward=nope")
+    assert code == 2 and "has no column 'nope'" in err and "rollout_log_probs" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+    code, _, err = cli(capsys, "replay", "diff", run_dir, "--step", 3, "--pair", "log_probs=reward")
+    assert code == 2 and "replay " in err and "has no column 'log_probs'" in err and "reward" in err
+
+
+def test_diff_two_recorded_columns(capsys, tmp_path):
+    """Rollout vs train log-probs as the loop recorded them: no replay needed."""
+    rltrace.init(tmp_path / "run")
+    q = [torch.tensor([-1.0, -2.0]), torch.tensor([-0.5])]
+    p = [torch.tensor([-1.0, -2.5]), torch.tensor([-0.5])]
+    rltrace.replay.freeze(1, {"rollout_log_probs": q, "train_log_probs": p, "response_tokens": [[4, 5], [6]]})
+    rltrace.replay.flush()
+    data = cli_json(capsys, "replay", "diff", tmp_path / "run", "--step", 1, "--recorded", "rollout_log_probs", "train_log_probs")
+    (d,) = data["diffs"]
+    assert (d["a"], d["b"], d["tokens"], d["samples_different"]) == ("rollout_log_probs", "train_log_probs", 3, 1)
+    assert d["mean_abs"] == pytest.approx(0.5 / 3) and d["top_tokens"][0]["token_id"] == 5
+    code, out, _ = cli(capsys, "replay", "diff", tmp_path / "run", "--step", 1, "--recorded", "rollout_log_probs", "train_log_probs")
+    assert code == 0 and "recorded columns of step 1" in out and "train_log_probs" in out
+    code, _, err = cli(capsys, "replay", "diff", tmp_path / "run", "--step", 1, "--recorded", "rollout_log_probs", "x")
+    assert code == 2 and "has no column 'x'" in err and "Traceback" not in err
+    code, _, err = cli(capsys, "replay", "diff", tmp_path / "run", "--step", 1, "--recorded", "a", "b", "--pair", "x=y")
+    assert code == 2 and "takes no --replay" in err
 
 
 def test_decompose(capsys, run_dir):

@@ -20,10 +20,10 @@ from examples.tiny_grpo import (
     load_checkpoint,
     response_logprobs,
     reward,
-    weight_sync,
 )
 from examples.tiny_grpo.policy import save_checkpoint, write_model_config
-from examples.tiny_grpo.train import Config, validate
+from examples.tiny_grpo.system import weight_sync
+from examples.tiny_grpo.system.cli import Config, validate
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import json
 import pytest
 
 import rltrace.store
-from examples.tiny_grpo.train import Config, prepare_out
+from examples.tiny_grpo.system.cli import Config, prepare_out
 from rltrace import _names
 
 from .conftest import FAST_WARMUP, run_demo

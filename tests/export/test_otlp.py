@@ -42,5 +42,5 @@ def test_cli_replay_and_an_unreachable_backend(phoenix, tmp_path, capsys):
     assert main(["export", str(b.run_dir), "--format", "otlp", "--endpoint", phoenix]) == 0
     assert "sent 1 spans" in capsys.readouterr().err
     dead = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(otlp.ReplayError, match="did not accept spans"):
+    with pytest.raises(otlp.OtlpExportError, match="did not accept spans"):
         otlp.replay(store.open(b.run_dir), dead, timeout_s=1)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 from rltrace import store
 
@@ -94,7 +95,27 @@ def test_default_run_dir_and_bad_commands(tmp_path):
     assert out.returncode == 0, out.stderr
     (made,) = (tmp_path / "runs").iterdir()
     assert (made / "run.json").exists() and f"trace in runs/{made.name}" in out.stderr
+    out = launch(tmp_path / "r", PYTHON, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    assert out.returncode == 128 + 15  # killed by a signal: the shell's convention
     out = launch(tmp_path / "r", "no-such-command-xyz")
     assert out.returncode == 2 and "command not found: no-such-command-xyz" in out.stderr
     out = subprocess.run([PYTHON, "-m", "rltrace", "run"], env=python_env(), capture_output=True, text=True)
     assert out.returncode == 2 and "needs a command" in out.stderr
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_are_traced_with_their_rank(run_dir, tmp_path):
+    pytest.importorskip("torch")
+    out = launch(run_dir, PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                 str(FAKE / "script.py"), "3", RLTRACE_INSTRUMENTORS="rltrace_fake_instrumentor:FakeInstrumentor",
+                 cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    con = store.open(run_dir)
+    rows = con.execute("SELECT rank, count(*) FROM spans WHERE name = 'fake_work' AND step = 3 GROUP BY rank ORDER BY rank")
+    assert rows.fetchall() == [(0, 1), (1, 1)]
+
+
+def test_a_helper_process_that_records_nothing_leaves_no_crash(run_dir):
+    out = launch(run_dir, PYTHON, "-c", "import no_such_module_probe")
+    assert out.returncode == 1 and "No module named 'no_such_module_probe'" in out.stderr
+    assert not run_dir.exists()

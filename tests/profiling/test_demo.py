@@ -47,7 +47,7 @@ def test_slow_reward_span_gets_a_profile_naming_the_slow_verifier(tmp_path):
         ).fetchone()
         assert duration > 3 * profile["median_s"]
         top = frames(out, profile["profile_id"])[0]
-        assert top["frame"] == "slow_verifier" and top["file"].endswith("task.py")
+        assert top["frame"] == "slow_verifier" and top["file"].endswith("faults.py")
 
 
 @pytest.mark.slow

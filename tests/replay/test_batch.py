@@ -104,7 +104,8 @@ def test_tokenizer_identity_reads_every_kind_of_vocabulary():
         vocab = ["<pad>", "a", "b"]
 
     by_list = replay.tokenizer_identity(ListVocab())
-    assert by_list == ("ListVocab", replay.tokenizer_identity({"<pad>": 0, "a": 1, "b": 2})[1])
+    digest = replay.tokenizer_identity({"<pad>": 0, "a": 1, "b": 2})[1]
+    assert by_list == (f"vocab-3-{digest[:12]}", digest)  # no name of its own: named by its vocabulary
     assert by_list[1] != replay.tokenizer_identity({"<pad>": 0, "a": 2, "b": 1})[1]
     with pytest.raises(ReplayError, match="cannot read the vocabulary of tokenizer object"):
         replay.tokenizer_identity(object())
@@ -180,3 +181,16 @@ def test_ten_thousand_samples_with_long_responses(tmp_path):
     for i in (0, 1, 4_999, 9_999):
         assert same_bits(samples[i]["response_tokens"], tokens[i]) and same_bits(samples[i]["rollout_log_probs"], logps[i])
     assert sum(len(t) for t in tokens) == sum(lengths)
+
+
+def test_a_hugging_face_tokenizer_built_in_code_gets_a_meaningful_name():
+    """Its class name (`TokenizersBackend` in transformers 5) says nothing; `name_or_path` is empty."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    vocab = {"<pad>": 0, "<|im_end|>": 1, "a": 2, "b": 3}
+    core = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<|im_end|>")
+    name, digest = replay.tokenizer_identity(hf)
+    assert name == f"vocab-4-{digest[:12]}" and digest == replay.tokenizer_identity(vocab)[1]
+    named = transformers.PreTrainedTokenizerFast(tokenizer_object=core, name_or_path="org/my-model")
+    assert replay.tokenizer_identity(named) == ("org/my-model", digest)

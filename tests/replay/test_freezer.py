@@ -53,7 +53,8 @@ def test_a_full_queue_skips_and_counts_without_waiting(tmp_path, monkeypatch, bl
     rltrace.flush()
     con = rltrace.store.open(tmp_path / "run")
     last = dict(con.execute("SELECT name, value FROM metrics WHERE step = 2 AND name LIKE 'replay_%'").fetchall())
-    assert last == {"replay_frozen": 2.0, "replay_skipped": 1.0, "replay_failed": 0.0, "replay_bytes": float(w.bytes_written)}
+    assert last == {"replay_frozen": 2.0, "replay_skipped": 1.0, "replay_failed": 0.0, "replay_columns_dropped": 0.0,
+                    "replay_bytes": float(w.bytes_written)}
 
 
 def test_the_disk_budget_skips_and_counts(tmp_path, monkeypatch):
@@ -98,19 +99,53 @@ def test_copy_true_protects_against_in_place_changes(tmp_path, blocked_writer):
     "samples, message",
     [
         ({"a": torch.zeros(3, 2), "b": [1, 2]}, "has 2 rows"),
-        ([{"step": 1}], "used by rltrace itself"),
         ([{"weight_version": [1, 2]}], "weight_versions"),
         ({"reward": [[1.0, 2.0]]}, "reward_components"),
         ({"reward": torch.zeros(4, 2)}, "reward_components"),
         ({"x": 3}, "must be a tensor/array"),
         ("text", "list of dicts or a dict of columns"),
         ([1, 2], "must be dicts"),
+        ([{3: 1.0}], "column names must be strings"),
     ],
 )
-def test_mistakes_are_raised_at_the_call_site(tmp_path, samples, message):
-    rltrace.init(tmp_path / "run")
-    with pytest.raises((TypeError, ValueError), match=message):
-        replay.freeze(1, samples)
+def test_mistakes_are_counted_and_logged_never_raised_into_the_loop(tmp_path, samples, message, caplog):
+    run = rltrace.init(tmp_path / "run")
+    assert replay.freeze(1, samples) is False
+    w = writer_module.writer_for(run)
+    assert w.failed == 1 and message in w.last_error and "could not freeze step 1" in caplog.text
+    assert replay.freeze("one", [{"reward": 1.0}]) is False and w.failed == 2  # a bad step too
+    assert replay.freeze(2, [{"reward": 1.0}])  # and the next good freeze goes through
+    replay.flush()
+    assert _steps(tmp_path / "run") == [2]
+
+
+def test_a_train_version_column_that_agrees_becomes_the_batchs_own(tmp_path):
+    """`log_samples` rows carry train_version; freezing the same rows must work."""
+    run = rltrace.init(tmp_path / "run")
+    rows = [{"reward": 1.0, "train_version": 4}, {"reward": 0.0, "train_version": 4}]
+    assert replay.freeze(1, rows)  # v_t from the column
+    assert replay.freeze(2, {"reward": [1.0, 0.0], "train_version": torch.tensor([5, 5])}, batch_meta={"weight_version": 5})
+    replay.flush()
+    one, two = replay.load(tmp_path / "run", 1), replay.load(tmp_path / "run", 2)
+    assert (one.meta["train_version"], two.meta["train_version"]) == (4, 5)
+    assert "train_version" not in one.columns and one["reward"] == [1.0, 0.0]
+    assert writer_module.writer_for(run).columns_dropped == 0
+
+
+def test_clashing_columns_are_dropped_counted_and_explained(tmp_path, caplog):
+    run = rltrace.init(tmp_path / "run")
+    rows = [{"reward": 1.0, "train_version": 3, "step": 7, "_shape_x": 1}, {"reward": 0.0, "train_version": 4}]
+    assert replay.freeze(1, rows, batch_meta={"weight_version": 3})
+    replay.flush()
+    batch = replay.load(tmp_path / "run", 1)
+    assert batch.meta["train_version"] == 3 and batch["reward"] == [1.0, 0.0]  # the batch is kept
+    assert set(batch.extra["dropped_columns"]) == {"train_version", "step", "_shape_x"}
+    assert "versions [3, 4]" in batch.extra["dropped_columns"]["train_version"]
+    assert writer_module.writer_for(run).columns_dropped == 3
+    assert "frozen without its column 'step'" in caplog.text
+    rltrace.flush()
+    con = rltrace.store.open(tmp_path / "run")
+    assert con.execute("SELECT max(value) FROM metrics WHERE name = 'replay_columns_dropped'").fetchone() == (3.0,)
 
 
 def test_every_n_steps(tmp_path, monkeypatch):
@@ -212,3 +247,12 @@ def test_canonical_columns_are_checked_on_the_callers_thread():
     with pytest.raises(ValueError, match="str"):
         check_canonical("response_text", [1, 2])
     check_canonical("reward", torch.tensor(1.0))
+
+
+def test_a_freezer_given_unreadable_samples_counts_them_and_goes_on(tmp_path):
+    run = rltrace.init(tmp_path / "run")
+    freezer = Freezer(FreezePolicy(every=1, bad_text=True))
+    for bad in ("text", [1, 2], {"response_text": 3}, [{"response_text": 5}]):
+        assert freezer.step(0, bad) is None
+    assert writer_module.writer_for(run).failed == 4
+    assert freezer.step(1, [{"reward": 1.0}]) == "every_n"

@@ -74,6 +74,24 @@ def test_entries_named_by_module(tmp_path, monkeypatch):
     assert load_entry("tests.replay.entries:reward").__name__ == "reward"
 
 
+def test_an_entry_file_imports_its_neighbours(tmp_path, monkeypatch):
+    """`--entry path/to/file.py:fn` works like `python path/to/file.py`: modules beside it import."""
+    code = tmp_path / "my_eval"
+    code.mkdir()
+    (code / "my_reward_lib.py").write_text("def score(text):\n    return float(len(text))\n")
+    (code / "eval_entry.py").write_text(
+        "import my_reward_lib\n\n"
+        "def reward(batch):\n"
+        "    return {'reward': [my_reward_lib.score(t) for t in batch['response_text']]}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # undone after the test (the entry adds its own folder)
+    monkeypatch.chdir(tmp_path)  # the file is named relative to here, not from its own folder
+    run_dir, _, _ = make_run(tmp_path / "runs")
+    result = run_entry(run_dir, 3, "my_eval/eval_entry.py:reward")
+    texts = rltrace.replay.load(run_dir, 3)["response_text"]
+    assert result.repeats[0]["reward"] == [float(len(t)) for t in texts]
+
+
 @pytest.mark.parametrize(
     "entry, message",
     [

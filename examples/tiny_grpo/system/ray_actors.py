@@ -1,6 +1,6 @@
 """The Ray actors of disaggregated mode, each in its own process, all recording into one run.
 
-- `TrainerActor` (`role="trainer"`): the whole training loop of train.py, with a `RayRollout`
+- `TrainerActor` (`role="trainer"`): the whole training loop of train.py (`run_trainer`), with a `RayRollout`
   over the workers' handles; the driver (ray_driver.py) polls it for progress.
 - `RolloutActor` (`role="rollout"`, `rank=i`): a `RolloutWorker`. Calls from the trainer carry its
   trace context (`rltrace.inject()`); the actor continues it with `rltrace.attach(carrier)`, so its
@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 
 import rltrace
-from examples.tiny_grpo import weight_sync
-from examples.tiny_grpo.display import ProgressLog
-from examples.tiny_grpo.placement import RayRollout
+from examples.tiny_grpo.system import weight_sync
+from examples.tiny_grpo.system.cli import sync_bandwidth
+from examples.tiny_grpo.system.display import ProgressLog
+from examples.tiny_grpo.system.placement import RayRollout
+from examples.tiny_grpo.system.worker import RolloutSettings, RolloutWorker, Sample
 from examples.tiny_grpo.train import run_trainer
-from examples.tiny_grpo.worker import RolloutSettings, RolloutWorker, Sample
 
 
 class TrainerActor:
@@ -40,7 +41,7 @@ class TrainerActor:
         rollout = RayRollout(
             workers, mode=cfg.mode, method=cfg.sync_method, sync_dir=Path(cfg.out) / "weight_sync",
             timeout=cfg.hang_timeout, max_staleness=cfg.max_staleness, groups_per_step=cfg.prompts_per_step,
-            queue_groups=cfg.queue_steps * cfg.prompts_per_step,
+            queue_groups=cfg.queue_steps * cfg.prompts_per_step, bandwidth=sync_bandwidth(cfg),
         )
         result = run_trainer(cfg, self.log, rollout)
         for thread in set(threading.enumerate()) - before:  # e.g. a replay checkpoint still being saved:

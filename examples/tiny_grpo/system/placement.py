@@ -1,5 +1,7 @@
 """Where the rollout runs, seen from the trainer: one interface, two placements.
 
+Both offer `rollout(n_groups, step, version)` and `sync_weights(policy, version)` to train.py.
+
 - `LocalRollout` (colocated): the engine lives in the trainer's process and generates on its own
   thread; the trainer waits for it (a `wait` span) and syncs weights by copying (`copy`).
 - `RayRollout` (disaggregated, used inside the trainer's actor): N `RolloutActor` processes. `sync`
@@ -19,8 +21,8 @@ import threading
 from pathlib import Path
 
 import rltrace
-from examples.tiny_grpo import weight_sync
-from examples.tiny_grpo.worker import RolloutSettings, RolloutWorker, Sample
+from examples.tiny_grpo.system import weight_sync
+from examples.tiny_grpo.system.worker import RolloutSettings, RolloutWorker, Sample
 
 
 class RolloutTimeout(RuntimeError):
@@ -36,9 +38,9 @@ class LocalRollout:
 
     method = "copy"
 
-    def __init__(self, settings: RolloutSettings, *, timeout: float):
+    def __init__(self, settings: RolloutSettings, *, timeout: float, bandwidth: float | None = None):
         self.worker = RolloutWorker(settings)
-        self.timeout = timeout
+        self.timeout, self.bandwidth = timeout, bandwidth
         self._jobs: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         threading.Thread(target=self._serve, name="rollout-engine", daemon=True).start()
@@ -66,9 +68,11 @@ class LocalRollout:
             raise result
         return result, 0
 
-    def sync_weights(self, named, version: int, throttle: weight_sync.Throttle) -> int:
-        sender = rltrace.inject()
-        return weight_sync.copy_into(lambda chunk: self.worker.load_weights(chunk, version, sender), named, throttle)
+    def sync_weights(self, policy, version: int) -> int:
+        """Copy the policy's weights into the engine as version `version`; returns bytes copied."""
+        sender, throttle = rltrace.inject(), weight_sync.Throttle(self.bandwidth)
+        load = lambda chunk: self.worker.load_weights(chunk, version, sender)  # noqa: E731
+        return weight_sync.copy_into(load, weight_sync.named_weights(policy), throttle)
 
     def start(self) -> None:
         pass  # colocated generation runs only when asked
@@ -81,8 +85,9 @@ class RayRollout:
     """Disaggregated: rollout workers as Ray actors (started by the driver, see ray_driver.py), sync or async."""
 
     def __init__(self, actors: list, *, mode: str, method: str, sync_dir: Path, timeout: float,
-                 max_staleness: int | None, queue_groups: int, groups_per_step: int):
+                 max_staleness: int | None, queue_groups: int, groups_per_step: int, bandwidth: float | None = None):
         self.actors, self.mode, self.method, self.timeout = actors, mode, method, timeout
+        self.bandwidth = bandwidth
         self.max_staleness, self.groups_per_step, self.queue_groups = max_staleness, groups_per_step, queue_groups
         self.sync_dir = Path(sync_dir)
         self._ready = [a.ready.remote() for a in self.actors]  # workers start while the trainer warms up
@@ -143,10 +148,12 @@ class RayRollout:
             results = self._get(refs, f"take groups at step {step}", timeout=self.timeout + 5)
         return [s for samples, _ in results for s in samples], sum(dropped for _, dropped in results)
 
-    def sync_weights(self, named, version: int, throttle: weight_sync.Throttle) -> int:
-        """Send version `version` to every worker and wait until each has loaded it; returns bytes sent."""
+    def sync_weights(self, policy, version: int) -> int:
+        """Send the policy's weights as version `version` to every worker and wait until each has
+        loaded them; returns bytes sent."""
         if self._ready is not None:
             self._wait_ready()
+        named, throttle = weight_sync.named_weights(policy), weight_sync.Throttle(self.bandwidth)
         carrier = rltrace.inject()
         payload: dict = {}
         if self.method == "object_store":

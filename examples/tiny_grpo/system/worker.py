@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 
 import rltrace
-from examples.tiny_grpo.engine import Completion, RolloutEngine, SamplingParams
-from examples.tiny_grpo.policy import PolicyConfig
+from examples.tiny_grpo.policy import PolicyConfig, policy_config
+from examples.tiny_grpo.system.engine import Completion, RolloutEngine, SamplingParams
+from examples.tiny_grpo.system.tokenizer import Tokenizer
 from examples.tiny_grpo.task import Problem, ProblemSource
-from examples.tiny_grpo.tokenizer import Tokenizer
 
 STRAGGLER_TOKENS = 96  # the --straggler sample's budget
 
@@ -46,10 +46,9 @@ class RolloutSettings:
 
     @classmethod
     def from_config(cls, cfg) -> RolloutSettings:
-        """The rollout side's slice of the trainer's `train.Config` (the engines get the trainer's model shape)."""
-        policy = PolicyConfig(vocab_size=Tokenizer().vocab_size, n_layer=cfg.n_layer, n_embd=cfg.n_embd)
+        """The rollout side's slice of the trainer's `cli.Config` (the engines get the trainer's model shape)."""
         return cls(
-            policy, seed=cfg.seed, group_size=cfg.group_size, min_digits=cfg.digits, max_digits=cfg.digits,
+            policy_config(cfg), seed=cfg.seed, group_size=cfg.group_size, min_digits=cfg.digits, max_digits=cfg.digits,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
             precision=cfg.rollout_precision, straggler=cfg.straggler, bad_template=cfg.bad_template,
             hang_after=cfg.hang_after,

@@ -26,6 +26,8 @@ class TokenizerError(ValueError):
 class Tokenizer:
     """Encode/decode text; `vocab` is the id -> token list, `vocab_hash()` identifies it."""
 
+    name_or_path = "tiny_grpo/char"  # the name frozen batches record (a Hugging Face tokenizer's attribute)
+
     def __init__(self, vocab: list[str] | None = None):
         self.vocab = list(vocab) if vocab is not None else [*SPECIAL_TOKENS, *CHARACTERS]
         self.ids = {token: i for i, token in enumerate(self.vocab)}

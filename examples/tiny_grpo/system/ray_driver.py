@@ -18,8 +18,8 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from examples.tiny_grpo.placement import close_actors
-from examples.tiny_grpo.worker import RolloutSettings
+from examples.tiny_grpo.system.placement import close_actors
+from examples.tiny_grpo.system.worker import RolloutSettings
 
 POLL_S = 0.5  # how often the driver asks the trainer for progress
 STARTUP_S = 120.0  # the trainer's process may take this long to start on a loaded machine
@@ -29,7 +29,7 @@ def run_on_ray(cfg, display) -> tuple[int, str]:
     """Run the trainer and `cfg.rollout_workers` workers as Ray actors; returns (exit code, problem)."""
     import ray
 
-    from examples.tiny_grpo.ray_actors import RolloutActor, TrainerActor
+    from examples.tiny_grpo.system.ray_actors import RolloutActor, TrainerActor
 
     out = Path(cfg.out).resolve()  # actors may start in another working directory
     cfg = dataclasses.replace(cfg, out=str(out))

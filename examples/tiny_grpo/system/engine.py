@@ -109,12 +109,12 @@ class RolloutEngine:
             lengths += active.long()
             stopped = active & (token == self.eos_id) & ~ignore_eos
             finished = active & (stopped | (lengths >= limits))
-            if finished.any():
+            if finished.any():  # sync point (in "generate"), once per token, as in any engine's stop check
                 now = time.time()
                 for i in finished.nonzero().flatten().tolist():
                     reasons[i], ends[i] = ("stop" if stopped[i] else "length"), now
                 done |= finished
-            if done.all():
+            if done.all():  # sync point (in "generate")
                 break
             valid[:, P + t] = True
             step_mask = valid[:, None, None, : P + t + 1]  # (B, 1, 1, S): attend to every real token so far
@@ -123,7 +123,7 @@ class RolloutEngine:
             cache.length += 1
             next_pos += 1
 
-        return [
+        return [  # sync point (in "generate"): .tolist() copies the results to the host
             Completion(
                 tokens=out_tokens[i, : lengths[i]].tolist(),
                 logprobs=out_logprobs[i, : lengths[i]].tolist(),
