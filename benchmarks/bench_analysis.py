@@ -2,7 +2,7 @@
 
     python benchmarks/bench_analysis.py [--spans 10000000] [--dir /tmp/rltrace-bench]
 
-Targets (issue 4): one step's timeline query < 0.3 s; the full report < 10 s on 2 cores.
+Targets: one step's timeline query < 0.3 s; the full report < 10 s on 2 cores.
 Baselines measured in the same run: the timeline query on the run before compaction (many
 unsorted parts), and the report computing its per-step summaries from the spans (what a run
 that was never compacted costs) instead of reading the ones `rltrace compact` stored.

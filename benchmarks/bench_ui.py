@@ -3,7 +3,7 @@ figures; not the browser's drawing).
 
     python benchmarks/bench_ui.py [--spans 1000000] [--dir /tmp/rltrace-bench-ui]
 
-Target (issue 7): every page renders in under 2 s on a 1M-span run. For each page, "first" is
+Target: every page renders in under 2 s on a 1M-span run. For each page, "first" is
 a script run after clearing every Streamlit cache (new connection, every query computed),
 "cached" the run right after it. Baseline in the same process: the same page on a small run
 (~10,000 spans), i.e. what Streamlit and the page cost before the run's size counts.

@@ -1,6 +1,6 @@
 """Where train/rollout mismatch comes from: parameter staleness vs the same-version engine gap.
 
-For a sample generated under weight version v_s and trained at v_t, per response token (the brief):
+For a sample generated under weight version v_s and trained at v_t, per response token:
 
     log p_{v_t} - log q_{v_s} = [log p_{v_t} - log p_{v_s}]   parameter staleness  (S)
                               + [log p_{v_s} - log q_{v_s}]   same-version engine gap  (E)

@@ -1,6 +1,6 @@
 """Compare two sets of per-sample results: recorded vs replayed, or one entry point vs another.
 
-The seed's distinction is kept apart on purpose: *repeatable* (the same entry twice gives the
+Two questions are kept apart on purpose: *repeatable* (the same entry twice gives the
 same bits) says nothing about *aligned* (two implementations give the same numbers);
 `repeatable(p) and repeatable(q)` does not imply `p == q`. `repeatability` tests the first,
 `compare_columns` measures the second.
@@ -9,7 +9,7 @@ Log-prob columns (a name holding `log_prob`) are compared on response tokens whe
 is set, up to the shorter of the two (a length mismatch makes the sample differ); other array
 columns element by element; `k3` is `mean(exp(r) - 1 - r)` with `r = b - a` (for a = rollout
 log-probs q, b = recomputed p: the k3 estimate of KL(q || p)), and mean |b - a| is the
-brief's `train_rollout_logprob_abs_diff`. Alignment gate: mean |b - a| < 1e-6.
+`train_rollout_logprob_abs_diff` (mean |log p − log q| over response tokens). Alignment gate: mean |b - a| < 1e-6.
 """
 
 from __future__ import annotations

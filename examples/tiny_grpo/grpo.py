@@ -22,7 +22,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def mismatch(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, tis_cap: float) -> dict:
-    """Train/rollout mismatch over response tokens (the brief's step scalars).
+    """Train/rollout mismatch over response tokens (the standard mismatch step scalars).
 
     - `train_rollout_logprob_abs_diff` = mean |log p - log q|
     - `mismatch_k3` = mean (r - 1 - log r), r = p/q: the k3 estimator of KL(q || p), >= 0

@@ -72,6 +72,7 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
     container_phases = containers(pairs)
     busy = ~np.isin(phase, sorted(container_phases | {WAIT}))
     in_batch = spans["step"].isin(checks["step"]).to_numpy()
+    own = _own_stage_time(spans, phases, prow)
     frames = [
         _rows(
             "step",
@@ -83,9 +84,9 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
             total_ns=checks["total_ns"].to_numpy(),
         ),
         _phase_rows(spans[in_batch]),
-        *_stage_rows(spans, phases, prow, in_batch),
+        *_stage_rows(spans, phases, own, in_batch),
         _wait_rows(spans, checks, prow, busy, in_batch),
-        _path_rows(spans, prow, busy, in_batch),
+        _path_rows(spans, prow, busy, in_batch, phases, own[1]),
         _sync_rows(spans[in_batch]),
     ]
     return pd.concat([f for f in frames if len(f)], ignore_index=True)
@@ -182,11 +183,12 @@ def _own_stage_time(spans: pd.DataFrame, phases: tuple, prow: np.ndarray):
 _TAGS = (*TERMS, "reward")  # stage rows: the three cost terms, and reward on its own
 
 
-def _stage_rows(spans: pd.DataFrame, phases: tuple, prow: np.ndarray, in_batch: np.ndarray) -> list[pd.DataFrame]:
-    """`stage` rows (R, T, W, reward: own-time unions), `nested` rows and `overlap` rows."""
+def _stage_rows(spans: pd.DataFrame, phases: tuple, own, in_batch: np.ndarray) -> list[pd.DataFrame]:
+    """`stage` rows (R, T, W, reward: own-time unions), `nested` rows and `overlap` rows, from the
+    own-time pieces and nesting pairs of `_own_stage_time`."""
     if spans.empty:
         return []
-    (rows, a, b), (outer, inner) = _own_stage_time(spans, phases, prow)
+    (rows, a, b), (outer, inner) = own
     term = _lookup(phases, {p: TERMS.index(term_of(p)) for p in STAGE_OF}, -1).astype(np.int64)
     reward = _lookup(phases, {"reward": True}, False).astype(bool)
     steps = spans["step"].to_numpy()
@@ -405,12 +407,20 @@ def _who_ran(spans: pd.DataFrame, waits: pd.DataFrame) -> np.ndarray:
     return np.array(out, object)
 
 
-def _path_rows(spans, prow, busy, in_batch) -> pd.DataFrame:
+def _path_rows(spans, prow, busy, in_batch, phases, nesting) -> pd.DataFrame:
+    """Critical path per step over top-level busy spans. A stage nested in another stage's span on
+    the same thread is a link of its own (TRL: rollout → reward → train inside one training step),
+    and the outer span's link starts where its last nested stage ended (its own time)."""
     phase = spans["phase"].to_numpy(object)
     proc = spans["process_id"].to_numpy(object)
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     parent = np.maximum(prow, 0)
-    top = busy & in_batch & ((prow < 0) | ~busy[parent] | (proc[parent] != proc))
+    stage = _lookup(phases, {p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}, -1).astype(np.int64)
+    other_stage = (stage >= 0) & (stage[parent] >= 0) & (stage[parent] != stage)
+    top = busy & in_batch & ((prow < 0) | ~busy[parent] | (proc[parent] != proc) | other_stage)
+    outer, inner = nesting
+    link_start = start.copy()
+    np.maximum.at(link_start, outer, np.where(end[inner] <= end[outer], end[inner], start[outer]))
     with_parent = np.flatnonzero(prow >= 0)
     order = np.lexsort((end[with_parent], prow[with_parent]))
     kids = with_parent[order]
@@ -429,8 +439,8 @@ def _path_rows(spans, prow, busy, in_batch) -> pd.DataFrame:
         chain = [idx[-1]]
         while True:
             cur = chain[-1]
-            k = np.searchsorted(ends, start[cur] + TOLERANCE_NS, side="right")
-            cand = [j for j in idx[:k][::-1][:64] if j != cur and start[j] < start[cur]]
+            k = np.searchsorted(ends, link_start[cur] + TOLERANCE_NS, side="right")
+            cand = [j for j in idx[:k][::-1][:64] if j != cur and start[j] < link_start[cur]]
             if not cand:
                 break
             best_end = end[cand[0]]

@@ -47,6 +47,8 @@ def test_nested_stages_count_for_the_innermost_stage(tmp_path):
     assert "Stages overlap" not in text and "no measured overlap" in text
     # waits see the same rule: the trainer was never idle and waited for nobody
     assert not data["waits"]
+    # and so does the critical path: the nested stages are links of their own, train's link is its own work
+    assert data["critical_path"][0]["path"] == "rollout → reward → train"
 
 
 def test_stages_deeper_than_one_level_and_back(tmp_path):

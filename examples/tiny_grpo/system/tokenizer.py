@@ -5,7 +5,7 @@ character. The chat template turns a user message into the prompt the policy was
 
     <|bos|><|user|>reverse 3141<|assistant|>        -> the model answers 1413<|eos|>
 
-Template bugs are the seed's first suspect when "text looks wrong"; `--bad-template` reproduces
+Template bugs are the first suspect when "text looks wrong"; `--bad-template` reproduces
 the most common one (the generation prompt `<|assistant|>` is left out), see `chat_prompt`.
 """
 

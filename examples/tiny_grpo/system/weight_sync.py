@@ -1,4 +1,4 @@
-"""How new weights travel from the trainer to the rollout engines: the seed's `t_W ≈ S_W / B_W + t_0`.
+"""How new weights travel from the trainer to the rollout engines: `t_W ≈ S_W / B_W + t_0`.
 
 Paths (`--sync-method`):
 - `copy` (colocated): tensor copies into the engine's own weights in the same process.

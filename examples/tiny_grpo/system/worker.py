@@ -6,7 +6,7 @@ disaggregated, `ray_actors.RolloutActor` wraps it in its own process. Every engi
 
 Async mode (`start_producing`): a thread keeps generating groups into a bounded queue whatever the
 trainer is doing; the trainer `take`s finished groups. A weight update lands between two batches
-(it waits for the batch in flight: the seed's weight-update stall).
+(it waits for the batch in flight: the weight-update stall of async training).
 """
 
 from __future__ import annotations
