@@ -38,9 +38,10 @@ class Hooks:
         self._restore: list[tuple[Any, str, bool, Any]] = []  # (object, attribute, had own attr, old value)
         self.gen: tb.Generation | None = None
         self.generations = 0
-        self.pending_rows: dict[int, dict] = {}  # sample id -> row awaiting its train_version
+        self.pending_rows: dict[int, dict] = {}  # sample id -> row of the current generation (no train_version)
+        self.used: set[int] = set()  # sample ids of pending_rows trained on at least once
         self.sums: dict[int, tb.StepSums] = {}  # step -> mismatch sums
-        self.trained: dict[int, list[int]] = {}  # step -> sample ids first trained on then
+        self.trained: dict[int, list[int]] = {}  # step -> sample ids trained on in it
         self.in_loss = False
         self.loss_logps = None
         self.train_phase = None
@@ -367,6 +368,7 @@ class Hooks:
         rows = tb.sample_rows(gen, first_id=base + index * n_local, first_group=base // group, group_size=group,
                               process_slice=slice(index * n_local, (index + 1) * n_local), func_names=names,
                               weights=weights, eos_ids=eos)
+        self._log_unused()  # every sample of the previous generation has had its steps by now
         for row in rows:
             self.pending_rows[row["sample_id"]] = row
         device = output["completion_ids"].device
@@ -401,38 +403,46 @@ class Hooks:
             self.freezing.trained(step, inputs, train)  # log p at v_t: what a replay at this step's checkpoint gives
 
     def end_step(self, step: int) -> None:
-        """The optimizer step `step` is done: its mismatch metrics and the samples first trained on in it."""
+        """The optimizer step `step` is done: its mismatch metrics and a row per sample trained on in it
+        (a sample reused by later steps, with `num_iterations` > 1, gets a row at each of them)."""
         sums = self.sums.pop(step, None)
         per_sample = {}
         if sums is not None:
             metrics = sums.metrics()
             if metrics:
                 rltrace.log_metrics(step, **metrics)
-                self.own_metrics[step] = set(metrics)
+            self.own_metrics = {step: set(metrics)}
             per_sample = sums.per_sample()
         rows = []
-        for sid in self.trained.pop(step, []):
-            row = self.pending_rows.pop(sid, None)
+        for sid in dict.fromkeys(self.trained.pop(step, [])):  # once per step, in order
+            row = self.pending_rows.get(sid)
             if row is None:
-                continue  # trained on before (num_iterations > 1): logged at its first step
-            row["train_version"] = step
+                continue
+            self.used.add(sid)
+            row = {**row, "train_version": step}
             if sid in per_sample:
                 row["logprob_abs_diff"] = per_sample[sid]
             rows.append(row)
         if rows:
             rltrace.log_samples(step, rows)
 
+    def _log_unused(self) -> None:
+        """Samples generated but never trained on (the run stopped first): stored at their generation
+        step without train_version; then the generation is forgotten."""
+        by_step: dict[int, list[dict]] = {}
+        for sid, row in self.pending_rows.items():
+            if sid not in self.used:
+                by_step.setdefault(row["weight_version"], []).append(row)
+        self.pending_rows.clear()
+        self.used.clear()
+        for step, rows in by_step.items():
+            rltrace.log_samples(step, rows)
+
     def end_training(self) -> None:
-        """Samples generated but never trained on (the run stopped first) are logged without train_version."""
         self._close_train(None)
         for step in sorted(set(self.sums) | set(self.trained)):
             self.end_step(step)
-        by_step: dict[int, list[dict]] = {}
-        for row in self.pending_rows.values():
-            by_step.setdefault(row["weight_version"], []).append(row)
-        self.pending_rows.clear()
-        for step, rows in by_step.items():
-            rltrace.log_samples(step, rows)
+        self._log_unused()
         if self.freezing is not None:
             self.freezing.close()
         rltrace.flush()

@@ -359,3 +359,16 @@ def test_freeze_every_from_the_environment(tmp_path, monkeypatch):
     batch = rltrace.replay.load(tmp_path / "run", 0)
     assert len(batch) == BATCH and batch.meta["trigger"] == "every_n"
     assert (tmp_path / "run" / "checkpoints" / "trl" / "step_000000" / "config.json").exists()
+
+
+def test_num_iterations_reuses_samples_and_each_use_is_a_row(tmp_path):
+    trainer = trl_grpo.build_trainer(str(tmp_path / "out"), steps=2, num_iterations=2)
+    instrument(trainer, tmp_path / "run")
+    trainer.train()
+    rltrace.shutdown()
+    con = store.open(tmp_path / "run")
+    rows = con.execute("SELECT step, sample_id, weight_version, staleness FROM samples ORDER BY step, sample_id").df()
+    assert list(rows.step) == [0] * BATCH + [1] * BATCH  # one generation, trained on at steps 0 and 1
+    assert list(rows[rows.step == 1].sample_id) == list(range(BATCH)) and set(rows.weight_version) == {0}
+    assert rows.groupby("step").staleness.max().to_dict() == {0: 0, 1: 1}
+    assert list(spans(tmp_path / "run").query("phase == 'rollout'").step) == [0]
