@@ -98,6 +98,7 @@ class Hooks:
             self._patch(t, "rollout_func", lambda orig: self._engine(orig, record=False))
         if hasattr(t, "evaluate"):
             self._patch(t, "evaluate", lambda orig: rltrace.phase("eval")(orig))
+        self._patch(t, "train", self._train)
         t.add_callback(_make_callback(self))
         self._hf_callback()
 
@@ -187,6 +188,25 @@ class Hooks:
     # --- wrappers -----------------------------------------------------------------------------
     def _training(self) -> bool:
         return bool(getattr(self.trainer.model, "training", False))
+
+    def _train(self, orig):
+        """When training raises, the phases TRL's callbacks left open end with its error."""
+
+        @functools.wraps(orig)
+        def train(*args, **kwargs):
+            try:
+                return orig(*args, **kwargs)
+            except BaseException as exc:
+                try:
+                    self._close_train(exc)
+                    for cb in self.trainer.callback_handler.callbacks:
+                        if callable(getattr(cb, "fail", None)):
+                            cb.fail(exc)
+                except Exception:
+                    _fault("closing phases after a TRL error")
+                raise
+
+        return train
 
     def _rollout(self, orig):
         @functools.wraps(orig)

@@ -177,6 +177,7 @@ def test_reward_function_that_raises_is_recorded(tmp_path):
         assert s.loc[name, "status"] == "ERROR", name
         assert s.loc[name, "status_message"] == "RuntimeError: reward service down"
     assert s.loc["reward_a", "status"] != "ERROR"
+    assert s.loc["step", "status"] == "ERROR" and "reward service down" in s.loc["step", "status_message"]
 
 
 def test_unknown_trainer_is_a_clear_error():
