@@ -244,6 +244,7 @@ class Hooks(Ledger):
                 return orig(*args, **kwargs)
             recorder = tb.LogprobRecorder() if record else None
             model = getattr(orig, "__self__", None)
+            model = getattr(model, "get_base_model", lambda: model)()  # PEFT: the model whose generate samples
             patched = recorder is not None and self._add_recorder(model, recorder)
             gen.gen_start = tb.now()
             try:
@@ -257,6 +258,9 @@ class Hooks(Ledger):
                 try:
                     sequences = out if isinstance(out, torch.Tensor) else out.sequences
                     gen.rollout_logps = recorder.finish(sequences)
+                    if gen.rollout_logps is None:
+                        _warn_once("recorder", "rltrace: generate() did not call rltrace's logits processor "
+                                   "(a custom generation path?); rollout log-probs and mismatch are not recorded")
                 except Exception:
                     _fault("reading rollout log-probs")
             return out
