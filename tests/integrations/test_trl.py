@@ -373,3 +373,22 @@ def test_num_iterations_reuses_samples_and_each_use_is_a_row(tmp_path):
     assert list(rows[rows.step == 1].sample_id) == list(range(BATCH)) and set(rows.weight_version) == {0}
     assert rows.groupby("step").staleness.max().to_dict() == {0: 0, 1: 1}
     assert list(spans(tmp_path / "run").query("phase == 'rollout'").step) == [0]
+
+
+def test_peft_policy_still_gives_rollout_logprobs(tmp_path):
+    peft = pytest.importorskip("peft")
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = trl_grpo.build_tokenizer()
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], bf16=False, max_steps=1,
+                      per_device_train_batch_size=BATCH, num_generations=trl_grpo.GENERATIONS,
+                      max_completion_length=trl_grpo.MAX_COMPLETION, save_strategy="no", disable_tqdm=True)
+    trainer = GRPOTrainer(model=trl_grpo.build_model(tok), reward_funcs=[trl_grpo.reward_a], args=args,
+                          train_dataset=trl_grpo.build_dataset(), processing_class=tok,
+                          peft_config=peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    instrument(trainer, tmp_path / "run")
+    trainer.train()
+    rltrace.shutdown()
+    con = store.open(tmp_path / "run")
+    (diff,) = con.execute("SELECT value FROM metrics WHERE name = 'train_rollout_logprob_abs_diff'").fetchone()
+    assert 0 <= diff < 1e-4
