@@ -150,10 +150,15 @@ def _patch_train(cls) -> None:
 
 class TRLInstrumentor(BaseInstrumentor):
     """Registered under the `rltrace.instrumentors` entry point: every GRPOTrainer/RLOOTrainer of a
-    program started by `rltrace run` is instrumented when its `train()` starts."""
+    program started by `rltrace run` is instrumented when its `train()` starts.
+
+    Any installed TRL qualifies: outside the tested range `instrument` warns once and records what
+    still matches (a partial trace), rather than nothing."""
+
+    target = "trl.trainer"  # checked and patched once the program imports TRL's trainers
 
     def instrumentation_dependencies(self):
-        return ("trl >= 1.16, < 2",)
+        return ("trl",)
 
     def _instrument(self, **kwargs):
         for name, module in _MODULES.items():
