@@ -52,16 +52,12 @@ def load_object(spec: str, what: str = "--entry") -> Any:
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise ReplayError(f"{what} {spec!r}: expected module:name or path/to/file.py:name")
-    if str(Path.cwd()) not in sys.path and "" not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))  # like `python -m`: modules of the current directory import
     try:
         if target.endswith(".py"):
             path = Path(target)
             if not path.is_file():
                 raise ReplayError(f"{what} {spec!r}: file {path} does not exist")
-            folder = str(path.resolve().parent)
-            if folder not in sys.path:
-                sys.path.insert(0, folder)  # like `python path/file.py`: the file's neighbours import
+            _on_path(path.resolve().parent, first=True)  # like `python file.py`: the file's neighbours import
             module_name = f"_rltrace_entry_{abs(hash(str(path.resolve())))}"
             module = sys.modules.get(module_name)
             if module is None:
@@ -70,12 +66,24 @@ def load_object(spec: str, what: str = "--entry") -> Any:
                 sys.modules[module_name] = module
                 loader.loader.exec_module(module)
         else:
+            _on_path(Path.cwd(), first=False)  # modules of the current directory import, but never shadow others
             module = importlib.import_module(target)
     except ImportError as exc:
         raise ReplayError(f"{what} {spec!r}: cannot import {target} ({exc})") from None
     if not hasattr(module, name):
         raise ReplayError(f"{what} {spec!r}: {target} has no attribute {name!r}")
     return getattr(module, name)
+
+
+def _on_path(folder: Path, *, first: bool) -> None:
+    """Make `folder` importable: first on sys.path (a script's own folder) or last (the current directory,
+    so a stray `json.py` or `torch/` there cannot replace the real one)."""
+    if str(folder) in sys.path or (not first and "" in sys.path):
+        return
+    if first:
+        sys.path.insert(0, str(folder))
+    else:
+        sys.path.append(str(folder))
 
 
 def load_entry(spec: str) -> Callable[..., Mapping[str, Any]]:

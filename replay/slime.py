@@ -29,6 +29,7 @@ import numpy as np
 from rltrace.replay import codec
 from rltrace.replay.batch import RESERVED, new_batch_id
 from rltrace.replay.errors import SlimeDumpError
+from rltrace.replay.safe_torch import safe_torch
 
 STATUS_TO_FINISH = {"completed": "stop", "truncated": "length", "aborted": "abort", "failed": "failed", "pending": "pending"}
 FINISH_TO_STATUS = {v: k for k, v in STATUS_TO_FINISH.items()}
@@ -42,7 +43,7 @@ _TRAIN_RENAMED = {"log_probs": "train_log_probs", "advantages": "advantages"}
 # --- reading -----------------------------------------------------------------------------------
 def read_dump(path: Path, *, trust_pickle: bool = False) -> Any:
     """torch.load with the restricted unpickler; the full one only with `trust_pickle`."""
-    import torch
+    torch = safe_torch()  # torch <= 2.5.1: weights_only=True can be bypassed
 
     try:
         return torch.load(path, map_location="cpu", weights_only=True)

@@ -7,6 +7,7 @@ start instead of silently recording nothing. Imports nothing from rltrace.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -76,6 +77,21 @@ def _parse_windows(text: str) -> tuple[tuple[str, int, int], ...]:
             raise ValueError(f"{part.strip()!r} is not PHASE:STEP or PHASE:FIRST-LAST (e.g. train:5-7)")
         out.append(window)
     return tuple(out)
+
+
+def paths_value(paths: list[str]) -> str:
+    """An environment value holding several paths: a JSON list (any separator can occur in a path)."""
+    return json.dumps([str(p) for p in paths])
+
+
+def _parse_paths(text: str) -> tuple[str, ...]:
+    """A JSON list of paths (`paths_value`), or one plain path."""
+    if text.lstrip().startswith("["):
+        try:
+            return tuple(str(p) for p in json.loads(text) if p)
+        except (ValueError, TypeError):
+            pass
+    return (text,) if text else ()
 
 
 def _parse_rank(text: str) -> int:
@@ -232,13 +248,28 @@ PARAMS: dict[str, Param] = {
             False,
             "Take torch.profiler windows on rank 0 only (traces are large; one rank is usually enough).",
         ),
+        # --- resource sampling (rltrace.resources; see docs/store.md) --------------------------------
+        Param(
+            "resources",
+            ("RLTRACE_RESOURCES",),
+            _parse_bool,
+            False,
+            "Sample this process's CPU and memory, and its NVIDIA GPUs' utilisation, memory and power, into `resources`.",
+        ),
+        Param(
+            "resources_interval",
+            ("RLTRACE_RESOURCES_INTERVAL",),
+            _parse_positive_float,
+            1.0,
+            "Seconds between resource samples (default 1: one sample per second).",
+        ),
         # --- the dashboard (rltrace.ui; see docs/ui.md) ----------------------------------------------
         Param(
             "ui_runs",
             ("RLTRACE_UI_RUNS",),
-            str,
+            _parse_paths,
             None,
-            "Run directories the dashboard shows, separated by os.pathsep (set by `rltrace ui`).",
+            "Run directories the dashboard shows, as a JSON list (set by `rltrace ui`); a plain value is one run dir.",
         ),
     )
 }

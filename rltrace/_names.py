@@ -39,7 +39,43 @@ PHASES = (
     "weight_sync",
     "eval",
     "wait",
+    "drain",
+    "gather",
+    "transfer",
+    "load",
+    "resume",
 )
+
+#: Child phases of `weight_sync`, in the order they run (docs/store.md): waiting for in-flight
+#: generation to finish or abort, collecting the weights, moving them, the engine loading them,
+#: and generation starting again. Each may carry `rl.bytes`.
+WEIGHT_SYNC_CHILDREN = ("drain", "gather", "transfer", "load", "resume")
+
+
+# --- names of the OpenTelemetry `rl.*` proposal ------------------------------------------------------
+# open-telemetry/semantic-conventions-genai issue #88 (open, not final): rltrace tracks it and writes
+# its names *alongside* its own where they map (docs/store.md). The proposal names the resource
+# attribute `rl.run.id` and the groups rl.loop / rl.sample / rl.reward / rl.train / rl.sync; it
+# gives no span attribute for the group, so rltrace puts it in `rl.operation.name` (after
+# `gen_ai.operation.name`) until the proposal settles one.
+SEMCONV_RUN_ID = "rl.run.id"
+SEMCONV_OPERATION = "rl.operation.name"
+SEMCONV_GROUP_OF_PHASE = {
+    "step": "rl.loop",
+    "rollout": "rl.sample",
+    "generate": "rl.sample",
+    "reward": "rl.reward",
+    "train": "rl.train",
+    "forward": "rl.train",
+    "backward": "rl.train",
+    "optimizer": "rl.train",
+    "weight_sync": "rl.sync",
+    "drain": "rl.sync",
+    "gather": "rl.sync",
+    "transfer": "rl.sync",
+    "load": "rl.sync",
+    "resume": "rl.sync",
+}
 
 
 def attr_key(key: str) -> str:
@@ -331,6 +367,51 @@ CRASHES_SCHEMA = pa.schema(
     ]
 )
 
+#: Utilisation samples (`init(resources=True)`): one row per device per sample. `kind` "cpu" is the
+#: process itself (psutil); "gpu" an NVIDIA device it uses (NVML). A row with `note` set and no
+#: values says why a kind is not sampled (psutil or NVML missing, no GPU).
+RESOURCES_SCHEMA = pa.schema(
+    [
+        pa.field("time_ns", pa.int64()),  # end of the sampled interval, Unix epoch nanoseconds
+        pa.field("interval_s", pa.float64()),  # length of the interval the values cover
+        pa.field("kind", pa.string()),  # cpu / gpu
+        pa.field("device", pa.int64()),  # GPU index as NVML numbers it; null for cpu
+        pa.field("device_name", pa.string()),  # e.g. "NVIDIA H100 80GB HBM3"; null for cpu
+        pa.field("util_pct", pa.float64()),  # cpu: process CPU time / wall (100 = one core); gpu: % of time a kernel ran
+        pa.field("mem_bytes", pa.int64()),  # cpu: resident set size; gpu: memory used on the device
+        pa.field("mem_total_bytes", pa.int64()),  # cpu: machine memory; gpu: device memory
+        pa.field("process_mem_bytes", pa.int64()),  # gpu: memory of this process (and its children) on it
+        pa.field("power_w", pa.float64()),  # gpu: board power draw; null for cpu
+        pa.field("note", pa.string()),  # why this kind is not sampled; null on sample rows
+        *_PROCESS_COLUMNS,
+    ]
+)
+
+#: What `rltrace watch` raised: one row per alert the first time it fires (see docs/analysis.md).
+ALERTS_SCHEMA = pa.schema(
+    [
+        pa.field("alert_id", pa.string()),
+        pa.field("key", pa.string()),  # what the alert is about (rule + process + span or step): fired once per key
+        pa.field("rule", pa.string()),  # no_progress / heartbeat / starved / hang / threshold
+        pa.field("time_ns", pa.int64()),  # when the watcher saw it
+        pa.field("process_id", pa.string()),
+        pa.field("role", pa.string()),
+        pa.field("rank", pa.int64()),
+        pa.field("host", pa.string()),
+        pa.field("phase", pa.string()),
+        pa.field("step", pa.int64()),
+        pa.field("span_id", pa.string()),
+        pa.field("seconds", pa.float64()),  # how long: open for, waiting for, silent for
+        pa.field("limit_s", pa.float64()),  # the limit it crossed (seconds), for time rules
+        pa.field("metric", pa.string()),  # threshold rule: the metric ...
+        pa.field("value", pa.float64()),  # ... its value ...
+        pa.field("threshold", pa.float64()),  # ... and the threshold crossed
+        pa.field("profile_id", pa.string()),  # a py-spy dump or profile attached to the span, if any
+        pa.field("profile_path", pa.string()),
+        pa.field("message", pa.string()),  # the alert in one sentence
+    ]
+)
+
 
 class Table:
     """A table of the store: a folder of Parquet parts with one schema."""
@@ -355,12 +436,14 @@ BATCHES = Table("batches", "batches", BATCHES_SCHEMA, 1, ("step", "batch_id", "s
 REPLAYS = Table("replays", "replays", REPLAYS_SCHEMA, 1, ("replay_id", "step", "batch_id", "repeat", "sample_index", "codec"))
 CRASHES = Table("crashes", "crashes", CRASHES_SCHEMA, 1, ("process_id", "exc_type"))
 STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
+RESOURCES = Table("resources", "resources", RESOURCES_SCHEMA, 1, ("time_ns", "kind"))
+ALERTS = Table("alerts", "alerts", ALERTS_SCHEMA, 1, ("alert_id", "key", "rule", "time_ns"))
 
 #: Every table `rltrace.store.open` makes a view of. Later parts of rltrace add theirs here.
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY, PROFILES, PROFILE_FRAMES, BATCHES, REPLAYS,
-              CRASHES)
+              RESOURCES, ALERTS, CRASHES)
 }
 
 #: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.
@@ -368,6 +451,7 @@ COMPACTABLE: dict[str, tuple[str, ...]] = {
     "spans": ("step", "start_ns"),
     "metrics": ("step", "time_ns"),
     "samples": ("step", "logged_ns"),
+    "resources": ("time_ns",),
 }
 
 RUN_MANIFEST = "run.json"

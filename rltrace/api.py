@@ -87,6 +87,8 @@ def init(
     max_queue: int | None = None,
     max_pending_rows: int | None = None,
     profile: Any = None,
+    resources: bool | None = None,
+    resources_interval: float | None = None,
 ) -> Run | DisabledRun:
     """Start recording this process into `run_dir`; every process of a run passes the same dir.
 
@@ -99,7 +101,10 @@ def init(
     default; see `rltrace._config.PARAMS`. `config` (dict, dataclass or Namespace) is saved in
     `run.json` by the first process. `profile` (a `rltrace.profiling.ProfilePolicy`, a dict of
     its fields, or False to ignore the `RLTRACE_PROFILE_*`/`RLTRACE_HANG_TIMEOUT` variables)
-    attaches py-spy / torch.profiler captures to slow phases; see docs/profiling.md. Calling
+    attaches py-spy / torch.profiler captures to slow phases; see docs/profiling.md. `resources`
+    (`RLTRACE_RESOURCES=1`) samples this process's CPU, memory and NVIDIA GPUs every
+    `resources_interval` seconds (`RLTRACE_RESOURCES_INTERVAL`, default 1) into the `resources`
+    table; see docs/store.md. Calling
     `init` again with the same dir, role and rank returns the same run; with others it ends the
     current run first.
     """
@@ -127,6 +132,10 @@ def init(
             if rank < 0:
                 raise RltraceConfigError(f"rank must be an integer >= 0, got {rank!r}")
         path = Path(dir_value)
+        sample = resolve("resources", resources)
+        interval = resolve("resources_interval", resources_interval)
+        if sample and not (isinstance(interval, (int, float)) and interval > 0):
+            raise RltraceConfigError(f"resources_interval must be a number of seconds > 0, got {interval!r}")
         policy = None
         if profile is not False and (profile is not None or env_sets_any(PROFILE_TRIGGERS)):
             from rltrace.profiling import resolve_policy  # only when asked: profiling is optional
@@ -159,6 +168,13 @@ def init(
                 arm(_run, policy)
             except Exception:
                 _internal_error("arming profiling")
+        if sample:
+            try:
+                from rltrace.resources import start
+
+                start(_run, float(interval))
+            except Exception:
+                _internal_error("starting resource sampling")
         return _run
 
 
@@ -256,6 +272,9 @@ def _start_span(run: Run, name: str, step: int | None, version: int | None, attr
         step = parent_step if step is None else step
         version = parent_version if version is None else version
     values = {_names.PHASE: name, _names.THREAD_ID: threading.get_ident()}
+    group = _names.SEMCONV_GROUP_OF_PHASE.get(name)
+    if group is not None:
+        values[_names.SEMCONV_OPERATION] = group
     if step is not None:
         values[_names.STEP] = step
     if version is not None:

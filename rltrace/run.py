@@ -79,6 +79,7 @@ class Run:
         self._last_heartbeat = 0.0
         self._ended_ns: int | None = None
         self._closed = False
+        self._companions: list = []  # background helpers (the resource sampler) flushed and closed with the run
 
         # rltrace.shutdown (atexit) shuts the provider down, after closing the phases still open
         self.tracer_provider = TracerProvider(
@@ -118,6 +119,7 @@ class Run:
             "process.pid": self.process.pid,
             _names.ROLE: self.role,
             _names.RUN_ID: self.run_id,
+            _names.SEMCONV_RUN_ID: self.run_id,  # the OTel rl.* proposal's name (docs/store.md)
             "rl.run_name": self.name,
         }
         if self.rank is not None:
@@ -195,10 +197,22 @@ class Run:
         """Add an OTel span processor to this run's provider (profiling watchdogs use this)."""
         self.tracer_provider.add_span_processor(processor)
 
+    def add_companion(self, companion) -> None:
+        """A background helper with `flush()` and `close()` (the resource sampler), run before this run's own."""
+        self._companions.append(companion)
+
+    def _each_companion(self, method: str) -> None:
+        for companion in self._companions:
+            try:
+                getattr(companion, method)()
+            except Exception:
+                logger.exception("rltrace: %s of %r failed", method, companion)
+
     def flush(self) -> None:
         """Write every span and row recorded so far to the store (blocks; not for the hot path)."""
         if self._closed:
             return
+        self._each_companion("flush")
         self.tracer_provider.force_flush()
         self._rows.flush()
         self.write_process_row()
@@ -212,6 +226,7 @@ class Run:
             self.live_spans.end_all()
         except Exception as exc:
             logger.warning("rltrace: could not close the phases left open: %s", exc)
+        self._each_companion("close")
         self.tracer_provider.shutdown()
         self._rows.close()
         self._ended_ns = time.time_ns()

@@ -115,6 +115,7 @@ class RunBuilder:
         self.processes: list[Process] = []
         self._samples: list[dict] = []
         self._metrics: list[dict] = []
+        self._resources: list[dict] = []
         self._ids = itertools.count(1)
         self._parts = itertools.count()
 
@@ -139,6 +140,11 @@ class RunBuilder:
         self._metrics.append(
             {"step": step, "name": name, "value": float(value), "time_ns": _ns(self.t0_ns, time), **self._who(proc)}
         )
+
+    def resource(self, time: float, process: Process, *, kind: str = "gpu", interval: float = 1.0, **values: Any) -> None:
+        """A `resources` row sampled at `time` seconds over the `interval` before it (util_pct, device, ...)."""
+        self._resources.append({"time_ns": _ns(self.t0_ns, time), "interval_s": interval, "kind": kind, **values,
+                                **self._who(process)})
 
     @staticmethod
     def _who(proc: Process) -> dict:
@@ -169,6 +175,10 @@ class RunBuilder:
             table = pa.Table.from_pylist(self._metrics, schema=_names.METRICS_SCHEMA)
             write_part(self.run_dir / _names.METRICS_TABLE.folder, self._name(self.processes[0]), table, _names.METRICS_TABLE)
             self._metrics = []
+        if self._resources:
+            table = pa.Table.from_pylist(self._resources, schema=_names.RESOURCES_SCHEMA)
+            write_part(self.run_dir / _names.RESOURCES.folder, self._name(self.processes[0]), table, _names.RESOURCES)
+            self._resources = []
         return self.run_dir
 
     def _name(self, proc: Process) -> str:

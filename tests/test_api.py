@@ -38,7 +38,8 @@ def test_phase_records_rl_attributes_nesting_and_inheritance(run_dir):
     assert (sync["phase"], sync["step"], sync["weight_version"]) == ("weight_sync", 7, 3)  # inherited
     assert sync["parent_span_id"] == step["span_id"] and sync["trace_id"] == step["trace_id"]
     attrs = json.loads(sync["attributes"])
-    assert attrs == {"rl.method": "disk", "rl.bytes": 1024, "gen_ai.system": "x", "rl.chunks": 4}
+    assert attrs == {"rl.method": "disk", "rl.bytes": 1024, "gen_ai.system": "x", "rl.chunks": 4,
+                     "rl.operation.name": "rl.sync"}  # the OTel rl.* proposal's group, alongside (docs/store.md)
     assert (sync["role"], sync["rank"]) == ("trainer", 0)
     assert sync["thread_id"] == threading.get_ident() and sync["thread_name"] == "MainThread"
     assert 0 <= sync["duration_s"] <= step["duration_s"]
@@ -85,7 +86,7 @@ def test_decorator_on_sync_and_async_functions(run_dir):
     rltrace.shutdown()
     rows = spans(run_dir)
     assert [r["phase"] for r in rows] == ["reward", "reward", "generate"]
-    assert json.loads(rows[0]["attributes"]) == {"rl.verifier": "exact"}
+    assert json.loads(rows[0]["attributes"]) == {"rl.verifier": "exact", "rl.operation.name": "rl.reward"}
     assert rows[0]["span_id"] != rows[1]["span_id"]
 
 
@@ -125,7 +126,8 @@ def test_numpy_and_torch_scalars_are_accepted(run_dir):
     rltrace.log_metrics(torch.tensor(4), loss=torch.tensor(0.25), grad_norm=np.float32(1.5))
     rltrace.shutdown()
     (span,) = spans(run_dir)
-    assert span["step"] == 4 and json.loads(span["attributes"]) == {"rl.loss": 0.5, "rl.ids": [1, 2]}
+    assert span["step"] == 4 and json.loads(span["attributes"]) == {"rl.loss": 0.5, "rl.ids": [1, 2],
+                                                                "rl.operation.name": "rl.train"}
     metrics = dict(store.open(run_dir).execute("SELECT name, value FROM metrics WHERE step = 4").fetchall())
     assert metrics == {"loss": 0.25, "grad_norm": 1.5}
 

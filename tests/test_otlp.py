@@ -30,3 +30,4 @@ def test_spans_reach_phoenix_and_the_store_alike(phoenix, run_dir, monkeypatch, 
     sync = next(r for r in found if r["name"] == "weight_sync")
     assert sync["attributes"]["rl.step"] == 4 and sync["attributes"]["rl.bytes"] == 4096
     assert sync["attributes"]["rl.method"] == "disk" and sync["attributes"]["rl.phase"] == "weight_sync"
+    assert sync["attributes"]["rl.operation.name"] == "rl.sync"  # the OTel rl.* proposal's group, alongside

@@ -7,6 +7,7 @@ import time
 
 import streamlit as st
 
+from rltrace.analysis import _format as fmt
 from rltrace.store import StoreError, read_manifest
 from rltrace.ui import data, runs, state, style
 
@@ -23,7 +24,7 @@ def _valid_runs() -> list[str]:
             read_manifest(path)
             good.append(path)
         except StoreError as exc:
-            st.error(f"Cannot show {path}: {exc}")
+            st.error(f"Cannot show {fmt.md(path)}: {fmt.md(exc)}")
     return good
 
 
@@ -55,7 +56,7 @@ def _follow_live(paths: list[str]) -> list[str]:
 def _live_watch(paths: list[str], names: list[str]) -> None:
     """Every LIVE_REFRESH_S, rerun the page if a live run has new files (not during a full run:
     `_follow_live` already moved it on, and a rerun there would never end)."""
-    st.caption(f":red[●] {', '.join(names)} {'is' if len(names) == 1 else 'are'} still being written: "
+    st.caption(f":red[●] {fmt.md(', '.join(names))} {'is' if len(names) == 1 else 'are'} still being written: "
                f"checking for new steps every {LIVE_REFRESH_S} s")
     if not st.session_state.get(IN_FULL_RUN) and _reload(paths):
         st.rerun()
@@ -112,9 +113,9 @@ def sidebar(paths: list[str]) -> None:
             if _reload(paths):
                 st.rerun()
         st.caption(f"{style.plural(info['spans'], 'span')} · {style.plural(len(info['processes']), 'process', 'processes')}"
-                   f" · read-only  \n`{info['path']}`")
+                   f" · read-only  \n{fmt.md(info['path'])}")
         for skipped in info["skipped"]:
-            st.warning(f"Skipped an unreadable part: {skipped}")
+            st.warning(f"Skipped an unreadable part: {fmt.md(skipped)}")
 
 
 paths = _valid_runs()

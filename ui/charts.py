@@ -3,15 +3,54 @@ here computes a number that `rltrace.analysis` does not already return."""
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from rltrace import _phases
 from rltrace._phases import COST_COLUMN
+from rltrace.analysis import _format as fmt
 from rltrace.ui import style
 
 STAGES = [(COST_COLUMN[s], s) for s in _phases.STAGES]  # (cost-model column, stage), in loop order
+
+
+def label(text) -> str:
+    """Stored text for a plotly label: plotly draws a subset of HTML (`<a href>`, `<b>`, `<br>`) in
+    every name, tick and hover text, so `<` and `&` are escaped (and controls shown as escapes)."""
+    return html.escape(fmt.shown(text), quote=False)
+
+
+def _labels(values):
+    """`values` (a string, or an array of strings and numbers) with every string through `label`."""
+    if isinstance(values, str):
+        return label(values)
+    if isinstance(values, (list, tuple, np.ndarray, pd.Series, pd.Index)):
+        array = np.asarray(values, dtype=object)
+        if any(isinstance(v, str) for v in array.flat):
+            return np.vectorize(lambda v: label(v) if isinstance(v, str) else v, otypes=[object])(array)
+    return values
+
+
+def inert(fig: go.Figure) -> go.Figure:
+    """Every trace name, category, hover text and title of `fig` shown as text, never as markup."""
+    for trace in fig.data:
+        for key in ("name", "legendgroup", "x", "y", "text", "hovertext", "customdata"):
+            value = getattr(trace, key, None)
+            if value is not None:
+                escaped = _labels(value)
+                if escaped is not value:
+                    setattr(trace, key, escaped)
+    if fig.layout.title.text:
+        fig.layout.title.text = label(fig.layout.title.text)
+    for axis in [*fig.select_xaxes(), *fig.select_yaxes()]:
+        if axis.title.text:
+            axis.title.text = label(axis.title.text)
+        if axis.ticktext is not None:
+            axis.ticktext = _labels(axis.ticktext)
+    return fig
 
 
 def base(fig: go.Figure, *, height: int = 320, title: str | None = None, y: str | None = None, x: str | None = None,
@@ -35,7 +74,7 @@ def base(fig: go.Figure, *, height: int = 320, title: str | None = None, y: str 
         fig.update_yaxes(title_text=y)
     if x:
         fig.update_xaxes(title_text=x)
-    return fig
+    return inert(fig)
 
 
 def stage_times(costs: pd.DataFrame, *, height: int = 340) -> go.Figure:
@@ -57,7 +96,7 @@ def stage_times(costs: pd.DataFrame, *, height: int = 340) -> go.Figure:
 
 def waits_by_step(waits: pd.DataFrame, *, height: int = 340) -> go.Figure:
     """Per step: seconds each process spent waiting, stacked by who waited for what."""
-    w = waits.assign(who=[style.who(r, k) for r, k in zip(waits["role"], waits["rank"])])
+    w = waits.assign(who=[fmt.process_name(r, k) for r, k in zip(waits["role"], waits["rank"])])
     w["series"] = w["who"] + " → " + w["waited_for_group"].astype(str)
     grouped = w.groupby(["step", "series"], as_index=False)["seconds"].sum()
     fig = go.Figure()
@@ -68,7 +107,7 @@ def waits_by_step(waits: pd.DataFrame, *, height: int = 340) -> go.Figure:
         color = style.STAGE_COLORS.get(target, style.OTHER_COLORS[i % len(style.OTHER_COLORS)])
         fig.add_bar(x=g["step"], y=g["seconds"], name=series, marker_color=color,
                     marker_pattern_shape=["", "/", "x", "."][i // 4 % 4] if i >= 4 else "",
-                    hovertemplate=f"step %{{x}}<br>{series}: %{{y:.3g}} s<extra></extra>")
+                    hovertemplate=f"step %{{x}}<br>{label(series)}: %{{y:.3g}} s<extra></extra>")
     fig.update_layout(barmode="stack", bargap=0.15, showlegend=True)
     return base(fig, height=height, y="seconds waiting", x="step")
 
@@ -107,16 +146,16 @@ def metric_lines(frames: dict[str, pd.DataFrame], *, title: str, y: str, height:
                  band: dict[str, pd.DataFrame] | None = None, log: bool = False) -> go.Figure:
     """One line per run over steps (`frames`: run label -> step, value); optional ± band per run."""
     fig = go.Figure()
-    for i, (label, f) in enumerate(frames.items()):
+    for i, (run, f) in enumerate(frames.items()):
         color = style.RUN_COLORS[i % len(style.RUN_COLORS)]
-        if band and label in band and len(band[label]):
-            b = f.merge(band[label], on="step", suffixes=("", "_band"))
+        if band and run in band and len(band[run]):
+            b = f.merge(band[run], on="step", suffixes=("", "_band"))
             fig.add_scatter(x=pd.concat([b["step"], b["step"][::-1]]),
                             y=pd.concat([b["value"] + b["value_band"], (b["value"] - b["value_band"])[::-1]]),
                             fill="toself", fillcolor=color, opacity=0.15, line={"width": 0}, hoverinfo="skip",
                             showlegend=False)
-        fig.add_scatter(x=f["step"], y=f["value"], name=label, mode="lines+markers", line={"color": color, "width": 2},
-                        marker={"size": 4}, hovertemplate=f"{label}<br>step %{{x}}: %{{y:.4g}}<extra></extra>")
+        fig.add_scatter(x=f["step"], y=f["value"], name=run, mode="lines+markers", line={"color": color, "width": 2},
+                        marker={"size": 4}, hovertemplate=f"{label(run)}<br>step %{{x}}: %{{y:.4g}}<extra></extra>")
     if log and all((f["value"] > 0).all() for f in frames.values() if len(f)):  # a log axis drops zeros
         fig.update_yaxes(type="log")
     return base(fig, height=height, title=title, y=y, x="step", legend_below=True)
@@ -134,9 +173,9 @@ def phase_bars(merged: pd.DataFrame, label_a: str, label_b: str, *, height: int 
     """Mean seconds per step of each phase, A next to B."""
     fig = go.Figure()
     fig.add_bar(y=merged["phase"], x=merged["mean_s_a"], name=label_a, orientation="h", marker_color="#3b6fb6",
-                hovertemplate=f"{label_a}<br>%{{y}}: %{{x:.3g}} s<extra></extra>")
+                hovertemplate=f"{label(label_a)}<br>%{{y}}: %{{x:.3g}} s<extra></extra>")
     fig.add_bar(y=merged["phase"], x=merged["mean_s_b"], name=label_b, orientation="h", marker_color="#e0861a",
-                hovertemplate=f"{label_b}<br>%{{y}}: %{{x:.3g}} s<extra></extra>")
+                hovertemplate=f"{label(label_b)}<br>%{{y}}: %{{x:.3g}} s<extra></extra>")
     fig.update_layout(barmode="group", bargap=0.25)
     return base(fig, height=height, x="seconds per step (mean)")
 
@@ -148,3 +187,36 @@ def diff_bars(merged: pd.DataFrame, label_a: str, label_b: str, *, height: int =
                            hovertemplate="%{y}: %{x:+.3g} s<extra></extra>", showlegend=False))
     fig.add_vline(x=0, line_color="#27272a", line_width=1)
     return base(fig, height=height, x=f"{label_b} − {label_a} (s per step; red = slower)")
+
+
+MAX_LANES = 8  # utilisation lanes drawn under the Timeline (busiest processes' devices first)
+
+
+def lane_label(role, rank, kind: str, device) -> str:
+    who = style.who(role, rank)
+    return f"{who} CPU" if kind == "cpu" else f"{who} GPU {int(device)}"
+
+
+def utilisation_lanes(samples: pd.DataFrame, t0_ns: int, x_range: tuple[float, float] | None = None) -> go.Figure:
+    """One lane per process CPU and per GPU: utilisation (%) over the same seconds axis as the spans above.
+
+    CPU is the process's CPU time over wall time (100 % = one core); GPU is NVML's busy share.
+    """
+    from plotly.subplots import make_subplots
+
+    keys = samples.groupby(["process_id", "kind", "device"], dropna=False, sort=False)
+    lanes = sorted(keys, key=lambda kv: (kv[0][1] != "gpu", kv[0][0], -1 if pd.isna(kv[0][2]) else kv[0][2]))[:MAX_LANES]
+    fig = make_subplots(rows=max(1, len(lanes)), cols=1, shared_xaxes=True, vertical_spacing=0.04)
+    for i, ((_, kind, device), g) in enumerate(lanes, start=1):
+        label = lane_label(g["role"].iloc[0], g["rank"].iloc[0], kind, device)
+        color = "#3f9e4d" if kind == "gpu" else "#3b6fb6"
+        x = (g["time_ns"] - g["interval_s"].fillna(0) * 5e8 - t0_ns) / 1e9  # the middle of each sampled interval
+        fig.add_scatter(x=x, y=g["util_pct"], mode="lines", fill="tozeroy", name=label, line={"color": color, "width": 1},
+                        row=i, col=1, hovertemplate=f"{label}<br>%{{x:.2f}} s: %{{y:.0f}} %<extra></extra>")
+        fig.update_yaxes(title_text=label, title_font={"size": 10}, range=[0, max(100.0, float(g["util_pct"].max()))],
+                         ticksuffix=" %", row=i, col=1)
+    fig.update_xaxes(range=list(x_range) if x_range else None)
+    fig.update_xaxes(title_text="seconds from the first span shown", row=max(1, len(lanes)), col=1)
+    fig = base(fig, height=70 + 80 * max(1, len(lanes)))
+    fig.update_layout(showlegend=False)
+    return fig

@@ -19,6 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from rltrace import analysis, profiling, replay, report as report_mod
+from rltrace._json import dumps as strict_dumps
 from rltrace.analysis._steps import Steps
 from rltrace.export import chrome
 from rltrace.replay import browse, diff, rerun
@@ -56,14 +57,7 @@ def _info(con, path: str) -> dict:
         """SELECT min(step), max(step), count(DISTINCT step), count(*) FILTER (WHERE NOT is_open),
                   count(*) FILTER (WHERE is_open) FROM spans"""
     ).fetchone()
-    procs = con.execute(
-        """SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host,
-                  any_value(pid) AS pid, min(started_ns) AS started_ns, max(heartbeat_ns) AS heartbeat_ns,
-                  max(ended_ns) AS ended_ns, max(spans_written) AS spans_written,
-                  max(coalesce(spans_dropped, 0)) AS spans_dropped, max(rows_written) AS rows_written,
-                  max(coalesce(rows_dropped, 0)) AS rows_dropped
-           FROM processes GROUP BY process_id ORDER BY role, rank, process_id"""
-    ).df()
+    procs = analysis.processes(con)
     manifest = read_manifest(path)
     return {
         "path": path,
@@ -254,7 +248,7 @@ def span(run: RunRef, span_id: str) -> dict | None:
 def chrome_trace(run: RunRef, steps: Steps) -> bytes:
     """The Chrome Trace Event JSON of these steps (open it in ui.perfetto.dev); built on demand."""
     trace = _with(run, chrome.chrome_trace, steps=steps)
-    return json.dumps(trace, separators=(",", ":")).encode()
+    return strict_dumps(trace, separators=(",", ":")).encode()
 
 
 # --- profiles ------------------------------------------------------------------------------------
@@ -325,3 +319,28 @@ def replays(run: RunRef, step: int, batch_id: str) -> list[dict]:
             "log_probs": [_tokens(v) for v in diff.rows_of(first["log_probs"], len(first))] if "log_probs" in first else None,
         })
     return out
+
+
+@st.cache_data(**CACHE)
+def resource_samples(run: RunRef, start_ns: int, end_ns: int) -> pd.DataFrame:
+    """CPU and GPU utilisation samples (`init(resources=True)`) over a time window, for the Timeline's lanes."""
+    return _with(run, analysis.resource_samples, start_ns, end_ns)
+
+
+def _alerts(con) -> pd.DataFrame:
+    from rltrace.alerts import evaluate
+
+    cols = ["when", "rule", "role", "rank", "phase", "step", "seconds", "message", "profile_id"]
+    now = pd.DataFrame([{**a.__dict__, "when": "now"} for a in evaluate(con)], columns=[*cols, "key"])
+    stored = con.execute(
+        """SELECT 'raised by rltrace watch' AS "when", rule, role, rank, phase, step, seconds, message, profile_id, key
+           FROM alerts ORDER BY time_ns DESC"""
+    ).df()
+    both = pd.concat([now, stored[~stored["key"].isin(set(now["key"]))]], ignore_index=True)
+    return both[cols]
+
+
+@st.cache_data(**CACHE)
+def alerts(run: RunRef) -> pd.DataFrame:
+    """`rltrace watch`'s rules evaluated now (default limits; nothing is written) and the alerts it stored."""
+    return _with(run, _alerts)

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from rltrace.ui import style
+from rltrace.analysis import _format as fmt
+from rltrace.ui import charts, style
 
 MAX_BARS = 4000  # the browser stays responsive; the longest spans are kept
 ROLE_ORDER = {"trainer": 0, "actor": 1, "rollout": 2, "reward": 3}
@@ -54,7 +55,8 @@ def layout(spans: pd.DataFrame, *, max_bars: int = MAX_BARS, keep: set[str] = fr
     t0 = int(s["start_ns"].min())
     finished_end = s.loc[~s["is_open"], "end_ns"]
     window_end = int(max(finished_end.max() if len(finished_end) else t0, s["start_ns"].max()))
-    s["open"] = s["is_open"].astype(bool) | s["end_ns"].isna()
+    # open: never ended, or ended only by rltrace when its process exited (listed in open_until)
+    s["open"] = s["is_open"].astype(bool) | s["end_ns"].isna() | s["span_id"].isin(list(open_until or {}))
     until = s["span_id"].map(open_until or {}).fillna(window_end)
     s["end_plot"] = s["end_ns"].fillna(until).astype("int64").clip(lower=s["start_ns"])
     left_out = 0
@@ -65,7 +67,7 @@ def layout(spans: pd.DataFrame, *, max_bars: int = MAX_BARS, keep: set[str] = fr
         chosen = ranked.index[:max_bars]
         left_out = len(s) - len(chosen)
         s = s.loc[chosen]
-    s["who"] = [style.who(r, k) for r, k in zip(s["role"], s["rank"])]
+    s["who"] = [fmt.process_name(r, k) for r, k in zip(s["role"], s["rank"])]
     s["label"] = s["who"] + " · " + s["host"].fillna("?").astype(str)
     s["role_order"] = s["role"].map(ROLE_ORDER).fillna(len(ROLE_ORDER))
     s = s.sort_values(["role_order", "role", "rank", "process_id", "start_ns", "end_plot"],
@@ -91,7 +93,7 @@ def _bars(fig: go.Figure, g: pd.DataFrame, name: str, color: str, pattern: str =
         customdata=np.column_stack([g["span_id"], g["name"], g["who"], g["x1_s"] - g["x0_s"], g["step"],
                                     g["thread_name"].fillna("")]),
         hovertemplate="<b>%{customdata[1]}</b> (step %{customdata[4]}) on %{customdata[2]} · %{customdata[5]}<br>"
-                      "%{base:.4f} s → +%{customdata[3]:.4g} s<extra>" + name + "</extra>",
+                      "%{base:.4f} s → +%{customdata[3]:.4g} s",  # the side box: the trace's (escaped) name
     )
 
 
@@ -129,6 +131,7 @@ def figure(laid: pd.DataFrame, *, critical: set[str] = frozenset(), selected: st
     fig.update_xaxes(title_text="seconds from the first span shown", showgrid=True, gridcolor="#e4e4e7", zeroline=False,
                      range=list(x_range) if x_range else None)
     height = int(np.clip((laid["y"].max() + 2) * ROW_PX + 120, 260, 1600))
+    charts.inert(fig)
     fig.update_layout(template="plotly_white", barmode="overlay", height=height, bargap=0,
                       margin={"l": 10, "r": 10, "t": 30, "b": 70}, clickmode="event+select", dragmode="zoom",
                       legend={"orientation": "h", "yanchor": "top", "y": -60 / max(height - 100, 100), "xanchor": "left", "x": 0,

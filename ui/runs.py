@@ -46,7 +46,7 @@ def run_dirs() -> list[str]:
     """The run directories given to `rltrace ui` (RLTRACE_UI_RUNS), else RLTRACE_RUN_DIR."""
     listed = resolve("ui_runs")
     if listed:
-        return [p for p in listed.split(os.pathsep) if p]
+        return list(listed)
     single = resolve("run_dir")
     return [single] if single else []
 

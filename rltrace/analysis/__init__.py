@@ -17,15 +17,19 @@ from rltrace.analysis.costs import (
     weight_sync_points,
 )
 from rltrace.analysis.critical_path import common_paths, critical_path
-from rltrace.analysis.health import crashes, drops, open_spans
+from rltrace.analysis.health import crashes, drops, open_spans, processes
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis.mismatch import mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
+from rltrace.analysis.resources import idle_devices, phase_resources
+from rltrace.analysis.resources import notes as resource_notes
+from rltrace.analysis.resources import samples as resource_samples
 from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
 from rltrace.analysis.steps import phase_breakdown, phase_totals, step_breakdown
 from rltrace.analysis.summary import table as summary_table
+from rltrace.analysis.sync import sync_children, sync_growth
 from rltrace.analysis.timeline import step_timeline
 from rltrace.analysis.waits import top_waits, waits
 
@@ -55,9 +59,16 @@ __all__ = [
     "open_spans",
     "crashes",
     "drops",
+    "processes",
     "step_timeline",
     "has_profiles",
     "attached",
     "for_phase",
     "summary_table",
+    "phase_resources",
+    "idle_devices",
+    "resource_notes",
+    "resource_samples",
+    "sync_children",
+    "sync_growth",
 ]

@@ -1,19 +1,42 @@
-"""Numbers as a person reads them in a sentence or a table: `231 µs`, `12.4 ms`, `1.23 s`, `2.36 GB/s`.
+"""Numbers, names and stored text as a person reads them, on a terminal or a dashboard page.
 
-Three significant digits; the unit is chosen after rounding, so 0.9996 s reads `1.00 s`, not
-`1e+03 ms`. JSON output keeps plain numbers in seconds and bytes; only text uses these.
+The one place for human formatting: the CLI, `rltrace report` and the dashboard all call these,
+so one value reads the same everywhere: `231 µs`, `12.4 ms`, `1.23 s`; sizes and rates in
+1000-based units with SI symbols (`850 B`, `1.23 kB`, `2.36 GB/s`); shares as `42%` (small
+ones keep two digits, `0.07%`); a process as `trainer0`. Three significant digits; the unit is
+chosen after rounding, so 0.9996 s reads `1.00 s`, not `1e+03 ms`. `-` stands for a missing
+value. JSON output keeps plain numbers in seconds and bytes; only text uses these.
+
+Stored text (roles, phase names, reasons, paths) may hold anything a program wrote. Before it
+reaches a terminal it goes through `term` (control characters shown as `\\x1b`, rich markup
+escaped); before it reaches page markdown, through `md` (the same, then every markdown
+punctuation character escaped, so no link, image, colour or icon directive survives).
 """
 
 from __future__ import annotations
 
 import math
+import re
 
+MISSING = "-"
 _SMALL = ((1e-6, 1e9, "ns"), (1e-3, 1e6, "µs"), (1.0, 1e3, "ms"), (60.0, 1.0, "s"))
-_RATE = ((1e3, 1.0, "B/s"), (1e6, 1e-3, "kB/s"), (1e9, 1e-6, "MB/s"), (1e12, 1e-9, "GB/s"))
+_SIZES = ((1e3, 1.0, "B"), (1e6, 1e-3, "kB"), (1e9, 1e-6, "MB"), (1e12, 1e-9, "GB"), (math.inf, 1e-12, "TB"))
+#: Characters that change a terminal or hide in a page: C0/C1 controls (ESC, BEL, CR, newline...),
+#: bidirectional overrides, private-use, lone surrogates, non-characters and the replacement char.
+HIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ue000-\uf8ff\ud800-\udfff\ufffd-\uffff]")
+_MD_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character: CommonMark escapes them all
 
 
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+def missing(value) -> bool:
+    """None, NaN, pandas' NA/NaT: nothing to show."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    try:
+        return bool(value != value)  # numpy NaN, pandas NaT
+    except TypeError:  # pandas NA refuses bool()
+        return True
+    except ValueError:  # an array: not a missing scalar
+        return False
 
 
 def _sig(x: float) -> str:
@@ -23,8 +46,9 @@ def _sig(x: float) -> str:
 
 def seconds_text(seconds) -> str:
     """`231 µs`, `12.4 ms`, `1.23 s`, `4 min 05 s`, `2 h 03 min`; `-` for None/NaN."""
-    if _missing(seconds):
-        return "-"
+    if missing(seconds):
+        return MISSING
+    seconds = float(seconds)
     sign, s = ("-" if seconds < 0 else ""), float(f"{abs(seconds):.3g}")
     if s == 0:
         return "0 s"
@@ -37,24 +61,56 @@ def seconds_text(seconds) -> str:
     return f"{sign}{total // 3600} h {total % 3600 // 60:02d} min"
 
 
-def size_text(nbytes) -> str:
-    """`850 B`, `1.00 kB`, `2.36 GB` (powers of 1000, like `rate_text`); `-` for None/NaN."""
-    if _missing(nbytes):
-        return "-"
-    return rate_text(nbytes)[: -len("/s")]
+def size_text(n) -> str:
+    """`850 B`, `1.23 kB`, `12.4 MB`, `2.36 GB` (1000-based, SI symbols); `-` for None/NaN."""
+    if missing(n):
+        return MISSING
+    n = float(n)
+    sign, r = ("-" if n < 0 else ""), float(f"{abs(n):.3g}")
+    for below, scale, unit in _SIZES:
+        if r < below:
+            return f"{sign}{r:.0f} B" if unit == "B" else f"{sign}{_sig(r * scale)} {unit}"
+    return MISSING
 
 
 def rate_text(bytes_per_s) -> str:
     """`850 B/s`, `1.00 MB/s`, `2.36 GB/s`; `-` for None/NaN."""
-    if _missing(bytes_per_s):
-        return "-"
-    r = float(f"{bytes_per_s:.3g}")
-    for below, scale, unit in _RATE:
-        if r < below:
-            return f"{_sig(r * scale)} {unit}"
-    return f"{_sig(r * 1e-12)} TB/s"
+    return MISSING if missing(bytes_per_s) else size_text(bytes_per_s) + "/s"
 
 
 def number_text(value) -> str:
     """A plain value (a metric, a ratio) with 3 significant digits; `-` for None/NaN."""
-    return "-" if _missing(value) else f"{value:.3g}"
+    return MISSING if missing(value) else f"{float(value):.3g}"
+
+
+def share_text(value) -> str:
+    """`42%`, `3.5%`, `0.07%`: small shares keep two significant digits instead of reading `0%`."""
+    if missing(value):
+        return MISSING
+    value = float(value)
+    return f"{value:.0%}" if abs(value) >= 0.1 or value == 0 else f"{value * 100:.2g}%"
+
+
+def process_name(role, rank) -> str:
+    """`trainer0`, `rollout3`, `reward` (no rank); `?` for a process nobody named. Stored text: escape it to show it."""
+    if missing(role):
+        return "?"
+    return f"{role}{'' if missing(rank) else int(rank)}"
+
+
+def shown(text) -> str:
+    """`text` with every HIDDEN character written as its escape (`\\x1b`, `\\n`, `\\u202e`)."""
+    text = "" if text is None else str(text)
+    return HIDDEN.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+
+
+def term(text) -> str:
+    """Stored text for a rich console: controls shown as escapes, `[...]` markup made literal."""
+    from rich.markup import escape  # rich is a core dependency; only text for consoles needs it
+
+    return escape(shown(text))
+
+
+def md(text) -> str:
+    """Stored text for page markdown (st.markdown, captions, titles, labels): shown literally."""
+    return _MD_PUNCT.sub(r"\\\1", shown(text))

@@ -54,10 +54,3 @@ def label(frame: pd.DataFrame, con, column: str = "process_id", prefix: str = ""
         columns={"process_id": column, "role": prefix + "role", "rank": prefix + "rank", "host": prefix + "host"}
     )
     return frame.merge(who, on=column, how="left")
-
-
-def name(role, rank) -> str:
-    """`trainer0`-style short name of a process."""
-    if role is None or (isinstance(role, float) and pd.isna(role)):
-        return "?"
-    return f"{role}{'' if rank is None or pd.isna(rank) else int(rank)}"

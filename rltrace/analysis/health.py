@@ -70,15 +70,33 @@ def crashes(con) -> pd.DataFrame:
     ).df()
 
 
+def processes(con) -> pd.DataFrame:
+    """One row per process of the run: who it is, when it was heard from, what it wrote and lost.
+
+    Returns: process_id, role, rank, host, pid, started_ns, heartbeat_ns (latest), ended_ns
+    (None unless it shut down), spans_written, spans_dropped, otlp_spans_dropped, rows_written,
+    rows_dropped (counts from its latest heartbeat; drops 0 when unknown), spans (finished spans
+    in the store), open_spans; ordered by role, rank, start.
+    """
+    return con.execute(
+        """SELECT p.*, coalesce(s.spans, 0) AS spans, coalesce(s.open, 0) AS open_spans
+           FROM (SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host,
+                        any_value(pid) AS pid, min(started_ns) AS started_ns, max(heartbeat_ns) AS heartbeat_ns,
+                        max(ended_ns) AS ended_ns, max(spans_written) AS spans_written,
+                        max(coalesce(spans_dropped, 0)) AS spans_dropped,
+                        max(coalesce(otlp_spans_dropped, 0)) AS otlp_spans_dropped,
+                        max(rows_written) AS rows_written, max(coalesce(rows_dropped, 0)) AS rows_dropped
+                 FROM processes GROUP BY process_id) p
+           LEFT JOIN (SELECT process_id, count(*) FILTER (NOT is_open) AS spans, count(*) FILTER (is_open) AS open
+                      FROM spans GROUP BY process_id) s USING (process_id)
+           ORDER BY p.role, p.rank, p.started_ns, p.process_id"""
+    ).df()
+
+
 def drops(con) -> pd.DataFrame:
     """What each process lost before the store (or the OTLP backend) got it.
 
     Returns: process_id, role, rank, spans_dropped, rows_dropped, otlp_spans_dropped (counts
     from the process's latest heartbeat).
     """
-    return con.execute(
-        """SELECT process_id, any_value(role) AS role, any_value(rank) AS rank,
-                  max(coalesce(spans_dropped, 0)) AS spans_dropped, max(coalesce(rows_dropped, 0)) AS rows_dropped,
-                  max(coalesce(otlp_spans_dropped, 0)) AS otlp_spans_dropped
-           FROM processes GROUP BY process_id ORDER BY role, rank, process_id"""
-    ).df()
+    return processes(con)[["process_id", "role", "rank", "spans_dropped", "rows_dropped", "otlp_spans_dropped"]]

@@ -7,7 +7,7 @@ import pandas as pd
 
 from rltrace._phases import STAGE_OF
 from rltrace.analysis import _who, summary
-from rltrace.analysis._format import seconds_text
+from rltrace.analysis._format import process_name, seconds_text, share_text
 from rltrace.analysis._steps import Steps
 
 UNTRACED = "untraced"  # waited while no busy span ran anywhere
@@ -69,7 +69,7 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
     g["share"] = g["seconds"] / g["step"].map((walls["end_ns"] - walls["start_ns"]) / 1e9)
     g = g.sort_values(["step", "seconds"], ascending=[True, False]).groupby("step").head(n)
     names = _who.processes(con, g["waited_for_process"].dropna().unique())
-    short = {p: _who.name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
+    short = {p: process_name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
     g["waited_for_name"] = g["waited_for_process"].map(short)
     texts = []
     for step, pid, role, rank, in_phase, what, other_pid, other, seconds, share in zip(
@@ -77,7 +77,7 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
         g["waited_for_name"], g["seconds"], g["share"]
     ):
         where = "idle" if in_phase == "idle" else f"in a wait inside {in_phase}"
-        text = f"{_who.name(role, rank)} {where} {seconds_text(seconds)} ({share:.0%} of step {step})"
+        text = f"{process_name(role, rank)} {where} {seconds_text(seconds)} ({share_text(share)} of step {step})"
         if what == UNTRACED:
             texts.append(text + " while no recorded phase ran anywhere")
         elif other_pid == pid:

@@ -7,12 +7,14 @@ anything else is a bug in rltrace and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from rltrace._config import RltraceError
-from rltrace.cli import compact, export, importer, info, profile, replay, report, run, ui
+from rltrace.analysis._format import shown
+from rltrace.cli import compact, export, importer, info, profile, replay, report, run, ui, watch
 
-COMMANDS = [info, compact, report, replay, importer, export, profile, ui, run]
+COMMANDS = [info, compact, report, replay, importer, export, profile, ui, watch, run]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,12 +38,26 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args) or 0
+        code = args.func(args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit-time flush
+        return code
     except RltraceError as exc:
-        print(f"rltrace: error: {exc}", file=sys.stderr)
+        print(f"rltrace: error: {shown(exc)}", file=sys.stderr)  # it may quote a file's text: escapes stay inert
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `rltrace report --json | head`: the reader has what it wanted
+        _quiet_stdout()
+        return 141  # what a shell reports for a process ended by SIGPIPE (128 + 13)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so Python's exit-time flush of the closed pipe raises nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (tests capture it)
+        pass
 
 
 if __name__ == "__main__":  # python -m rltrace.cli

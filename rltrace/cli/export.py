@@ -36,9 +36,23 @@ def main(args: argparse.Namespace) -> int:
     if args.format == "slime":
         from rltrace.replay.slime_export import export_command
 
+        _check_template(args.out)
+
         return export_command(args)
     steps = parse_steps(args.steps)
     return {"chrome": _chrome, "otlp": _otlp}[args.format](args, steps)
+
+
+def _check_template(out: str | None) -> None:
+    """`--out` for slime is a path template: only `{rollout_id}` may stand in braces."""
+    if out is None:
+        return
+    try:
+        out.format(rollout_id=0)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise RltraceError(
+            f"--out {out!r}: braces name a field ({exc}); only {{rollout_id}} is filled in, write {{{{ and }}}} for literal braces"
+        ) from None
 
 
 def _chrome(args: argparse.Namespace, steps) -> int:

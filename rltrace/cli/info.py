@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import time
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from rltrace import _names, store
+from rltrace import _json, _names, analysis, store
+from rltrace.analysis._format import seconds_text, term
 from rltrace.analysis.health import STALE_AFTER_S
+from rltrace.report import plain
 from rltrace.report.findings import crash_sentence
 
 
@@ -35,15 +35,7 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
         return [dict(zip(cols, r)) for r in cur.fetchall()]
 
     now_ns = time.time_ns()
-    processes = rows(
-        """SELECT p.process_id, p.role, p.rank, p.host, p.pid, p.started_ns, p.heartbeat_ns, p.ended_ns,
-                  coalesce(s.spans, 0) AS spans, coalesce(s.open, 0) AS open_spans,
-                  p.spans_dropped, p.otlp_spans_dropped, p.rows_dropped
-           FROM processes p
-           LEFT JOIN (SELECT process_id, count(*) FILTER (NOT is_open) AS spans, count(*) FILTER (is_open) AS open
-                      FROM spans GROUP BY process_id) s USING (process_id)
-           ORDER BY p.role, p.rank, p.started_ns"""
-    )
+    processes = plain(analysis.processes(con))
     counts = rows(
         """SELECT count(*) FILTER (NOT is_open) AS finished, count(*) FILTER (is_open) AS open,
                   min(step) AS first_step, max(step) AS last_step, count(DISTINCT step) AS steps
@@ -93,17 +85,15 @@ def _ago(ns: int | None, now_ns: int) -> str:
     if ns is None:
         return "-"
     seconds = (now_ns - ns) / 1e9
-    if seconds < 120:
-        return f"{seconds:.0f}s ago"
     if seconds < 7200:
-        return f"{seconds / 60:.0f}m ago"
+        return f"{seconds_text(round(seconds))} ago"
     return dt.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M")
 
 
 def render(data: dict, console: Console) -> None:
     now_ns = time.time_ns()
-    console.print(f"[bold]{data['name']}[/]  run {data['run_id']}  created {data['created']}")
-    console.print(f"{data['run_dir']}  ·  " + ", ".join(f"{n} {k} in {data['parts'][k]} parts" for k, n in data["rows"].items()))
+    console.print(f"[bold]{term(data['name'])}[/]  run {term(data['run_id'])}  created {term(data['created'])}")
+    console.print(f"{term(data['run_dir'])}  ·  " + ", ".join(f"{n} {k} in {data['parts'][k]} parts" for k, n in data["rows"].items()))
     s = data["spans"]
     steps = "no steps" if s["steps"] == 0 else f"steps {s['first_step']}–{s['last_step']} ({s['steps']} distinct)"
     console.print(f"{s['finished']} finished spans, {s['open']} open · {steps}")
@@ -119,9 +109,9 @@ def render(data: dict, console: Console) -> None:
             "killed": "[red]no: its heartbeat stopped (killed)[/]",
         }.get(p.get("state"), "[yellow]not yet (running or hung)[/]")
         t.add_row(
-            p["role"],
+            term(p["role"]),
             "" if p["rank"] is None else str(p["rank"]),
-            f"{p['host']}:{p['pid']}",
+            term(f"{p['host']}:{p['pid']}"),
             str(p["spans"]),
             str(p["open_spans"]),
             f"[red]{dropped}[/]" if dropped else "0",
@@ -131,26 +121,27 @@ def render(data: dict, console: Console) -> None:
     console.print(t)
 
     t = Table(title="Phases", title_justify="left")
-    for col in ("phase", "spans", "total s", "mean s", "max s"):
+    for col in ("phase", "spans", "total", "mean", "max"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     for ph in data["phases"]:
-        t.add_row(ph["phase"], str(ph["spans"]), f"{ph['total_s'] or 0:.3f}", f"{ph['mean_s'] or 0:.4f}", f"{ph['max_s'] or 0:.4f}")
+        t.add_row(term(ph["phase"]), str(ph["spans"]), seconds_text(ph["total_s"]), seconds_text(ph["mean_s"]),
+                  seconds_text(ph["max_s"]))
     console.print(t)
 
     for c in data.get("crashes", []):
-        console.print("[red]Crash:[/] " + escape(crash_sentence(c)))
+        console.print("[red]Crash:[/] " + term(crash_sentence(c)))
     if data["open_spans"]:
         t = Table(title="[yellow]Open spans[/] (started, never ended: running, hung or killed)", title_justify="left")
         for col in ("role", "rank", "phase", "step", "started", "open for", "its process"):
             t.add_column(col)
         for o in data["open_spans"]:
             t.add_row(
-                o["role"],
+                term(o["role"]),
                 "" if o["rank"] is None else str(o["rank"]),
-                o["phase"] or o["name"],
+                term(o["phase"] or o["name"]),
                 "" if o["step"] is None else str(o["step"]),
                 dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),
-                f"{o['age_s']:.1f}s",
+                seconds_text(o["age_s"]),
                 {"killed": "[red]killed (heartbeat stopped)[/]", "running": "alive: hung or still running"}.get(
                     o.get("state"), "exited with it open"),
             )
@@ -165,13 +156,13 @@ def render(data: dict, console: Console) -> None:
     else:
         console.print("Nothing dropped.")
     for skipped in data["skipped_parts"]:
-        console.print(f"[yellow]skipped corrupt part:[/] {skipped}")
+        console.print(f"[yellow]skipped corrupt part:[/] {term(skipped)}")
 
 
 def main(args: argparse.Namespace) -> int:
     data = collect(args.run_dir, skip_corrupt=args.skip_corrupt)
     if args.json:
-        print(json.dumps(data, indent=2, default=str))
+        print(_json.dumps(data, indent=2, default=str))
     else:
         render(data, Console())
     return 0

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from rltrace import store
+from rltrace import _json, store
+from rltrace.analysis._format import size_text, process_name, seconds_text, share_text, term
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,16 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=main_show)
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return "-"
-
-
 def _console() -> Console:
     """A terminal's own width; piped output is not squeezed to 80 columns (ids stay whole for grep)."""
     return Console(soft_wrap=True) if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
@@ -46,7 +36,7 @@ def _console() -> Console:
 
 def _status(status: str) -> str:
     colour = {"ok": "green", "running": "yellow"}.get(status, "red")
-    return f"[{colour}]{status}[/]"
+    return f"[{colour}]{term(status)}[/]"
 
 
 def main_list(args: argparse.Namespace) -> int:
@@ -54,32 +44,31 @@ def main_list(args: argparse.Namespace) -> int:
 
     rows = list_profiles(store.open(args.run_dir))
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(_json.dumps(rows, indent=2, default=str))
         return 0
     console = _console()
     if not rows:
         console.print(
-            f"No profiles in {args.run_dir}. Turn profiling on with RLTRACE_PROFILE_SLOW=3, "
+            f"No profiles in {term(args.run_dir)}. Turn profiling on with RLTRACE_PROFILE_SLOW=3, "
             "RLTRACE_HANG_TIMEOUT=SECONDS or RLTRACE_TORCH_PROFILE=PHASE:STEPS (docs/profiling.md)."
         )
         return 0
-    t = Table(title=f"Profiles of {args.run_dir}", title_justify="left", box=box.SIMPLE_HEAD)
+    t = Table(title=f"Profiles of {term(args.run_dir)}", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("id", "step", "phase", "process", "kind", "trigger", "status", "size", "top frame"):
         t.add_column(
             col, justify="right" if col in ("step", "size") else "left", no_wrap=col not in ("process", "top frame")
         )
     for r in rows:
-        who = r["role"] + ("" if r["rank"] is None else str(r["rank"]))
-        top = "-" if r["top_frame"] is None else f"{r['top_frame']} ({r['top_self_share']:.0%})"
+        top = "-" if r["top_frame"] is None else f"{term(r['top_frame'])} ({share_text(r['top_self_share'])})"
         t.add_row(
-            r["profile_id"][:8],
+            term(r["profile_id"][:8]),
             "" if r["step"] is None else str(r["step"]),
-            r["phase"] or "-",
-            who,
-            r["kind"],
-            r["trigger"],
+            term(r["phase"] or "-"),
+            term(process_name(r["role"], r["rank"])),
+            term(r["kind"]),
+            term(r["trigger"]),
             _status(r["status"]),
-            _size(r["size_bytes"]),
+            size_text(r["size_bytes"]),
             top,
         )
     console.print(t)
@@ -96,21 +85,21 @@ def main_show(args: argparse.Namespace) -> int:
     frames = top_frames(con, profile["profile_id"])
     path = artefact_path(args.run_dir, profile["path"])
     if args.json:
-        print(json.dumps({**profile, "file": str(path) if path else None, "frames": frames}, indent=2, default=str))
+        print(_json.dumps({**profile, "file": str(path) if path else None, "frames": frames}, indent=2, default=str))
         return 0
     console = _console()
     p = profile
     started = dt.datetime.fromtimestamp(p["started_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
-    seconds = "" if p["ended_ns"] is None else f", {(p['ended_ns'] - p['started_ns']) / 1e9:.2f} s"
-    console.print(f"[bold]profile {p['profile_id']}[/]  {p['kind']} ({p['trigger']})  {_status(p['status'])}")
-    console.print(
+    seconds = "" if p["ended_ns"] is None else f", {seconds_text((p['ended_ns'] - p['started_ns']) / 1e9)}"
+    console.print(f"[bold]profile {term(p['profile_id'])}[/]  {term(p['kind'])} ({term(p['trigger'])})  {_status(p['status'])}")
+    console.print(term(
         f"phase {p['phase']} · step {p['step']} · {p['process_id']} (pid {p['pid']}, thread {p['native_thread_id']})"
-    )
-    console.print(f"span {p['trace_id']}/{p['span_id']} ({p['span_name']})")
-    console.print(f"why: {p['reason']}")
+    ))
+    console.print(term(f"span {p['trace_id']}/{p['span_id']} ({p['span_name']})"))
+    console.print(f"why: {term(p['reason'])}")
     console.print(f"taken {started}{seconds}" + ("" if p["samples"] is None else f", {p['samples']} samples/events"))
     if p["message"]:
-        console.print(f"[yellow]note:[/] {p['message']}")
+        console.print(f"[yellow]note:[/] {term(p['message'])}")
     if frames:
         dump = p["kind"] == "pyspy_dump"
         title = "Stack of the phase's thread (innermost first)" if dump else "Top frames by self time"
@@ -121,18 +110,18 @@ def main_show(args: argparse.Namespace) -> int:
             where = "" if f["file"] is None else f"{f['file']}:{f['line']}"
             t.add_row(
                 str(f["rank"]),
-                f["frame"],
-                where,
+                term(f["frame"]),
+                term(where),
                 f"{f['self_share']:.1%}",
                 f"{f['total_share']:.1%}",
-                f["thread"] or "",
+                term(f["thread"] or ""),
             )
         console.print(t)
     if path is None:
         console.print("No file was written.")
     elif not path.exists():
-        console.print(f"[red]file missing:[/] {path}")
+        console.print(f"[red]file missing:[/] {term(path)}")
     else:
-        console.print(f"file: {path}")
-        console.print(f"open: {how_to_open(p['kind'], path)}")
+        console.print(f"file: {term(path)}")
+        console.print(f"open: {term(how_to_open(p['kind'], path))}")
     return 0

@@ -17,6 +17,7 @@ import json
 from rich.console import Console
 from rich.progress import Progress
 
+from rltrace import _json
 from rltrace._config import RltraceError
 from rltrace.cli import replay_render as render
 
@@ -97,7 +98,7 @@ def _tokenizer(args):
 
 
 def _print_json(console: Console, data) -> None:
-    console.print_json(json.dumps(data, default=str))
+    console.print_json(_json.dumps(data, default=str))
 
 
 def _list(args) -> int:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.console import Console
 
-from rltrace import report, store
+from rltrace import _json, report, store
 from rltrace.analysis import parse_steps
 
 
@@ -47,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
             other = collect(args.compare, steps=steps, skip_corrupt=args.skip_corrupt)
             data["compare"] = {"run": other["run"], "rows": report.compare(data, other)}
     if args.json:
-        print(json.dumps(report.plain(data), indent=2))
+        print(_json.dumps(report.plain(data), indent=2))
         return 0
     report.render(data, console, full=args.full)
     if args.compare:

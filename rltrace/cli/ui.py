@@ -1,7 +1,9 @@
 """`rltrace ui RUN_DIR [RUN_DIR ...] [--port P] [--host H]`: the dashboard, on localhost by default.
 
-Starts Streamlit headless on `ui/app.py` with the run dirs in RLTRACE_UI_RUNS. Runs are only
-read: the dashboard opens in-memory DuckDB views over the Parquet parts and writes nothing.
+Starts Streamlit headless on `ui/app.py` with the run dirs in RLTRACE_UI_RUNS (a JSON list),
+behind a Host header check (`ui/serve.py`: only this machine's names and --host are answered).
+Runs are only read: the dashboard opens in-memory DuckDB views over the Parquet parts and writes
+nothing.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-from rltrace._config import RltraceError
+from rltrace._config import RltraceError, paths_value
 from rltrace.store import read_manifest
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8501
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+LOOPBACK_NAMES = ["localhost", "127.0.0.1", "[::1]"]  # Host headers a browser on this machine sends
+EVERY_INTERFACE = {"0.0.0.0", "::", ""}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +53,7 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     if not 0 < args.port < 65536:
         raise RltraceError(f"--port {args.port} is not a TCP port: use 1-65535 (default {DEFAULT_PORT})")
     argv = [
-        sys.executable, "-m", "streamlit", "run", str(app_path()),
+        sys.executable, "-m", "rltrace.ui.serve", "--hosts", ",".join(served_hosts(args.host)), "run", str(app_path()),
         "--server.address", args.host,
         "--server.port", str(args.port),
         "--server.headless", "true",
@@ -59,8 +63,17 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         "--global.developmentMode", "false",
         "--client.toolbarMode", "minimal",
     ]
-    env = dict(os.environ, RLTRACE_UI_RUNS=os.pathsep.join(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    env = dict(os.environ, RLTRACE_UI_RUNS=paths_value(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     return argv, env
+
+
+def served_hosts(bind: str) -> list[str]:
+    """Host names the dashboard answers (a DNS rebinding guard, see ui/serve.py): this machine's
+    names, plus the --host address; `*` (any) when bound to every interface."""
+    if bind in EVERY_INTERFACE:
+        return ["*"]
+    host = f"[{bind}]" if ":" in bind and not bind.startswith("[") else bind
+    return list(dict.fromkeys([*LOOPBACK_NAMES, host.lower()]))
 
 
 def main(args: argparse.Namespace) -> int:

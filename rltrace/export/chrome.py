@@ -6,7 +6,8 @@ thread's spans are dealt into *lanes*: a span goes to the first lane where it ne
 follows the spans already there; concurrent work (e.g. async tasks on one thread) gets extra
 thread tracks named "<thread> +1", "+2", ... Cross-process parent/child links become flow
 arrows, step metrics become counter tracks, and open spans are drawn to the end of the trace
-with "(open)" in their name and `args.open = true`.
+with "(open)" in their name and `args.open = true`. The file is strict JSON: a NaN or infinite
+attribute or metric is `null` with its spelling beside it (`"loss": null, "loss.text": "NaN"`).
 
 Timestamps are integer microseconds since the Unix epoch, `ts = start_ns // 1000`, on the same
 clock as the stored spans (floor keeps every nesting and ordering of the nanosecond times).
@@ -15,10 +16,13 @@ clock as the stored spans (floor keeps every nesting and ordering of the nanosec
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
 
+from rltrace import _json
+from rltrace.analysis._format import process_name
 from rltrace.analysis._steps import Steps, step_filter
 
 OPEN_SUFFIX = " (open)"
@@ -80,8 +84,7 @@ def chrome_trace(con, *, steps: Steps = None) -> dict:
     pid_of = {p: i + 1 for i, p in enumerate(procs["process_id"])}
     events: list[dict] = []
     for i, p in enumerate(procs.itertuples(index=False)):
-        rank = "" if pd.isna(p.rank) else str(int(p.rank))
-        label = f"{p.role or '?'}{rank} @ {p.host} (pid {'' if pd.isna(p.pid) else int(p.pid)})"
+        label = f"{process_name(p.role, p.rank)} @ {p.host} (pid {'' if pd.isna(p.pid) else int(p.pid)})"
         events.append({"ph": "M", "name": "process_name", "pid": pid_of[p.process_id], "tid": 0, "args": {"name": label}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid_of[p.process_id], "tid": 0, "args": {"sort_index": i}})
 
@@ -104,14 +107,18 @@ def chrome_trace(con, *, steps: Steps = None) -> dict:
 
     events.extend(_flows(spans, where))
     for m in metrics.itertuples(index=False):
-        events.append({"ph": "C", "name": m.name, "pid": pid_of[m.process_id], "tid": 0, "ts": _us(m.time_ns),
-                       "args": {"value": float(m.value)}})
-    return {
+        value = float(m.value)
+        event = {"ph": "C", "name": m.name, "pid": pid_of[m.process_id], "tid": 0, "ts": _us(m.time_ns), "args": {"value": value}}
+        if not math.isfinite(value):  # a counter takes numbers only: a NaN/inf metric is an instant event
+            event.update(ph="i", s="p")
+        events.append(event)
+    trace = {
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {"producer": "rltrace", "clock": "ts = Unix epoch microseconds (span start_ns // 1000)",
                       "trace_end_us": _us(trace_end)},
     }
+    return _json.strict(trace, keep_text=True)  # NaN/inf values: null, with "<key>.text": "NaN" beside
 
 
 def _complete(row, pid: int, tid: int) -> dict:
@@ -161,7 +168,7 @@ def write(con, out: str | Path, *, steps: Steps = None) -> int:
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp")
     with open(tmp, "w") as fh:
-        json.dump(trace, fh, separators=(",", ":"))
+        fh.write(_json.dumps(trace, separators=(",", ":")))
     tmp.replace(out)
     return len(trace["traceEvents"])
 

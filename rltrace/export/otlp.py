@@ -2,7 +2,8 @@
 
 Spans are rebuilt as SDK `ReadableSpan`s with their original trace and span ids, parents, times,
 status, events, links and attributes (the promoted columns `rl.phase`, `rl.step`,
-`rl.weight_version`, `thread.id`, `thread.name` go back into the attributes), under the OTel
+`rl.weight_version`, `thread.id`, `thread.name` go back into the attributes, with the OTel `rl.*`
+proposal's `rl.operation.name` and `rl.run.id` where a run predates them), under the OTel
 resource each process recorded, and handed to the SDK's `OTLPSpanExporter`. Open spans have no
 end time, which OTLP cannot carry: they are counted and left out.
 """
@@ -45,7 +46,10 @@ def _resources(con) -> dict[str, object]:
             attrs = json.loads(resource) if resource else {}
         except ValueError:
             attrs = {}
-        out[process_id] = Resource.create(attrs or _fallback_attrs(role, rank, host, pid, service))
+        attrs = attrs or _fallback_attrs(role, rank, host, pid, service)
+        if _names.RUN_ID in attrs:  # runs recorded before rltrace wrote the proposal's name too
+            attrs.setdefault(_names.SEMCONV_RUN_ID, attrs[_names.RUN_ID])
+        out[process_id] = Resource.create(attrs)
     return out
 
 
@@ -77,6 +81,9 @@ def to_readable(row, resource):
                        (_names.THREAD_ID, row.thread_id), (_names.THREAD_NAME, row.thread_name)):
         if not pd.isna(value):
             attrs[key] = int(value) if key in (_names.STEP, _names.WEIGHT_VERSION, _names.THREAD_ID) else value
+    group = _names.SEMCONV_GROUP_OF_PHASE.get(attrs.get(_names.PHASE))
+    if group is not None:  # the OTel rl.* proposal's group, for runs recorded before spans carried it
+        attrs.setdefault(_names.SEMCONV_OPERATION, group)
     events = [Event(e["name"], e.get("attributes") or {}, int(e["time_ns"])) for e in _json_list(row.events)]
     links = [Link(_context(link["trace_id"], link["span_id"], True)) for link in _json_list(row.links)]
     parent = None if pd.isna(row.parent_span_id) else _context(row.trace_id, row.parent_span_id, False)

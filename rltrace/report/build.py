@@ -65,12 +65,14 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "long_tail": plain(tail),
         "stragglers": plain(analysis.stragglers(con, steps)),
         "weight_sync_fit": plain(analysis.weight_sync_fit(con, steps)),
+        "weight_sync_children": plain(analysis.sync_growth(con, steps)),
         "staleness": _staleness(con, steps),
         "mismatch": _mismatch(con, steps),
         "reward": _reward(con, steps),
         "crashes": plain(analysis.crashes(con)),
         "open_spans": _open_spans(con, now_ns),
         "dropped": _dropped(con),
+        "idle_devices": plain(analysis.idle_devices(con, steps)),
     }
     report["findings"] = findings.sentences(report)
     return report

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rltrace._names import WEIGHT_SYNC_CHILDREN
+
 
 def _ratio(a, b):
     return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
@@ -22,6 +24,10 @@ def compare(this: dict, other: dict) -> list[dict]:
     phases_b = {p["phase"]: p["mean_s"] for p in other["phases"]}
     for phase in sorted(set(phases_a) | set(phases_b), key=lambda p: -max(phases_a.get(p) or 0, phases_b.get(p) or 0)):
         add(f"phase {phase}", "s/step (mean)", phases_a.get(phase), phases_b.get(phase))
+    children_a = {c["child"]: c["median_s"] for c in (this.get("weight_sync_children") or {}).get("children", [])}
+    children_b = {c["child"]: c["median_s"] for c in (other.get("weight_sync_children") or {}).get("children", [])}
+    for child in [c for c in WEIGHT_SYNC_CHILDREN if c in children_a or c in children_b]:
+        add(f"weight_sync {child}", "s/sync (median)", children_a.get(child), children_b.get(child))
     add("reward_mean", "mean over steps", this["reward"]["mean"], other["reward"]["mean"])
     add("reward_mean", "last step", this["reward"]["last"], other["reward"]["last"])
     trends_a = {t["metric"]: t for t in this["mismatch"]["trends"]}

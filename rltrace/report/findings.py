@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from rltrace.analysis._format import number_text as num
+from rltrace.analysis._format import process_name as _who
 from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
 from rltrace.analysis._format import size_text
@@ -15,6 +16,7 @@ from rltrace.analysis.health import STALE_AFTER_S
 TAIL_SHARE = 0.25  # a long tail worth a sentence: this share of the step, median over steps
 STRAGGLER_FACTOR = 4.0  # a straggler worth a sentence: this many times the step's median length or time
 SYNC_SHARE = 0.25  # weight sync worth a sentence: this share of t_sync
+SYNC_GROWTH = 0.25  # weight sync that grew by this share of its fitted first value over the run
 WAIT_SHARE = 0.10  # a wait worth a sentence: this share of the run's step time
 ALIGNMENT_GATE = 1e-6  # train_rollout_logprob_abs_diff below this: rollout and training agree exactly
 #: Per mismatch metric: its neutral value and the smallest change worth a sentence.
@@ -27,14 +29,10 @@ MISMATCH_SCALE = {
 MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest distance from neutral
 
 
-def _who(role, rank) -> str:
-    return "?" if role is None else f"{role}{'' if rank is None else int(rank)}"
-
-
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
     for part in (_crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
-                 _async, _drops, _reward, _staleness, _mismatch):
+                 _async, _drops, _reward, _staleness, _mismatch, _idle_devices):
         out.extend(part(r))
     return out
 
@@ -177,7 +175,29 @@ def _weight_sync(r: dict) -> list[str]:
             f"Weight sync takes {r['t_W'] / r['t_sync']:.0%} of the synchronous step (t_W = {sec(r['t_W'])}): "
             "the cost to fix first."
         )
+        out.extend(_sync_largest(r.get("weight_sync_children") or {}))
+    out.extend(_sync_growth(r.get("weight_sync_children") or {}))
     return out
+
+
+def _sync_largest(g: dict) -> list[str]:
+    big = next((c for c in g.get("children") or [] if c["child"] == g.get("largest")), None)
+    if not big or big.get("share") is None:
+        return []
+    return [f"Of the weight sync, {big['child']} takes the most: median {sec(big['median_s'])} of "
+            f"{sec(g['total']['median_s'])} ({big['share']:.0%})."]
+
+
+def _sync_growth(g: dict) -> list[str]:
+    total = g.get("total")
+    if not total or g["syncs"] < 3 or total["growth_s"] <= SYNC_GROWTH * max(total["first_s"], 1e-3):
+        return []
+    text = f"Weight sync grew from {sec(total['first_s'])} to {sec(total['last_s'])} over {g['syncs']} syncs (fitted)"
+    grew = next((c for c in g["children"] if c["child"] == g.get("grew")), None)
+    if grew is None:
+        return [text + "; no recorded child phase (drain, gather, transfer, load, resume) grew with it."]
+    share = f", {grew['share_of_growth']:.0%} of the growth" if grew.get("share_of_growth") is not None else ""
+    return [text + f"; {grew['child']} grew most, from {sec(grew['first_s'])} to {sec(grew['last_s'])}{share}."]
 
 
 def _async(r: dict) -> list[str]:
@@ -286,4 +306,15 @@ def _mismatch(r: dict) -> list[str]:
                 f"{t['metric']} held at a mean of {num(t['mean'])} (max {num(t['max'])}) over {t['steps']} steps, "
                 f"above the {ALIGNMENT_GATE:g} gate for exact alignment of rollout and training."
             )
+    return out
+
+
+def _idle_devices(r: dict) -> list[str]:
+    out = []
+    for d in (r.get("idle_devices") or [])[:5]:
+        steps = f" over {d['steps']} step(s)" if d.get("steps") else ""
+        out.append(
+            f"GPU {d['device']} was {d['util_mean_pct']:.0f} % busy during `{d['phase']}` on {_who(d['role'], d['rank'])} "
+            f"(mean of {d['samples']} samples{steps})."
+        )
     return out

@@ -12,7 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from rltrace.analysis._format import number_text as num
+from rltrace.analysis._format import process_name as _who
 from rltrace.analysis._format import seconds_text as sec
+from rltrace.analysis._format import share_text as _pct
+from rltrace.analysis._format import term
 
 MAX_STEP_ROWS = 30
 MAX_WAIT_ROWS = 10
@@ -29,14 +32,6 @@ def _times(value) -> str:
     return "-" if value is None else f"{value:.1f}x"
 
 
-def _pct(value) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def _who(role, rank) -> str:
-    return "?" if role is None else f"{role}{'' if rank is None else int(rank)}"
-
-
 def _table(title: str, columns: list[str]) -> Table:
     t = Table(title=title, title_justify="left", title_style="bold")
     for i, col in enumerate(columns):
@@ -50,12 +45,12 @@ def render(r: dict, console: Console, *, full: bool = False) -> None:
     run = r.get("run", {})
     steps = r["steps"]
     span = f"steps {steps[0]['step']}–{steps[-1]['step']} ({len(steps)})" if steps else "no steps"
-    console.print(f"[bold]{run.get('name', '')}[/]  {run.get('run_dir', '')}  ·  {span}")
+    console.print(f"[bold]{term(run.get('name', ''))}[/]  {term(run.get('run_dir', ''))}  ·  {span}")
     findings = Table.grid(padding=(0, 1))
     findings.add_column(no_wrap=True)
     findings.add_column()
     for sentence in r["findings"]:
-        findings.add_row(" •", _keep_units(sentence))
+        findings.add_row(" •", _keep_units(term(sentence)))
     console.print(findings)
     console.print(_cost_model(r))
     quality = _quality(r)
@@ -103,7 +98,7 @@ def _quality(r: dict) -> Table | None:
     if w.get("first") is not None:
         t.add_row("reward", num(w["first"]), num(w["last"]), num(w["best"]), str(w["best_step"]))
     for m in r["mismatch"]["trends"]:
-        t.add_row(m["metric"], num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
+        t.add_row(term(m["metric"]), num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
     s = r["staleness"]
     if s.get("max") is not None:
         t.add_row("staleness", "", f"mean {num(s['mean'])}", num(s["max"]), "")
@@ -113,7 +108,7 @@ def _quality(r: dict) -> Table | None:
 def _phases(r: dict) -> Table:
     t = _table("Phases (union time across processes)", ["phase", "stage", "total", "per step", "share", "spans"])
     for p in r["phases"]:
-        t.add_row(p["phase"], p["stage"] or "", sec(p["total_s"]), sec(p["mean_s"]), _pct(p["share"]), str(p["spans"]))
+        t.add_row(term(p["phase"]), term(p["stage"] or ""), sec(p["total_s"]), sec(p["mean_s"]), _pct(p["share"]), str(p["spans"]))
     return t
 
 
@@ -144,8 +139,8 @@ def _waits(r: dict, rows: int | None = None) -> Table | None:
         return None
     t = _table("Longest waits", ["step", "process", "in", "waited for", "on", "time", "share"])
     for w in waits:
-        other = "(thread)" if w.get("waited_for_process") == w["process_id"] else w.get("waited_for_name") or ""
-        t.add_row(str(w["step"]), _who(w["role"], w["rank"]), w["in_phase"], w["waited_for"], other,
+        other = "(thread)" if w.get("waited_for_process") == w["process_id"] else term(w.get("waited_for_name") or "")
+        t.add_row(str(w["step"]), term(_who(w["role"], w["rank"])), term(w["in_phase"]), term(w["waited_for"]), other,
                   sec(w["seconds"]), _pct(w["share"]))
     for col in t.columns[1:5]:
         col.justify = "left"
@@ -159,7 +154,7 @@ def _paths(r: dict) -> Table | None:
         return None
     t = _table("Critical paths", ["path", "steps", "median"])
     for p in r["critical_path"][:5]:
-        t.add_row(p["path"], str(p["steps"]), sec(p["seconds"]))
+        t.add_row(term(p["path"]), str(p["steps"]), sec(p["seconds"]))
     return t
 
 
@@ -184,7 +179,7 @@ def _open_spans(r: dict) -> Table | None:
     state = {"killed": "killed (heartbeat stopped)", "running": "alive: hung or still running", "exited": "exited"}
     for o in r["open_spans"]:
         started = dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
-        t.add_row(_who(o["role"], o["rank"]), o.get("thread_name") or "", o["phase"],
+        t.add_row(term(_who(o["role"], o["rank"])), term(o.get("thread_name") or ""), term(o["phase"]),
                   "" if o["step"] is None else str(o["step"]), started, sec(o["stalled_s"]),
                   state.get(o.get("state"), "hung or killed"))
     for col in t.columns[1:3]:
@@ -198,11 +193,12 @@ _COMPARE_UNITS = {"s/step (median)": "median/step", "s/step (mean)": "mean/step"
 
 
 def render_compare(rows: list[dict], this_name: str, other_name: str, console: Console) -> None:
+    this_name, other_name = term(this_name), term(other_name)
     t = _table(f"Compare: {this_name} vs {other_name}", ["what", "", this_name, other_name, "ratio"])
     t.columns[0].overflow = "fold"
     t.columns[1].justify = "left"
     for row in rows:
         show = sec if row["unit"].startswith("s") else num
-        t.add_row(row["what"], _COMPARE_UNITS.get(row["unit"], row["unit"]), show(row["this"]), show(row["other"]),
+        t.add_row(term(row["what"]), _COMPARE_UNITS.get(row["unit"], row["unit"]), show(row["this"]), show(row["other"]),
                   "-" if row["ratio"] is None else f"{row['ratio']:.{2 if row['ratio'] < 10 else 0}f}x")
     console.print(t)

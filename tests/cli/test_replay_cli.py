@@ -172,6 +172,8 @@ def test_bad_parts_are_one_line_errors(capsys, run_dir, damage, message):
         (("replay", "list", "{run}/nope"), "does not exist"),
         (("replay", "request", "{run}/nope"), "does not exist"),
         (("export", "{run}", "--format", "slime", "--out", "{run}/x.pt", "--step", 7), "no frozen batch at step 7"),
+        (("export", "{run}", "--format", "slime", "--out", "{run}/a{b}.pt"), "only {rollout_id} is filled in"),
+        (("export", "{run}", "--format", "slime", "--out", "{run}/a{0}.pt"), "write {{ and }} for literal braces"),
     ],
 )
 def test_user_mistakes_are_one_line_errors(capsys, run_dir, args, message):

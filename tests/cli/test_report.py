@@ -99,3 +99,20 @@ def test_bottleneck_names_an_attached_profile(tmp_path):
     data = report.build(con)
     assert data["bottleneck"]["profiles"][0]["profile_id"] == "p1"
     assert any("py-spy p1 at profiles/p1.json" in s for s in data["findings"])
+
+
+def test_json_is_strict_and_a_closed_pipe_is_no_traceback(tmp_path):
+    """`rltrace report --json | head`: valid JSON while it lasts, and no BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    from tests.conftest import python_env
+
+    run_dir = _run(tmp_path / "run")
+    cmd = [sys.executable, "-m", "rltrace", "report", str(run_dir), "--json"]
+    full = subprocess.run(cmd, env=python_env(), capture_output=True, text=True, timeout=120, check=True)
+    json.loads(full.stdout, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    pipe = subprocess.Popen(cmd, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pipe.stdout.close()  # the reader hangs up before rltrace writes (as `head` does once it has its lines)
+    err = pipe.stderr.read().decode()
+    assert pipe.wait(timeout=120) in (0, 141) and "Traceback" not in err and "BrokenPipe" not in err, err

@@ -68,6 +68,8 @@ def test_phases_nest_as_the_loop_runs(colocated_run):
     assert parent == {
         "step": None, "rollout": "step", "generate": "rollout", "reward": "step", "train": "step",
         "forward": "train", "backward": "train", "optimizer": "train", "weight_sync": "step",
+        # weight_sync's child phases (docs/store.md): colocated, the engine drains and loads in the trainer's thread
+        "gather": "weight_sync", "transfer": "weight_sync", "drain": "weight_sync", "load": "weight_sync",
     }
     generate = next(s for s in spans if s["name"] == "generate")
     assert generate["thread_name"] == "rollout-engine"  # generation ran on the engine's own thread

@@ -176,3 +176,27 @@ def _named(*events):
 def test_the_check_rejects_broken_traces(events, message):
     with pytest.raises(AssertionError, match=message):
         check_trace_event_format(_named(*events))
+
+
+def test_nan_and_infinite_values_become_null_with_their_spelling_kept(tmp_path):
+    """Perfetto, browsers and jq refuse bare NaN/Infinity: the file is strict JSON, and a NaN stays visible."""
+    b = RunBuilder(tmp_path / "run")
+    trainer = b.process("trainer")
+    trainer.span("train", 0, 1, step=1, loss=float("nan"), grad_norm=float("inf"), lr=0.1)
+    b.metric(1, "loss", float("nan"), time=0.5)
+    b.metric(1, "reward_mean", float("-inf"), time=0.6)
+    b.metric(1, "kl", 0.25, time=0.7)
+    b.write()
+    out = tmp_path / "trace.json"
+    chrome.write(store.open(b.run_dir), out)
+    trace = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    check_trace_event_format(trace)
+    (span,) = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert span["args"]["rl.loss"] is None and span["args"]["rl.loss.text"] == "NaN"
+    assert span["args"]["rl.grad_norm"] is None and span["args"]["rl.grad_norm.text"] == "Infinity"
+    assert span["args"]["rl.lr"] == 0.1
+    counters = {e["name"]: e["args"] for e in trace["traceEvents"] if e["ph"] == "C"}
+    marks = {e["name"]: e["args"] for e in trace["traceEvents"] if e["ph"] == "i"}
+    assert counters == {"kl": {"value": 0.25}}  # a counter track takes numbers only ...
+    assert marks == {"loss": {"value": None, "value.text": "NaN"},  # ... a non-finite value is an instant mark
+                     "reward_mean": {"value": None, "value.text": "-Infinity"}}

@@ -33,6 +33,7 @@ def test_replay_sends_every_finished_span_with_its_ids(phoenix, tmp_path):
         assert s.get("parent_id") == parent
     sync = by_id[[k for k, v in stored.items() if v[3] == "weight_sync"][0]]
     assert sync["attributes"]["rl.bytes"] == 2048 and sync["attributes"]["rl.step"] == 4
+    assert sync["attributes"]["rl.operation.name"] == "rl.sync"  # added on export: the hand-built run predates it
 
 
 def test_cli_replay_and_an_unreachable_backend(phoenix, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """Entry points run on a frozen batch; results are stored next to it and compared with the record."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,25 @@ def test_unknown_replay_id_is_clear(tmp_path):
         load_replays(run_dir, replay_id="abc")
     with pytest.raises(ReplayError, match="no replay of step 3 yet"):
         latest_replay(run_dir, 3)
+
+
+def test_an_entry_file_imports_its_neighbours_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "neighbour_of_entry_xyz.py").write_text("VALUE = 7\n")
+    (tmp_path / "lib" / "entry.py").write_text("import neighbour_of_entry_xyz\n\ndef fn(batch):\n    return neighbour_of_entry_xyz.VALUE\n")
+    monkeypatch.chdir(tmp_path)  # not the file's folder
+    assert load_entry(f"{tmp_path / 'lib' / 'entry.py'}:fn")(None) == 7
+    assert str(Path.cwd()) not in sys.path or sys.path.index(str(Path.cwd())) > 0
+
+
+def test_the_current_directory_never_shadows_an_installed_module(tmp_path, monkeypatch):
+    """A `colorsys.py` lying in the current directory is not what `import colorsys` gets."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    monkeypatch.delitem(sys.modules, "entry_in_cwd_xyz", raising=False)
+    (tmp_path / "colorsys.py").write_text("raise RuntimeError('the stray copy ran')\n")
+    (tmp_path / "entry_in_cwd_xyz.py").write_text("import colorsys\n\ndef fn(batch):\n    return colorsys.__file__\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_entry("entry_in_cwd_xyz:fn")(None) != str(tmp_path / "colorsys.py")  # modules of the cwd still import
+    assert sys.path[-1] == str(tmp_path) and sys.path[0] != str(tmp_path)

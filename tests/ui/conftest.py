@@ -4,7 +4,6 @@ with its fault flags on, recorded once per session; and an AppTest factory point
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from rltrace._config import paths_value
 from tests.conftest import REPO, python_env
 
 APP = REPO / "ui" / "app.py"
@@ -52,10 +52,12 @@ def async_run(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def app(monkeypatch):
-    """`app(run_dir, ...)`: an AppTest of the dashboard over these runs, run once (on Overview)."""
+    """`app(run_dir, ...)`: an AppTest of the dashboard over these runs, run once (on Overview);
+    `app()` keeps the RLTRACE_UI_RUNS already set."""
 
     def make(*run_dirs: Path) -> AppTest:
-        monkeypatch.setenv("RLTRACE_UI_RUNS", os.pathsep.join(str(p) for p in run_dirs))
+        if run_dirs:
+            monkeypatch.setenv("RLTRACE_UI_RUNS", paths_value([str(p) for p in run_dirs]))
         at = AppTest.from_file(str(APP), default_timeout=RUN_TIMEOUT_S)
         at.run()
         return at

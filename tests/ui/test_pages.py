@@ -14,7 +14,7 @@ from rltrace import replay, report, store
 from rltrace.replay import diff, rerun
 from rltrace.store import read_manifest
 from rltrace.testing import RunBuilder
-from rltrace.ui import style
+from rltrace.analysis import _format as fmt
 
 from .conftest import REPLAY_LABEL, no_exceptions
 
@@ -71,12 +71,12 @@ def test_every_page_renders_without_an_exception(which, request, app):
 def test_overview_leads_with_the_bottleneck_and_the_cost_model_of_the_report(colocated_run, async_run, app, reports):
     at = app(colocated_run, async_run)
     r = reports[colocated_run]
-    assert at.title[0].value == name_of(colocated_run)
-    assert at.info[0].value == r["findings"][0] and r["findings"][0].startswith("Bottleneck: ")
+    assert at.title[0].value == fmt.md(name_of(colocated_run))
+    assert at.info[0].value == fmt.md(r["findings"][0]) and r["findings"][0].startswith("Bottleneck: ")
     m = metrics(at)
     for key in ("t_R", "t_T", "t_W", "t_sync"):
-        assert m[key] == style.seconds(r[key])  # the dashboard and `rltrace report` agree
-    assert m["Async bound"] == style.seconds(r["async_bound"])
+        assert m[key] == fmt.seconds_text(r[key])  # the dashboard and `rltrace report` agree
+    assert m["Async bound"] == fmt.seconds_text(r["async_bound"])
     assert m["Open spans"] == "0"
     assert "All runs" in texts(at)  # two runs given: the comparison table
     assert len(charts(at)) == 2  # step time by stage, reward
@@ -138,7 +138,7 @@ def test_waiting_stages_show_waits_critical_path_tail_and_sync_fit(async_run, ap
     for heading in ("Step time by stage", "Who waits for what", "Critical path", "Rollout long tail", "Weight sync"):
         assert heading in shown
     fit = reports[async_run]["weight_sync_fit"]
-    assert metrics(at)["B_W"] == ("–" if not fit["B_W"] else f"{fit['B_W'] / 1e9:.3g} GB/s")
+    assert metrics(at)["B_W"] == fmt.rate_text(fit["B_W"])
     assert metrics(at)["Syncs"].startswith(f"{fit['n']} ")
     assert len(charts(at)) == 4  # stages, waits, tail, sync fit
 

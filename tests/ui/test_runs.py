@@ -33,3 +33,24 @@ def test_a_run_is_live_while_a_process_that_has_not_shut_down_keeps_writing():
     assert data.is_live(_procs(None, now - 5 * 10**9), now)
     assert not data.is_live(_procs(now - 10**9, now - 10**9), now)  # shut down
     assert not data.is_live(_procs(None, now - 3600 * 10**9), now)  # silent for an hour: dead or hung
+
+
+def test_run_dirs_with_colons_reach_the_dashboard_whole(tmp_path, monkeypatch, app):
+    """ISO timestamps put ":" in run dir names: `rltrace ui` passes each dir whole, and the page shows that run."""
+    from rltrace.cli import build_parser
+    from rltrace.cli import ui as ui_cli
+
+    dirs = []
+    for name in ("runs:2026-12-01T05:00:00", "other"):
+        b = RunBuilder(tmp_path / name, name=f"named {name}")
+        b.process("trainer").span("train", 0, 1, step=0)
+        dirs.append(b.write())
+    (tmp_path / "runs").mkdir()  # what splitting on ":" would have pointed at
+    _, env = ui_cli.command(build_parser().parse_args(["ui", *map(str, dirs)]))
+    monkeypatch.setenv("RLTRACE_UI_RUNS", env["RLTRACE_UI_RUNS"])
+    assert runs.run_dirs() == [str(d.resolve()) for d in dirs]
+    at = app()  # the dashboard over what `rltrace ui` passed, unchanged
+    assert not at.error and not at.exception
+    assert at.title[0].value == "named runs\\:2026\\-12\\-01T05\\:00\\:00"  # the first run's name, escaped for markdown
+    monkeypatch.setenv("RLTRACE_UI_RUNS", str(dirs[0]))  # a plain value is one run dir, colons and all
+    assert runs.run_dirs() == [str(dirs[0])]

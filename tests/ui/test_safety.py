@@ -5,7 +5,6 @@ run still being written shows its new steps."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from rltrace import _names
+from rltrace.analysis import _format as fmt
 from rltrace.cli import build_parser
 from rltrace.cli import ui as ui_cli
 from rltrace.store.writer import write_part
@@ -33,10 +33,10 @@ def test_rltrace_ui_binds_to_localhost_headless_without_telemetry(colocated_run,
     args = build_parser().parse_args(["ui", str(colocated_run), str(async_run)])
     argv, env = ui_cli.command(args)
     flags = _flags(argv)
-    assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4].endswith("app.py")
+    assert argv[1:6] == ["-m", "rltrace.ui.serve", "--hosts", "localhost,127.0.0.1,[::1]", "run"] and argv[6].endswith("app.py")
     assert flags["--server.address"] == "127.0.0.1" and flags["--server.port"] == "8501"
     assert flags["--server.headless"] == "true" and flags["--browser.gatherUsageStats"] == "false"
-    assert env["RLTRACE_UI_RUNS"].split(os.pathsep) == [str(colocated_run.resolve()), str(async_run.resolve())]
+    assert json.loads(env["RLTRACE_UI_RUNS"]) == [str(colocated_run.resolve()), str(async_run.resolve())]
     other = build_parser().parse_args(["ui", str(colocated_run), "--host", "0.0.0.0", "--port", "9000"])
     assert _flags(ui_cli.command(other)[0])["--server.address"] == "0.0.0.0"
 
@@ -86,7 +86,7 @@ def test_profiles_page_serves_no_file_from_outside_the_run_dir(tmp_path, app, st
     at = app(run_dir)
     at.switch_page("views/profiles.py").run()
     assert not at.exception and not at.get("download_button")
-    assert [e.value for e in at.error] == [f"Not offered for download: {_refusal(run_dir, stored)}"]
+    assert [e.value for e in at.error] == [f"Not offered for download: {fmt.md(_refusal(run_dir, stored))}"]
 
 
 def _refusal(run_dir: Path, stored: str) -> str:

@@ -8,8 +8,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from rltrace.analysis import _format as fmt
 from rltrace.replay import ReplayError
-from rltrace.ui import charts, data, state, style
+from rltrace.ui import charts, data, state
 
 MAX_STRIP_TOKENS = 2048  # tokens drawn in one strip
 
@@ -44,13 +45,13 @@ try:
     frozen = data.batch(run, step, batch_id)
     replays = data.replays(run, step, batch_id)
 except ReplayError as exc:
-    st.error(str(exc))
+    st.error(fmt.md(exc))
     st.stop()
 
 samples = frozen["samples"]
-st.subheader(f"Step {step} · batch {batch_id} · {len(samples)} samples")
+st.subheader(f"Step {step} · batch {fmt.md(batch_id)} · {len(samples)} samples")
 flag_counts = pd.Series([f for names in samples["flag_names"] for f in names.split(", ") if f]).value_counts()
-st.markdown(" ".join(f":red-badge[{name}: {n}]" for name, n in flag_counts.items()) or ":green-badge[no bad-text flags]")
+st.markdown(" ".join(f":red-badge[{fmt.md(name)}: {n}]" for name, n in flag_counts.items()) or ":green-badge[no bad-text flags]")
 only_flagged = st.toggle("Only flagged samples", key="batches_flagged", persist_state="session", value=False)
 view = samples[samples["flag_names"] != ""] if only_flagged else samples
 columns = [c for c in ("sample_index", "sample_id", "group_id", "reward", "weight_version", "finish_reason", "prompt_len",
@@ -68,9 +69,9 @@ flagged = np.flatnonzero(view["flag_names"].to_numpy() != "")
 sample = view.iloc[chosen.selection.rows[0] if chosen.selection.rows else (flagged[0] if len(flagged) else 0)]
 i = int(sample["sample_index"])
 
-st.markdown(f"#### Sample {i}" + ("" if style.missing(sample.get("sample_id")) else f" (id {int(sample['sample_id'])})"))
+st.markdown(f"#### Sample {i}" + ("" if fmt.missing(sample.get("sample_id")) else f" (id {int(sample['sample_id'])})"))
 for name, reason in (sample["flags"] or {}).items():
-    st.warning(f"**{name}**: {reason}", icon=":material/flag:")
+    st.warning(f"**{fmt.md(name)}**: {fmt.md(reason)}", icon=":material/flag:")
 left, right = st.columns(2)
 left.markdown("**Prompt**")
 left.code(sample.get("prompt_text") or "(no prompt text stored: freeze `prompt_text` to see it here)", language=None, wrap_lines=True)
@@ -93,9 +94,9 @@ if rollout is not None and (train is not None or replayed):
     for k, r in enumerate(rows):
         z[k, : len(r)] = np.abs(r)
     hover = np.array([[f"token {t}" + ("" if ids is None or t >= len(ids) else f" (id {ids[t]})") +
-                       f"<br>rollout log q = {rollout[t]:.6g}" for t in range(width)] for _ in rows])
+                       f" · rollout log q = {rollout[t]:.6g}" for t in range(width)] for _ in rows])
     fig = go.Figure(go.Heatmap(z=z, y=labels, colorscale="Reds", zmin=0, text=hover, xgap=1, ygap=4,
-                               hovertemplate="%{text}<br>|diff| = %{z:.3g}<extra>%{y}</extra>",
+                               hovertemplate="%{text}<br>|diff| = %{z:.3g}<extra>%{y}</extra>",  # text and y: escaped
                                colorbar={"title": {"text": "|Δ log p|", "side": "right"}, "thickness": 10,
                                          "tickformat": ".1e", "len": 1.0}))
     fig.update_xaxes(title_text="response token")
@@ -106,14 +107,14 @@ else:
 
 st.subheader("Replays")
 if not replays:
-    st.info(f"No replay of this batch yet: `rltrace replay run {run.path} --step {step} --entry module:function`.")
+    st.info(f"No replay of this batch yet: rltrace replay run {fmt.md(run.path)} \\-\\-step {step} \\-\\-entry module:function")
 for r in replays:
     repeatable = r["repeatable"]
     verdict = ("repeated once" if repeatable is None else
                "repeatable: bit-identical repeats" if all(repeatable.values()) else
                "NOT repeatable: " + ", ".join(c for c, ok in repeatable.items() if not ok) + " differ between repeats")
-    st.markdown(f"**{r['label']}** · `{r['entry']}` · {r['repeats']} repeat(s), "
-                f"{style.seconds(float(np.mean(r['durations_s'])))} each · {verdict}")
+    st.markdown(f"**{fmt.md(r['label'])}** · {fmt.md(r['entry'])} · {r['repeats']} repeat(s), "
+                f"{fmt.seconds_text(float(np.mean(r['durations_s'])))} each · {verdict}")
     diffs = pd.DataFrame(r["diffs"])
     if len(diffs):
         st.dataframe(

@@ -9,8 +9,9 @@ import pandas as pd
 import streamlit as st
 
 from rltrace import _names
+from rltrace.analysis import _format as fmt
 from rltrace.analysis._steps import Steps
-from rltrace.ui import charts, data, gantt, state, style
+from rltrace.ui import charts, data, gantt, state
 from rltrace.ui.runs import RunRef
 
 STEPS_MODE, RUNS_MODE = "Two steps of this run", "The same steps of two runs"
@@ -78,12 +79,12 @@ if mode == STEPS_MODE:
     slowest = int(walls.loc[walls["wall_s"].idxmax(), "step"])
     typical = int(walls.loc[(walls["wall_s"] - walls["wall_s"].median()).abs().idxmin(), "step"])
     wall_of = dict(zip(walls["step"], walls["wall_s"]))
-    fmt = lambda s: f"step {s} · {style.seconds(wall_of[s])}"  # noqa: E731
+    step_text = lambda s: f"step {s} · {fmt.seconds_text(wall_of[s])}"  # noqa: E731
     state.choose("compare_a", choices, typical)
     state.choose("compare_b", choices, slowest)
     c1, c2 = st.columns(2)
-    a = c1.selectbox("A (default: a typical step)", choices, key="compare_a", format_func=fmt, persist_state="session")
-    b = c2.selectbox("B (default: the slowest step)", choices, key="compare_b", format_func=fmt, persist_state="session")
+    a = c1.selectbox("A (default: a typical step)", choices, key="compare_a", format_func=step_text, persist_state="session")
+    b = c2.selectbox("B (default: the slowest step)", choices, key="compare_b", format_func=step_text, persist_state="session")
     labels = (f"step {a}", f"step {b}") if a != b else (f"step {a} (A)", f"step {b} (B)")
     A, B = _side(run, (a, a), labels[0], steps), _side(run, (b, b), labels[1], steps)
     table = _step_table(A, B, steps)
@@ -94,15 +95,15 @@ else:
     st.caption(f"Steps {steps[0]}–{steps[1]} of both runs; the table is `rltrace report --compare`.")
     table = data.compare(data.report(run, steps), data.report(other, steps)).rename(columns={"this": "A", "other": "B"})
 if B.costs.empty:
-    st.warning(f"{B.label} has no finished steps in {steps[0]}–{steps[1]}.")
+    st.warning(f"{fmt.md(B.label)} has no finished steps in {steps[0]}–{steps[1]}.")
     st.stop()
 
-st.markdown(f":blue-badge[A] **{A.label}** &nbsp; vs &nbsp; :orange-badge[B] **{B.label}** — B's median per step, "
+st.markdown(f":blue-badge[A] **{fmt.md(A.label)}** &nbsp; vs &nbsp; :orange-badge[B] **{fmt.md(B.label)}** — B's median per step, "
             "and how far it is from A's (red: B is slower)")
 for col, (title, key) in zip(st.columns(len(COSTS)), COSTS):
     va, vb = A.cost(key), B.cost(key)
     delta = None if va is None or vb is None else f"{vb - va:+.3g} s vs A"
-    col.metric(title, style.seconds(vb), delta=delta, delta_color="inverse", help=f"A ({A.label}): {style.seconds(va)}")
+    col.metric(title, fmt.seconds_text(vb), delta=delta, delta_color="inverse", help=f"A ({fmt.md(A.label)}): {fmt.seconds_text(va)}")
 
 st.subheader("Phase times")
 merged = charts.merge_phases(A.phases[A.phases["phase"] != CONTAINER], B.phases[B.phases["phase"] != CONTAINER])
@@ -113,10 +114,9 @@ right.plotly_chart(charts.diff_bars(merged, A.label, B.label), key="compare_diff
 st.subheader("Waits")
 for col, side in zip(st.columns(2), (A, B)):
     with col:
-        st.markdown(f"**{side.label}**")
-        names = style.process_names(data.info(side.ref)["processes"])
+        st.markdown(f"**{fmt.md(side.label)}**")
         waits = side.waits.sort_values("seconds", ascending=False).head(WAITS_SHOWN)
-        st.markdown("\n".join(f"- {style.wait_text(w, names)}" for _, w in waits.iterrows()) or "No waiting recorded.")
+        st.markdown("\n".join(f"- {fmt.md(text)}" for text in waits["text"]) or "No waiting recorded.")
 
 st.subheader("Reward, mismatch and the cost model")
 st.dataframe(table.rename(columns={"A": A.label, "B": B.label, "ratio": "A / B"}), hide_index=True, width="stretch",
@@ -138,5 +138,5 @@ laid = [gantt.layout(data.timeline(ref, s, s))[0] for ref, s, _ in shown]
 end = max(float(f["x1_s"].max()) if len(f) else 0.0 for f in laid)
 for (ref, s, label), frame in zip(shown, laid):
     critical = set(data.critical_path(ref, (s, s))["span_id"].dropna())
-    st.markdown(f"**{label}** (step {s})")
+    st.markdown(f"**{fmt.md(label)}** (step {s})")
     st.plotly_chart(gantt.figure(frame, critical=critical, x_range=(0, end * 1.02)), key=f"compare_gantt_{label}")

@@ -9,14 +9,15 @@ import time
 import pandas as pd
 import streamlit as st
 
-from rltrace.ui import charts, data, state, style
+from rltrace.analysis import _format as fmt
+from rltrace.ui import charts, data, state
 
 run = state.selected()
 info = data.info(run)
 steps = state.steps()
 report = data.report(run, steps)
 
-st.title(info["name"])
+st.title(fmt.md(info["name"]))
 span_text = "no steps yet" if steps is None else f"steps {steps[0]}–{steps[1]} of {info['first_step']}–{info['last_step']}"
 live = data.is_live(info, time.time_ns())
 status = ":red-badge[:material/circle: live]" if live else ":gray-badge[finished]"
@@ -25,20 +26,20 @@ if report["open_spans"]:
 created = dt.datetime.fromisoformat(info["created"]).strftime("%Y-%m-%d %H:%M UTC") if info["created"] else "?"
 n_procs = len(info["processes"])
 st.markdown(f"{status} &nbsp; {span_text} · {info['spans']:,} spans · {n_procs} process{'es' if n_procs != 1 else ''} · "
-            f"created {created} · run id `{info['run_id']}`")
+            f"created {created} · run id {fmt.md(info['run_id'])}")
 
 findings = list(dict.fromkeys(report["findings"]))  # a metric logged both per step and per sample reads twice
 if findings:
-    st.info(findings[0], icon=":material/bolt:")
+    st.info(fmt.md(findings[0]), icon=":material/bolt:")
     with st.container(border=True):
         st.markdown("**What stands out**")
-        st.markdown("\n".join(f"- {f}" for f in findings[1:]) or "Nothing else stands out.")
+        st.markdown("\n".join(f"- {fmt.md(f)}" for f in findings[1:]) or "Nothing else stands out.")
 
 st.subheader("Cost model (median seconds per step)")
 cols = st.columns(6)
 speedup = report["async_speedup_bound"]
 def term(key: str) -> str:
-    return "not recorded" if report[key] is None else style.seconds(report[key])
+    return "not recorded" if report[key] is None else fmt.seconds_text(report[key])
 
 
 every = report.get("amortised") or {}
@@ -47,15 +48,15 @@ cols[0].metric("t_R", term("t_R"), help="rollout + reward: union of rollout, gen
                + (f"; runs every {every['t_R']} steps, spread over them" if "t_R" in every else ""))
 cols[1].metric("t_T", term("t_T"), help="training: train, forward, backward, optimizer spans (own time)")
 cols[2].metric("t_W", term("t_W"), help="weight sync spans; not recorded when the run has none")
-cols[3].metric("t_sync", style.seconds(report["t_sync"]), help="t_R + t_T + t_W: one synchronous step")
-cols[4].metric("Async bound", style.seconds(report["async_bound"]),
-               delta=None if style.missing(speedup) else f"≤ {speedup:.2f}× faster", delta_color="off",
+cols[3].metric("t_sync", fmt.seconds_text(report["t_sync"]), help="t_R + t_T + t_W: one synchronous step")
+cols[4].metric("Async bound", fmt.seconds_text(report["async_bound"]),
+               delta=None if fmt.missing(speedup) else f"≤ {speedup:.2f}× faster", delta_color="off",
                help="max(t_R, t_T) + t_W: the optimistic bound for fully async training (after slime's "
                     "async analysis); terms not recorded are left out")
 achieved = report["async"]["achieved_speedup"]
-cols[5].metric("Measured overlap", "–" if style.missing(achieved) else f"{achieved:.2f}×",
-               delta=None if style.missing(report["async"]["concurrent_s"]) else
-               f"{style.seconds(report['async']['concurrent_s'])} concurrent", delta_color="off",
+cols[5].metric("Measured overlap", "-" if fmt.missing(achieved) else f"{achieved:.2f}×",
+               delta=None if fmt.missing(report["async"]["concurrent_s"]) else
+               f"{fmt.seconds_text(report['async']['concurrent_s'])} concurrent", delta_color="off",
                help="stage time / time with any stage running: 1.00× when no two stages ever ran at once")
 
 per_step = pd.DataFrame(report["steps"])
@@ -83,7 +84,7 @@ h[1].metric("Dropped spans", report["dropped"]["spans"], help="lost before reach
 h[2].metric("Dropped rows", report["dropped"]["rows"], help="metric and sample rows lost before the store")
 if report["open_spans"]:
     hangs = pd.DataFrame(report["open_spans"])
-    hangs["who"] = [style.who(r, k) for r, k in zip(hangs["role"], hangs["rank"])]
+    hangs["who"] = [fmt.process_name(r, k) for r, k in zip(hangs["role"], hangs["rank"])]
     st.markdown("**Open spans** — select one to see it on the Timeline")
     picked = st.dataframe(
         hangs[["who", "phase", "name", "step", "stalled_s", "ended_cleanly", "span_id"]], hide_index=True,
@@ -93,14 +94,22 @@ if report["open_spans"]:
     )
     if picked.selection.rows:
         row = hangs.iloc[picked.selection.rows[0]]
-        if not style.missing(row["step"]):
+        if not fmt.missing(row["step"]):
             state.open_timeline(int(row["step"]), row["span_id"])
+
+alerts = data.alerts(run)
+if len(alerts):
+    alerts["who"] = [style.who(r, k) for r, k in zip(alerts["role"], alerts["rank"])]
+    st.markdown(f"**Alerts** ({len(alerts)}) — `rltrace watch`'s rules with their default limits, and what it raised")
+    st.dataframe(alerts[["when", "rule", "who", "phase", "step", "seconds", "message", "profile_id"]], hide_index=True,
+                 width="stretch", key="overview_alerts",
+                 column_config={"seconds": st.column_config.NumberColumn("how long (s)", format="%.1f")})
 
 procs = info["processes"].copy()
 if not procs.empty:
     now = time.time_ns()
-    procs["who"] = [style.who(r, k) for r, k in zip(procs["role"], procs["rank"])]
-    procs["last heard"] = [("–" if pd.isna(v) else f"{(now - v) / 1e9:,.0f} s ago") for v in procs["heartbeat_ns"]]
+    procs["who"] = [fmt.process_name(r, k) for r, k in zip(procs["role"], procs["rank"])]
+    procs["last heard"] = ["-" if pd.isna(v) else f"{fmt.seconds_text(round((now - v) / 1e9))} ago" for v in procs["heartbeat_ns"]]
     procs["state"] = ["shut down" if pd.notna(e) else "running or killed" for e in procs["ended_ns"]]
     st.markdown("**Processes**")
     st.dataframe(procs[["who", "host", "pid", "spans_written", "spans_dropped", "rows_written", "rows_dropped",
@@ -122,5 +131,5 @@ if len(refs) > 1:
                                  "reward (last)")})
 
 with st.expander("Run configuration (run.json)"):
-    st.caption(info["path"])
+    st.caption(fmt.md(info["path"]))
     st.json(info["config"], expanded=True)

@@ -8,7 +8,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from rltrace import profiling
-from rltrace.ui import charts, data, state, style
+from rltrace.analysis import _format as fmt
+from rltrace.ui import charts, data, state
 
 run = state.selected()
 info = data.info(run)
@@ -34,7 +35,7 @@ if table.empty:
     st.info("No profile in the sidebar's step range.")
     st.stop()
 
-table["who"] = [style.who(r, k) for r, k in zip(table["role"], table["rank"])]
+table["who"] = [fmt.process_name(r, k) for r, k in zip(table["role"], table["rank"])]
 wanted = st.session_state.pop("profiles_span", None)  # sent here from the Timeline
 usable = table.index[table["status"] == "ok"]
 first = (table.index[table["span_id"] == wanted][0] if wanted in set(table["span_id"])
@@ -50,9 +51,9 @@ picked = st.dataframe(
 )
 row = table.iloc[picked.selection.rows[0] if picked.selection.rows else first]
 
-st.subheader(f"{row['kind']} of {row['phase']} (step {row['step']}) on {row['who']}")
-st.markdown(f":gray-badge[{row['trigger']}] :{'green' if row['status'] == 'ok' else 'orange'}-badge[{row['status']}] "
-            f"{row['reason'] or ''} {('— ' + row['message']) if row['message'] else ''}")
+st.subheader(fmt.md(f"{row['kind']} of {row['phase']} (step {'?' if fmt.missing(row['step']) else int(row['step'])}) on {row['who']}"))
+st.markdown(f":gray-badge[{fmt.md(row['trigger'])}] :{'green' if row['status'] == 'ok' else 'orange'}-badge[{fmt.md(row['status'])}] "
+            f"{fmt.md(row['reason'] or '')} {('— ' + fmt.md(row['message'])) if row['message'] else ''}")
 left, right = st.columns([3, 2])
 frames = data.profile_frames(run, row["profile_id"])
 with left:
@@ -71,22 +72,22 @@ with left:
         fig.update_xaxes(tickformat=".0%", range=[0, 1])
         st.plotly_chart(charts.base(fig, height=max(260, 26 * len(top) + 90), x="share of samples"), key="profile_frames")
 with right:
-    top_frame = "–" if style.missing(row["top_frame"]) else (
-        f"{row['top_frame']} ({row['top_file'] or '?'}:{'?' if style.missing(row['top_line']) else int(row['top_line'])})")
+    top_frame = "–" if fmt.missing(row["top_frame"]) else (
+        f"{row['top_frame']} ({row['top_file'] or '?'}:{'?' if fmt.missing(row['top_line']) else int(row['top_line'])})")
     facts = {"profile id": row["profile_id"], "span": f"{row['span_id']} (trace {row['trace_id']})",
              "process": row["process_id"], "top frame": top_frame, "file": row["path"] or "–",
-             "size": style.nbytes(row["size_bytes"])}
+             "size": fmt.size_text(row["size_bytes"])}
     st.dataframe(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]}), hide_index=True, width="stretch")
-    if not style.missing(row["step"]) and st.button("Show the span on the Timeline", icon=":material/view_timeline:"):
+    if not fmt.missing(row["step"]) and st.button("Show the span on the Timeline", icon=":material/view_timeline:"):
         state.open_timeline(int(row["step"]), row["span_id"])
     try:
         path = data.artefact(run, row["path"])
     except profiling.UnsafePathError as exc:
-        st.error(f"Not offered for download: {exc}")
+        st.error(f"Not offered for download: {fmt.md(exc)}")
         path = None
     if path is not None:
         st.download_button("Download the profile", data=path.read_bytes, file_name=path.name,
-                           icon=":material/download:", help=profiling.query.how_to_open(row["kind"], path))
-        st.caption(profiling.query.how_to_open(row["kind"], path))
+                           icon=":material/download:", help=fmt.md(profiling.query.how_to_open(row["kind"], path)))
+        st.caption(fmt.md(profiling.query.how_to_open(row["kind"], path)))
     elif row["path"]:
         st.caption("The file is not in the run dir (removed or not written yet).")

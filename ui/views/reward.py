@@ -7,7 +7,8 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from rltrace.ui import charts, data, state, style
+from rltrace.analysis import _format as fmt
+from rltrace.ui import charts, data, state
 
 MAX_POINTS = 20_000  # samples drawn in the scatter (latest steps first)
 PANELS = [  # (metric, title, y label, log axis)
@@ -84,7 +85,7 @@ if len(trends):
                      column_config={c: st.column_config.NumberColumn(c, format="%.4g")
                                     for c in ("first", "last", "mean", "max", "slope_per_step")})
 
-st.subheader(f"Samples of {labels[run.path]}")
+st.subheader(f"Samples of {fmt.md(labels[run.path])}")
 if steps is None:
     st.info("No steps yet.")
     st.stop()
@@ -122,12 +123,12 @@ rows = [p["customdata"][0] for p in picked if p.get("customdata")]
 st.caption("Click a point for the whole sample.")
 if rows:
     sample = samples.iloc[int(rows[0])]
-    st.markdown(f"#### Sample {sample.get('sample_id')} of step {sample['step']}")
+    st.markdown(f"#### Sample {fmt.md(sample.get('sample_id'))} of step {fmt.md(sample['step'])}")
     st.dataframe(pd.DataFrame({"column": sample.index, "value": [str(v) for v in sample.values]}),
                  hide_index=True, width="stretch")
     if data.info(run)["batches"]:
         if st.button("Look for it in the frozen batches", icon=":material/data_table:"):
             st.session_state["batches_step"] = int(sample["step"])
             st.switch_page(state.PAGES["batches"])
-    if not style.missing(sample["step"]) and st.button("Open its step on the Timeline", icon=":material/view_timeline:"):
+    if not fmt.missing(sample["step"]) and st.button("Open its step on the Timeline", icon=":material/view_timeline:"):
         state.open_timeline(int(sample["step"]))

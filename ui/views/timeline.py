@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from rltrace.ui import data, gantt, state, style
+from rltrace.analysis import _format as fmt
+from rltrace.ui import charts, data, gantt, state
 
 MAX_SPAN_CHOICES = 300  # longest spans offered in the span picker
 DEFAULT_RECENT = 20  # the default step is the slowest of this many latest steps
@@ -33,7 +34,7 @@ state.choose(state.TIMELINE_STEP, choices, slowest)
 
 
 def _step_label(s: int) -> str:
-    text = f"step {s} · {style.seconds(wall_of[s])}" if s in wall_of else f"step {s} · open spans only"
+    text = f"step {s} · {fmt.seconds_text(wall_of[s])}" if s in wall_of else f"step {s} · open spans only"
     return text + ("  (slowest recent)" if s == slowest else "")
 
 
@@ -64,12 +65,13 @@ if flt:
 span_label = f"step {step}" if last == step else f"steps {step}–{last}"
 waits = data.top_waits(run, shown, n=3)
 m = st.columns(5)
-m[0].metric("Wall time", style.seconds(walls.loc[walls["step"].between(step, last), "wall_s"].sum()),
+m[0].metric("Wall time", fmt.seconds_text(walls.loc[walls["step"].between(step, last), "wall_s"].sum()),
             help="first span start to last span end, summed over the steps shown")
 m[1].metric("Spans", f"{len(spans):,}")
 m[2].metric("Processes", spans["process_id"].nunique())
-m[3].metric("Open spans", int(spans["is_open"].sum()), help="started and never ended: running, hung or killed")
-m[4].metric("Waiting", style.seconds(waits["seconds"].sum()) if len(waits) else "0 s",
+m[3].metric("Open spans", int((spans["is_open"].astype(bool) | spans["span_id"].isin(hung["span_id"])).sum()),
+            help="started and never ended (running, hung or killed), or ended only when their process exited")
+m[4].metric("Waiting", fmt.seconds_text(waits["seconds"].sum()) if len(waits) else "0 s",
             help="longest waits of the steps shown (idle time and wait spans, see Waiting stages)")
 
 open_until = dict(zip(hung["span_id"], hung["start_ns"] + (hung["stalled_s"] * 1e9).astype("int64")))
@@ -78,19 +80,26 @@ t0 = int(spans["start_ns"].min()) if len(spans) else 0
 starts = {int(s): (int(walls.loc[walls["step"] == s, "start_ns"].iloc[0]) - t0) / 1e9
           for s in range(step, last + 1) if s in wall_of} if last > step else None
 selected = st.session_state.get(state.TIMELINE_SPAN)
-st.subheader(f"{info['name']} · {span_label}")
+st.subheader(f"{fmt.md(info['name'])} · {span_label}")
 st.caption("Bars are spans, coloured by phase; hatched grey = `wait` spans, red cross-hatch = open spans "
            "(started, never ended), thick outline = the critical path. Click a bar to inspect it; drag to zoom.")
-names = style.process_names(info["processes"])
-for _, w in waits.iterrows():
-    st.markdown(f"- :orange[:material/hourglass_top:] {style.wait_text(w, names)}")
+for text in waits["text"]:  # the report's own sentences
+    st.markdown(f"- :orange[:material/hourglass_top:] {fmt.md(text)}")
 for _, h in hung[hung["step"].between(step, last)].iterrows():
-    st.markdown(f"- :red[:material/warning:] **{h['name']}** on {style.who(h['role'], h['rank'])} started and never ended "
-                f"(open {style.seconds(h['stalled_s'])} before the run's last write)")
+    st.markdown(f"- :red[:material/warning:] **{fmt.md(h['name'])}** on {fmt.md(fmt.process_name(h['role'], h['rank']))} started and never ended "
+                f"(open {fmt.seconds_text(h['stalled_s'])} before the run's last write)")
 if left_out:
     st.caption(f"Showing the {len(laid):,} longest spans; {left_out:,} shorter ones are left out to keep the chart fast.")
 event = st.plotly_chart(gantt.figure(laid, critical=critical, selected=selected, step_starts=starts),
                         key=f"gantt-{run.version}-{step}-{last}-{flt}", on_select="rerun", selection_mode="points")
+if len(laid):
+    end_ns = t0 + int(float(laid["x1_s"].max()) * 1e9)
+    usage = data.resource_samples(run, t0, end_ns)
+    if len(usage):
+        st.caption("Utilisation under the spans (sampled with `init(resources=True)`): each process's CPU "
+                   "(100 % = one core) and the GPUs it uses (share of time busy).")
+        st.plotly_chart(charts.utilisation_lanes(usage, t0, (0.0, float(laid["x1_s"].max()))),
+                        key=f"lanes-{run.version}-{step}-{last}")
 points = event.selection.points if event and event.selection else []
 clicked = next((p["customdata"][0] for p in points if p.get("customdata")), None)
 if clicked and clicked != st.session_state.get("_timeline_clicked"):
@@ -110,8 +119,8 @@ def _describe(span_id) -> str:
     if span_id == state.NO_SPAN:
         return "— pick a span (or click one above) —"
     r = by_id.loc[span_id]
-    length = "open" if r["is_open"] else style.seconds(r["duration_s"])
-    return f"{r['name']} · {style.who(r['role'], r['rank'])} · step {r['step']} · {length}"
+    length = "open" if r["is_open"] else fmt.seconds_text(r["duration_s"])
+    return f"{r['name']} · {fmt.process_name(r['role'], r['rank'])} · step {r['step']} · {length}"
 
 
 span_id = st.selectbox("Span", options, key=state.TIMELINE_SPAN, format_func=_describe, persist_state="session",
@@ -123,11 +132,11 @@ if span_id != state.NO_SPAN:
     else:
         a, b = st.columns([2, 3])
         with a:
-            st.markdown(f"#### {detail['name']}")
+            st.markdown(f"#### {fmt.md(detail['name'])}")
             facts = {
                 "phase": detail["phase"], "step": detail["step"], "weight version": detail["weight_version"],
-                "process": f"{style.who(detail['role'], detail['rank'])} on {detail['host']} (pid {detail['pid']})",
-                "thread": detail["thread_name"], "duration": "open (never ended)" if detail["is_open"] else style.seconds(detail["duration_s"]),
+                "process": f"{fmt.process_name(detail['role'], detail['rank'])} on {detail['host']} (pid {detail['pid']})",
+                "thread": detail["thread_name"], "duration": "open (never ended)" if detail["is_open"] else fmt.seconds_text(detail["duration_s"]),
                 "status": detail["status"] + (f": {detail['status_message']}" if detail["status_message"] else ""),
                 "span id": detail["span_id"], "trace id": detail["trace_id"], "parent": detail["parent_span_id"] or "—",
             }
@@ -157,7 +166,7 @@ if span_id != state.NO_SPAN:
 if len(path):
     with st.expander(f"Critical path ({len(path)} spans)", expanded=False):
         st.dataframe(
-            path.assign(who=[style.who(r, k) for r, k in zip(path["role"], path["rank"])])[
+            path.assign(who=[fmt.process_name(r, k) for r, k in zip(path["role"], path["rank"])])[
                 ["step", "seq", "phase", "name", "who", "seconds", "gap_before_s", "ended_by"]],
             hide_index=True, width="stretch",
             column_config={"seconds": st.column_config.NumberColumn("seconds", format="%.4f"),

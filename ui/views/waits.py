@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from rltrace.analysis import _format as fmt
 from rltrace.ui import charts, data, state, style
 
 run = state.selected()
@@ -26,7 +27,7 @@ if costs.empty:
 else:
     st.plotly_chart(charts.stage_times(costs), key="waits_stages")
     if summary.get("overlapping"):
-        st.caption(f"Stages ran at once for {style.seconds(summary['concurrent_s'])} of {style.seconds(summary['stage_s'])} "
+        st.caption(f"Stages ran at once for {fmt.seconds_text(summary['concurrent_s'])} of {fmt.seconds_text(summary['stage_s'])} "
                    f"of stage time ({summary['achieved_speedup']:.2f}× measured overlap), so stacked stage times exceed "
                    "the time a step really adds.")
 
@@ -38,11 +39,9 @@ else:
     st.plotly_chart(charts.waits_by_step(waits), key="waits_by_step")
     top = data.top_waits(run, steps, n=3)
     worst = top.sort_values("seconds", ascending=False).head(10).reset_index(drop=True)
-    names = style.process_names(data.info(run)["processes"])
     st.markdown("**Longest waits** — select one to open its step on the Timeline")
     picked = st.dataframe(
-        worst.assign(wait=[style.wait_text(w, names).replace("**", "") for _, w in worst.iterrows()])[
-            ["step", "wait", "seconds", "share"]],
+        worst.rename(columns={"text": "wait"})[["step", "wait", "seconds", "share"]],
         hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key="waits_top",
         column_config={"wait": st.column_config.TextColumn("who waited, for what", width="large"),
                        "seconds": st.column_config.NumberColumn("seconds", format="%.4f"),
@@ -64,8 +63,8 @@ else:
     if len(slow):
         s = int(slow["step"].iloc[0])
         chain = data.critical_path(run, (s, s))
-        st.markdown(f"**Slowest step ({s}, {style.seconds(slow['wall_s'].iloc[0])})**: " + " → ".join(
-            f"{p} on {style.who(r, k)} ({style.seconds(sec)})"
+        st.markdown(f"**Slowest step ({s}, {fmt.seconds_text(slow['wall_s'].iloc[0])})**: " + " → ".join(
+            fmt.md(f"{p} on {fmt.process_name(r, k)}") + f" ({fmt.seconds_text(sec)})"
             for p, r, k, sec in zip(chain["phase"], chain["role"], chain["rank"], chain["seconds"])))
         if st.button(f"Open step {s} on the Timeline", icon=":material/view_timeline:"):
             state.open_timeline(s)
@@ -93,14 +92,14 @@ else:
     left, right = st.columns([3, 1])
     left.plotly_chart(charts.sync_fit(points, fit), key="waits_sync")
     with right:
-        st.metric("B_W", "–" if not fit.get("B_W") else f"{fit['B_W'] / 1e9:.3g} GB/s", help="fitted bandwidth")
-        st.metric("t_0", style.seconds(fit.get("t_0")), help="fitted fixed overhead per sync")
-        st.metric("R²", style.number(fit.get("r2"), 2))
+        st.metric("B_W", fmt.rate_text(fit.get("B_W")), help="fitted bandwidth")
+        st.metric("t_0", fmt.seconds_text(fit.get("t_0")), help="fitted fixed overhead per sync")
+        st.metric("R²", fmt.number_text(fit.get("r2")))
         st.metric("Syncs", f"{fit['n']} ({style.plural(fit['sizes'], 'size')})")
         if fit.get("regime") == "latency":
             st.caption("Sync time does not grow with payload over the sizes seen: latency-bound, t_0 is the mean time.")
         elif not fit.get("B_W") and fit.get("effective_B_W"):
-            st.caption(f"One payload size: effective {fit['effective_B_W'] / 1e9:.3g} GB/s. B_W and t_0 need several sizes.")
+            st.caption(f"One payload size: effective {fmt.rate_text(fit['effective_B_W'])}. B_W and t_0 need several sizes.")
         if fit.get("methods"):
             st.caption("methods: " + ", ".join(fit["methods"]))
 

@@ -6,6 +6,11 @@ Paths (`--sync-method`):
 - `disk`: the trainer writes a checkpoint file; each worker reads it back (`weights_only=True`).
 - `gloo`: a torch.distributed broadcast from the trainer (rank 0) to every worker, chunk by chunk.
 
+Each sync records the child phases of `weight_sync` that it has (docs/store.md): `gather`
+(collecting the trainer's tensors), `transfer` (moving them: the paced send, and the receiver's
+fetch), and on the engine's side `drain` (waiting for an in-flight batch) and `load` (copying
+into the engine), each with `rl.bytes`.
+
 `--slow-sync` caps the sender at `slow_sync_bandwidth` bytes/s (a `Throttle`, the only sleep in
 the demo that stands for something: a slow link), so t_W grows with the bytes sent.
 """
@@ -18,12 +23,17 @@ from pathlib import Path
 
 import torch
 
+import rltrace
+
 CHUNK_BYTES = 1 << 20  # weights travel in chunks of about 1 MiB (whole tensors)
 
 
 def named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The tensors a sync sends: every parameter once (tied weights are not sent twice)."""
-    return {name: p.detach() for name, p in model.named_parameters()}
+    with rltrace.phase("gather") as span:
+        named = {name: p.detach() for name, p in model.named_parameters()}
+        span.set(bytes=nbytes(named))
+    return named
 
 
 def nbytes(named: dict[str, torch.Tensor]) -> int:
@@ -65,13 +75,15 @@ class Throttle:
 
 # --- copy (colocated) ------------------------------------------------------------------------------
 def copy_into(load, named: dict[str, torch.Tensor], throttle: Throttle) -> int:
-    """Copy chunk by chunk with `load(chunk) -> bytes` (the engine's own tensors); returns bytes copied."""
-    total = 0
-    for chunk in chunked(named):
-        sent = load(chunk)
-        throttle.pace(sent)
-        total += sent
-    return total
+    """Copy chunk by chunk (paced) into a staging buffer, then `load(staged) -> bytes` into the engine's
+    own tensors; returns bytes loaded."""
+    with rltrace.phase("transfer") as span:
+        staged: dict[str, torch.Tensor] = {}
+        for chunk in chunked(named):
+            staged.update({k: v.clone() for k, v in chunk.items()})
+            throttle.pace(nbytes(chunk))
+        span.set(bytes=nbytes(staged))
+    return load(staged)
 
 
 # --- Ray object store ---------------------------------------------------------------------------------
@@ -80,9 +92,11 @@ def put_object_store(named: dict[str, torch.Tensor], throttle: Throttle) -> list
     import ray
 
     refs = []
-    for chunk in chunked(named):
-        refs.append(ray.put({k: v.contiguous() for k, v in chunk.items()}))
-        throttle.pace(nbytes(chunk))
+    with rltrace.phase("transfer") as span:
+        for chunk in chunked(named):
+            refs.append(ray.put({k: v.contiguous() for k, v in chunk.items()}))
+            throttle.pace(nbytes(chunk))
+        span.set(bytes=nbytes(named))
     return refs
 
 
@@ -90,8 +104,10 @@ def get_object_store(refs: list) -> dict[str, torch.Tensor]:
     import ray
 
     named = {}
-    for chunk in ray.get(list(refs)):
-        named.update(chunk)
+    with rltrace.phase("transfer") as span:
+        for chunk in ray.get(list(refs)):
+            named.update(chunk)
+        span.set(bytes=nbytes(named))
     return named
 
 
@@ -103,21 +119,26 @@ def sync_file(folder: Path, version: int) -> Path:
 
 def write_disk(named: dict[str, torch.Tensor], folder: Path, version: int, throttle: Throttle) -> int:
     """Serialise once, write in chunks (paced), rename into place; returns the file size."""
-    buffer = io.BytesIO()
-    torch.save({k: v.contiguous() for k, v in named.items()}, buffer)
-    data = buffer.getbuffer()
-    path = sync_file(folder, version)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        for start in range(0, len(data), CHUNK_BYTES):
-            f.write(data[start : start + CHUNK_BYTES])
-            throttle.pace(min(CHUNK_BYTES, len(data) - start))
-    tmp.replace(path)
+    with rltrace.phase("transfer") as span:
+        buffer = io.BytesIO()
+        torch.save({k: v.contiguous() for k, v in named.items()}, buffer)
+        data = buffer.getbuffer()
+        path = sync_file(folder, version)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            for start in range(0, len(data), CHUNK_BYTES):
+                f.write(data[start : start + CHUNK_BYTES])
+                throttle.pace(min(CHUNK_BYTES, len(data) - start))
+        tmp.replace(path)
+        span.set(bytes=len(data))
     return len(data)
 
 
 def read_disk(folder: Path, version: int) -> dict[str, torch.Tensor]:
-    return torch.load(sync_file(folder, version), map_location="cpu", weights_only=True)
+    with rltrace.phase("transfer") as span:
+        path = sync_file(folder, version)
+        span.set(bytes=path.stat().st_size)
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 # --- gloo broadcast --------------------------------------------------------------------------------------
@@ -127,15 +148,17 @@ def broadcast_gloo(named: dict[str, torch.Tensor], throttle: Throttle | None = N
     import torch.distributed as dist
 
     total = 0
-    for chunk in chunked(named):
-        flat = torch.cat([t.detach().reshape(-1).float() for t in chunk.values()])
-        dist.broadcast(flat, src=0)
-        if dist.get_rank() != 0:
-            offset = 0
-            for tensor in chunk.values():
-                tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
-                offset += tensor.numel()
-        if throttle is not None:
-            throttle.pace(flat.numel() * flat.element_size())
-        total += flat.numel() * flat.element_size()
+    with rltrace.phase("transfer") as span:
+        for chunk in chunked(named):
+            flat = torch.cat([t.detach().reshape(-1).float() for t in chunk.values()])
+            dist.broadcast(flat, src=0)
+            if dist.get_rank() != 0:
+                offset = 0
+                for tensor in chunk.values():
+                    tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
+                    offset += tensor.numel()
+            if throttle is not None:
+                throttle.pace(flat.numel() * flat.element_size())
+            total += flat.numel() * flat.element_size()
+        span.set(bytes=total)
     return total

@@ -106,11 +106,14 @@ class RolloutWorker:
     def load_weights(self, named_tensors, version: int, sender: dict | None = None) -> int:
         """Copy new weights into the engine (between batches); returns the bytes copied. `sender` is the
         `rltrace.inject()` carrier of the trainer's weight_sync span, named on later generate spans."""
-        if not self._engine_lock.acquire(blocking=False):
-            with rltrace.phase("wait", waiting_for="generate"):  # async: a batch is in flight
-                self._engine_lock.acquire()
+        with rltrace.phase("drain"):  # weight_sync's child phases (docs/store.md)
+            if not self._engine_lock.acquire(blocking=False):
+                with rltrace.phase("wait", waiting_for="generate"):  # async: a batch is in flight
+                    self._engine_lock.acquire()
         try:
-            nbytes = self.engine.load_weights(named_tensors)
+            with rltrace.phase("load") as span:
+                nbytes = self.engine.load_weights(named_tensors)
+                span.set(bytes=nbytes)
             self.version, self.weights_from = version, _span_ids(sender)
         finally:
             self._engine_lock.release()

@@ -1,0 +1,106 @@
+"""Weight sync broken down: its child phases (drain, gather, transfer, load, resume) per sync, and
+which of them grew when syncs got slower over the run.
+
+A child belongs to a `weight_sync` span when it descends from it, in this process or another one
+(a rollout worker's `load` under the trainer's sync). When several processes run the same child
+at once (every worker loads), a sync's time for that child is the largest per-process sum, not
+their total: the sync waits for the slowest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from rltrace._names import WEIGHT_SYNC_CHILDREN
+from rltrace.analysis._steps import Steps, step_filter
+
+MAX_DEPTH = 6  # levels below weight_sync searched for its children
+
+
+def sync_children(con, steps: Steps = None) -> pd.DataFrame:
+    """One row per finished weight_sync span and child phase it contains.
+
+    Returns: sync_span_id, step (of the weight_sync span), start_ns, sync_s (its duration), child,
+    seconds (see module doc), bytes (the largest `rl.bytes` of that child in the sync, or null),
+    processes (how many processes ran it). Children absent from a sync have no row.
+    """
+    where, params = step_filter(steps, "step")
+    marks = ", ".join("?" for _ in WEIGHT_SYNC_CHILDREN)
+    return con.execute(
+        f"""WITH RECURSIVE syncs AS (
+                SELECT span_id, step, start_ns, duration_s FROM spans
+                WHERE coalesce(phase, name) = 'weight_sync' AND NOT is_open AND {where}),
+            below(sync_id, span_id, depth) AS (
+                SELECT span_id, span_id, 0 FROM syncs
+                UNION ALL
+                SELECT b.sync_id, s.span_id, b.depth + 1 FROM below b JOIN spans s ON s.parent_span_id = b.span_id
+                WHERE b.depth < {MAX_DEPTH}),
+            kids AS (
+                SELECT b.sync_id, s.process_id, coalesce(s.phase, s.name) AS child, sum(s.duration_s) AS seconds,
+                       max(TRY_CAST(attr(s.attributes, 'rl.bytes') AS BIGINT)) AS bytes
+                FROM below b JOIN spans s ON s.span_id = b.span_id
+                WHERE b.depth > 0 AND NOT s.is_open AND coalesce(s.phase, s.name) IN ({marks})
+                GROUP BY ALL)
+            SELECT k.sync_id AS sync_span_id, y.step, y.start_ns, y.duration_s AS sync_s, k.child,
+                   max(k.seconds) AS seconds, max(k.bytes) AS bytes, count(*) AS processes
+            FROM kids k JOIN syncs y ON y.span_id = k.sync_id
+            GROUP BY ALL ORDER BY y.start_ns, k.child""",
+        [*params, *WEIGHT_SYNC_CHILDREN],
+    ).df()
+
+
+def _fit(y: np.ndarray) -> tuple[float, float]:
+    """Least-squares line over sync order: (fitted first value, fitted last value)."""
+    if len(y) < 2:
+        return float(y[0]), float(y[0])
+    slope, intercept = np.polyfit(np.arange(len(y)), y, 1)
+    return float(intercept), float(intercept + slope * (len(y) - 1))
+
+
+def sync_growth(con, steps: Steps = None) -> dict:
+    """How weight sync time changed over the run, and which child phase it came from.
+
+    A line is fitted to each child's seconds over the syncs in order (a child missing from a sync
+    counts 0 there), and to the whole sync's; growth is the fitted last minus the fitted first.
+
+    Returns a dict: syncs (count), total ({median_s, first_s, last_s, growth_s} of the whole
+    sync), children (one dict per child: child, syncs (how many had it), median_s, share (of
+    the median sync), first_s, last_s, growth_s, share_of_growth (of the whole sync's growth),
+    bytes (median)), grew (the child that grew most, or None when none grew), largest (the
+    child with the largest median).
+    """
+    rows = sync_children(con, steps)
+    where, params = step_filter(steps, "step")
+    totals = con.execute(
+        f"""SELECT span_id, duration_s FROM spans WHERE coalesce(phase, name) = 'weight_sync' AND NOT is_open
+            AND {where} ORDER BY start_ns""", params).df()
+    out: dict = {"syncs": int(len(totals)), "total": None, "children": [], "grew": None, "largest": None}
+    if totals.empty:
+        return out
+    first, last = _fit(totals["duration_s"].to_numpy(float))
+    median_sync = float(totals["duration_s"].median())
+    out["total"] = {"median_s": median_sync, "first_s": first, "last_s": last, "growth_s": last - first}
+    order = {sid: i for i, sid in enumerate(totals["span_id"])}
+    for child in WEIGHT_SYNC_CHILDREN:
+        mine = rows[rows["child"] == child]
+        if mine.empty:
+            continue
+        y = np.zeros(len(order))
+        for sid, seconds in zip(mine["sync_span_id"], mine["seconds"]):
+            y[order[sid]] = seconds
+        c_first, c_last = _fit(y)
+        growth = c_last - c_first
+        median = float(mine["seconds"].median())
+        out["children"].append({
+            "child": child, "syncs": int(len(mine)), "median_s": median,
+            "share": median / median_sync if median_sync > 0 else None,
+            "first_s": c_first, "last_s": c_last, "growth_s": growth,
+            "share_of_growth": growth / (last - first) if last - first > 0 else None,
+            "bytes": None if mine["bytes"].isna().all() else float(mine["bytes"].median()),
+        })
+    if out["children"]:
+        out["largest"] = max(out["children"], key=lambda c: c["median_s"])["child"]
+        top = max(out["children"], key=lambda c: c["growth_s"])
+        out["grew"] = top["child"] if top["growth_s"] > 0 else None
+    return out
