@@ -18,6 +18,9 @@ install: $(BIN)/python
 
 install-dev: install
 	$(BIN)/python -m pip install -q -e '.[all,dev]'
+	# verl's own pins would replace the transformers TRL needs: its timer and trainer modules import with these
+	$(BIN)/python -m pip install -q --no-deps 'verl==0.9.1'
+	$(BIN)/python -m pip install -q torch==2.13.0 codetiming 'tensordict>=0.10,<0.11' omegaconf torchdata peft
 
 browser:  # the dashboard's end-to-end test drives Debian's Chromium (Playwright cannot download one here)
 	@command -v chromium >/dev/null 2>&1 || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium)

@@ -260,7 +260,8 @@ def _encode_scalars(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Arra
         dtype, typ = "float", pa.float64()
     else:
         return _encode_json(name, column)
-    typ = _names.BATCH_SAMPLE_COLUMNS.get(name, typ)
+    if dtype != "str" or name not in _names.ID_COLUMNS:  # ids keep their type: a UUID string is an id too
+        typ = _names.BATCH_SAMPLE_COLUMNS.get(name, typ)
     try:
         arr = pa.array(list(column), typ)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:

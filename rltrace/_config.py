@@ -30,17 +30,28 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected 1/0, true/false, yes/no or on/off, got {text!r}")
 
 
+_MAX_FLOAT = 1e9  # seconds, MB, factors: anything larger is a typo (and overflows thread timeouts)
+_MAX_INT = 2**40
+
+
 def _parse_positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise ValueError(f"must be > 0, got {text!r}")
+    if not 0 < value <= _MAX_FLOAT:  # also refuses nan and inf
+        raise ValueError(f"must be a finite number > 0 (at most {_MAX_FLOAT:g}), got {text!r}")
+    return value
+
+
+def _parse_interval(text: str) -> float:
+    value = _parse_positive_float(text)
+    if value > 3600:
+        raise ValueError(f"must be at most 3600 seconds (a killed process loses about this much), got {text!r}")
     return value
 
 
 def _parse_positive_int(text: str) -> int:
     value = int(text)
-    if value <= 0:
-        raise ValueError(f"must be a positive integer, got {text!r}")
+    if not 0 < value <= _MAX_INT:
+        raise ValueError(f"must be a positive integer (at most 2**40), got {text!r}")
     return value
 
 
@@ -121,7 +132,7 @@ PARAMS: dict[str, Param] = {
         Param(
             "flush_interval",
             ("RLTRACE_FLUSH_INTERVAL",),
-            _parse_positive_float,
+            _parse_interval,
             1.0,
             "Seconds between writes to the store; a killed process loses at most about this much.",
         ),
@@ -284,10 +295,14 @@ def env_sets_any(names: tuple[str, ...]) -> bool:
 
 
 def resolve(name: str, value: Any = None) -> Any:
-    """The value of setting `name`: `value` if given, else its environment variable, else its default."""
+    """The value of setting `name`: `value` if given, else its environment variable, else its default.
+
+    A keyword value gets the same checks as its environment variable (`max_pending_rows=0` is
+    an error, not a run that drops every row).
+    """
     param = PARAMS[name]
     if value is not None:
-        return value
+        return _checked(name, param, value)
     for var in param.env:
         text = os.environ.get(var)
         if text is None or (text == "" and param.parse is not _parse_bool):
@@ -297,6 +312,29 @@ def resolve(name: str, value: Any = None) -> Any:
         except ValueError as exc:
             raise RltraceConfigError(f"environment variable {var}={text!r} is invalid: {exc} ({param.doc})") from None
     return param.default
+
+
+_NUMERIC = (_parse_positive_float, _parse_interval, _parse_positive_int, _parse_rank, _parse_bool)
+
+
+def _checked(name: str, param: Param, value: Any) -> Any:
+    if param.parse not in _NUMERIC:
+        return value
+    if param.parse is _parse_bool:
+        if isinstance(value, (bool, int)) and value in (0, 1):
+            return bool(value)
+        text = value if isinstance(value, str) else None
+    elif isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        item = getattr(value, "item", None)  # numpy scalars
+        text = str(item()) if item is not None and not isinstance(value, bool) else None
+    else:
+        text = str(value)
+    try:
+        if text is None:
+            raise ValueError(f"expected a number, got {type(value).__name__}")
+        return param.parse(text)
+    except ValueError as exc:
+        raise RltraceConfigError(f"{name}={value!r} is invalid: {exc} ({param.doc})") from None
 
 
 def is_set(name: str, value: Any = None) -> bool:

@@ -26,6 +26,7 @@ THREAD_NAME = "thread.name"
 #: ends it with status ERROR and this message, and the health analysis lists it with open spans.
 UNFINISHED_AT_EXIT = "the process exited (or its run was shut down) while this phase was open"
 
+
 #: Phase names the analyses know. Users may add their own.
 PHASES = (
     "step",
@@ -60,6 +61,12 @@ WEIGHT_SYNC_CHILDREN = ("drain", "gather", "transfer", "load", "resume")
 # `gen_ai.operation.name`) until the proposal settles one.
 SEMCONV_RUN_ID = "rl.run.id"
 SEMCONV_OPERATION = "rl.operation.name"
+
+#: Attributes rltrace sets itself: set first on every span and never cut by the attribute limit.
+RESERVED_ATTRS = frozenset(
+    (PHASE, STEP, WEIGHT_VERSION, ROLE, RANK, RUN_ID, SYNC_BYTES, SYNC_METHOD, WAITING_FOR, THREAD_ID, THREAD_NAME,
+     SEMCONV_OPERATION)
+)
 SEMCONV_GROUP_OF_PHASE = {
     "step": "rl.loop",
     "rollout": "rl.sample",
@@ -109,13 +116,26 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
         "critic/score/mean",  # verl, before reward shaping
         "rollout/raw_reward",  # slime
         "rollout/rewards",  # slime
+    ),  # OpenRLHF's rollout/reward_mean: the prefix rule
+    "reward_std": ("critic/rewards/std",),  # verl; TRL logs reward_std itself
+    "response_len_mean": (
+        "completions/mean_length",  # TRL
+        "response_length/mean",  # verl
+        "rollout/response_len/mean",  # slime
+        "rollout/response_length_mean",  # OpenRLHF
     ),
-    "reward_std": ("critic/rewards/std",),  # TRL logs reward_std itself
-    "response_len_mean": ("completions/mean_length", "response_length/mean", "rollout/response_lengths"),
+    # TRL averages |Δ log p| over all tokens of the batch (slime: over samples first)
     "train_rollout_logprob_abs_diff": ("sampling/sampling_logp_difference/mean",),  # TRL with vLLM
-    "tis_mean": ("sampling/importance_sampling_ratio/mean",),  # TRL with vLLM
-    "loss": ("actor/pg_loss",),  # verl
-    "grad_norm": ("actor/grad_norm",),  # verl
+    "mismatch_k3": ("rollout_corr/k3_kl",),  # verl
+    "tis_mean": (
+        "sampling/importance_sampling_ratio/mean",  # TRL with vLLM
+        "rollout_corr/rollout_is_mean",  # verl
+        "train/tis",  # slime
+    ),
+    "tis_clipfrac": ("rollout_corr/rollout_is_ratio_fraction_high",),  # verl; slime's train/tis_clipfrac: prefix
+    "loss": ("actor/pg_loss", "policy_loss"),  # verl, OpenRLHF
+    "grad_norm": ("actor/grad_norm", "actor_grad_norm"),  # verl, OpenRLHF
+    "tokens_per_s": ("perf/throughput",),  # verl
 }
 METRIC_PREFIXES = ("train/", "rollout/", "perf/")
 
@@ -125,10 +145,20 @@ def metric_names(canonical: str) -> tuple[str, ...]:
     return (canonical, *(p + canonical for p in METRIC_PREFIXES), *METRIC_ALIASES.get(canonical, ()))
 
 
+def canonical_metric(name: str) -> str | None:
+    """The step scalar a logged name counts as (`critic/rewards/mean` -> `reward_mean`), or None."""
+    if name in METRICS:
+        return name
+    for canonical in METRICS:
+        if name in metric_names(canonical):
+            return canonical
+    return None
+
+
 #: Canonical types of the per-sample columns; other columns keep the type they arrive with.
 SAMPLE_COLUMNS: dict[str, pa.DataType] = {
-    "sample_id": pa.int64(),
-    "group_id": pa.int64(),
+    "sample_id": pa.string(),  # ids are text: integers and strings (verl's UUIDs) read as one column
+    "group_id": pa.string(),
     "prompt_len": pa.int64(),
     "response_len": pa.int64(),
     "finish_reason": pa.string(),
@@ -140,11 +170,16 @@ SAMPLE_COLUMNS: dict[str, pa.DataType] = {
     "gen_end": pa.float64(),
 }
 
+#: Id-like sample columns, stored as text; so is any column named `*_id` or `*_uid`.
+ID_COLUMNS = frozenset(("sample_id", "group_id", "uid", "id"))
+
 # --- tables ------------------------------------------------------------------------------------
 #: Parquet key-value metadata written into every part file.
 META_TABLE = b"rltrace.table"
 META_VERSION = b"rltrace.schema_version"
 META_REPLACES = b"rltrace.replaces"  # compacted parts: JSON list of the part names they replace
+META_RUN_ID = b"rltrace.run_id"  # the run a part belongs to (a part linked in from another run is refused)
+META_SUMMARY_OF = b"rltrace.summary_of"  # step_summary: digest of the span parts it was computed from
 
 _PROCESS_COLUMNS = [
     pa.field("process_id", pa.string()),
@@ -211,6 +246,8 @@ PROCESSES_SCHEMA = pa.schema(
         pa.field("otlp_spans_dropped", pa.int64()),  # lost before reaching the OTLP backend
         pa.field("rows_written", pa.int64()),  # metrics + samples rows
         pa.field("rows_dropped", pa.int64()),
+        pa.field("attributes_dropped", pa.int64()),  # span attributes cut by the attribute count limit
+        pa.field("drop_reasons", pa.string()),  # JSON list of {table, column, reason, count}: why rows were dropped
         pa.field("rltrace_version", pa.string()),
         pa.field("argv", pa.string()),  # JSON list
         pa.field("resource", pa.string()),  # JSON object of OTel resource attributes
@@ -344,6 +381,10 @@ STEP_SUMMARY_SCHEMA = pa.schema(
         pa.field("count", pa.int64()),
         pa.field("total_ns", pa.int64()),  # sum of span durations; with count, the step's fingerprint
         pa.field("version", pa.int64()),  # version of the algorithm that computed the row
+        # step rows: every finished span overlapping the step's time range, with a step or without
+        # (a reward server that never got the carrier): count and summed durations, so late spans recompute
+        pa.field("window_count", pa.int64()),
+        pa.field("window_ns", pa.int64()),
     ]
 )
 

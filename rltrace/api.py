@@ -35,6 +35,7 @@ from rltrace import _crash, _names
 from rltrace._config import PROFILE_TRIGGERS, RltraceConfigError, env_sets_any, is_set, resolve
 from rltrace.otel.live import EXITED
 from rltrace.run import Run
+from rltrace.store import rows as store_rows
 
 logger = logging.getLogger("rltrace")
 
@@ -42,7 +43,6 @@ _run: Run | None = None
 _env_checked = False  # RLTRACE_RUN_DIR is looked at once, on the first call before init
 _lock = threading.Lock()
 _PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
-_RESERVED_SAMPLE_COLUMNS = frozenset(("step", "logged_ns", "process_id", "role", "rank", "host", "pid"))
 # The default role is "trainer"; a process that continues another process's trace is rarely the
 # trainer, so it is warned (once) when its role was never chosen. Carriers this process handed
 # out itself (to its own threads) are remembered, newest last, so attaching them does not count.
@@ -222,17 +222,32 @@ def _internal_error(what: str) -> None:
     logger.exception("rltrace: %s failed; your code still runs, with less telemetry", what)
 
 
+_INT64_MIN, _INT64_MAX = store_rows.INT64_MIN, store_rows.INT64_MAX
+
+
 def _as_int(name: str, value: Any) -> int:
+    """An rltrace integer argument (step, weight_version): an int that fits int64, never a bool."""
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:  # the usual case, first
+        return value
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r} (a bool is not a {name})")
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if item is not None and not isinstance(value, int):
+        try:
+            scalar = item()
+        except (TypeError, ValueError, RuntimeError):  # not a single value
+            scalar = None
+        if isinstance(scalar, bool):
+            raise TypeError(f"{name} must be an integer, got {value!r} (a bool is not a {name})")
+        if scalar is not None:
+            value = scalar
     try:
-        return operator.index(value)
+        number = operator.index(value)
     except TypeError:
-        item = getattr(value, "item", None)  # numpy / torch scalars
-        if item is not None:
-            try:
-                return operator.index(item())
-            except (TypeError, ValueError):
-                pass
-    raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+    if not store_rows.fits_int64(number):
+        raise ValueError(f"{name}={store_rows.show(number)} does not fit a 64-bit integer: pass a smaller {name}")
+    return number
 
 
 def _attr_value(value: Any):
@@ -247,13 +262,41 @@ def _attr_value(value: Any):
 
 
 def _attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
-    out = {}
+    """`rl.<key>` attributes, rltrace's own keys (`rl.bytes`, `rl.waiting_for`, ...) first."""
+    if not attrs:
+        return {}
+    out, user = {}, {}
     for key, value in attrs.items():
         if not isinstance(key, str) or not key:
             raise ValueError(f"phase attribute keys must be non-empty strings, got {key!r}")
         if value is not None:
-            out[_names.attr_key(key)] = _attr_value(value)
+            full = _names.attr_key(key)
+            (out if full in _names.RESERVED_ATTRS else user)[full] = _attr_value(value)
+    out.update(user)
     return out
+
+
+def _within_limit(run: Run, attrs: dict[str, Any], present: int, current=None) -> dict[str, Any]:
+    """`attrs` cut to the span's attribute limit, rltrace's own keys always kept; cuts are counted.
+
+    `present` user attributes are on the span already (`current` holds them: updating one is free).
+    """
+    room = run.max_attributes - present
+    if len(attrs) <= room:
+        return attrs
+    kept, cut = {}, 0
+    for key, value in attrs.items():
+        if key in _names.RESERVED_ATTRS or (current is not None and key in current):
+            kept[key] = value
+        elif room > 0:
+            kept[key] = value
+            room -= 1
+        else:
+            cut += 1
+    if cut:
+        run.attributes_dropped += cut
+        run.drops.add("attributes", cut, f"over the limit of {run.max_attributes} attributes per span (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT)")
+    return kept
 
 
 def _inherited(parent) -> tuple[int | None, int | None]:
@@ -261,8 +304,17 @@ def _inherited(parent) -> tuple[int | None, int | None]:
     attrs = getattr(parent, "attributes", None)
     if attrs:
         return attrs.get(_names.STEP), attrs.get(_names.WEIGHT_VERSION)
-    step, version = baggage.get_baggage(_names.STEP), baggage.get_baggage(_names.WEIGHT_VERSION)
-    return (int(step) if step is not None else None, int(version) if version is not None else None)
+    return _baggage_int(_names.STEP), _baggage_int(_names.WEIGHT_VERSION)
+
+
+def _baggage_int(key: str) -> int | None:
+    """An integer from W3C baggage (another process's text): None unless it is an int64."""
+    text = baggage.get_baggage(key)
+    try:
+        value = int(str(text)) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and store_rows.fits_int64(value) else None
 
 
 def _start_span(run: Run, name: str, step: int | None, version: int | None, attrs: dict[str, Any]):
@@ -280,6 +332,8 @@ def _start_span(run: Run, name: str, step: int | None, version: int | None, attr
     if version is not None:
         values[_names.WEIGHT_VERSION] = version
     values.update(attrs)
+    if len(values) > run.max_attributes:
+        values = _within_limit(run, values, 0)
     return run.tracer.start_span(name, attributes=values)
 
 
@@ -356,8 +410,16 @@ class Phase:
     def set(self, **attrs: Any) -> None:
         """Add attributes to the running span (`rl.<key>`), e.g. sizes known only at the end."""
         values = _attributes(attrs)
-        if self._span is not None:
-            self._span.set_attributes(values)
+        for key, name in ((_names.STEP, "step"), (_names.WEIGHT_VERSION, "weight_version")):
+            if key in values:  # rltrace's own integers: checked as in phase()
+                values[key] = _as_int(name, values[key])
+        span, run = self._span, _run
+        if span is not None:
+            current = span.attributes
+            if run is not None and len(current) + len(values) > run.max_attributes:
+                present = sum(1 for key in current if key not in _names.RESERVED_ATTRS)
+                values = _within_limit(run, values, present, current)
+            span.set_attributes(values)
 
     @property
     def span(self):
@@ -564,8 +626,8 @@ def end_open_phases(error: BaseException | str, *, thread: int | None = None) ->
 def _as_float(name: str, value: Any) -> float:
     try:
         return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"log_metrics: {name}={value!r} is not a number") from None
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"log_metrics: {name}={store_rows.show(value)} is not a number a float can hold") from None
 
 
 def log_metrics(step: int, **scalars: Any) -> None:
@@ -580,70 +642,20 @@ def log_metrics(step: int, **scalars: Any) -> None:
     step = _as_int("step", step)
     values = {name: _as_float(name, value) for name, value in scalars.items()}
     now = time.time_ns()
-    process = run.process
-
-    def build() -> pa.Table:
-        n = len(values)
-        return pa.table(
-            {
-                "step": pa.array([step] * n, pa.int64()),
-                "name": pa.array(list(values), pa.string()),
-                "value": pa.array(list(values.values()), pa.float64()),
-                "time_ns": pa.array([now] * n, pa.int64()),
-                **process.columns(n),
-            },
-            schema=_names.METRICS_SCHEMA,
-        )
-
+    process, drops = run.process, run.drops
+    build = lambda: store_rows.metrics_table(step, values, now, process, drops=drops)  # noqa: E731
     run.submit_rows(_names.METRICS_TABLE, len(values), build)
-
-
-def _split_versions(row: Mapping[str, Any]) -> Mapping[str, Any]:
-    versions = row.get("weight_version")
-    if not isinstance(versions, (list, tuple)):
-        return row
-    row = dict(row)
-    row["weight_versions"] = list(versions)
-    row["weight_version"] = min(versions) if versions else None
-    return row
-
-
-def _rows_table(rows: list[Mapping[str, Any]]) -> pa.Table:
-    """Rows to Arrow; a sample that spans several weight versions may list them all."""
-    if any(isinstance(row.get("weight_version"), (list, tuple)) for row in rows):
-        rows = [_split_versions(row) for row in rows]
-    return pa.Table.from_pylist(rows)
-
-
-def _samples_table(step: int, table: pa.Table, logged_ns: int, process) -> pa.Table:
-    n = table.num_rows
-    columns: dict[str, pa.ChunkedArray | pa.Array] = {
-        "step": pa.array([step] * n, pa.int64()),
-        "logged_ns": pa.array([logged_ns] * n, pa.int64()),
-        **process.columns(n),
-    }
-    user = {name: table.column(name) for name in table.column_names}
-    versions = user.get("weight_version")
-    if versions is not None and (pa.types.is_list(versions.type) or pa.types.is_large_list(versions.type)):
-        user["weight_versions"] = versions.cast(pa.list_(pa.int64()))
-        user["weight_version"] = pa.array([min(v) if v else None for v in user["weight_versions"].to_pylist()], pa.int64())
-    for name, typ in _names.SAMPLE_COLUMNS.items():
-        if name in user and user[name].type != typ:
-            try:
-                user[name] = user[name].cast(typ)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise TypeError(f"column {name!r} cannot be stored as {typ}: {exc}") from None
-    columns.update(user)
-    return pa.table(columns)
 
 
 def log_samples(step: int, rows: Iterable[Mapping[str, Any]] | pa.Table | Any) -> None:
     """Record one row per sample: a list of dicts, a dict of columns, a pyarrow Table or a DataFrame.
 
-    Columns named in the brief (`sample_id`, `group_id`, `prompt_len`, `response_len`,
+    The per-sample columns rltrace reads (`sample_id`, `group_id`, `prompt_len`, `response_len`,
     `finish_reason`, `reward`, `weight_version`, `train_version`, `gen_start`, `gen_end`) are
-    stored with fixed types; any other column is kept as it comes. The caller pays only for a
-    shallow copy; conversion to Arrow and the write happen on the background writer.
+    stored with fixed types; ids (`sample_id`, `group_id`, any `*_id`) as text, so integer and
+    string ids both work; any other column is kept as it comes. A row with a value its column
+    cannot hold is dropped alone and counted with the reason (`rltrace info`). The caller pays
+    only for a shallow copy; conversion to Arrow and the write happen on the background writer.
     """
     run = _run if _run is not None else recording_run()
     if run is None:
@@ -653,32 +665,31 @@ def log_samples(step: int, rows: Iterable[Mapping[str, Any]] | pa.Table | Any) -
         rows = pa.Table.from_batches([rows])
     if isinstance(rows, pa.Table):
         names, nrows, payload = rows.column_names, rows.num_rows, rows
-        make = lambda: payload  # noqa: E731
     elif isinstance(rows, Mapping):
         names = list(rows)
-        columns = {k: list(v) for k, v in rows.items()}
-        nrows = len(next(iter(columns.values()), []))
-        make = lambda: pa.table(columns)  # noqa: E731
+        payload = {k: list(v) for k, v in rows.items()}
+        lengths = {len(v) for v in payload.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"log_samples: columns have different lengths {sorted(lengths)}; give one value per sample")
+        nrows = lengths.pop() if lengths else 0
     elif isinstance(rows, (list, tuple)):
-        rows = list(rows)
-        if rows and not isinstance(rows[0], Mapping):
-            raise TypeError(f"log_samples: rows must be dicts (one per sample), got {type(rows[0]).__name__}")
-        names, nrows = (list(rows[0]) if rows else []), len(rows)
-        make = lambda: _rows_table(rows)  # noqa: E731
+        payload = list(rows)  # the caller pays for a shallow copy only: later rows are checked on the writer
+        if payload and not isinstance(payload[0], Mapping):
+            raise TypeError(f"log_samples: rows must be dicts (one per sample), got {type(payload[0]).__name__}")
+        names, nrows = (list(payload[0]) if payload else []), len(payload)
     elif hasattr(rows, "__arrow_c_stream__") or hasattr(rows, "to_dict"):
-        frame = rows
-        names, nrows = [str(c) for c in getattr(frame, "columns", [])], len(frame)
-        make = lambda: pa.table(frame)  # noqa: E731
+        payload = rows
+        names, nrows = [str(c) for c in getattr(rows, "columns", [])], len(rows)
     else:
         raise TypeError(f"log_samples: rows must be a list of dicts, a dict of columns or a table, got {type(rows).__name__}")
-    clash = _RESERVED_SAMPLE_COLUMNS.intersection(names)
+    clash = store_rows.RESERVED_SAMPLE_COLUMNS.intersection(names)
     if clash:
         raise ValueError(f"log_samples: column(s) {sorted(clash)} are set by rltrace itself; rename yours")
     if nrows == 0:
         return
     now = time.time_ns()
-    process = run.process
-    run.submit_rows(_names.SAMPLES, nrows, lambda: _samples_table(step, make(), now, process))
+    process, drops = run.process, run.drops
+    run.submit_rows(_names.SAMPLES, nrows, lambda: store_rows.samples_table(step, payload, now, process, drops=drops))
 
 
 # --- context across processes ------------------------------------------------------------------

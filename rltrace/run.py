@@ -13,7 +13,6 @@ row (`processes/`), with its written and dropped counts.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 
 from rltrace import _names
 from rltrace._config import RltraceConfigError, otlp_traces_url
@@ -31,7 +30,7 @@ from rltrace.otel.exporter import ParquetSpanExporter
 from rltrace.otel.ids import ForkSafeRandomIdGenerator
 from rltrace.otel.live import LiveSpans
 from rltrace.otel.processor import CountingBatchProcessor, OpenSpanProcessor
-from rltrace.store import layout
+from rltrace.store import layout, rows
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child, write_part
 
 logger = logging.getLogger("rltrace")
@@ -81,11 +80,19 @@ class Run:
         self._closed = False
         self._companions: list = []  # background helpers (the resource sampler) flushed and closed with the run
 
+        self.drops = rows.Drops()  # why rows were lost, by table and column (see rltrace.store.rows)
+        self.attributes_dropped = 0  # user attributes cut by the attribute count limit
+        # OTel evicts the *oldest* attribute when a span is full, and rltrace's own keys are set
+        # first; so the limit (OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT, 128 by default) is applied to user
+        # attributes by `rltrace.phase`, and the SDK's own limit leaves room for rltrace's keys.
+        self.max_attributes = SpanLimits().max_span_attributes or 128
+        limits = SpanLimits(max_span_attributes=self.max_attributes + len(_names.RESERVED_ATTRS))
         # rltrace.shutdown (atexit) shuts the provider down, after closing the phases still open
         self.tracer_provider = TracerProvider(
-            resource=self._resource(), id_generator=ForkSafeRandomIdGenerator(), shutdown_on_exit=False
+            resource=self._resource(), id_generator=ForkSafeRandomIdGenerator(), span_limits=limits,
+            shutdown_on_exit=False,
         )
-        self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name)
+        self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name, self.drops)
         self._store_pipeline = CountingBatchProcessor(
             self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval
         )
@@ -107,6 +114,7 @@ class Run:
             interval=flush_interval,
             max_pending_rows=max_pending_rows,
             on_tick=self._heartbeat,
+            drops=self.drops,
         )
         self.write_process_row()
         after_fork_in_child(self._after_fork)
@@ -142,6 +150,8 @@ class Run:
         self.started_ns = time.time_ns()
         self._heartbeat_lock = threading.Lock()
         self._last_heartbeat = 0.0
+        self.drops.reset()
+        self.attributes_dropped = 0
 
     # --- counts and the process row ----------------------------------------------------------
     @property
@@ -152,38 +162,41 @@ class Run:
     def rows_dropped(self) -> int:
         return self._rows.rows_dropped
 
+    def _drop_reasons(self) -> str | None:
+        records = self.drops.records()
+        if self._store_pipeline.dropped:
+            records.append(
+                {"table": "spans", "column": None, "count": self._store_pipeline.dropped,
+                 "reason": "span queue full (raise RLTRACE_MAX_QUEUE or record less)"}
+            )
+        return rows.dumps(records) if records else None
+
     def _heartbeat(self) -> None:
         if time.monotonic() - self._last_heartbeat >= _HEARTBEAT_S:
             self.write_process_row()
 
     def write_process_row(self) -> None:
         """Rewrite `processes/<process_id>.parquet`: identity, heartbeat, written and dropped counts."""
-        import pyarrow as pa
-
         with self._heartbeat_lock:
-            now = time.time_ns()
             p = self.process
-            row = {
-                "process_id": p.process_id,
-                "role": p.role,
-                "rank": p.rank,
-                "host": p.host,
-                "pid": p.pid,
-                "run_id": self.run_id,
-                "service_name": self.service_name,
-                "started_ns": self.started_ns,
-                "heartbeat_ns": now,
-                "ended_ns": self._ended_ns,
-                "spans_written": self._exporter.spans_written,
-                "spans_dropped": self.spans_dropped,
-                "otlp_spans_dropped": self._otlp_pipeline.dropped if self._otlp_pipeline else None,
-                "rows_written": self._rows.rows_written,
-                "rows_dropped": self._rows.rows_dropped,
-                "rltrace_version": _version(),
-                "argv": json.dumps(sys.argv),
-                "resource": json.dumps(dict(self.tracer_provider.resource.attributes), default=str),
-            }
-            table = pa.Table.from_pylist([row], schema=_names.PROCESSES_SCHEMA)
+            table = rows.process_table(
+                p,
+                run_id=self.run_id,
+                service_name=self.service_name,
+                started_ns=self.started_ns,
+                heartbeat_ns=time.time_ns(),
+                ended_ns=self._ended_ns,
+                spans_written=self._exporter.spans_written,
+                spans_dropped=self.spans_dropped,
+                otlp_spans_dropped=self._otlp_pipeline.dropped if self._otlp_pipeline else None,
+                rows_written=self._rows.rows_written,
+                rows_dropped=self._rows.rows_dropped,
+                attributes_dropped=self.attributes_dropped,
+                drop_reasons=self._drop_reasons(),
+                rltrace_version=_version(),
+                argv=sys.argv,
+                resource=dict(self.tracer_provider.resource.attributes),
+            )
             write_part(self.run_dir / _names.PROCESSES.folder, f"{p.process_id}.parquet", table, _names.PROCESSES)
             self._last_heartbeat = time.monotonic()
 
@@ -191,6 +204,15 @@ class Run:
     def submit_rows(self, table: _names.Table, nrows: int, payload) -> bool:
         """Queue rows for `table` (an Arrow table, or a thunk building one on the writer thread)."""
         return self._rows.submit(table, nrows, payload)
+
+    def submit_task(self, task) -> bool:
+        """Run `task` on this process's writer thread (frozen batches are written this way)."""
+        return self._rows.submit_task(task)
+
+    def flush_rows(self) -> None:
+        """Write queued rows and tasks now, on the calling thread (not for the hot path)."""
+        if not self._closed:
+            self._rows.flush()
 
     # --- lifecycle ----------------------------------------------------------------------------
     def add_span_processor(self, processor: SpanProcessor) -> None:

@@ -19,7 +19,6 @@ Times are seconds after `t0` (default 1.7e9 Unix seconds); they become exact nan
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,8 @@ import pyarrow as pa
 
 from rltrace import _names
 from rltrace.store import layout
-from rltrace.store.writer import write_part
+from rltrace.store import rows as store_rows
+from rltrace.store.writer import safe_name, write_part
 
 T0_NS = 1_700_000_000 * 10**9
 
@@ -76,31 +76,21 @@ class Process:
         span_id = f"{next(run._ids):016x}"
         trace_id = parent.trace_id if parent is not None else f"{next(run._ids):032x}"
         self.spans.append(
-            {
-                "trace_id": trace_id,
-                "span_id": span_id,
-                "parent_span_id": parent.span_id if parent is not None else None,
-                "name": name or phase,
-                "phase": phase,
-                "step": step,
-                "weight_version": weight_version,
-                "start_ns": _ns(run.t0_ns, start),
-                "end_ns": _ns(run.t0_ns, end),
-                "status": status,
-                "status_message": None,
-                "kind": "INTERNAL",
-                "thread_id": thread,
-                "thread_name": "MainThread" if thread == 1 else f"worker-{thread}",
-                "process_id": self.process_id,
-                "role": self.role,
-                "rank": self.rank,
-                "host": self.host,
-                "pid": self.pid,
-                "service_name": f"rltrace-{self.role}",
-                "attributes": json.dumps({_names.attr_key(k): v for k, v in attrs.items()}),
-                "events": None,
-                "links": None,
-            }
+            store_rows.span_row(
+                trace_id=trace_id,
+                span_id=span_id,
+                parent_span_id=parent.span_id if parent is not None else None,
+                name=name or phase,
+                phase=phase,
+                step=step,
+                weight_version=weight_version,
+                start_ns=_ns(run.t0_ns, start),
+                end_ns=_ns(run.t0_ns, end),
+                status=status,
+                thread_id=thread,
+                thread_name="MainThread" if thread == 1 else f"worker-{thread}",
+                attributes={_names.attr_key(k): v for k, v in attrs.items()},
+            )
         )
         return Span(span_id, trace_id, self)
 
@@ -113,42 +103,41 @@ class RunBuilder:
         self.t0_ns = t0_ns
         self.manifest = layout.create_or_join(self.run_dir, run_name=name, config={})
         self.processes: list[Process] = []
-        self._samples: list[dict] = []
-        self._metrics: list[dict] = []
+        self._samples: list[pa.Table] = []
+        self._metrics: list[pa.Table] = []
         self._resources: list[dict] = []
         self._ids = itertools.count(1)
         self._parts = itertools.count()
 
     def process(self, role: str, rank: int | None = 0, *, host: str = "node0", dropped: int = 0) -> Process:
         pid = 1000 + len(self.processes)
-        proc = Process(self, f"{role}{'' if rank is None else rank}-{host}-{pid}", role, rank, host, pid, dropped=dropped)
+        process_id = f"{safe_name(role)}{'' if rank is None else rank}-{safe_name(host)}-{pid}"
+        proc = Process(self, process_id, role, rank, host, pid, dropped=dropped)
         self.processes.append(proc)
         return proc
 
     def samples(self, step: int, rows: list[dict], *, process: Process | None = None) -> None:
         """Per-sample rows; `gen_start`/`gen_end` are seconds after t0 here, Unix seconds once stored."""
         proc = process or self.processes[0]
+        shifted = []
         for row in rows:
             row = dict(row)
             for key in ("gen_start", "gen_end"):
                 if row.get(key) is not None:
                     row[key] = self.t0_ns / 1e9 + row[key]
-            self._samples.append({"step": step, "logged_ns": self.t0_ns, **self._who(proc), **row})
+            shifted.append(row)
+        table = store_rows.samples_table(step, shifted, self.t0_ns, proc)
+        if table is not None:
+            self._samples.append(table)
 
     def metric(self, step: int, name: str, value: float, *, time: float = 0.0, process: Process | None = None) -> None:
         proc = process or self.processes[0]
-        self._metrics.append(
-            {"step": step, "name": name, "value": float(value), "time_ns": _ns(self.t0_ns, time), **self._who(proc)}
-        )
+        self._metrics.append(store_rows.metrics_table(step, {name: float(value)}, _ns(self.t0_ns, time), proc))
 
     def resource(self, time: float, process: Process, *, kind: str = "gpu", interval: float = 1.0, **values: Any) -> None:
         """A `resources` row sampled at `time` seconds over the `interval` before it (util_pct, device, ...)."""
         self._resources.append({"time_ns": _ns(self.t0_ns, time), "interval_s": interval, "kind": kind, **values,
-                                **self._who(process)})
-
-    @staticmethod
-    def _who(proc: Process) -> dict:
-        return {"process_id": proc.process_id, "role": proc.role, "rank": proc.rank, "host": proc.host, "pid": proc.pid}
+                                **store_rows.who(process)})
 
     def write(self, *, parts_per_process: int = 1) -> Path:
         """Write everything recorded since the last `write()` as parts; returns the run dir."""
@@ -156,23 +145,21 @@ class RunBuilder:
             finished = [s for s in proc.spans if s["end_ns"] is not None]
             still_open = [s for s in proc.spans if s["end_ns"] is None]
             chunk = max(1, -(-len(finished) // parts_per_process))
+            service = f"rltrace-{proc.role}"
             for i in range(0, len(finished), chunk):
-                table = pa.Table.from_pylist(finished[i : i + chunk], schema=_names.SPANS_SCHEMA)
+                table = store_rows.span_rows_table(finished[i : i + chunk], proc, service)
                 write_part(self.run_dir / _names.SPANS.folder, self._name(proc), table, _names.SPANS)
             if still_open:
-                table = pa.Table.from_pylist(still_open, schema=_names.SPANS_SCHEMA)
+                table = store_rows.span_rows_table(still_open, proc, service)
                 write_part(self.run_dir / _names.OPEN_SPANS.folder, f"{proc.process_id}.parquet", table, _names.OPEN_SPANS)
             self._write_process_row(proc)
             proc.spans = []
         if self._samples:
-            table = pa.Table.from_pylist(self._samples)
-            typed = {n: table.column(n).cast(_names.SAMPLE_COLUMNS[n]) for n in table.column_names if n in _names.SAMPLE_COLUMNS}
-            for n, col in typed.items():
-                table = table.set_column(table.column_names.index(n), n, col)
+            table = store_rows.concat(self._samples)
             write_part(self.run_dir / _names.SAMPLES.folder, self._name(self.processes[0]), table, _names.SAMPLES)
             self._samples = []
         if self._metrics:
-            table = pa.Table.from_pylist(self._metrics, schema=_names.METRICS_SCHEMA)
+            table = store_rows.concat(self._metrics)
             write_part(self.run_dir / _names.METRICS_TABLE.folder, self._name(self.processes[0]), table, _names.METRICS_TABLE)
             self._metrics = []
         if self._resources:
@@ -185,21 +172,15 @@ class RunBuilder:
         return f"{proc.process_id}-{next(self._parts):08d}.parquet"
 
     def _write_process_row(self, proc: Process) -> None:
-        row = {
-            **self._who(proc),
-            "run_id": self.manifest["run_id"],
-            "service_name": f"rltrace-{proc.role}",
-            "started_ns": self.t0_ns,
-            "heartbeat_ns": self.t0_ns,
-            "ended_ns": None,
-            "spans_written": len(proc.spans),
-            "spans_dropped": proc.dropped,
-            "otlp_spans_dropped": None,
-            "rows_written": 0,
-            "rows_dropped": 0,
-            "rltrace_version": "test",
-            "argv": "[]",
-            "resource": json.dumps({"service.name": f"rltrace-{proc.role}", _names.ROLE: proc.role}),
-        }
-        table = pa.Table.from_pylist([row], schema=_names.PROCESSES_SCHEMA)
+        table = store_rows.process_table(
+            proc,
+            run_id=self.manifest["run_id"],
+            service_name=f"rltrace-{proc.role}",
+            started_ns=self.t0_ns,
+            heartbeat_ns=self.t0_ns,
+            spans_written=len(proc.spans),
+            spans_dropped=proc.dropped,
+            rltrace_version="test",
+            resource={"service.name": f"rltrace-{proc.role}", _names.ROLE: proc.role},
+        )
         write_part(self.run_dir / _names.PROCESSES.folder, f"{proc.process_id}.parquet", table, _names.PROCESSES)

@@ -182,6 +182,12 @@ def mismatch(run: RunRef, steps: Steps) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 @st.cache_data(**CACHE)
+def batch_mismatch(run: RunRef, steps: Steps) -> pd.DataFrame:
+    """Per-sample mismatch of frozen batches holding both engines' log-probs."""
+    return _with(run, analysis.batch_mismatch, steps)
+
+
+@st.cache_data(**CACHE)
 def staleness(run: RunRef, steps: Steps) -> pd.DataFrame:
     return _with(run, analysis.staleness, steps)
 

@@ -20,7 +20,7 @@ from rltrace.analysis.critical_path import common_paths, critical_path
 from rltrace.analysis.health import crashes, drops, open_spans, processes
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.metrics import step_metrics
-from rltrace.analysis.mismatch import mismatch, trends
+from rltrace.analysis.mismatch import batch_mismatch, mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
 from rltrace.analysis.resources import idle_devices, phase_resources
 from rltrace.analysis.resources import notes as resource_notes
@@ -55,6 +55,7 @@ __all__ = [
     "staleness_histogram",
     "step_metrics",
     "mismatch",
+    "batch_mismatch",
     "trends",
     "open_spans",
     "crashes",

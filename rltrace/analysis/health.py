@@ -75,8 +75,9 @@ def processes(con) -> pd.DataFrame:
 
     Returns: process_id, role, rank, host, pid, started_ns, heartbeat_ns (latest), ended_ns
     (None unless it shut down), spans_written, spans_dropped, otlp_spans_dropped, rows_written,
-    rows_dropped (counts from its latest heartbeat; drops 0 when unknown), spans (finished spans
-    in the store), open_spans; ordered by role, rank, start.
+    rows_dropped, attributes_dropped (counts from its latest heartbeat; drops 0 when unknown),
+    drop_reasons (JSON list of {table, column, reason, count}, latest heartbeat's), spans (finished
+    spans in the store), open_spans; ordered by role, rank, start.
     """
     return con.execute(
         """SELECT p.*, coalesce(s.spans, 0) AS spans, coalesce(s.open, 0) AS open_spans
@@ -85,7 +86,9 @@ def processes(con) -> pd.DataFrame:
                         max(ended_ns) AS ended_ns, max(spans_written) AS spans_written,
                         max(coalesce(spans_dropped, 0)) AS spans_dropped,
                         max(coalesce(otlp_spans_dropped, 0)) AS otlp_spans_dropped,
-                        max(rows_written) AS rows_written, max(coalesce(rows_dropped, 0)) AS rows_dropped
+                        max(rows_written) AS rows_written, max(coalesce(rows_dropped, 0)) AS rows_dropped,
+                        max(coalesce(attributes_dropped, 0)) AS attributes_dropped,
+                        arg_max(drop_reasons, heartbeat_ns) AS drop_reasons
                  FROM processes GROUP BY process_id) p
            LEFT JOIN (SELECT process_id, count(*) FILTER (NOT is_open) AS spans, count(*) FILTER (is_open) AS open
                       FROM spans GROUP BY process_id) s USING (process_id)
@@ -96,7 +99,10 @@ def processes(con) -> pd.DataFrame:
 def drops(con) -> pd.DataFrame:
     """What each process lost before the store (or the OTLP backend) got it.
 
-    Returns: process_id, role, rank, spans_dropped, rows_dropped, otlp_spans_dropped (counts
-    from the process's latest heartbeat).
+    Returns: process_id, role, rank, spans_dropped, rows_dropped, otlp_spans_dropped,
+    attributes_dropped (span attributes cut by the attribute limit), drop_reasons (JSON list of
+    {table, column, reason, count}) — from the process's latest heartbeat.
     """
-    return processes(con)[["process_id", "role", "rank", "spans_dropped", "rows_dropped", "otlp_spans_dropped"]]
+    return processes(con)[
+        ["process_id", "role", "rank", "spans_dropped", "rows_dropped", "otlp_spans_dropped", "attributes_dropped", "drop_reasons"]
+    ]

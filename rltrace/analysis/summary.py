@@ -1,9 +1,14 @@
 """Per-step summaries: read the ones `rltrace compact` stored, compute the rest, cache per connection.
 
-A stored step is used only while it still matches the spans: its fingerprint (span count, first
-start, last end, summed durations) must equal the live one, so steps that gained spans after the
-last compaction, or runs never compacted, are recomputed from the spans. Results are cached in
-temporary tables of the connection (a connection is a snapshot, so they never go stale).
+A stored step is used only while it still matches the spans. When the span parts are exactly
+those the summary was computed from (a digest of their names, rows and sizes, kept in the
+summary's footer), every stored step holds. Otherwise each step's fingerprint must equal the
+live one: its own spans (count, first start, last end, summed durations) and every finished span
+overlapping its time range, with a step or without (count and summed durations), since those
+change its waits too (a reward server that never received the step, an overlapping async step
+flushed late). Steps that changed, and runs never compacted, are recomputed from the spans.
+Results are cached in temporary tables of the connection (a connection is a snapshot, so they
+never go stale).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from rltrace.analysis._steps import Steps, step_filter
 
 _CACHE = "_rltrace_summary"
 _CHECKS = "_rltrace_checks"
+_WINDOWS = "_rltrace_windows"
 BATCH_SPANS = 1_000_000  # spans loaded at once when computing
 
 
@@ -37,6 +43,35 @@ def checks(con, steps: Steps = None) -> pd.DataFrame:
     return con.execute(f"SELECT * FROM {_CHECKS} WHERE {where} ORDER BY step", params).df()
 
 
+def windows(con, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per step of `steps` (step, start_ns, end_ns): window_count and window_ns of every finished
+    span overlapping [start_ns, end_ns], whatever its step (the step's second fingerprint)."""
+    con.register("_rltrace_steps", steps[["step", "start_ns", "end_ns"]])
+    try:
+        return con.execute(
+            """SELECT s.step, count(f.start_ns) AS window_count,
+                      CAST(coalesce(sum(f.end_ns - f.start_ns), 0) AS BIGINT) AS window_ns
+               FROM _rltrace_steps s
+               LEFT JOIN (SELECT start_ns, end_ns FROM spans WHERE NOT is_open) f
+                 ON f.end_ns >= s.start_ns AND f.start_ns <= s.end_ns
+               GROUP BY s.step ORDER BY s.step"""
+        ).df()
+    finally:
+        con.unregister("_rltrace_steps")
+
+
+def parts_digest(con) -> str | None:
+    """Digest of the span parts this connection reads (stored with a summary by `rltrace compact`)."""
+    return _meta(con, "spans_digest")
+
+
+def _meta(con, key: str) -> str | None:
+    if not _has_table(con, "_rltrace_meta"):
+        return None
+    rows = con.execute("SELECT value FROM _rltrace_meta WHERE key = ?", [key]).fetchall()
+    return rows[0][0] if rows else None
+
+
 def rows(con, steps: Steps = None, kinds: tuple[str, ...] | None = None) -> pd.DataFrame:
     """Summary rows (columns of `rltrace._names.STEP_SUMMARY_SCHEMA`) for the selected steps."""
     _fill(con, steps)
@@ -48,11 +83,22 @@ def rows(con, steps: Steps = None, kinds: tuple[str, ...] | None = None) -> pd.D
 
 
 def table(con) -> pa.Table:
-    """Every step's summary as an Arrow table in the `step_summary` schema (what compact stores)."""
+    """Every step's summary as an Arrow table in the `step_summary` schema (what compact stores),
+    step rows carrying both fingerprints."""
     _fill(con, None)
-    return con.sql(f"SELECT * FROM {_CACHE} ORDER BY step, kind, seq").to_arrow_table().cast(
-        _names.STEP_SUMMARY_SCHEMA
-    )
+    wins = windows(con, checks(con))
+    con.register("_rltrace_wins", wins)
+    try:
+        out = con.sql(
+            f"""SELECT c.* REPLACE (
+                      CASE WHEN c.kind = 'step' THEN w.window_count END AS window_count,
+                      CASE WHEN c.kind = 'step' THEN w.window_ns END AS window_ns)
+                FROM {_CACHE} c LEFT JOIN _rltrace_wins w USING (step)
+                ORDER BY step, kind, seq"""
+        ).to_arrow_table()
+    finally:
+        con.unregister("_rltrace_wins")
+    return out.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
 
 
 def _fill(con, steps: Steps) -> None:
@@ -63,19 +109,7 @@ def _fill(con, steps: Steps) -> None:
     missing = wanted[~wanted["step"].isin(done)]
     if missing.empty:
         return
-    con.register("_rltrace_missing", missing)
-    try:
-        con.execute(
-            f"""INSERT INTO {_CACHE} BY NAME
-            SELECT s.* FROM step_summary s JOIN (
-                SELECT k.step FROM step_summary k JOIN _rltrace_missing m
-                  ON k.step = m.step AND k.count = m.count AND k.start_ns = m.start_ns
-                 AND k.end_ns = m.end_ns AND k.total_ns = m.total_ns
-                WHERE k.kind = 'step' AND k.version = ?) v USING (step)""",
-            [_compute.VERSION],
-        )
-    finally:
-        con.unregister("_rltrace_missing")
+    _reuse_stored(con, missing)
     done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
     for batch in _batches(missing[~missing["step"].isin(done)]):
         spans = _load(con, batch)
@@ -85,6 +119,31 @@ def _fill(con, steps: Steps) -> None:
             con.execute(f"INSERT INTO {_CACHE} BY NAME SELECT * FROM _rltrace_computed")
         finally:
             con.unregister("_rltrace_computed")
+
+
+def _reuse_stored(con, missing: pd.DataFrame) -> None:
+    """Copy the stored rows of the `missing` steps that still match the spans into the cache."""
+    if not con.execute("SELECT count(*) FROM step_summary WHERE kind = 'step'").fetchall()[0][0]:
+        return
+    digest = parts_digest(con)
+    same_parts = digest is not None and digest == _meta(con, "summary_of")
+    candidates = missing
+    if not same_parts:  # spans arrived (or parts changed) since compact: check each step's window too
+        candidates = missing.merge(windows(con, missing), on="step")
+    window_check = "" if same_parts else "AND k.window_count = m.window_count AND k.window_ns = m.window_ns"
+    con.register("_rltrace_missing", candidates)
+    try:
+        con.execute(
+            f"""INSERT INTO {_CACHE} BY NAME
+            SELECT s.* FROM step_summary s JOIN (
+                SELECT k.step FROM step_summary k JOIN _rltrace_missing m
+                  ON k.step = m.step AND k.count = m.count AND k.start_ns = m.start_ns
+                 AND k.end_ns = m.end_ns AND k.total_ns = m.total_ns {window_check}
+                WHERE k.kind = 'step' AND k.version = ?) v USING (step)""",
+            [_compute.VERSION],
+        )
+    finally:
+        con.unregister("_rltrace_missing")
 
 
 def _batches(missing: pd.DataFrame):

@@ -12,9 +12,9 @@ import sys
 
 from rltrace._config import RltraceError
 from rltrace.analysis._format import shown
-from rltrace.cli import compact, export, importer, info, profile, replay, report, run, ui, watch
+from rltrace.cli import collect, compact, export, importer, info, profile, replay, report, run, ui, watch
 
-COMMANDS = [info, compact, report, replay, importer, export, profile, ui, watch, run]
+COMMANDS = [info, compact, report, replay, importer, export, profile, ui, watch, run, collect]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,12 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        code = args.func(args) or 0
+        try:
+            code = args.func(args) or 0
+        except Exception as exc:  # a part whose footer reads but whose data pages do not
+            if not _damaged_parts(args, exc):
+                raise
+            code = args.func(args) or 0  # --skip-corrupt: once more, without the damaged parts
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit-time flush
         return code
     except RltraceError as exc:
@@ -58,6 +63,28 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):  # stdout is not a real file (tests capture it)
         pass
+
+
+def _damaged_parts(args: argparse.Namespace, exc: Exception) -> bool:
+    """After a DuckDB error: find the damaged parts of the run and either name them (raising a
+    one-line error) or, with --skip-corrupt, return True so the command runs again without them."""
+    import duckdb
+
+    from rltrace.store import CorruptPartError
+    from rltrace.store.views import find_damaged
+
+    run_dir = getattr(args, "run_dir", None)
+    if not isinstance(exc, duckdb.Error) or not isinstance(run_dir, str):
+        return False
+    damaged = find_damaged(run_dir)
+    if not damaged:
+        return False
+    if getattr(args, "skip_corrupt", False):
+        for line in damaged:
+            print(f"rltrace: skipping {line}", file=sys.stderr)
+        return True
+    hint = " (rerun with --skip-corrupt to skip it)" if hasattr(args, "skip_corrupt") else ""
+    raise CorruptPartError("; ".join(damaged) + hint) from None
 
 
 if __name__ == "__main__":  # python -m rltrace.cli

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from rltrace import _names, analysis, store
+from rltrace.analysis import summary
 from rltrace.store.compact import GRACE_S, TARGET_ROWS
 from rltrace.store.writer import write_part
 
@@ -47,7 +48,9 @@ def main(args: argparse.Namespace) -> int:
 
 def write_summaries(run_dir) -> int:
     """Store every step's summary (docs/analysis.md) so reports over large runs stay fast."""
-    table = analysis.summary_table(store.open(run_dir))
+    con = store.open(run_dir)
+    table = analysis.summary_table(con)
     folder = Path(run_dir) / _names.STEP_SUMMARY.folder
-    write_part(folder, "step_summary.parquet", table, _names.STEP_SUMMARY)
+    digest = summary.parts_digest(con)  # the span parts this summary was computed from
+    write_part(folder, "step_summary.parquet", table, _names.STEP_SUMMARY, {_names.META_SUMMARY_OF: digest.encode()})
     return table.num_rows

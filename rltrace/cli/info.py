@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import time
 
 from rich.console import Console
@@ -14,6 +15,7 @@ from rltrace.analysis._format import seconds_text, term
 from rltrace.analysis.health import STALE_AFTER_S
 from rltrace.report import plain
 from rltrace.report.findings import crash_sentence
+from rltrace.store import rows as store_rows
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,8 +79,25 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
         "crashes": crashes,
         "spans_dropped": sum(p["spans_dropped"] or 0 for p in processes),
         "rows_dropped": sum(p["rows_dropped"] or 0 for p in processes),
+        "attributes_dropped": sum(p["attributes_dropped"] or 0 for p in processes),
+        "drop_reasons": _reasons(processes),
         "skipped_parts": snap.skipped,
     }
+
+
+def _reasons(processes: list[dict]) -> list[dict]:
+    """Every process's drop reasons, summed over processes: {table, column, reason, count}."""
+    total: dict[tuple, int] = {}
+    for p in processes:
+        try:
+            records = json.loads(p.pop("drop_reasons") or "[]")
+        except ValueError:
+            continue
+        for r in records if isinstance(records, list) else []:
+            if isinstance(r, dict):
+                key = (r.get("table"), r.get("column"), r.get("reason"))
+                total[key] = total.get(key, 0) + int(r.get("count") or 0)
+    return [{"table": t, "column": c, "reason": r, "count": n} for (t, c, r), n in total.items()]
 
 
 def _ago(ns: int | None, now_ns: int) -> str:
@@ -148,11 +167,14 @@ def render(data: dict, console: Console) -> None:
         console.print(t)
     else:
         console.print("No open spans.")
-    if data["spans_dropped"] or data["rows_dropped"]:
+    reasons = data["drop_reasons"]
+    if data["spans_dropped"] or data["rows_dropped"] or data["attributes_dropped"] or reasons:
         console.print(
-            f"[red]Dropped: {data['spans_dropped']} spans, {data['rows_dropped']} metric/sample rows[/] "
-            "(queue full or write failed; raise RLTRACE_MAX_QUEUE / RLTRACE_MAX_PENDING_ROWS or record less)"
+            f"[red]Dropped: {data['spans_dropped']} spans, {data['rows_dropped']} metric/sample rows, "
+            f"{data['attributes_dropped']} span attributes[/]" + ("" if reasons else " (reasons not recorded by this rltrace version)")
         )
+        for line in store_rows.describe(reasons):
+            console.print("  " + term(line))
     else:
         console.print("Nothing dropped.")
     for skipped in data["skipped_parts"]:

@@ -29,6 +29,8 @@ def visible(text: str | None) -> Text:
 
 
 def _num(value, fmt: str = ".4g") -> str:
+    if isinstance(value, str):  # ids may be text (verl's UUIDs)
+        return value
     return "-" if value is None else format(value, fmt)
 
 

@@ -72,6 +72,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "crashes": plain(analysis.crashes(con)),
         "open_spans": _open_spans(con, now_ns),
         "dropped": _dropped(con),
+        "imported_spans": _imported_spans(con),
         "idle_devices": plain(analysis.idle_devices(con, steps)),
     }
     report["findings"] = findings.sentences(report)
@@ -176,6 +177,15 @@ def _reward(con, steps: Steps) -> dict:
                   "per_step": r[["step", "value"]]})
 
 
+def _imported_spans(con) -> dict:
+    """How many finished spans were synthesized from imported metric logs (`rl.source` = metrics)."""
+    imported, total = con.execute(
+        """SELECT count(*) FILTER (WHERE json_extract_string(attributes, '$."rl.source"') = 'metrics'), count(*)
+           FROM spans WHERE NOT is_open"""
+    ).fetchall()[0]  # fetchall: an unfinished result would block the connection
+    return {"metrics": int(imported or 0), "total": int(total or 0)}
+
+
 def _dropped(con) -> dict:
     d = analysis.drops(con)
     return plain(
@@ -183,6 +193,7 @@ def _dropped(con) -> dict:
             "spans": int(d["spans_dropped"].sum()) if len(d) else 0,
             "rows": int(d["rows_dropped"].sum()) if len(d) else 0,
             "otlp_spans": int(d["otlp_spans_dropped"].sum()) if len(d) else 0,
-            "processes": d[(d["spans_dropped"] > 0) | (d["rows_dropped"] > 0) | (d["otlp_spans_dropped"] > 0)],
+            "attributes": int(d["attributes_dropped"].sum()) if len(d) else 0,
+            "processes": d[(d["spans_dropped"] > 0) | (d["rows_dropped"] > 0) | (d["otlp_spans_dropped"] > 0)].drop(columns="drop_reasons"),
         }
     )

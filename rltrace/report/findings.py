@@ -27,14 +27,26 @@ MISMATCH_SCALE = {
     "tis_clipfrac": (0.0, 0.01),
 }
 MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest distance from neutral
+#: Where a mismatch value comes from (rltrace.analysis.mismatch sources), when not logged by the run.
+MISMATCH_SOURCE = {"samples": " (mean of per-sample values)", "batches": " (from frozen batches)"}
 
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
+    for part in (_imported, _crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
                  _async, _drops, _reward, _staleness, _mismatch, _idle_devices):
         out.extend(part(r))
     return out
+
+
+def _imported(r: dict) -> list[str]:
+    """Spans made from imported metric logs hold real durations at made-up places within the step."""
+    i = r.get("imported_spans") or {}
+    if not i.get("metrics"):
+        return []
+    share = "All" if i["metrics"] == i["total"] else f"{i['metrics']} of {i['total']}"
+    return [f"{share} spans come from imported metric logs (source: metrics): stage durations are measured, their "
+            "placement within a step is not, so waits, idle gaps, stragglers and critical paths need traced spans."]
 
 
 def _term(r: dict, key: str) -> str:
@@ -277,9 +289,13 @@ def _hangs(r: dict) -> list[str]:
 
 def _drops(r: dict) -> list[str]:
     d = r["dropped"]
-    if not (d["spans"] or d["rows"]):
-        return []
-    return [f"Dropped before the store: {d['spans']} spans and {d['rows']} metric/sample rows; figures may be low."]
+    out = []
+    if d["spans"] or d["rows"]:
+        out.append(f"Dropped before the store: {d['spans']} spans and {d['rows']} metric/sample rows; figures may be low "
+                   "(`rltrace info` says why).")
+    if d.get("attributes"):
+        out.append(f"{d['attributes']} span attributes over the attribute limit were not stored (rltrace's own were kept).")
+    return out
 
 
 def _staleness(r: dict) -> list[str]:
@@ -293,6 +309,7 @@ def _mismatch(r: dict) -> list[str]:
     out = []
     for t in r["mismatch"]["trends"]:
         neutral, floor = MISMATCH_SCALE.get(t["metric"], (0.0, 0.0))
+        source = MISMATCH_SOURCE.get(t["source"], "")
         change = abs(t["slope_per_step"] or 0.0) * (t["steps"] - 1)
         reach = max(abs(t["max"] - neutral), abs(t["min"] - neutral))
         if t["steps"] > 1 and change > 0 and change >= max(floor, MATERIAL_CHANGE * reach):
@@ -300,10 +317,11 @@ def _mismatch(r: dict) -> list[str]:
                 moved = f"varied between {num(t['min'])} and {num(t['max'])}, ending at {num(t['last'])},"
             else:
                 moved = f"went from {num(t['first'])} to {num(t['last'])} (max {num(t['max'])} at step {t['max_step']})"
-            out.append(f"{t['metric']} {moved} over {t['steps']} steps (fitted trend {t['slope_per_step']:+.3g} per step).")
+            out.append(f"{t['metric']}{source} {moved} over {t['steps']} steps (fitted trend "
+                       f"{t['slope_per_step']:+.3g} per step).")
         elif t["metric"] == "train_rollout_logprob_abs_diff" and t["max"] >= ALIGNMENT_GATE:
             out.append(
-                f"{t['metric']} held at a mean of {num(t['mean'])} (max {num(t['max'])}) over {t['steps']} steps, "
+                f"{t['metric']}{source} held at a mean of {num(t['mean'])} (max {num(t['max'])}) over {t['steps']} steps, "
                 f"above the {ALIGNMENT_GATE:g} gate for exact alignment of rollout and training."
             )
     return out

@@ -98,7 +98,8 @@ def _quality(r: dict) -> Table | None:
     if w.get("first") is not None:
         t.add_row("reward", num(w["first"]), num(w["last"]), num(w["best"]), str(w["best_step"]))
     for m in r["mismatch"]["trends"]:
-        t.add_row(term(m["metric"]), num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
+        where = "" if m["source"] == "metrics" else f" ({m['source']})"  # computed from samples or frozen batches
+        t.add_row(term(m["metric"] + where), num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
     s = r["staleness"]
     if s.get("max") is not None:
         t.add_row("staleness", "", f"mean {num(s['mean'])}", num(s["max"]), "")

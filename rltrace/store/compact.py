@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from rltrace import _names
 from rltrace.store.layout import StoreError, read_manifest
-from rltrace.store.views import Part, scan
+from rltrace.store.views import Part, scan, sql_paths
 
 ROW_GROUP_ROWS = 131_072
 TARGET_ROWS = 2_000_000  # rows per merged part
@@ -65,13 +65,15 @@ def _merge(folder: Path, table: _names.Table, group: list[Part], order: tuple[st
     names = json.dumps([p.path.name for p in group])
     out = folder / f"c-{uuid.uuid4().hex[:12]}.parquet"
     tmp = folder / f".{out.name}.tmp"
-    files = "[" + ", ".join("'" + str(p.path).replace("'", "''") + "'" for p in group) + "]"
+    files = sql_paths([p.path for p in group])
 
     def lit(text: str) -> str:
         return "'" + text.replace("'", "''") + "'"
 
+    run_id = read_manifest(folder.parent)["run_id"]
     kv = (
         f"{{{lit(_names.META_TABLE.decode())}: {lit(table.name)}, "
+        f"{lit(_names.META_RUN_ID.decode())}: {lit(run_id)}, "
         f"{lit(_names.META_VERSION.decode())}: {lit(str(table.version))}, "
         f"{lit(_names.META_REPLACES.decode())}: {lit(names)}}}"
     )

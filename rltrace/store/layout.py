@@ -31,6 +31,21 @@ class StoreError(RltraceError):
     """The run directory or one of its files cannot be read; the message names the path."""
 
 
+_RUN_IDS: dict[str, str] = {}  # run dir -> run id, filled whenever a manifest is made or read
+
+
+def run_id_of(run_dir: Path) -> str | None:
+    """The run id of `run_dir` (stamped into every part written there), or None if it has no manifest."""
+    key = os.path.abspath(run_dir)
+    found = _RUN_IDS.get(key)
+    if found is None:
+        try:
+            found = read_manifest(Path(run_dir))["run_id"]
+        except StoreError:
+            return None
+    return found
+
+
 def manifest_path(run_dir: Path) -> Path:
     return Path(run_dir) / _names.RUN_MANIFEST
 
@@ -91,12 +106,21 @@ def read_manifest(run_dir: Path) -> dict:
         manifest = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StoreError(f"{path} is not a readable run manifest ({exc}); restore it or start a new run dir") from None
-    if not isinstance(manifest, dict) or "run_id" not in manifest:
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("run_id"), str) or not manifest["run_id"]:
         raise StoreError(f"{path} is not an rltrace run manifest: it has no run_id")
     version = manifest.get("schema_version")
-    if not isinstance(version, int) or version > _names.RUN_SCHEMA_VERSION:
+    if isinstance(version, str) and version.strip().isdigit():
+        version = int(version)  # a hand-edited "1" means 1
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise StoreError(
-            f"{path} has schema version {version!r}, newer than this rltrace reads "
+            f"{path} has schema version {manifest.get('schema_version')!r}, which is not a version number "
+            f"(this rltrace reads 1 to {_names.RUN_SCHEMA_VERSION}); restore the file or start a new run dir"
+        )
+    if version > _names.RUN_SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} has schema version {version}, newer than this rltrace reads "
             f"({_names.RUN_SCHEMA_VERSION}): upgrade rltrace (pip install -U rltrace)"
         )
+    manifest["schema_version"] = version
+    _RUN_IDS[os.path.abspath(run_dir)] = manifest["run_id"]
     return manifest

@@ -34,6 +34,7 @@ class Part:
     rows: int
     size: int
     replaces: tuple[str, ...] = ()
+    summary_of: str | None = None  # step_summary parts: digest of the span parts they were computed from
 
 
 @dataclass
@@ -47,9 +48,45 @@ class Snapshot:
     skipped: list[str] = field(default_factory=list)  # "path: why" for parts skipped as corrupt
 
 
-def _check_part(path: Path, table: _names.Table) -> Part:
+#: Tables whose parts rltrace writes with a fixed schema: a documented column of another type is refused.
+_TYPED = ("spans", "open_spans", "metrics", "samples", "processes", "step_summary")
+
+
+def _kind(typ: pa.DataType) -> str:
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    for name, test in (
+        ("null", pa.types.is_null), ("bool", pa.types.is_boolean), ("int", pa.types.is_integer),
+        ("float", pa.types.is_floating), ("text", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)),
+        ("list", lambda t: pa.types.is_list(t) or pa.types.is_large_list(t)),
+    ):
+        if test(typ):
+            return name
+    return str(typ)
+
+
+def _check_types(path: Path, table: _names.Table, schema: pa.Schema) -> None:
+    """A documented column must hold its documented kind of value (ids: text or integers)."""
+    if table.name not in _TYPED:
+        return
+    for field in schema:
+        if field.name not in table.schema.names:
+            continue
+        found, wanted = _kind(field.type), _kind(table.schema.field(field.name).type)
+        ok = {wanted, "null"}
+        if field.name in _names.ID_COLUMNS and table.name == "samples":
+            ok.add("int")  # parts written before ids were text
+        if found not in ok:
+            raise CorruptPartError(
+                f"{path}: column {field.name!r} holds {field.type}, but {table.name}.{field.name} is {table.schema.field(field.name).type}"
+                " (a file written by another tool?)"
+            )
+
+
+def _check_part(path: Path, table: _names.Table, run_id: str | None = None) -> Part:
     try:
         meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
     except FileNotFoundError:
         raise
     except (OSError, pa.ArrowException) as exc:
@@ -74,8 +111,33 @@ def _check_part(path: Path, table: _names.Table) -> Part:
     missing = [c for c in table.required if c not in names]
     if missing:
         raise CorruptPartError(f"{path}: missing required column(s) {', '.join(missing)} of table {table.name}")
-    replaces = tuple(json.loads(kv[_names.META_REPLACES])) if _names.META_REPLACES in kv else ()
-    return Part(path=path, rows=meta.num_rows, size=path.stat().st_size, replaces=replaces)
+    owner = kv.get(_names.META_RUN_ID)
+    if run_id is not None and owner is not None and owner.decode("utf-8", "replace") != run_id:
+        raise CorruptPartError(
+            f"{path}: belongs to run {owner.decode('utf-8', 'replace')}, not to this run ({run_id}); "
+            "a part copied or linked in from another run"
+        )
+    _check_types(path, table, schema)
+    replaces = ()
+    if _names.META_REPLACES in kv:
+        try:
+            replaces = json.loads(kv[_names.META_REPLACES])
+        except ValueError:
+            replaces = None
+        if not isinstance(replaces, list) or not all(isinstance(n, str) for n in replaces):
+            raise CorruptPartError(f"{path}: unreadable {_names.META_REPLACES.decode()} footer key (not a JSON list of part names)")
+        replaces = tuple(replaces)
+    summary_of = kv.get(_names.META_SUMMARY_OF)
+    return Part(path=path, rows=meta.num_rows, size=path.stat().st_size, replaces=replaces,
+                summary_of=summary_of.decode("utf-8", "replace") if summary_of else None)
+
+
+def spans_digest(snap: Snapshot) -> str:
+    """A digest of the finished-span parts of a snapshot (names, rows, sizes): equal digests, equal spans."""
+    import hashlib
+
+    listing = sorted((p.path.name, p.rows, p.size) for p in snap.parts.get("spans", []))
+    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:32]
 
 
 def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _names.Table] | None = None) -> Snapshot:
@@ -85,7 +147,7 @@ def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _
     for table in (tables or _names.TABLES).values():
         for attempt in range(5):
             try:
-                parts, replaced = _scan_table(run_dir / table.folder, table, skip_corrupt, snap.skipped)
+                parts, replaced = _scan_table(run_dir / table.folder, table, skip_corrupt, snap.skipped, snap.manifest["run_id"])
                 break
             except FileNotFoundError:
                 continue  # a compaction removed a part while we read: list again
@@ -96,15 +158,45 @@ def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _
     return snap
 
 
-def _scan_table(folder: Path, table: _names.Table, skip_corrupt: bool, skipped: list[str]):
+def list_parts(folder: Path, skipped: list[str] | None = None) -> list[Path]:
+    """The part files of a table folder, listed here (never by a glob): regular files (or links
+    to them) named `*.parquet`, not hidden. Anything else named like a part (a FIFO, a folder)
+    is ignored and noted in `skipped`, so it can neither hang nor confuse a reader."""
+    import os
+    import stat
+
+    found = []
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for entry in entries:
+        if not entry.name.endswith(".parquet") or entry.name.startswith("."):
+            continue
+        try:
+            mode = os.stat(entry.path).st_mode  # follows links: a link to a regular file is a part
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            if skipped is not None:
+                skipped.append(f"{entry.path}: not a regular file, ignored")
+            continue
+        found.append(Path(entry.path))
+    return sorted(found)
+
+
+def _scan_table(folder: Path, table: _names.Table, skip_corrupt: bool, skipped: list[str], run_id: str | None = None):
     if not folder.is_dir():
         return [], []
     parts = []
-    for path in sorted(folder.glob("*.parquet")):
-        if path.name.startswith("."):
+    for path in list_parts(folder, skipped):
+        if path in _DAMAGED:
+            if not skip_corrupt:
+                raise CorruptPartError(f"{path}: {_DAMAGED[path]}")
+            skipped.append(f"{path}: {_DAMAGED[path]}")
             continue
         try:
-            parts.append(_check_part(path, table))
+            parts.append(_check_part(path, table, run_id))
         except CorruptPartError as exc:
             if not skip_corrupt:
                 raise
@@ -116,8 +208,49 @@ def _scan_table(folder: Path, table: _names.Table, skip_corrupt: bool, skipped: 
     return live, replaced
 
 
-def _sql_list(paths: list[Path]) -> str:
-    return "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths) + "]"
+_GLOB = frozenset("*?[]{}")
+
+
+def exact_path(path: Path | str) -> str:
+    """`path` for DuckDB's file functions, matching that one file only: DuckDB expands glob
+    characters even in a list of paths, so each one is written as a one-character class."""
+    return "".join(f"[{c}]" if c in _GLOB else c for c in str(path))
+
+
+def sql_paths(paths: list[Path]) -> str:
+    """A SQL list literal of exact paths (quoted, glob characters neutralised)."""
+    return "[" + ", ".join("'" + exact_path(p).replace("'", "''") + "'" for p in paths) + "]"
+
+
+_sql_list = sql_paths
+
+#: Parts found damaged past their footer in this process (see `find_damaged`): skipped by
+#: `scan(..., skip_corrupt=True)`.
+_DAMAGED: dict[Path, str] = {}
+
+
+def find_damaged(run_dir: str | Path) -> list[str]:
+    """Read every part of a run in full and return "path: why" for those that cannot be read.
+
+    Called when a query fails on data pages (a footer can be intact while pages are damaged),
+    so the error can name the file; damaged parts are remembered and skipped by later scans
+    with `skip_corrupt=True`.
+    """
+    out = []
+    snap = scan(run_dir, skip_corrupt=True)
+    for parts in snap.parts.values():
+        for part in parts:
+            try:
+                con = duckdb.connect(":memory:")
+                try:
+                    con.execute(f"SELECT * FROM read_parquet({sql_paths([part.path])})").fetchall()
+                finally:
+                    con.close()
+            except duckdb.Error as exc:
+                why = "damaged data pages (" + (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:160] + ")"
+                _DAMAGED[part.path] = why
+                out.append(f"{part.path}: {why}")
+    return out
 
 
 def _source(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Part]) -> str:
@@ -158,6 +291,12 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
     for name, parts in snap.parts.items():
         if name not in done:
             con.execute(f"CREATE VIEW {name} AS {_source(con, _names.TABLES[name], parts)}")
+    summary_of = [p.summary_of for p in snap.parts.get("step_summary", [])]
+    con.execute("CREATE TABLE _rltrace_meta (key VARCHAR, value VARCHAR)")
+    con.execute(
+        "INSERT INTO _rltrace_meta VALUES ('spans_digest', ?), ('summary_of', ?)",
+        [spans_digest(snap), summary_of[0] if len(summary_of) == 1 else None],
+    )
     return con
 
 

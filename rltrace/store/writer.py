@@ -24,14 +24,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rltrace import _names
+from rltrace.store import layout, rows
 
 logger = logging.getLogger("rltrace")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-def _safe(text: str) -> str:
-    return _UNSAFE.sub("_", text)[:48] or "_"
+def safe_name(text: str) -> str:
+    """A file-name piece from any text: letters, digits, `_.-` only (no glob characters, no
+    separators) and never a leading dot, so readers cannot mistake the part for a hidden file."""
+    name = _UNSAFE.sub("_", str(text))[:48] or "_"
+    return "_" + name[1:] if name.startswith(".") else name
+
+
+_safe = safe_name
 
 
 @dataclass
@@ -47,6 +54,7 @@ class ProcessInfo:
     process_id: str = ""
 
     def __post_init__(self):
+        self.role, self.host, self.service_name = rows.text(self.role), rows.text(self.host), rows.text(self.service_name)
         if not self.process_id:
             self.renew()
 
@@ -58,13 +66,7 @@ class ProcessInfo:
 
     def columns(self, n: int) -> dict[str, pa.Array]:
         """The process columns for `n` rows (dictionary-encoded in Parquet, so nearly free)."""
-        return {
-            "process_id": pa.array([self.process_id] * n, pa.string()),
-            "role": pa.array([self.role] * n, pa.string()),
-            "rank": pa.array([self.rank] * n, pa.int64()),
-            "host": pa.array([self.host] * n, pa.string()),
-            "pid": pa.array([self.pid] * n, pa.int64()),
-        }
+        return rows.process_columns(self, n)
 
 
 def write_part(
@@ -83,6 +85,9 @@ def write_part(
     metadata = dict(table.schema.metadata or {})
     metadata[_names.META_TABLE] = spec.name.encode()
     metadata[_names.META_VERSION] = str(spec.version).encode()
+    run_id = layout.run_id_of(folder.parent)
+    if run_id is not None:
+        metadata[_names.META_RUN_ID] = run_id.encode()
     metadata.update(extra_metadata or {})
     table = table.replace_schema_metadata(metadata)
     final = folder / name
@@ -111,7 +116,7 @@ class PartNamer:
 
 # An item waiting to be written: the table it goes to, its row count, and a thunk building the
 # Arrow table (conversion runs on the writer thread, not the caller's).
-_Item = tuple[_names.Table, int, Union[pa.Table, Callable[[], pa.Table]]]
+_Item = tuple[Union[_names.Table, None], int, Union[pa.Table, Callable[[], pa.Table]]]  # None: a task
 
 
 class BackgroundWriter:
@@ -129,6 +134,7 @@ class BackgroundWriter:
         interval: float,
         max_pending_rows: int,
         on_tick: Callable[[], None] | None = None,
+        drops: rows.Drops | None = None,
     ):
         self._run_dir = Path(run_dir)
         self._namer = PartNamer(process)
@@ -137,6 +143,7 @@ class BackgroundWriter:
         self._on_tick = on_tick
         self.rows_written = 0
         self.rows_dropped = 0
+        self.drops = drops if drops is not None else rows.Drops()
         self._start()
         after_fork_in_child(self._after_fork)
 
@@ -157,14 +164,35 @@ class BackgroundWriter:
         self.rows_dropped = 0
         self._start()
 
-    def submit(self, table: _names.Table, nrows: int, payload: pa.Table | Callable[[], pa.Table]) -> bool:
-        """Queue rows for writing; returns False (and counts them) if the buffer is full."""
+    def _drop(self, spec: _names.Table, nrows: int, reason: str) -> None:
+        self.rows_dropped += nrows
+        self.drops.add(spec.name, nrows, reason)
+
+    def submit(self, table: _names.Table, nrows: int, payload: pa.Table | Callable[[], pa.Table | None]) -> bool:
+        """Queue rows for writing; returns False (and counts them) if the buffer is full.
+
+        A thunk may return fewer rows than `nrows` (or None): it counted the ones it dropped
+        in `self.drops` with their reasons; here they are added to `rows_dropped`.
+        """
         with self._pending_lock:
-            if self._closed or self._pending_rows + nrows > self._max_pending_rows:
-                self.rows_dropped += nrows
+            if self._closed:
+                self._drop(table, nrows, "recorded after the run was shut down")
+                return False
+            if self._pending_rows + nrows > self._max_pending_rows:
+                self._drop(table, nrows, "write buffer full (raise RLTRACE_MAX_PENDING_ROWS or record less)")
                 return False
             self._pending_rows += nrows
         self._queue.append((table, nrows, payload))
+        return True
+
+    def submit_task(self, task: Callable[[], None]) -> bool:
+        """Run `task` on this writer's thread soon (other writers of the run, e.g. frozen batches,
+        use it so a process has one writing thread); False if the writer is closed."""
+        with self._pending_lock:
+            if self._closed:
+                return False
+        self._queue.append((None, 0, task))
+        self._wake.set()
         return True
 
     def flush(self) -> None:
@@ -181,6 +209,7 @@ class BackgroundWriter:
     def _loop(self) -> None:
         while not self._closed:
             self._wake.wait(self._interval)
+            self._wake.clear()
             try:
                 self._drain()
             except Exception:  # never let the writer thread die: count and go on
@@ -189,31 +218,56 @@ class BackgroundWriter:
     def _drain(self) -> None:
         with self._write_lock:
             by_table: dict[str, tuple[_names.Table, list[pa.Table]]] = {}
-            while self._queue:
-                spec, nrows, payload = self._queue.popleft()
+            tasks = []
+            for _ in range(len(self._queue)):  # what is queued now: later items wait for the next cycle,
+                spec, nrows, payload = self._queue.popleft()  # so a steady flood still gets a part per interval
+                if spec is None:
+                    tasks.append(payload)
+                    continue
                 with self._pending_lock:
                     self._pending_rows -= nrows
                 try:
                     table = payload() if callable(payload) else payload
                 except Exception as exc:  # bad rows: the caller is gone, so say what was lost
-                    logger.warning("rltrace: dropped %d %s rows that could not be converted: %s", nrows, spec.name, exc)
-                    self.rows_dropped += nrows
+                    reason = f"could not be converted ({type(exc).__name__}: {rows.text(str(exc))[:160]})"
+                    logger.warning("rltrace: dropped %d %s rows that %s", nrows, spec.name, reason)
+                    self._drop(spec, nrows, reason)
                     continue
-                by_table.setdefault(spec.name, (spec, []))[1].append(table)
+                kept = 0 if table is None else table.num_rows
+                self.rows_dropped += max(nrows - kept, 0)  # their reasons are in self.drops already
+                if kept:
+                    by_table.setdefault(spec.name, (spec, []))[1].append(table)
             for spec, tables in by_table.values():
-                nrows = sum(t.num_rows for t in tables)
+                self._write(spec, tables)
+            for task in tasks:
                 try:
-                    merged = pa.concat_tables(tables, promote_options="permissive")
-                    write_part(self._run_dir / spec.folder, self._namer.next(), merged, spec)
-                    self.rows_written += nrows
-                except Exception as exc:
-                    logger.warning("rltrace: dropped %d %s rows that could not be written: %s", nrows, spec.name, exc)
-                    self.rows_dropped += nrows
+                    task()
+                except Exception:  # a task counts its own failures; never let it stop the writer
+                    logger.exception("rltrace: a background write failed")
             if self._on_tick is not None:
                 try:
                     self._on_tick()
                 except Exception:
                     logger.exception("rltrace: heartbeat failed")
+
+
+    def _write(self, spec: _names.Table, tables: list[pa.Table]) -> None:
+        """One part for all of a table's rows; if that fails, one part per call, so a batch
+        that cannot be written costs only itself."""
+        try:
+            write_part(self._run_dir / spec.folder, self._namer.next(), rows.concat(tables), spec)
+            self.rows_written += sum(t.num_rows for t in tables)
+            return
+        except Exception:  # noqa: BLE001 - retried call by call below
+            pass
+        for table in tables:
+            try:
+                write_part(self._run_dir / spec.folder, self._namer.next(), table, spec)
+                self.rows_written += table.num_rows
+            except Exception as exc:
+                reason = f"part could not be written ({type(exc).__name__}: {rows.text(str(exc))[:160]})"
+                logger.warning("rltrace: dropped %d %s rows: %s", table.num_rows, spec.name, reason)
+                self._drop(spec, table.num_rows, reason)
 
 
 def after_fork_in_child(method: Callable[[], None]) -> None:

@@ -45,7 +45,7 @@ def test_json_has_the_documented_keys_and_names_the_culprit(tmp_path, capsys):
     assert data["weight_sync_fit"]["sizes"] == 4 and data["weight_sync_fit"]["t_0"] == pytest.approx(0.5)
     trainer = [w for w in data["waits"] if w["role"] == "trainer"]
     assert trainer[0]["waited_for"] == "reward" and trainer[0]["seconds"] == pytest.approx(6.0)
-    assert [s["sample_id"] for s in data["stragglers"]] == [0, 0, 0, 0]
+    assert [s["sample_id"] for s in data["stragglers"]] == ["0", "0", "0", "0"]
     assert data["open_spans"][0]["phase"] == "rollout" and data["open_spans"][0]["step"] == 5
     assert data["mismatch"]["trends"][0]["metric"] == "train_rollout_logprob_abs_diff"
     text = " ".join(data["findings"])
@@ -57,7 +57,7 @@ def test_an_ordinary_spread_of_lengths_is_listed_but_not_a_finding(tmp_path, cap
     run = _run(tmp_path / "spread", straggler_len=25)  # 2.5x the median length, 1.6x its time
     assert main(["report", str(run), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [s["sample_id"] for s in data["stragglers"]] == [0, 0, 0, 0]
+    assert [s["sample_id"] for s in data["stragglers"]] == ["0", "0", "0", "0"]
     assert not any("straggler" in f for f in data["findings"])
 
 

@@ -67,15 +67,18 @@ def test_the_disk_budget_skips_and_counts(tmp_path, monkeypatch):
     assert _steps(tmp_path / "run") == [1] and w.skipped_budget == 1 and w.frozen == 1
 
 
-def test_a_batch_that_cannot_be_converted_is_counted_and_the_writer_goes_on(tmp_path, caplog):
+def test_a_sample_that_cannot_be_converted_is_counted_and_the_rest_is_frozen(tmp_path, caplog):
     run = rltrace.init(tmp_path / "run")
     assert replay.freeze(1, [{"x": torch.zeros(2)}, {"x": 1.0}])  # only the first sample is checked here
     assert replay.freeze(2, [{"x": torch.zeros(2)}])
     replay.flush()
     w = writer_module.writer_for(run)
-    assert w.failed == 1 and "step 1" in w.last_error and "mixes" in w.last_error
-    assert _steps(tmp_path / "run") == [2]
-    assert "could not freeze step 1" in caplog.text
+    assert w.failed == 0 and w.dropped_samples == 1 and w.frozen == 2
+    assert _steps(tmp_path / "run") == [1, 2]
+    assert len(replay.load(tmp_path / "run", 1)) == 1
+    reasons = [r for r in run.drops.records() if r["table"] == "batches"]
+    assert reasons and "mixes" in reasons[0]["reason"] and reasons[0]["column"] == "x"
+    assert "could not freeze a sample of step 1" in caplog.text
 
 
 def test_copy_true_protects_against_in_place_changes(tmp_path, blocked_writer):

@@ -69,7 +69,9 @@ flagged = np.flatnonzero(view["flag_names"].to_numpy() != "")
 sample = view.iloc[chosen.selection.rows[0] if chosen.selection.rows else (flagged[0] if len(flagged) else 0)]
 i = int(sample["sample_index"])
 
-st.markdown(f"#### Sample {i}" + ("" if fmt.missing(sample.get("sample_id")) else f" (id {int(sample['sample_id'])})"))
+sample_id = sample.get("sample_id")
+shown_id = sample_id if isinstance(sample_id, str) else None if fmt.missing(sample_id) else int(sample_id)  # ids may be text
+st.markdown(f"#### Sample {i}" + ("" if shown_id is None else f" (id {fmt.md(str(shown_id))})"))
 for name, reason in (sample["flags"] or {}).items():
     st.warning(f"**{fmt.md(name)}**: {fmt.md(reason)}", icon=":material/flag:")
 left, right = st.columns(2)

@@ -99,7 +99,7 @@ if report["open_spans"]:
 
 alerts = data.alerts(run)
 if len(alerts):
-    alerts["who"] = [style.who(r, k) for r, k in zip(alerts["role"], alerts["rank"])]
+    alerts["who"] = [fmt.process_name(r, k) for r, k in zip(alerts["role"], alerts["rank"])]
     st.markdown(f"**Alerts** ({len(alerts)}) — `rltrace watch`'s rules with their default limits, and what it raised")
     st.dataframe(alerts[["when", "rule", "who", "phase", "step", "seconds", "message", "profile_id"]], hide_index=True,
                  width="stretch", key="overview_alerts",

@@ -45,7 +45,8 @@ for ref in chosen_refs:
     m = data.step_metrics(ref, ("reward_mean", "reward_std"), rng)
     reward[label], reward_std[label] = _series(m, "reward_mean"), _series(m, "reward_std")
     values, _ = data.mismatch(ref, rng)
-    mism[label] = values[values["source"] == "metrics"] if (values["source"] == "metrics").any() else values
+    for source, by_source in values.groupby("source"):  # logged, per-sample columns, frozen batches: named apart
+        mism[f"{label} · {source}"] = by_source
     stale[label] = data.staleness(ref, rng)
 
 left, right = st.columns(2)
@@ -84,6 +85,16 @@ if len(trends):
                      hide_index=True, width="stretch",
                      column_config={c: st.column_config.NumberColumn(c, format="%.4g")
                                     for c in ("first", "last", "mean", "max", "slope_per_step")})
+
+per_sample = data.batch_mismatch(run, steps)
+if len(per_sample):
+    with st.expander(f"Per-sample mismatch from frozen batches ({len(per_sample):,} samples)"):
+        st.caption("Computed from the rollout and train log-probs each frozen or imported batch holds, over "
+                   "loss-masked tokens; a step's value is the mean over its samples (as slime reports it).")
+        metric = st.selectbox("metric", [p[0] for p in PANELS], key="batch_mismatch_metric", persist_state="session")
+        fig = px.strip(per_sample.assign(step=per_sample["step"].astype(str)), x="step", y=metric,
+                       hover_data=["batch_id", "sample_index", "tokens"])
+        st.plotly_chart(charts.base(fig, height=320, x="step", y=metric), key=f"batch_mismatch-{metric}")
 
 st.subheader(f"Samples of {fmt.md(labels[run.path])}")
 if steps is None:

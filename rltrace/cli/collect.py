@@ -1,0 +1,94 @@
+"""`rltrace collect RUN_DIR --listen 127.0.0.1:4318`: receive OTLP/HTTP spans into a run until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import signal
+import socket
+import sys
+import threading
+
+from rltrace._config import RltraceConfigError
+
+DEFAULT_LISTEN = "127.0.0.1:4318"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "collect",
+        help="receive OpenTelemetry spans over OTLP/HTTP (vLLM, SGLang, a collector) into a run",
+        description="Receive OTLP/HTTP trace exports at /v1/traces (protobuf or JSON, gzip allowed) and "
+        "write them into RUN_DIR until interrupted. Listens on loopback unless --listen names another address.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--listen", metavar="HOST:PORT", default=None,
+                   help=f"address to listen on (default {DEFAULT_LISTEN}; port 0 picks a free one)")
+    p.add_argument("--max-queue-spans", type=int, default=200_000, metavar="N",
+                   help="spans held in memory awaiting write; beyond this requests are dropped and counted (default 200000)")
+    p.add_argument("--max-queue-mb", type=int, default=256, metavar="MB", help="bytes of requests held awaiting write (default 256)")
+    p.add_argument("--max-request-mb", type=int, default=32, metavar="MB", help="largest request body, after gzip (default 32)")
+    p.add_argument("--flush-interval", type=float, default=1.0, metavar="S", help="seconds between parts written (default 1)")
+    p.add_argument("--backpressure", action="store_true",
+                   help="when the queue is full answer 503 so senders retry, instead of dropping and counting")
+    p.set_defaults(func=main)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 as [::1]:4318) → (host, port); a one-line error otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise RltraceConfigError(f"--listen {text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address `host` resolves to is a loopback address."""
+    try:
+        infos = socket.getaddrinfo(host or None, None, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return False
+    addresses = {info[4][0].split("%")[0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        import opentelemetry.proto.collector.trace.v1.trace_service_pb2  # noqa: F401
+    except ImportError:
+        raise RltraceConfigError("rltrace collect needs the OTLP message types: pip install 'rltrace[collect]'") from None
+    from rltrace.collect import Limits, Receiver
+
+    host, port = parse_listen(args.listen or DEFAULT_LISTEN)
+    if not is_loopback(host):
+        print(f"rltrace collect: warning: listening on {host or 'all interfaces'}, not loopback: anyone who can "
+              "reach this port can write spans into the run (put it behind a firewall or an OTel Collector)", file=sys.stderr)
+    for name in ("max_queue_spans", "max_queue_mb", "max_request_mb"):
+        if getattr(args, name) <= 0:
+            raise RltraceConfigError(f"--{name.replace('_', '-')} must be a positive integer")
+    if not args.flush_interval > 0:
+        raise RltraceConfigError("--flush-interval must be positive")
+    limits = Limits(max_queue_spans=args.max_queue_spans, max_queue_bytes=args.max_queue_mb * 2**20,
+                    max_request_bytes=args.max_request_mb * 2**20, flush_interval=args.flush_interval,
+                    backpressure=args.backpressure)
+    try:
+        receiver = Receiver(args.run_dir, host, port, limits)
+    except OSError as exc:
+        raise RltraceConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    receiver.start()
+    print(f"rltrace collect: receiving OTLP/HTTP at {receiver.url} into {args.run_dir} (Ctrl-C to stop)", flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        receiver.close()
+    senders = receiver.senders()
+    written = sum(s.written for s in senders)
+    dropped = sum(s.dropped for s in senders)
+    print(f"rltrace collect: stopped; {written} spans written from {len(senders)} senders, {dropped} dropped, "
+          f"{receiver.rejected_requests} requests rejected (see rltrace info {args.run_dir})", flush=True)
+    return 0

@@ -1,0 +1,420 @@
+"""`Receiver`: spans from remote OpenTelemetry senders into a run, through the store's own writer.
+
+    HTTP handler threads: body -> ExportTraceServiceRequest (bounded body size, bounded requests
+                          in flight) -> one queued item per sender (bounded: spans and bytes)
+    one BackgroundWriter: item -> RemoteSpan adapters -> rows.spans_table -> one spans part per
+                          interval for all senders; then the process rows (the heartbeat)
+
+A sender is one OTel resource (one process of vLLM, SGLang, a reward service, an rltrace process
+behind a collector). Each gets its own `processes` row: role from `rl.role` or `service.name`,
+rank from `rl.rank` or a numeric `service.instance.id`, host from `host.name` (else the peer
+address), pid from `process.pid`; its spans written and dropped, with reasons. The receiver has
+a row too (role `collector`): malformed requests, refusals and failed part writes.
+
+When the queue is full a request is dropped and counted (answered 200 with OTLP partial success,
+`rejected_spans`), so `rltrace info` shows the exact loss; with `backpressure=True` it is
+answered 503 + Retry-After instead (nothing stored, the sender retries; an OTel Collector with
+a sending queue is the sender that does this well).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import socket
+import socketserver
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rltrace import _names
+from rltrace.collect import decode
+from rltrace.store import layout, rows
+from rltrace.store.writer import BackgroundWriter, ProcessInfo, safe_name, write_part
+
+logger = logging.getLogger("rltrace")
+
+TRACES_PATH = "/v1/traces"
+_HEARTBEAT_S = 10.0
+_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAVAILABLE = 3, 8, 14  # gRPC codes in google.rpc.Status bodies
+
+
+@dataclass
+class Limits:
+    """What one receiver holds in memory at most (see docs/collect.md)."""
+
+    max_queue_spans: int = 200_000  # spans decoded and waiting for the writer
+    max_queue_bytes: int = 256 * 2**20  # their request bytes
+    max_request_bytes: int = 32 * 2**20  # one body, after gzip
+    max_inflight: int = 16  # requests being read and decoded at once
+    flush_interval: float = 1.0
+    backpressure: bool = False  # answer 503 when full instead of dropping and counting
+
+
+@dataclass
+class Sender:
+    """One remote process (one OTel resource) and what happened to its spans."""
+
+    process: ProcessInfo
+    resource: dict
+    started_ns: int = field(default_factory=time.time_ns)
+    heartbeat_ns: int = 0
+    received: int = 0
+    written: int = 0
+    dropped: int = 0
+    drops: rows.Drops = field(default_factory=rows.Drops)
+    written_at: tuple = ()  # the counts last written to its process row
+
+
+def _int(value) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if rows.fits_int64(value) else None
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return _int(int(value))
+    return None
+
+
+def identify(resource: dict, peer: str, run_id: str) -> ProcessInfo:
+    """Who a sender is, from its OTel resource attributes (docs/collect.md, "Who sent it")."""
+    service = str(resource.get("service.name") or "unknown_service")
+    role = str(resource.get(_names.ROLE) or service)
+    rank = _int(resource.get(_names.RANK))
+    if rank is None:
+        rank = _int(resource.get("service.instance.id"))
+    host = str(resource.get("host.name") or peer)
+    pid = _int(resource.get("process.pid"))
+    # A fresh suffix per receiver session: part and process-row names never collide with an
+    # earlier session's for the same sender.
+    process_id = f"{safe_name(role)}{'' if rank is None else rank}-{safe_name(host)}-{pid if pid is not None else 'otlp'}-{uuid.uuid4().hex[:6]}"
+    return ProcessInfo(run_id=run_id, role=role, rank=rank, service_name=service, host=host, pid=pid, process_id=process_id)
+
+
+class Full(Exception):
+    """The queue cannot take this request (backpressure mode: answered 503)."""
+
+
+class Receiver:
+    """Receives OTLP/HTTP trace exports on `host:port` and writes them into the run at `run_dir`.
+
+    Example:
+        with Receiver("runs/exp1", "127.0.0.1", 4318) as r:
+            ...  # senders export to http://127.0.0.1:4318/v1/traces
+    """
+
+    def __init__(self, run_dir, host: str = "127.0.0.1", port: int = 4318, limits: Limits | None = None):
+        self.run_dir = Path(run_dir)
+        self.limits = limits or Limits()
+        manifest = layout.create_or_join(self.run_dir, run_name=None, config=None)
+        self.run_id = manifest["run_id"]
+        self.process = ProcessInfo(run_id=self.run_id, role="collector", rank=None, service_name="rltrace-collect")
+        self.started_ns = time.time_ns()
+        self.drops = rows.Drops()  # the receiver's own: bad requests, refusals, failed part writes
+        self.requests = 0
+        self.rejected_requests = 0
+        self.refused_spans = 0
+        self._senders: dict[str, Sender] = {}
+        self._lock = threading.Lock()
+        self._pending_spans = 0  # accepted and not yet written: queued, or converted and waiting for the part
+        self._pending_bytes = 0
+        self._converted_spans = 0
+        self._converted_bytes = 0
+        self._inflight = threading.BoundedSemaphore(self.limits.max_inflight)
+        self._ended_ns: int | None = None
+        self._last_full_heartbeat = 0.0
+        self._writer = BackgroundWriter(
+            self.run_dir,
+            self.process,
+            interval=self.limits.flush_interval,
+            max_pending_rows=2 * self.limits.max_queue_spans + 1,  # our own bound below trips first
+            on_tick=self._heartbeat,
+            drops=self.drops,
+        )
+        try:
+            self.server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
+        except OSError:
+            self._writer.close()
+            raise
+        self.server.receiver = self
+        self._thread: threading.Thread | None = None
+        self._write_process_rows(force=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.server.server_address[:2]
+        return host, port
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}{TRACES_PATH}"
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "Receiver":
+        self._thread = threading.Thread(target=self.server.serve_forever, name="rltrace-collect", daemon=True)
+        self._thread.start()
+        return self
+
+    def flush(self) -> None:
+        """Write everything accepted so far, and the process rows (blocks)."""
+        self._writer.flush()
+        self._write_process_rows(force=True)
+
+    def close(self) -> None:
+        """Stop listening, write what was accepted, and mark every process row as ended."""
+        if self._ended_ns is not None:
+            return
+        if self._thread is not None:
+            self.server.shutdown()
+        self.server.server_close()
+        deadline = time.monotonic() + 10.0  # let requests being decoded reach the queue
+        for _ in range(self.limits.max_inflight):
+            self._inflight.acquire(timeout=max(deadline - time.monotonic(), 0))
+        self._writer.close()
+        self._ended_ns = time.time_ns()
+        self._write_process_rows(force=True)
+
+    def __enter__(self) -> "Receiver":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- counts -----------------------------------------------------------------------------------
+    def senders(self) -> list[Sender]:
+        with self._lock:
+            return list(self._senders.values())
+
+    def reject(self, reason: str) -> None:
+        """Count a request refused as malformed (HTTP 400/413/415)."""
+        with self._lock:
+            self.rejected_requests += 1
+        self.drops.add("requests", 1, reason)
+
+    def _sender(self, resource_spans, peer: str) -> Sender:
+        resource = decode.attributes(resource_spans.resource.attributes)
+        # Without host.name, senders on different hosts with equal resources stay apart by address.
+        key = json.dumps([resource, None if "host.name" in resource else peer], sort_keys=True, default=str)
+        with self._lock:
+            sender = self._senders.get(key)
+            if sender is None:
+                sender = Sender(identify(resource, peer, self.run_id), resource)
+                self._senders[key] = sender
+            return sender
+
+    # --- the write path ---------------------------------------------------------------------------
+    def accept(self, request, nbytes: int, peer: str) -> tuple[int, str]:
+        """Queue a decoded request's spans; returns (rejected spans, message). Raises `Full` in
+        backpressure mode when the queue cannot take the whole request."""
+        groups = [(self._sender(rs, peer), rs, decode.count(rs)) for rs in request.resource_spans]
+        total = sum(n for _, _, n in groups)
+        with self._lock:
+            self.requests += 1
+            fits = (self._pending_spans + total <= self.limits.max_queue_spans
+                    and self._pending_bytes + nbytes <= self.limits.max_queue_bytes)
+            if fits:
+                self._pending_spans += total
+                self._pending_bytes += nbytes
+            elif self.limits.backpressure:
+                self.refused_spans += total
+            for sender, _, n in groups:
+                sender.received += n
+        if not fits and self.limits.backpressure:
+            self.drops.add("refused spans", total, "answered 503 while the receiver queue was full (the sender retries)")
+            raise Full(f"receiver queue full ({self.limits.max_queue_spans} spans); retry later")
+        if not fits:
+            reason = f"receiver queue full ({self.limits.max_queue_spans} spans / {self.limits.max_queue_bytes // 2**20} MiB; raise --max-queue-spans or add receivers)"
+            for sender, _, n in groups:
+                with self._lock:
+                    sender.dropped += n
+                sender.drops.add("spans", n, reason)
+            return total, reason
+        # Spans with bad ids are dropped (and counted, with the reason) on the writer thread;
+        # the sender hears of them now, in the partial success, as OTLP asks.
+        invalid = sum(1 for _, rs, _ in groups for span, _ in decode.spans_of(rs) if decode.invalid(span))
+        share = nbytes // max(len(groups), 1)
+        refused = 0
+        for i, (sender, rs, n) in enumerate(groups):
+            size = nbytes - share * i if i == len(groups) - 1 else share
+            if not n:
+                self._release(0, size)
+            elif not self._writer.submit(_names.SPANS, n, self._thunk(sender, rs, n, size)):
+                self._release(n, size)  # the writer is closed: it counted them with the reason
+                refused += n
+        if refused:
+            return refused, "the receiver is shutting down"
+        return invalid, f"{invalid} spans with a trace_id or span_id of the wrong length (or all zero)" if invalid else ""
+
+    def _release(self, nspans: int, nbytes: int) -> None:
+        with self._lock:
+            self._pending_spans -= nspans
+            self._pending_bytes -= nbytes
+
+    def _thunk(self, sender: Sender, resource_spans, n: int, nbytes: int):
+        def build():
+            try:
+                spans = []
+                for span, scope in decode.spans_of(resource_spans):
+                    why = decode.invalid(span)
+                    if why is None:
+                        spans.append(decode.RemoteSpan(span, scope))
+                    else:
+                        sender.drops.add("spans", 1, why)
+                table = rows.spans_table(spans, sender.process, sender.process.service_name, drops=sender.drops, local=False)
+                kept = 0 if table is None else table.num_rows
+                with self._lock:
+                    sender.written += kept
+                    sender.dropped += n - kept
+                return table
+            except Exception as exc:  # counted for the sender, then the writer counts it again for the receiver
+                with self._lock:
+                    sender.dropped += n
+                sender.drops.add("spans", n, f"could not be converted ({type(exc).__name__}: {rows.text(str(exc))[:160]})")
+                logger.exception("rltrace collect: spans from %s could not be converted", sender.process.process_id)
+                return None
+            finally:  # held in memory (as Arrow) until the writer has written this cycle's part
+                with self._lock:
+                    self._converted_spans += n
+                    self._converted_bytes += nbytes
+
+        return build
+
+    # --- process rows (the heartbeat) ----------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        """After each write cycle (on the writer thread): free what was written, then the process rows."""
+        with self._lock:
+            self._pending_spans -= self._converted_spans
+            self._pending_bytes -= self._converted_bytes
+            self._converted_spans = self._converted_bytes = 0
+        full = time.monotonic() - self._last_full_heartbeat >= _HEARTBEAT_S
+        self._write_process_rows(force=full)
+
+    def _write_process_rows(self, force: bool) -> None:
+        now = time.time_ns()
+        for sender in self.senders():
+            with self._lock:
+                counts = (sender.received, sender.written, sender.dropped, len(sender.drops.records()))
+            if not force and counts == sender.written_at:
+                continue
+            table = rows.process_table(
+                sender.process, run_id=self.run_id, service_name=sender.process.service_name,
+                started_ns=sender.started_ns, heartbeat_ns=now, ended_ns=self._ended_ns,
+                spans_written=counts[1], spans_dropped=counts[2], drop_reasons=sender.drops.to_json(),
+                argv=[], resource=sender.resource,
+            )
+            if self._write_row(sender.process, table):
+                sender.written_at = counts
+        own = rows.process_table(
+            self.process, run_id=self.run_id, service_name=self.process.service_name,
+            started_ns=self.started_ns, heartbeat_ns=now, ended_ns=self._ended_ns,
+            spans_dropped=self.drops.total("spans"), drop_reasons=self.drops.to_json(),
+            argv=list(sys.argv), resource={"service.name": self.process.service_name, "rltrace.listen": self.url},
+        )
+        self._write_row(self.process, own)
+        if force:
+            self._last_full_heartbeat = time.monotonic()
+
+    def _write_row(self, process: ProcessInfo, table) -> bool:
+        try:
+            write_part(self.run_dir / _names.PROCESSES.folder, f"{process.process_id}.parquet", table, _names.PROCESSES)
+            return True
+        except Exception as exc:  # the next heartbeat tries again
+            logger.warning("rltrace collect: could not write the process row of %s: %s", process.process_id, exc)
+            return False
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    receiver: Receiver
+
+    def server_bind(self):  # HTTPServer's own looks up the host's FQDN, which can hang offline
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """POST /v1/traces, as OTLP/HTTP specifies: protobuf or JSON, gzip allowed, errors as google.rpc.Status."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive: SDK exporters reuse their connection
+    timeout = 60  # seconds a connection may sit idle or trickle a body before it is closed
+    server_version = "rltrace-collect"
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        logger.debug("rltrace collect: %s - %s", self.address_string(), format % args)
+
+    def _reply(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, code: int, grpc_code: int, message: str, content_type: str, headers: dict | None = None) -> None:
+        content_type = content_type if content_type in (decode.PROTOBUF, decode.JSON) else decode.PROTOBUF
+        self._reply(code, decode.status(content_type, grpc_code, message), content_type, headers)
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        self._error(405, _INVALID_ARGUMENT, f"POST OTLP trace exports to {TRACES_PATH}", decode.JSON)
+
+    def do_POST(self):  # noqa: N802
+        receiver: Receiver = self.server.receiver
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if self.path.split("?")[0] != TRACES_PATH:
+            self.close_connection = True
+            self._error(404, _INVALID_ARGUMENT, f"no such path {self.path[:80]!r}; send traces to {TRACES_PATH}", content_type)
+            return
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self.close_connection = True
+            receiver.reject("no Content-Length (chunked bodies are not accepted)")
+            self._error(411, _INVALID_ARGUMENT, "Content-Length required", content_type)
+            return
+        length = int(length)
+        if length > receiver.limits.max_request_bytes:
+            self.close_connection = True  # the body is left unread
+            reason = f"body of {length} bytes is over the limit of {receiver.limits.max_request_bytes}"
+            receiver.reject(reason)
+            self._error(413, _INVALID_ARGUMENT, reason, content_type)
+            return
+        if not receiver._inflight.acquire(timeout=5.0):
+            self.close_connection = True
+            receiver.drops.add("refused requests", 1, "answered 503: too many requests in flight (the sender retries)")
+            self._error(503, _UNAVAILABLE, "too many requests in flight; retry later", content_type, {"Retry-After": "1"})
+            return
+        try:
+            body = self.rfile.read(length)
+            self._handle(receiver, body, content_type)
+        finally:
+            receiver._inflight.release()
+
+    def _handle(self, receiver: Receiver, body: bytes, content_type: str) -> None:
+        try:
+            encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
+            if encoding == "gzip":
+                body = decode.gunzip(body, receiver.limits.max_request_bytes)
+            elif encoding != "identity":
+                raise decode.PayloadError(f"unsupported Content-Encoding {encoding!r} (use gzip or none)")
+            request = decode.parse(body, content_type)
+        except decode.PayloadError as exc:
+            reason = str(exc)
+            receiver.reject(reason)
+            code = 413 if isinstance(exc, decode.TooLarge) else 415 if reason.startswith("unsupported content type") else 400
+            self._error(code, _INVALID_ARGUMENT, reason, content_type)
+            return
+        try:
+            rejected, message = receiver.accept(request, len(body), self.client_address[0])
+        except Full as exc:
+            self._error(503, _UNAVAILABLE, str(exc), content_type, {"Retry-After": "1"})
+            return
+        self._reply(200, decode.response(content_type, rejected, message), content_type)

@@ -1,0 +1,1 @@
+"""Bringing logs that runs already wrote into a run store (`rltrace import ...`)."""

@@ -1,0 +1,430 @@
+"""Store rows, built in one place: process, span, sample and metric rows, in the schemas of
+`rltrace._names`, for every producer (the span exporter, `log_metrics`/`log_samples`, the process
+heartbeat, `rltrace.testing`, the slime importer).
+
+One odd value never costs its neighbours: every builder converts through
+`rltrace.store.convert.convert`, so only rows that cannot be stored are dropped, each counted in
+a `Drops` with its table, column and reason. Text is made valid UTF-8 here, at the boundary.
+Integers must fit int64; rltrace's own arguments (step, weight_version, rank) are checked where
+the caller passes them, a user column value that does not fit drops its row with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+from opentelemetry.trace import SpanKind, StatusCode
+
+from rltrace import _names
+from rltrace.store.convert import (  # noqa: F401 - re-exported: producers need only this module
+    INT64_MAX,
+    INT64_MIN,
+    MAX_REASONS,
+    Drops,
+    _diagnose,
+    clean,
+    concat,
+    convert,
+    describe,
+    dumps,
+    fits_int64,
+    is_id_column,
+    show,
+    text,
+    text_column,
+)
+
+
+# --- processes ------------------------------------------------------------------------------------
+def process_columns(process, n: int) -> dict[str, pa.Array]:
+    """The process columns (`process_id, role, rank, host, pid`) for `n` rows; `process` is a
+    `rltrace.store.writer.ProcessInfo` (or anything with those attributes)."""
+    return {
+        "process_id": pa.array([process.process_id] * n, pa.string()),
+        "role": pa.array([process.role] * n, pa.string()),
+        "rank": pa.array([process.rank] * n, pa.int64()),
+        "host": pa.array([process.host] * n, pa.string()),
+        "pid": pa.array([process.pid] * n, pa.int64()),
+    }
+
+
+def who(process) -> dict[str, Any]:
+    """The process columns of one row, as a dict."""
+    return {"process_id": process.process_id, "role": process.role, "rank": process.rank, "host": process.host, "pid": process.pid}
+
+
+def process_table(
+    process,
+    *,
+    run_id: str,
+    service_name: str,
+    started_ns: int,
+    heartbeat_ns: int,
+    ended_ns: int | None = None,
+    spans_written: int = 0,
+    spans_dropped: int = 0,
+    otlp_spans_dropped: int | None = None,
+    rows_written: int = 0,
+    rows_dropped: int = 0,
+    attributes_dropped: int = 0,
+    drop_reasons: str | None = None,
+    rltrace_version: str | None = None,
+    argv: list | None = None,
+    resource: Mapping[str, Any] | None = None,
+) -> pa.Table:
+    """The one-row `processes` table of a process: who it is, its heartbeat and its counts."""
+    if rltrace_version is None:
+        from rltrace import __version__ as rltrace_version
+    row = {
+        **who(process),
+        "run_id": run_id,
+        "service_name": service_name,
+        "started_ns": started_ns,
+        "heartbeat_ns": heartbeat_ns,
+        "ended_ns": ended_ns,
+        "spans_written": spans_written,
+        "spans_dropped": spans_dropped,
+        "otlp_spans_dropped": otlp_spans_dropped,
+        "rows_written": rows_written,
+        "rows_dropped": rows_dropped,
+        "attributes_dropped": attributes_dropped,
+        "drop_reasons": drop_reasons,
+        "rltrace_version": rltrace_version,
+        "argv": dumps(list(argv or [])),
+        "resource": dumps(dict(resource or {})),
+    }
+    return pa.Table.from_pylist([clean(row)], schema=_names.PROCESSES_SCHEMA)
+
+
+# --- spans ----------------------------------------------------------------------------------------
+def span_row(
+    *,
+    trace_id: str,
+    span_id: str,
+    name: str,
+    start_ns: int,
+    end_ns: int | None,
+    parent_span_id: str | None = None,
+    phase: str | None = None,
+    step: int | None = None,
+    weight_version: int | None = None,
+    status: str = "UNSET",
+    status_message: str | None = None,
+    kind: str = "INTERNAL",
+    thread_id: int | None = None,
+    thread_name: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    events: list | None = None,
+    links: list | None = None,
+) -> dict[str, Any]:
+    """One `spans` row (without process columns) from plain values: for producers that do not
+    hold OTel spans (hand-built runs, importers). Attributes, events and links become JSON."""
+    return {
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "parent_span_id": parent_span_id,
+        "name": name,
+        "phase": phase,
+        "step": step,
+        "weight_version": weight_version,
+        "start_ns": start_ns,
+        "end_ns": end_ns,
+        "status": status,
+        "status_message": status_message,
+        "kind": kind,
+        "thread_id": thread_id,
+        "thread_name": thread_name,
+        "attributes": dumps(dict(attributes or {})),
+        "events": dumps(events) if events else None,
+        "links": dumps(links) if links else None,
+    }
+
+
+def span_rows_table(rows: Sequence[Mapping[str, Any]], process, service_name: str, *, drops: Drops | None = None) -> pa.Table | None:
+    """`span_row` dicts of one process as a `spans` table; rows that cannot be stored are counted in `drops`."""
+
+    def build(items, cleaned):
+        items = [clean(r) for r in items] if cleaned else items
+        cols = {f: [r.get(f) for r in items] for f in _names.SPANS_SCHEMA.names if f not in _PROCESS_NAMES}
+        cols.update(process_columns(process, len(items)))
+        cols["service_name"] = [service_name] * len(items)
+        return pa.table(cols, schema=_names.SPANS_SCHEMA)
+
+    return convert(list(rows), build, table="spans", drops=drops or Drops(), why=lambda r, e: _diagnose(r, _names.SPANS_SCHEMA, e))
+
+
+_PROCESS_NAMES = frozenset(("process_id", "role", "rank", "host", "pid"))
+
+
+def _as_int(value) -> int | None:
+    if type(value) is int:
+        return value
+    try:
+        return None if value is None or isinstance(value, bool) else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _event_json(span) -> str | None:
+    if not span.events:
+        return None
+    return dumps([{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events])
+
+
+def _links_json(span) -> str | None:
+    if not span.links:
+        return None
+    return dumps([{"trace_id": f"{l.context.trace_id:032x}", "span_id": f"{l.context.span_id:016x}"} for l in span.links])
+
+
+def _span_attributes(span) -> dict:
+    """A copy of the span's attributes; a live span may be changing them on another thread."""
+    for _ in range(10):
+        try:
+            return dict(span.attributes or {})
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    return {}
+
+
+_STATUS = {code: code.name for code in StatusCode}
+_KIND = {kind: kind.name for kind in SpanKind}
+
+
+def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: bool, local: bool = True) -> pa.Table:
+    trace_ids, span_ids, parents, names, phases, steps, versions = [], [], [], [], [], [], []
+    starts, ends, statuses, messages, kinds, thread_ids, thread_names = [], [], [], [], [], [], []
+    attributes, events, links = [], [], []
+    encode = json.JSONEncoder(separators=(",", ":"), default=str).encode  # ASCII: surrogates escaped
+    # this process's thread names, looked up here, off the hot path (a remote span's ids are not ours)
+    known_threads = {t.ident: t.name for t in threading.enumerate()} if local else {}
+    for span in spans:
+        ctx = span.context
+        attrs = _span_attributes(span)
+        trace_ids.append(f"{ctx.trace_id:032x}")
+        span_ids.append(f"{ctx.span_id:016x}")
+        parent = span.parent
+        parents.append(None if parent is None else f"{parent.span_id:016x}")
+        names.append(span.name)
+        phases.append(attrs.pop(_names.PHASE, None))
+        steps.append(_as_int(attrs.pop(_names.STEP, None)))
+        versions.append(_as_int(attrs.pop(_names.WEIGHT_VERSION, None)))
+        starts.append(span.start_time)
+        ends.append(None if still_open else span.end_time)
+        status = span.status
+        statuses.append(_STATUS[status.status_code])
+        messages.append(status.description)
+        kinds.append(_KIND[span.kind])
+        thread_id = _as_int(attrs.pop(_names.THREAD_ID, None))
+        thread_ids.append(thread_id)
+        thread_names.append(attrs.pop(_names.THREAD_NAME, None) or known_threads.get(thread_id))
+        attributes.append(encode(attrs) if attrs else "{}")
+        events.append(_event_json(span))
+        links.append(_links_json(span))
+    n = len(spans)
+    if cleaned:  # the retry after a failed conversion: every text valid UTF-8, every name a string
+        names, phases, messages, thread_names = (
+            [None if v is None else text(v if isinstance(v, str) else str(v)) for v in column]
+            for column in (names, phases, messages, thread_names)
+        )
+        service_name = text(str(service_name))
+    return pa.table(
+        {
+            "trace_id": trace_ids,
+            "span_id": span_ids,
+            "parent_span_id": parents,
+            "name": names,
+            "phase": phases,
+            "step": steps,
+            "weight_version": versions,
+            "start_ns": starts,
+            "end_ns": ends,
+            "status": statuses,
+            "status_message": messages,
+            "kind": kinds,
+            "thread_id": thread_ids,
+            "thread_name": thread_names,
+            **process_columns(process, n),
+            "service_name": [service_name] * n,
+            "attributes": attributes,
+            "events": events,
+            "links": links,
+        },
+        schema=_names.SPANS_SCHEMA,
+    )
+
+
+def _span_why(span, exc: Exception) -> tuple[str | None, str]:
+    attrs = _span_attributes(span)
+    for key, column in ((_names.STEP, "step"), (_names.WEIGHT_VERSION, "weight_version"), (_names.THREAD_ID, "thread_id")):
+        value = _as_int(attrs.get(key))
+        if value is not None and not fits_int64(value):
+            return column, f"{show(value)} does not fit int64"
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None, f"span {text(str(span.name))[:60]!r}: {first[:160]}"
+
+
+def spans_table(
+    spans: Sequence[Any], process, service_name: str, *, still_open: bool = False, drops: Drops | None = None,
+    local: bool = True,
+) -> pa.Table | None:
+    """One row per OTel span in the `spans` schema (see docs/store.md); `still_open` rows get no end;
+    `local=False` for spans from another process (received over OTLP).
+
+    Runs on the export thread for every span, so the usual path is one pass over plain lists,
+    with no JSON encoding for a span that has no attributes beyond the promoted ones. Spans
+    that cannot be stored are counted in `drops` (table "spans"); None when none can.
+    """
+    return convert(
+        list(spans),
+        lambda items, cleaned: _span_columns(items, process, service_name, still_open, cleaned, local),
+        table="spans",
+        drops=drops if drops is not None else Drops(),
+        why=_span_why,
+    )
+
+
+# --- metrics --------------------------------------------------------------------------------------
+def metrics_table(step: int, values: Mapping[str, float], time_ns: int, process, *, drops: Drops | None = None) -> pa.Table | None:
+    """`log_metrics` scalars of one step as `metrics` rows (long format: one row per name)."""
+
+    def build(items, cleaned):
+        n = len(items)
+        return pa.table(
+            {
+                "step": pa.array([step] * n, pa.int64()),
+                "name": pa.array([text(k) if cleaned else k for k, _ in items], pa.string()),
+                "value": pa.array([v for _, v in items], pa.float64()),
+                "time_ns": pa.array([time_ns] * n, pa.int64()),
+                **process_columns(process, n),
+            },
+            schema=_names.METRICS_SCHEMA,
+        )
+
+    return convert(
+        list(values.items()), build, table="metrics", drops=drops if drops is not None else Drops(),
+        why=lambda item, exc: (text(str(item[0])), f"{show(item[1])} cannot be stored as a float"),
+    )
+
+
+# --- samples --------------------------------------------------------------------------------------
+def _split_versions(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    versions = row.get("weight_version")
+    if not isinstance(versions, (list, tuple)):
+        return row
+    row = dict(row)
+    row["weight_versions"] = list(versions)
+    row["weight_version"] = min(versions) if versions else None
+    return row
+
+
+def _id_text(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        return str(int(value)) if value == value and value.is_integer() and abs(value) < 2**63 else str(value)
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if item is not None and getattr(value, "ndim", 0) == 0:
+        return _id_text(item())
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
+
+
+def sample_rows(payload: Any) -> list[dict]:
+    """The rows of a `log_samples` payload (list of dicts, dict of columns, Arrow table, DataFrame)."""
+    if isinstance(payload, pa.Table):
+        return payload.to_pylist()
+    if isinstance(payload, Mapping):
+        names = list(payload)
+        return [dict(zip(names, values)) for values in zip(*payload.values())]
+    if isinstance(payload, (list, tuple)):
+        return [dict(r) for r in payload]
+    if hasattr(payload, "to_dict"):
+        return payload.to_dict("records")
+    return pa.table(payload).to_pylist()
+
+
+def _user_table(payload: Any) -> pa.Table:
+    if isinstance(payload, pa.Table):
+        return payload
+    if isinstance(payload, Mapping):
+        payload = sample_rows(payload)
+    if isinstance(payload, (list, tuple)):
+        rows = list(payload)
+        if any(isinstance(r.get("weight_version"), (list, tuple)) for r in rows):
+            rows = [_split_versions(r) for r in rows]
+        names = list(dict.fromkeys(k for r in rows for k in r))  # every row's keys, not the first's
+        if not names:  # rows without columns are still rows (step, time and process are stored)
+            return pa.table({"_": [None] * len(rows)}).drop_columns(["_"])
+        return pa.table({str(k): [_id_text(r.get(k)) for r in rows] if is_id_column(str(k)) else [r.get(k) for r in rows] for k in names})
+    return pa.table(payload)
+
+
+def _typed(user: pa.Table) -> dict[str, pa.ChunkedArray | pa.Array]:
+    columns = {name: user.column(name) for name in user.column_names}
+    versions = columns.get("weight_version")
+    if versions is not None and (pa.types.is_list(versions.type) or pa.types.is_large_list(versions.type)):
+        columns["weight_versions"] = versions.cast(pa.list_(pa.int64()))
+        columns["weight_version"] = pa.array([min(v) if v else None for v in columns["weight_versions"].to_pylist()], pa.int64())
+    for name, column in columns.items():
+        typ = _names.SAMPLE_COLUMNS.get(name)
+        if is_id_column(name):
+            if not pa.types.is_string(column.type):
+                columns[name] = text_column(column)
+        elif typ is not None and column.type != typ:
+            columns[name] = column.cast(typ)
+    return columns
+
+
+#: Sample columns rltrace sets itself; a user's column of one of these names is refused.
+RESERVED_SAMPLE_COLUMNS = frozenset(("step", "logged_ns", "process_id", "role", "rank", "host", "pid"))
+
+
+def _checked_rows(rows: Sequence[Any], drops: Drops) -> list[Mapping[str, Any]]:
+    """Rows that are dicts, without columns rltrace sets itself (each refusal counted)."""
+    good = [r for r in rows if isinstance(r, Mapping)]
+    if len(good) < len(rows):
+        drops.add("samples", len(rows) - len(good), "not a dict (log_samples takes one dict per sample)")
+    if any(not RESERVED_SAMPLE_COLUMNS.isdisjoint(r) for r in good):
+        for name in RESERVED_SAMPLE_COLUMNS:
+            n = sum(1 for r in good if name in r)
+            drops.add("sample values", n, "set by rltrace itself; rename yours (the rest of the row is kept)", name)
+        good = [{k: v for k, v in r.items() if k not in RESERVED_SAMPLE_COLUMNS} for r in good]
+    return good
+
+
+def samples_table(step: int, payload: Any, logged_ns: int, process, *, drops: Drops | None = None) -> pa.Table | None:
+    """`log_samples` rows of one step in the `samples` schema: the brief's columns with their
+    fixed types (ids as text), other columns as they come. Rows that cannot be stored are
+    dropped one by one and counted in `drops` (table "samples") with column and reason."""
+    drops = drops if drops is not None else Drops()
+    if isinstance(payload, (list, tuple)):  # the caller checked only the first row: check the rest here
+        payload = _checked_rows(payload, drops)
+
+    def finish(user: pa.Table) -> pa.Table:
+        n = user.num_rows
+        columns: dict[str, Any] = {
+            "step": pa.array([step] * n, pa.int64()),
+            "logged_ns": pa.array([logged_ns] * n, pa.int64()),
+            **process_columns(process, n),
+        }
+        columns.update(_typed(user))
+        return pa.table(columns)
+
+    try:
+        return finish(_user_table(payload))
+    except Exception:  # noqa: BLE001 - converted again row by row below
+        pass
+    rows = sample_rows(payload)
+    schema = pa.schema([pa.field(n, pa.string() if is_id_column(n) else t) for n, t in _names.SAMPLE_COLUMNS.items()])
+    return convert(
+        rows,
+        lambda items, cleaned: finish(_user_table([clean(r) for r in items] if cleaned else items)),
+        table="samples",
+        drops=drops,
+        why=lambda row, exc: _diagnose(_split_versions(row), schema, exc),
+    )
