@@ -92,9 +92,9 @@ def test_train_time_excludes_generation(run1):
 def test_samples_logged_for_every_generation(run1):
     trainer, run_dir = run1
     con = store.open(run_dir)
-    rows = con.execute("SELECT * FROM samples ORDER BY sample_id").df()
-    assert list(rows.sample_id) == list(range(3 * BATCH))
-    assert list(rows.group_id) == [i // trl_grpo.GENERATIONS for i in range(3 * BATCH)]
+    rows = con.execute("SELECT * FROM samples ORDER BY CAST(sample_id AS BIGINT)").df()  # ids are stored as text
+    assert list(rows.sample_id) == [str(i) for i in range(3 * BATCH)]
+    assert list(rows.group_id) == [str(i // trl_grpo.GENERATIONS) for i in range(3 * BATCH)]
     assert (rows.step == rows.train_version).all() and (rows.staleness == 0).all()
     assert set(rows.finish_reason) <= {"stop", "length"}
     assert (rows[rows.finish_reason == "length"].response_len == trl_grpo.MAX_COMPLETION).all()
@@ -368,9 +368,10 @@ def test_num_iterations_reuses_samples_and_each_use_is_a_row(tmp_path):
     trainer.train()
     rltrace.shutdown()
     con = store.open(tmp_path / "run")
-    rows = con.execute("SELECT step, sample_id, weight_version, staleness FROM samples ORDER BY step, sample_id").df()
+    rows = con.execute("SELECT step, sample_id, weight_version, staleness FROM samples "
+                       "ORDER BY step, CAST(sample_id AS BIGINT)").df()
     assert list(rows.step) == [0] * BATCH + [1] * BATCH  # one generation, trained on at steps 0 and 1
-    assert list(rows[rows.step == 1].sample_id) == list(range(BATCH)) and set(rows.weight_version) == {0}
+    assert list(rows[rows.step == 1].sample_id) == [str(i) for i in range(BATCH)] and set(rows.weight_version) == {0}
     assert rows.groupby("step").staleness.max().to_dict() == {0: 0, 1: 1}
     assert list(spans(tmp_path / "run").query("phase == 'rollout'").step) == [0]
 
