@@ -11,7 +11,7 @@ from rltrace import _names
 from rltrace.replay.batch import FrozenBatch, batch_parts
 from rltrace.replay.diff import rows_of
 from rltrace.replay.errors import ReplayError
-from rltrace.replay.flags import TextRules, batch_flags
+from rltrace.replay.flags import TextRules, as_ints, batch_flags, trained_part
 
 _LIST_COLUMNS = ("step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version", "tokenizer_name", "checkpoint")
 
@@ -65,6 +65,7 @@ def sample_views(batch: FrozenBatch, tokenizer: Any = None) -> list[dict[str, An
         prompt_text = _decode(tokenizer, prompt)
         if prompt_text is None:
             prompt_text = get("prompt_text")
+        trained = trained_part(as_ints(response), get("loss_mask"))
         views.append(
             {
                 "sample_index": i,
@@ -80,10 +81,13 @@ def sample_views(batch: FrozenBatch, tokenizer: Any = None) -> list[dict[str, An
                 "text_from": "tokens" if decoded_response is not None else "stored" if stored_response is not None else None,
                 "stored_response_text": stored_response if stored_response != response_text else None,
                 "response_tokens": response,
+                "loss_mask": get("loss_mask"),
+                "trained_text": None if trained is None else _decode(tokenizer, trained),
             }
         )
     for view, found in zip(views, batch_flags(views, rules)):
         view["flags"] = found
+        view.pop("loss_mask")  # read by the flags; drawn from the batch's own column
     return views
 
 

@@ -10,7 +10,8 @@ Each check returns a short reason or nothing; `sample_flags` runs them all on on
     invalid_text    U+FFFD replacement characters (invalid UTF-8 decoded) or non-printable characters
     truncated       finish_reason says length; without a finish_reason, the response reached max_response_len
     template_leak   chat-template markers or special tokens inside the response (one at the very end,
-                    the end-of-sequence token, is allowed)
+                    the end-of-sequence token, is allowed); tokens under loss mask 0 (tool turns) are not
+                    the model's writing and are never flagged
     prompt_template the prompt does not end with the template's generation prompt (batch_meta
                     `generation_prompt`, e.g. "<|im_start|>assistant\n"): add_generation_prompt was off
     empty           no response tokens, or a response of only whitespace
@@ -191,17 +192,37 @@ def _empty(tokens: np.ndarray | None, text: str | None) -> str | None:
     return None
 
 
+def trained_part(tokens: np.ndarray | None, mask: Any) -> np.ndarray | None:
+    """The response tokens under loss mask 1, or None when the mask has no zeros (or does not fit)."""
+    m = as_ints(mask)
+    if tokens is None or m is None or len(m) != len(tokens) or m.all():
+        return None
+    return tokens[m != 0]
+
+
 def sample_flags(sample: Mapping[str, Any], rules: TextRules | None = None, *, only: Sequence[str] = FLAGS) -> dict[str, str]:
-    """Flags of one sample (a dict with response_tokens / response_text / prompt_text / finish_reason): {flag: reason}."""
+    """Flags of one sample (a dict with response_tokens / response_text / prompt_text / finish_reason): {flag: reason}.
+
+    With a `loss_mask` holding zeros (tool or environment turns, an off-policy prefix), the text
+    checks look only at what the model wrote and is trained on: the tokens under mask 1, and
+    `trained_text` (their decoded text) when given. Without that text, the response text, which
+    includes the tool turns' template markers, is not searched for markers.
+    """
     rules = rules or TextRules()
     tokens = as_ints(sample.get("response_tokens"))
     text = sample.get("response_text")
     text = text if isinstance(text, str) else None
+    trained = trained_part(tokens, sample.get("loss_mask"))
+    if trained is not None:
+        trained_text = sample.get("trained_text")
+        scan_tokens, scan_text = trained, trained_text if isinstance(trained_text, str) else None
+    else:
+        scan_tokens, scan_text = tokens, text
     checks = {
-        "repetition": lambda: _repetition(tokens, text),
-        "invalid_text": lambda: _invalid_text(text),
+        "repetition": lambda: _repetition(scan_tokens, scan_text),
+        "invalid_text": lambda: _invalid_text(scan_text),
         "truncated": lambda: _truncated(tokens, sample.get("finish_reason"), rules),
-        "template_leak": lambda: _template_leak(tokens, text, rules),
+        "template_leak": lambda: _template_leak(scan_tokens, scan_text, rules),
         "prompt_template": lambda: _prompt_template(sample.get("prompt_text"), rules),
         "empty": lambda: _empty(tokens, text),
     }

@@ -265,6 +265,7 @@ def import_slime(
 ) -> dict[str, Any]:
     """Convert slime dumps into frozen batches (+ spans and samples from traces) in run dir `out`."""
     from rltrace.replay import slime_trace
+    from rltrace.store import rows as store_rows
     from rltrace.replay.batch import batch_fields, build_table, write_batch
     from rltrace.store.layout import create_or_join
     from rltrace.store.writer import ProcessInfo
@@ -291,8 +292,10 @@ def import_slime(
             trains.setdefault(rid, []).append((path, train_samples(data, kind, path)))
     manifest = create_or_join(Path(out), run_name=None, config={"imported_from": "slime", "paths": [str(p) for p in files]})
     process = ProcessInfo(run_id=manifest["run_id"], role="slime-import", rank=None, service_name="rltrace-import")
-    result = {"batches": [], "spans": 0, "samples": 0, "skipped": skipped}
+    result = {"batches": [], "spans": 0, "samples": 0, "unmatched_ends": 0, "carried": 0, "skipped": skipped}
     steps = sorted(set(rollouts) | set(trains))
+    starts = {rid: slime_trace.own_start(data["samples"], rid) for rid, (_, data) in rollouts.items()}
+    drops = store_rows.Drops()
     for k, rid in enumerate(steps):
         if progress:
             progress("converting", k, len(steps))
@@ -314,11 +317,13 @@ def import_slime(
             raise SlimeDumpError(f"{sources[0]}: {exc}; drop the field with --drop-field NAME") from None
         write_batch(Path(out), table, rid, batch_id)
         if rollout:
-            counts = slime_trace.write(Path(out), rid, rollout, process)
-            result["spans"] += counts["spans"]
-            result["samples"] += counts["samples"]
+            counts = slime_trace.write(Path(out), rid, rollout, process, starts)
+            for key in ("spans", "samples", "unmatched_ends", "carried"):
+                result[key] += counts[key]
+            for record in counts["drops"].records():
+                drops.add(record["table"], record["count"], record["reason"], record.get("column"))
         result["batches"].append({"step": rid, "batch_id": batch_id, "samples": len(rows), "files": [str(p) for p in sources]})
-    slime_trace.write_process(Path(out), process, manifest["run_id"], rows=result["samples"], spans=result["spans"])
+    slime_trace.write_process(Path(out), process, manifest["run_id"], rows=result["samples"], spans=result["spans"], drops=drops)
     return result
 
 
@@ -340,6 +345,11 @@ def import_command(args) -> int:
     for b in result["batches"]:
         console.print(f"step {b['step']}: {b['samples']} samples from {', '.join(b['files'])}")
     console.print(f"{len(result['batches'])} batches, {result['samples']} sample rows and {result['spans']} spans from traces -> {args.out}")
+    if result["carried"]:
+        console.print(f"{result['carried']} sample(s) of a partial rollout also ran in an earlier step: "
+                      "a row there too (in_batch false), with the spans that ran then")
+    if result["unmatched_ends"]:
+        console.print(f"[yellow]{result['unmatched_ends']} span end(s) without a start[/] kept as zero-length spans marked slime.unmatched_end")
     for s in result["skipped"]:
         console.print(f"[yellow]skipped[/] {s}")
     return 0

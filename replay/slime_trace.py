@@ -3,15 +3,32 @@
 A slime sample may carry `trace = {"trace_id", "sample_id", "group_id", "attempt", "events": [...]}`
 (slime/observability/trace_utils.py), where each event is `{"type": "span_start" | "span_end" |
 "event", "name", "ts" (Unix seconds), "span_id", "parent_span_id", "attrs"}`. Matched start/end
-pairs become spans (step = rollout id, phase from the span name), point events become events of
-their parent span, and a start without an end becomes an open span. slime's span ids (32 hex
-digits) are hashed to OTel's 16; trace ids of 32 hex digits are kept.
+pairs become spans (phase from the span name), point events become events of their parent span,
+a start without an end becomes an open span, and an end without a start is kept as a zero-length
+span marked `slime.unmatched_end` (counted in the import result). slime's span ids (32 hex digits)
+are hashed to OTel's 16; trace ids of 32 hex digits are kept.
+
+What slime writes and how it is read:
+- **Steps.** A partial rollout carries a sample over to the next rollout (`metadata.start_rollout_id`
+  is where it began), and its trace holds the events of both. Each top-level span, with everything
+  under it, goes to the latest rollout, from `start_rollout_id` on, whose own work (the events of
+  the samples it began itself) had started when the span ended: an aborted span ended before the
+  next rollout began, while a resumed one, submitted a moment before the fresh samples, ends after. A sample keeps one `samples` row per step it
+  ran in; only the row of the dump's own rollout is `in_batch`.
+- **Group spans.** slime writes a copy of each group span (`generate_and_rm_group`,
+  `group_reward_model`) into every sample's trace, each with its own span id and the same group,
+  name and timestamps: one copy is stored, and children of the others point to it.
+- **Versions.** `weight_versions` has one entry per engine response, in the order the responses
+  came back: the i-th finished `sglang_generate` span of a sample ran under `weight_versions[i]`.
+  Its children carry the same version; any other span the oldest version of the requests inside
+  it (or of the last request before it).
+- **Lanes.** Spans carry `thread_id` = group * 10000 (+ 1 + the sample's place in its group) and a
+  thread name "group G · sample S", so a timeline shows one lane per sample, grouped by group.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import sys
 import time
@@ -22,10 +39,32 @@ import pyarrow as pa
 
 from rltrace import _names
 from rltrace.replay.slime import STATUS_TO_FINISH
+from rltrace.store import rows as store_rows
 from rltrace.store.writer import ProcessInfo, write_part
 
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
-_PHASES = {"sglang_generate": "generate", "generate_and_rm": "rollout", "reward_model": "reward", "group_reward_model": "reward"}
+_PHASES = {
+    "sglang_generate": "generate",
+    "generate_and_rm": "rollout",
+    "generate_and_rm_group": "rollout",
+    "reward_model": "reward",
+    "group_reward_model": "reward",
+}
+GROUP_SPANS = frozenset(("generate_and_rm_group", "group_reward_model"))
+SAMPLE_SPAN = "generate_and_rm"
+REQUEST_SPAN = "sglang_generate"
+LANE = 10_000  # thread_id = group * LANE (+ 1 + place in the group): one lane per sample, grouped
+#: Extra `samples` columns from slime's Sample fields (what slime's rollout metrics read).
+EXTRA_COLUMNS: dict[str, pa.DataType] = {
+    "in_batch": pa.bool_(),  # false on the row of an earlier step a carried-over sample also ran in
+    "effective_response_len": pa.int64(),  # sum(loss_mask): the tokens trained on
+    "cached_tokens": pa.int64(),  # prefix_cache_info
+    "total_prompt_tokens": pa.int64(),
+    "non_generation_time": pa.float64(),  # seconds in tools / environment
+    "repetition": pa.bool_(),  # slime's has_repetition(response)
+    "spec_accept_rate": pa.float64(),  # spec_info (speculative decoding)
+    "spec_accept_length": pa.float64(),
+}
 
 
 def _trace_id(value: Any) -> str:
@@ -42,129 +81,318 @@ def _span_id(value: Any) -> str | None:
 
 def _ns(ts: Any) -> int | None:
     try:
-        return int(float(ts) * 1e9)
-    except (TypeError, ValueError):
+        return int(round(float(ts) * 1e9))
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
-def _version(sample: dict) -> int | None:
+def _versions(sample: dict) -> list[int] | None:
     try:
-        versions = [int(v) for v in sample.get("weight_versions") or ()]
+        return [int(v) for v in sample.get("weight_versions") or ()]
     except (TypeError, ValueError):
         return None
-    return min(versions) if versions else None
 
 
-def trace_spans(sample: dict, step: int) -> list[dict]:
-    """Span rows (SPANS_SCHEMA names, no process columns) from one sample's trace carrier."""
+def _events(sample: dict) -> list[dict]:
     trace = sample.get("trace")
     if not isinstance(trace, dict) or not isinstance(trace.get("events"), list):
         return []
+    return [e for e in trace["events"] if isinstance(e, dict) and _ns(e.get("ts")) is not None]
+
+
+def start_rollout(sample: dict, rollout_id: int) -> int:
+    """The rollout a sample began in: `metadata.start_rollout_id` of a carried-over sample, else this one."""
+    meta = sample.get("metadata") if isinstance(sample.get("metadata"), dict) else {}
+    try:
+        first = int(meta.get("start_rollout_id"))
+    except (TypeError, ValueError):
+        return rollout_id
+    return first if first <= rollout_id else rollout_id
+
+
+def own_start(samples: list, rollout_id: int) -> int | None:
+    """When a rollout's own work began: the first event of the samples it began itself (ns)."""
+    times = [_ns(e["ts"]) for s in samples if isinstance(s, dict) and start_rollout(s, rollout_id) == rollout_id
+             for e in _events(s)]
+    return min(times, default=None)
+
+
+def step_of(ts_ns: int, first: int, last: int, starts: dict[int, int]) -> int:
+    """The rollout in which something at `ts_ns` happened, for a sample run from rollout `first` to `last`."""
+    step = first
+    for rid, start in starts.items():
+        if first < rid <= last and start is not None and start <= ts_ns and rid > step:
+            step = rid
+    return step
+
+
+def trace_spans(sample: dict, rollout_id: int, starts: dict[int, int] | None = None) -> tuple[list[dict], int]:
+    """Span rows (SPANS_SCHEMA names, no process columns) of one sample's trace, and its count of ends without a start."""
+    trace = sample.get("trace")
+    events = _events(sample)
+    if not events:
+        return [], 0
     trace_id = _trace_id(trace.get("trace_id"))
     base_attrs = {"slime.sample_id": trace.get("sample_id"), "slime.group_id": trace.get("group_id")}
+    first = start_rollout(sample, rollout_id)
     spans: dict[str, dict] = {}
-    events: list[dict] = []
-    for event in trace["events"]:
-        if not isinstance(event, dict) or _ns(event.get("ts")) is None:
-            continue
+    points, unmatched = [], 0
+    for event in events:
         kind, span_id = event.get("type"), _span_id(event.get("span_id"))
         attrs = event.get("attrs") if isinstance(event.get("attrs"), dict) else {}
         if kind == "span_start" and span_id:
             name = str(event.get("name") or "span")
-            spans[span_id] = {
-                "trace_id": trace_id,
-                "span_id": span_id,
-                "parent_span_id": _span_id(event.get("parent_span_id")),
-                "name": name,
-                "phase": _PHASES.get(name, name),
-                "step": step,
-                "weight_version": _version(sample),
-                "start_ns": _ns(event["ts"]),
-                "end_ns": None,
-                "attrs": {**base_attrs, "slime.attempt": event.get("attempt"), **attrs},
-                "events": [],
-            }
-        elif kind == "span_end" and span_id in spans:
-            span = spans[span_id]
-            span["end_ns"] = _ns(event["ts"])
-            span["attrs"].update(attrs)
+            own = {**base_attrs, "slime.attempt": event.get("attempt"), **attrs}
+            if name in GROUP_SPANS:
+                own.pop("slime.sample_id")  # the group's span, stored once: it belongs to no one sample
+            spans[span_id] = _span(trace_id, span_id, event, name, own)
+        elif kind == "span_end" and span_id in spans and spans[span_id]["end_ns"] is None:
+            spans[span_id]["end_ns"] = _ns(event["ts"])
+            spans[span_id]["attrs"].update(attrs)
+        elif kind == "span_end":
+            unmatched += 1
+            name = str(event.get("name") or "span")
+            key = span_id or f"unmatched-{unmatched}"
+            span = _span(trace_id, _span_id(f"{trace_id}:{key}:end"), event, name,
+                         {**base_attrs, **attrs, "slime.unmatched_end": True})
+            span["end_ns"] = span["start_ns"]
+            span["status_message"] = "span end without a start in the trace"
+            spans[span["span_id"]] = span
         elif kind == "event":
-            events.append(event)
-    for event in events:
+            points.append(event)
+    for event in points:
         parent = spans.get(_span_id(event.get("parent_span_id"))) or next(iter(spans.values()), None)
         if parent is not None:
             attrs = event.get("attrs") if isinstance(event.get("attrs"), dict) else {}
             parent["events"].append({"name": str(event.get("name")), "time_ns": _ns(event["ts"]), "attributes": attrs})
-    rows = []
-    for span in spans.values():
-        attrs = span.pop("attrs")
-        error = attrs.get("error_type")
-        span["status"] = "ERROR" if error else "UNSET"
-        span["status_message"] = f"{error}: {attrs.get('error_message')}" if error else None
-        span["kind"] = "INTERNAL"
-        span["thread_id"] = span["thread_name"] = None
-        span["attributes"] = json.dumps({k: v for k, v in attrs.items() if v is not None}, default=str)
-        span["events"] = json.dumps(span["events"], default=str) if span["events"] else None
-        span["links"] = None
-        rows.append(span)
-    return rows
+    rows = list(spans.values())
+    for span in rows:  # a top-level span goes to the rollout it ended in (or started, if open); children follow it
+        root, seen = span, {span["span_id"]}
+        while root["parent_span_id"] in spans and root["parent_span_id"] not in seen:
+            root = spans[root["parent_span_id"]]
+            seen.add(root["span_id"])
+        at = root["end_ns"] if root["end_ns"] is not None else root["start_ns"]
+        span["step"] = step_of(at, first, rollout_id, starts or {})
+    _set_versions(rows, _versions(sample))
+    return rows, unmatched
 
 
-def sample_row(sample: dict, index: int, step: int, spans: list[dict]) -> dict:
-    """A `samples` row (the brief's per-sample columns) for one slime sample."""
-    starts = [s["start_ns"] for s in spans]
-    ends = [s["end_ns"] for s in spans if s["end_ns"] is not None]
+def _span(trace_id: str, span_id: str, event: dict, name: str, attrs: dict) -> dict:
+    return {
+        "trace_id": trace_id, "span_id": span_id, "parent_span_id": _span_id(event.get("parent_span_id")),
+        "name": name, "phase": _PHASES.get(name, name), "step": None, "weight_version": None,
+        "start_ns": _ns(event["ts"]), "end_ns": None, "attrs": attrs, "events": [], "status_message": None,
+    }
+
+
+def _requests(spans: list[dict]) -> list[dict]:
+    """The engine calls that returned (their end carries SGLang's finish_reason), in the order they did."""
+    done = [s for s in spans if s["name"] == REQUEST_SPAN and s["end_ns"] is not None and "finish_reason" in s["attrs"]]
+    return sorted(done, key=lambda s: (s["end_ns"], s["start_ns"]))
+
+
+def _set_versions(spans: list[dict], versions: list[int] | None) -> None:
+    if not versions:
+        return
+    requests = _requests(spans)
+    for request, version in zip(requests, versions):
+        request["weight_version"] = version
+    by_id = {s["span_id"]: s for s in spans}
+    dated = [(r["start_ns"], r["end_ns"], r["weight_version"]) for r in requests if r["weight_version"] is not None]
+    for span in spans:
+        if span["weight_version"] is not None:
+            continue
+        parent, seen = by_id.get(span["parent_span_id"]), set()
+        while parent is not None and parent["span_id"] not in seen and parent["name"] != REQUEST_SPAN:
+            seen.add(parent["span_id"])
+            parent = by_id.get(parent["parent_span_id"])
+        if parent is not None and parent["weight_version"] is not None:
+            span["weight_version"] = parent["weight_version"]
+            continue
+        end = span["end_ns"] if span["end_ns"] is not None else span["start_ns"]
+        inside = [v for s, e, v in dated if s >= span["start_ns"] and e <= end]
+        before = [(e, v) for s, e, v in dated if e <= span["start_ns"]]
+        span["weight_version"] = min(inside) if inside else max(before)[1] if before else min(versions) if not dated else None
+
+
+def _finish(span: dict) -> dict:
+    """The `spans` row of a parsed span, built by the store's one row builder."""
+    attrs = span["attrs"]
+    error = attrs.get("error_type")
+    return store_rows.span_row(
+        trace_id=span["trace_id"], span_id=span["span_id"], parent_span_id=span["parent_span_id"], name=span["name"],
+        phase=span["phase"], step=span["step"], weight_version=span["weight_version"], start_ns=span["start_ns"],
+        end_ns=span["end_ns"], status="ERROR" if error else "UNSET",
+        status_message=f"{error}: {attrs.get('error_message')}" if error else span["status_message"],
+        thread_id=span.get("thread_id"), thread_name=span.get("thread_name"),
+        attributes={k: v for k, v in attrs.items() if v is not None}, events=span["events"] or None,
+    )
+
+
+def has_repetition(text: Any) -> bool:
+    """slime's `has_repetition` (slime/observability/metric_utils.py): the last 10,000 characters of a
+    response over 10,000 characters compress more than 10x with zlib level 9."""
+    import zlib
+
+    if not isinstance(text, str) or len(text) <= 10000:
+        return False
+    raw = text[-10000:].encode("utf-8")
+    return len(raw) / len(zlib.compress(raw, 9)) > 10
+
+
+def _extras(sample: dict) -> dict[str, Any]:
+    mask = sample.get("loss_mask")
+    length = int(sample.get("response_length") or 0)
+    try:
+        effective = int(sum(int(m) for m in mask)) if mask is not None else length
+    except (TypeError, ValueError):
+        effective = None
+    cache = sample.get("prefix_cache_info") if isinstance(sample.get("prefix_cache_info"), dict) else {}
+    spec = sample.get("spec_info") if isinstance(sample.get("spec_info"), dict) else {}
+    ngt = sample.get("non_generation_time")
+    draft, verify = spec.get("spec_draft_token_num") or 0, spec.get("spec_verify_ct") or 0
+    return {
+        "in_batch": True,
+        "effective_response_len": effective,
+        "cached_tokens": cache.get("cached_tokens"),
+        "total_prompt_tokens": cache.get("total_prompt_tokens"),
+        "non_generation_time": float(ngt) if isinstance(ngt, (int, float)) else None,
+        "repetition": has_repetition(sample.get("response")),
+        # slime's Sample.SpecInfo.spec_accept_rate / spec_accept_length
+        "spec_accept_rate": (spec.get("spec_accept_token_num") or 0) / draft if draft > 0 else (0.0 if spec else None),
+        "spec_accept_length": (spec.get("completion_token_num") or 0) / verify if verify > 0 else (0.0 if spec else None),
+    }
+
+
+def sample_rows(sample: dict, index: int, rollout_id: int, spans: list[dict], train_version: int | None) -> list[dict]:
+    """The `samples` rows of one slime sample: the dump's rollout (in_batch), and any earlier step it ran in."""
     reward = sample.get("reward")
     status = sample.get("status")
     tokens = sample.get("tokens")
-    return {
-        "sample_id": sample.get("index") if isinstance(sample.get("index"), int) else index,
-        "group_id": sample.get("group_index") if isinstance(sample.get("group_index"), int) else None,
-        "prompt_len": None if tokens is None else len(tokens) - int(sample.get("response_length") or 0),
-        "response_len": int(sample.get("response_length") or 0),
-        "finish_reason": STATUS_TO_FINISH.get(status, status) if isinstance(status, str) else None,
-        "reward": float(reward) if isinstance(reward, (int, float)) else None,
-        "weight_version": _version(sample),
-        "gen_start": min(starts) / 1e9 if starts else None,
-        "gen_end": max(ends) / 1e9 if ends else None,
-    }
+    versions = _versions(sample)
+    own = [s for s in spans if s["name"] not in GROUP_SPANS]
+    rows = []
+    for step in sorted({s["step"] for s in own} | {rollout_id}):
+        mine = [s for s in own if s["step"] == step]
+        timed = [s for s in mine if s["name"] == SAMPLE_SPAN] or mine
+        ends = [s["end_ns"] for s in timed if s["end_ns"] is not None]
+        requests = [r for r in _requests(mine) if r["weight_version"] is not None]
+        row = {
+            "sample_id": sample.get("index") if isinstance(sample.get("index"), int) else index,
+            "group_id": sample.get("group_index") if isinstance(sample.get("group_index"), int) else None,
+            "gen_start": min(s["start_ns"] for s in timed) / 1e9 if timed else None,
+            "gen_end": max(ends) / 1e9 if ends else None,
+            "step": step,
+        }
+        if step == rollout_id:
+            row.update(
+                prompt_len=None if tokens is None else len(tokens) - int(sample.get("response_length") or 0),
+                response_len=int(sample.get("response_length") or 0),
+                finish_reason=STATUS_TO_FINISH.get(status, status) if isinstance(status, str) else None,
+                reward=float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None,
+                weight_versions=versions or None, weight_version=min(versions) if versions else None,
+                train_version=train_version, **_extras(sample),
+            )
+        else:  # the part of a carried-over sample that ran in an earlier rollout
+            step_versions = [r["weight_version"] for r in requests]
+            tokens_out = [r["attrs"].get("completion_tokens") for r in requests]
+            row.update(
+                response_len=sum(tokens_out) if tokens_out and all(isinstance(t, int) for t in tokens_out) else None,
+                finish_reason="abort", weight_versions=step_versions or None,
+                weight_version=min(step_versions) if step_versions else None, in_batch=False,
+            )
+        rows.append(row)
+    return rows
 
 
-def write(run_dir: Path, step: int, samples: list, process: ProcessInfo) -> dict[str, int]:
-    """Write the spans (finished and open) and `samples` rows of one rollout dump."""
-    finished, still_open, rows = [], [], []
+def _dedupe_groups(spans: list[dict]) -> list[dict]:
+    """One copy of each group span (same step, group, name and times); children of the others point to it."""
+    kept: dict[tuple, str] = {}
+    alias: dict[str, str] = {}
+    out = []
+    for span in spans:
+        if span["name"] in GROUP_SPANS:
+            key = (span["step"], span["attrs"].get("slime.group_id"), span["name"], span["start_ns"], span["end_ns"])
+            if key in kept:
+                alias[span["span_id"]] = kept[key]
+                continue
+            kept[key] = span["span_id"]
+        out.append(span)
+    for span in out:
+        while span["parent_span_id"] in alias:
+            span["parent_span_id"] = alias[span["parent_span_id"]]
+    return out
+
+
+def _lanes(samples: list) -> dict[int, tuple[int, str, int, str]]:
+    """Per sample position: (its lane, lane name, its group's lane, group lane name)."""
+    groups: dict[Any, list[int]] = {}
+    for i, s in enumerate(samples):
+        if isinstance(s, dict):
+            groups.setdefault(s.get("group_index", f"#{i}"), []).append(i)
+    out = {}
+    for ordinal, (group, members) in enumerate(groups.items()):
+        g = group if isinstance(group, int) and group >= 0 else ordinal
+        for place, i in enumerate(members):
+            sid = samples[i].get("index", i)
+            out[i] = (g * LANE + 1 + place, f"group {g} · sample {sid}", g * LANE, f"group {g}")
+    return out
+
+
+def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, starts: dict[int, int] | None = None,
+          extra: dict[int, dict] | None = None) -> dict[str, int]:
+    """Write the spans (finished and open) and `samples` rows of one rollout dump.
+
+    `starts`: when each imported rollout's own work began (`own_start`), to put carried-over work in its step;
+    `extra`: more columns for the dump's own row of sample i (e.g. mismatch from a joined train dump).
+    """
+    spans, rows, unmatched = [], [], 0
+    lanes = _lanes(samples)
+    per_sample = []
     for i, sample in enumerate(samples):
         if not isinstance(sample, dict):
             continue
-        spans = trace_spans(sample, step)
-        finished += [s for s in spans if s["end_ns"] is not None]
-        still_open += [s for s in spans if s["end_ns"] is None]
-        rows.append(sample_row(sample, i, step, spans))
-    name = f"{process.process_id}-{step:010d}.parquet"
-    for table, spans in ((_names.SPANS, finished), (_names.OPEN_SPANS, still_open)):
-        if spans:
-            cols = {f: [s.get(f) for s in spans] for f in _names.SPANS_SCHEMA.names}
-            cols.update({k: v.to_pylist() for k, v in process.columns(len(spans)).items()})
-            cols["service_name"] = ["slime-rollout"] * len(spans)
-            write_part(Path(run_dir) / table.folder, name, pa.table(cols, schema=_names.SPANS_SCHEMA), table)
-    if rows:
-        n = len(rows)
-        cols = {f: [r.get(f) for r in rows] for f in _names.SAMPLE_COLUMNS}
-        cols.update(step=[step] * n, logged_ns=[time.time_ns()] * n, **{k: v.to_pylist() for k, v in process.columns(n).items()})
-        cols["weight_versions"] = [None] * n
-        cols["train_version"] = [None] * n
-        write_part(Path(run_dir) / _names.SAMPLES.folder, name, pa.table(cols, schema=_names.SAMPLES_SCHEMA), _names.SAMPLES)
-    return {"spans": len(finished) + len(still_open), "samples": len(rows)}
+        mine, lost = trace_spans(sample, rollout_id, starts)
+        unmatched += lost
+        lane, lane_name, group_lane, group_name = lanes[i]
+        for span in mine:
+            group_level = span["name"] in GROUP_SPANS
+            span["thread_id"], span["thread_name"] = (group_lane, group_name) if group_level else (lane, lane_name)
+        per_sample.append((i, sample, mine))
+        spans += mine
+    requests = [r["weight_version"] for r in _requests(spans) if r["weight_version"] is not None and r["step"] == rollout_id]
+    train_version = max(requests) if requests else None
+    for i, sample, mine in per_sample:
+        for row in sample_rows(sample, i, rollout_id, mine, train_version):
+            rows.append({**row, **(extra or {}).get(i, {})} if row["step"] == rollout_id else row)
+    spans = [_finish(s) for s in _dedupe_groups(spans)]
+    drops = store_rows.Drops()
+    name = f"{process.process_id}-{rollout_id:010d}.parquet"
+    for table, part in ((_names.SPANS, [s for s in spans if s["end_ns"] is not None]),
+                        (_names.OPEN_SPANS, [s for s in spans if s["end_ns"] is None])):
+        built = store_rows.span_rows_table(part, process, "slime-rollout", drops=drops) if part else None
+        if built is not None and built.num_rows:
+            write_part(Path(run_dir) / table.folder, name, built, table)
+    now = time.time_ns()
+    for step in sorted({r["step"] for r in rows}):
+        mine = [{k: v for k, v in r.items() if k != "step"} for r in rows if r["step"] == step]
+        built = store_rows.samples_table(step, mine, now, process, drops=drops)
+        if built is not None and built.num_rows:
+            write_part(Path(run_dir) / _names.SAMPLES.folder, f"{process.process_id}-{rollout_id:010d}-{step:010d}.parquet",
+                       built, _names.SAMPLES)
+    carried = sum(1 for r in rows if r.get("in_batch") is False)
+    return {"spans": len(spans) - drops.total("spans"), "samples": len(rows) - drops.total("samples"),
+            "unmatched_ends": unmatched, "carried": carried, "drops": drops}
 
 
-def write_process(run_dir: Path, process: ProcessInfo, run_id: str, *, rows: int, spans: int) -> None:
+def write_process(run_dir: Path, process: ProcessInfo, run_id: str, *, rows: int, spans: int,
+                  drops: store_rows.Drops | None = None) -> None:
     """The importing process's row in `processes`, so `rltrace info` says where the data came from."""
     now = time.time_ns()
-    row = {
-        "process_id": process.process_id, "role": process.role, "rank": process.rank, "host": process.host, "pid": process.pid,
-        "run_id": run_id, "service_name": process.service_name, "started_ns": now, "heartbeat_ns": now, "ended_ns": now,
-        "spans_written": spans, "spans_dropped": 0, "rows_written": rows, "rows_dropped": 0,
-        "argv": json.dumps(sys.argv), "resource": json.dumps({"service.name": process.service_name}),
-    }
-    table = pa.Table.from_pylist([row], schema=_names.PROCESSES_SCHEMA)
+    table = store_rows.process_table(
+        process, run_id=run_id, service_name=process.service_name, started_ns=now, heartbeat_ns=now, ended_ns=now,
+        spans_written=spans, spans_dropped=drops.total("spans") if drops else 0, rows_written=rows,
+        rows_dropped=drops.total("samples") if drops else 0, drop_reasons=drops.to_json() if drops else None,
+        argv=sys.argv, resource={"service.name": process.service_name},
+    )
     write_part(Path(run_dir) / _names.PROCESSES.folder, f"{process.process_id}.parquet", table, _names.PROCESSES)

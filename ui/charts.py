@@ -193,7 +193,7 @@ MAX_LANES = 8  # utilisation lanes drawn under the Timeline (busiest processes' 
 
 
 def lane_label(role, rank, kind: str, device) -> str:
-    who = style.who(role, rank)
+    who = fmt.process_name(role, rank)
     return f"{who} CPU" if kind == "cpu" else f"{who} GPU {int(device)}"
 
 

@@ -182,6 +182,12 @@ def mismatch(run: RunRef, steps: Steps) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 @st.cache_data(**CACHE)
+def rollout(run: RunRef, steps: Steps) -> pd.DataFrame:
+    """Per step, what slime computes from a rollout's samples (`analysis.rollout`)."""
+    return _with(run, analysis.rollout, steps)
+
+
+@st.cache_data(**CACHE)
 def batch_mismatch(run: RunRef, steps: Steps) -> pd.DataFrame:
     """Per-sample mismatch of frozen batches holding both engines' log-probs."""
     return _with(run, analysis.batch_mismatch, steps)
@@ -217,6 +223,13 @@ def timeline(run: RunRef, first: int, last: int) -> pd.DataFrame:
     """Every span (finished and open) of steps first..last (at most TIMELINE_MAX_STEPS steps)."""
     last = min(last, first + TIMELINE_MAX_STEPS - 1)
     return _with(run, _timeline, first, last)
+
+
+@st.cache_data(**CACHE)
+def sample_timeline(run: RunRef, first: int, last: int) -> pd.DataFrame:
+    """Spans of steps first..last that belong to a sample, with its lane facts (`analysis.sample_timeline`)."""
+    last = min(last, first + TIMELINE_MAX_STEPS - 1)
+    return _with(run, analysis.sample_timeline, first, last)
 
 
 def _span(con, span_id: str) -> dict | None:

@@ -70,14 +70,20 @@ def layout(spans: pd.DataFrame, *, max_bars: int = MAX_BARS, keep: set[str] = fr
     s["who"] = [fmt.process_name(r, k) for r, k in zip(s["role"], s["rank"])]
     s["label"] = s["who"] + " · " + s["host"].fillna("?").astype(str)
     s["role_order"] = s["role"].map(ROLE_ORDER).fillna(len(ROLE_ORDER))
-    s = s.sort_values(["role_order", "role", "rank", "process_id", "start_ns", "end_plot"],
-                      ascending=[True, True, True, True, True, False], na_position="last")
+    s["block"] = "process " + s["process_id"].astype(str)
+    if "lane" not in s.columns:  # `lane` / `lane_order`: rows of their own (one per sample), before the processes
+        s["lane"], s["lane_order"] = None, np.nan
+    laned = s["lane"].notna()
+    s.loc[laned, "label"] = s.loc[laned, "lane"]
+    s.loc[laned, "block"] = "lane " + s.loc[laned, "lane"].astype(str)
+    s = s.sort_values(["lane_order", "role_order", "role", "rank", "process_id", "start_ns", "end_plot"],
+                      ascending=[True, True, True, True, True, True, False], na_position="last")
     offset = 0
     ys = []
-    for _, g in s.groupby("process_id", sort=False):
+    for _, g in s.groupby("block", sort=False):
         r = rows(g["start_ns"].to_numpy(), g["end_plot"].to_numpy())
         ys.append(pd.Series(offset + r, index=g.index))
-        offset += int(r.max()) + 2  # a blank row between processes
+        offset += int(r.max()) + (1 if g["lane"].notna().all() else 2)  # a blank row between processes
     s["y"] = pd.concat(ys)
     s["x0_s"] = (s["start_ns"] - t0) / 1e9
     s["x1_s"] = (s["end_plot"] - t0) / 1e9
@@ -90,8 +96,11 @@ def _bars(fig: go.Figure, g: pd.DataFrame, name: str, color: str, pattern: str =
         y=g["y"], x=g["x1_s"] - g["x0_s"], base=g["x0_s"], orientation="h", name=name, legendgroup=name, width=0.82,
         marker={"color": color, "line": {"color": "rgba(0,0,0,0.25)", "width": 0.5},
                                    "pattern": {"shape": pattern, "fgcolor": "#52525b" if pattern == "/" else "#ffffff", "size": 6}},
+        text=g["request"] if "request" in g else None, textposition="inside", insidetextanchor="start",
+        textfont={"size": 9}, cliponaxis=True,
         customdata=np.column_stack([g["span_id"], g["name"], g["who"], g["x1_s"] - g["x0_s"], g["step"],
-                                    g["thread_name"].fillna("")]),
+                                    g["thread_name"].fillna("") if "request" not in g else
+                                    (g["thread_name"].fillna("") + " " + g["request"].fillna("")).str.strip()]),
         hovertemplate="<b>%{customdata[1]}</b> (step %{customdata[4]}) on %{customdata[2]} · %{customdata[5]}<br>"
                       "%{base:.4f} s → +%{customdata[3]:.4g} s",  # the side box: the trace's (escaped) name
     )
@@ -137,3 +146,36 @@ def figure(laid: pd.DataFrame, *, critical: set[str] = frozenset(), selected: st
                       legend={"orientation": "h", "yanchor": "top", "y": -60 / max(height - 100, 100), "xanchor": "left", "x": 0,
                               "title": None})
     return fig
+
+
+SAMPLE_ORDERS = ("group", "duration", "reward")
+
+
+def sample_lanes(spans: pd.DataFrame, per_sample: pd.DataFrame, order: str = "group") -> pd.DataFrame:
+    """`spans` with `lane` / `lane_order` / `request` columns: one lane per sample (from
+    `analysis.sample_timeline`), each group's lane first and its samples under it. `order`: by
+    group and sample id, by duration (longest group, then longest sample, first) or by reward
+    (highest first); spans of no sample keep their process rows."""
+    if order not in SAMPLE_ORDERS:
+        raise ValueError(f"order={order!r}: expected one of {SAMPLE_ORDERS}")
+    facts = per_sample[["span_id", "sample_id", "group_id", "reward", "sample_s", "request"]].drop_duplicates("span_id")
+    s = spans.drop(columns=[c for c in ("request",) if c in spans.columns]).merge(facts, on="span_id", how="left")
+    mine = s["sample_id"].notna() | s["group_id"].notna()
+    gnum = pd.to_numeric(s["group_id"], errors="coerce")
+    snum = pd.to_numeric(s["sample_id"], errors="coerce")
+    per_group = s[mine].groupby("group_id", dropna=False)
+    if order == "group":
+        gkey, skey = gnum, snum
+    elif order == "duration":
+        gkey, skey = -s["group_id"].map(per_group["sample_s"].max()), -s["sample_s"]
+    else:
+        gkey, skey = -s["group_id"].map(per_group["reward"].mean()), -s["reward"]
+    is_group = s["sample_id"].isna()
+    s["lane"] = np.where(~mine, None, np.where(is_group, "group " + s["group_id"].astype(str),
+                                                "group " + s["group_id"].astype(str) + " · sample " + s["sample_id"].astype(str)))
+    key = pd.DataFrame({"g": gkey.fillna(np.inf), "gid": s["group_id"].astype(str), "first": (~is_group).astype(int),
+                        "s": skey.fillna(np.inf), "sid": s["sample_id"].astype(str)})
+    ranked = key[mine].drop_duplicates().sort_values(["g", "gid", "first", "s", "sid"])
+    rank = {tuple(r): i for i, r in enumerate(ranked.itertuples(index=False))}
+    s["lane_order"] = [rank[tuple(r)] if m else np.nan for r, m in zip(key.itertuples(index=False), mine)]
+    return s

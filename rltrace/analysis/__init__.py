@@ -22,6 +22,7 @@ from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis.mismatch import batch_mismatch, mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
+from rltrace.analysis.rollout import engine, engine_summary, rollout, train_means
 from rltrace.analysis.resources import idle_devices, phase_resources
 from rltrace.analysis.resources import notes as resource_notes
 from rltrace.analysis.resources import samples as resource_samples
@@ -30,7 +31,7 @@ from rltrace.analysis.staleness import staleness
 from rltrace.analysis.steps import phase_breakdown, phase_totals, step_breakdown
 from rltrace.analysis.summary import table as summary_table
 from rltrace.analysis.sync import sync_children, sync_growth
-from rltrace.analysis.timeline import step_timeline
+from rltrace.analysis.timeline import sample_timeline, step_timeline
 from rltrace.analysis.waits import top_waits, waits
 
 __all__ = [
@@ -57,11 +58,16 @@ __all__ = [
     "mismatch",
     "batch_mismatch",
     "trends",
+    "rollout",
+    "engine",
+    "engine_summary",
+    "train_means",
     "open_spans",
     "crashes",
     "drops",
     "processes",
     "step_timeline",
+    "sample_timeline",
     "has_profiles",
     "attached",
     "for_phase",

@@ -10,10 +10,14 @@ from rltrace.analysis._steps import Steps, step_filter
 
 
 def _samples(con, steps: Steps) -> pd.DataFrame:
+    """Samples the step waited for: not the earlier part of a sample carried over to a later step
+    (`in_batch` false: aborted when the batch was full, so nobody waited for it)."""
     where, params = step_filter(steps)
+    columns = {r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE samples)").fetchall()}
+    kept = "in_batch IS NOT false" if "in_batch" in columns else "true"
     return con.execute(
         f"""SELECT step, sample_id, group_id, response_len, gen_start, gen_end
-            FROM samples WHERE gen_start IS NOT NULL AND gen_end IS NOT NULL AND {where}""",
+            FROM samples WHERE gen_start IS NOT NULL AND gen_end IS NOT NULL AND {kept} AND {where}""",
         params,
     ).df()
 

@@ -12,11 +12,15 @@ def staleness(con, steps: Steps = None) -> pd.DataFrame:
     """Per step: mean and max staleness, from samples (`train_version - weight_version`) or,
     for steps without such samples, from the `staleness_mean` / `staleness_max` metrics.
 
-    Returns: step, samples (0 when from metrics), mean, max, source (`samples` / `metrics`).
+    Returns: step, samples (0 when from metrics), mean, max, source (`samples` / `metrics`),
+    request_mean (the age of each engine request, `train_version` minus each entry of
+    `weight_versions`, averaged over requests: a sample that spans versions counts each part at its own age).
     """
     where, params = step_filter(steps)
     from_samples = con.execute(
-        f"""SELECT step, count(*) AS samples, avg(staleness) AS mean, max(staleness) AS max
+        f"""SELECT step, count(*) AS samples, avg(staleness) AS mean, max(staleness) AS max,
+                   (SELECT avg(s2.train_version - v) FROM (SELECT train_version, unnest(weight_versions) AS v FROM samples s3
+                    WHERE s3.step = samples.step AND s3.train_version IS NOT NULL) s2) AS request_mean
             FROM samples WHERE staleness IS NOT NULL AND {where} GROUP BY step ORDER BY step""",
         params,
     ).df().assign(source="samples")
@@ -28,7 +32,7 @@ def staleness(con, steps: Steps = None) -> pd.DataFrame:
             {"step": wide["step"], "samples": 0, "mean": wide.get("staleness_mean"), "max": wide.get("staleness_max")}
         ).assign(source="metrics")
         from_samples = pd.concat([from_samples, from_metrics], ignore_index=True)
-    return from_samples.sort_values("step", ignore_index=True)[["step", "samples", "mean", "max", "source"]]
+    return from_samples.sort_values("step", ignore_index=True)[["step", "samples", "mean", "max", "source", "request_mean"]]
 
 
 def histogram(con, steps: Steps = None) -> pd.DataFrame:

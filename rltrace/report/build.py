@@ -49,6 +49,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     step_rows = per_step.merge(costs.drop(columns=["wall_s"]), on="step", how="left")
     step_rows = step_rows.merge(tail[["step", "tail_s", "tail_share"]], on="step", how="left")
     phases = analysis.phase_totals(con, steps)
+    rollout = analysis.rollout(con, steps)
     step_rows = plain(step_rows)
     report = {
         "steps": step_rows,
@@ -68,7 +69,9 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "weight_sync_children": plain(analysis.sync_growth(con, steps)),
         "staleness": _staleness(con, steps),
         "mismatch": _mismatch(con, steps),
-        "reward": _reward(con, steps),
+        "reward": _reward(con, steps, rollout),
+        "rollout": plain(rollout),
+        "engine": plain(analysis.engine_summary(con, steps, rollout_table=rollout)),
         "crashes": plain(analysis.crashes(con)),
         "open_spans": _open_spans(con, now_ns),
         "dropped": _dropped(con),
@@ -165,8 +168,12 @@ def _mismatch(con, steps: Steps) -> dict:
     return {"trends": plain(analysis.trends(values)), "per_step": plain(values)}
 
 
-def _reward(con, steps: Steps) -> dict:
+def _reward(con, steps: Steps, ro: pd.DataFrame) -> dict:
     r = analysis.step_metrics(con, ["reward_mean"], steps)
+    if r.empty:  # no reward_mean logged: the mean of the samples' rewards (an imported slime run)
+        if "reward_mean" in ro and ro["reward_mean"].notna().any():
+            r = ro.loc[ro["reward_mean"].notna(), ["step", "reward_mean"]].rename(columns={"reward_mean": "value"})
+            r = r.assign(logged_as="samples' reward").reset_index(drop=True)
     if r.empty:
         return {"first": None, "last": None, "mean": None, "best": None, "best_step": None, "logged_as": None,
                 "per_step": []}

@@ -34,7 +34,7 @@ MISMATCH_SOURCE = {"samples": " (mean of per-sample values)", "batches": " (from
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
     for part in (_imported, _crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
-                 _async, _drops, _reward, _staleness, _mismatch, _idle_devices):
+                 _async, _drops, _reward, _staleness, _mismatch, _idle_devices, _engine):
         out.extend(part(r))
     return out
 
@@ -335,4 +335,34 @@ def _idle_devices(r: dict) -> list[str]:
             f"GPU {d['device']} was {d['util_mean_pct']:.0f} % busy during `{d['phase']}` on {_who(d['role'], d['rank'])} "
             f"(mean of {d['samples']} samples{steps})."
         )
+    return out
+
+
+QUEUE_SHARE = 0.25  # requests queued this share of their engine time: the engines were saturated
+SPEC_ACCEPT = 0.5  # speculative decoding that keeps less than this share of its drafts costs more than it saves
+
+
+def _engine(r: dict) -> list[str]:
+    """The engine's own numbers, when generation is the bottleneck and one of them explains it."""
+    rows = r.get("engine") or []
+    if not rows or (r.get("bottleneck") or {}).get("stage") not in (None, "rollout"):
+        return []
+
+    def median(key):
+        values = sorted(x[key] for x in rows if x.get(key) is not None)
+        return values[len(values) // 2] if values else None
+
+    out = []
+    queue = median("queue_share")
+    if queue is not None and queue >= QUEUE_SHARE:
+        out.append(f"Engine requests spent a median {queue:.0%} of their time queued (queue_time / e2e_latency): "
+                   "the engines were saturated; more engines or fewer concurrent requests would shorten the rollout.")
+    spec = median("spec_accept_rate")
+    if spec is not None and 0 < spec < SPEC_ACCEPT:
+        out.append(f"Speculative decoding accepted a median {spec:.0%} of drafted tokens: drafts mostly wasted, "
+                   "try fewer draft tokens or decoding without a draft model.")
+    hit = median("prefix_cache_hit_rate")
+    if hit is not None and hit < 0.05 and queue is not None:
+        out.append(f"Prefix-cache hit rate was {hit:.0%}: each prompt was prefilled again; group samples of one "
+                   "prompt on one engine (or enable the prefix cache) to skip that prefill.")
     return out

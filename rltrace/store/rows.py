@@ -398,7 +398,7 @@ def _checked_rows(rows: Sequence[Any], drops: Drops) -> list[Mapping[str, Any]]:
 
 
 def samples_table(step: int, payload: Any, logged_ns: int, process, *, drops: Drops | None = None) -> pa.Table | None:
-    """`log_samples` rows of one step in the `samples` schema: the brief's columns with their
+    """`log_samples` rows of one step in the `samples` schema: the standard per-sample columns with their
     fixed types (ids as text), other columns as they come. Rows that cannot be stored are
     dropped one by one and counted in `drops` (table "samples") with column and reason."""
     drops = drops if drops is not None else Drops()

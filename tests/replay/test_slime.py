@@ -110,7 +110,7 @@ def test_traces_become_spans_and_sample_rows(tmp_path, dumps):
     parent = con.execute("SELECT count(*) FROM spans c JOIN spans p ON c.parent_span_id = p.span_id AND c.trace_id = p.trace_id").fetchone()[0]
     assert parent == 8
     rows = con.execute("SELECT sample_id, prompt_len, response_len, finish_reason, reward, gen_end - gen_start FROM samples WHERE step = 0 ORDER BY sample_id").fetchall()
-    assert rows[1][:5] == (1, 5, 4, "length", 1.0) and rows[1][5] == pytest.approx(0.4)
+    assert rows[1][:5] == ("1", 5, 4, "length", 1.0) and rows[1][5] == pytest.approx(0.4)  # ids are stored as text
 
 
 def test_evaluation_dumps_are_skipped_and_reported(tmp_path, dumps):

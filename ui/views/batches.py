@@ -97,12 +97,26 @@ if rollout is not None and (train is not None or replayed):
         z[k, : len(r)] = np.abs(r)
     hover = np.array([[f"token {t}" + ("" if ids is None or t >= len(ids) else f" (id {ids[t]})") +
                        f" · rollout log q = {rollout[t]:.6g}" for t in range(width)] for _ in rows])
-    fig = go.Figure(go.Heatmap(z=z, y=labels, colorscale="Reds", zmin=0, text=hover, xgap=1, ygap=4,
-                               hovertemplate="%{text}<br>|diff| = %{z:.3g}<extra>%{y}</extra>",  # text and y: escaped
-                               colorbar={"title": {"text": "|Δ log p|", "side": "right"}, "thickness": 10,
-                                         "tickformat": ".1e", "len": 1.0}))
+    mask = tokens.get("loss_mask", [None] * len(samples))[i]
+    untrained = np.zeros(width, bool)
+    if mask is not None:  # tool / environment tokens (loss mask 0): greyed, not part of the colour scale
+        m = np.asarray(mask[:width], float)
+        untrained[: len(m)] = m == 0
+    grey = np.where(untrained, 1.0, np.nan)[None, :].repeat(len(rows), axis=0)
+    z[:, untrained] = np.nan
+    fig = go.Figure(([
+        go.Heatmap(z=grey, y=labels, colorscale=[[0, "#d9d9d9"], [1, "#d9d9d9"]], showscale=False, xgap=1, ygap=4,
+                   text=hover, hovertemplate="%{text}<br>loss mask 0: not trained, not compared<extra>%{y}</extra>",
+                   name="loss mask 0"),
+    ] if untrained.any() else []) + [
+        go.Heatmap(z=z, y=labels, colorscale="Reds", zmin=0, text=hover, xgap=1, ygap=4,
+                   hovertemplate="%{text}<br>|diff| = %{z:.3g}<extra>%{y}</extra>",  # text and y: escaped
+                   colorbar={"title": {"text": "|Δ log p|", "side": "right"}, "thickness": 10,
+                             "tickformat": ".1e", "len": 1.0}),
+    ])
     fig.update_xaxes(title_text="response token")
-    st.markdown("**Per-token log-prob difference** (darker = larger |log p − log q|)")
+    st.markdown("**Per-token log-prob difference** (darker = larger |log p − log q|"
+                + ("; grey = loss mask 0, tool or environment tokens" if untrained.any() else "") + ")")
     st.plotly_chart(charts.base(fig, height=120 + 50 * len(rows)), key=f"strip_{batch_id}_{i}")
 else:
     st.caption("Freeze `rollout_log_probs` and `train_log_probs` (per token) to see where the engines disagree.")

@@ -44,6 +44,10 @@ for ref in chosen_refs:
     label = labels[ref.path]
     m = data.step_metrics(ref, ("reward_mean", "reward_std"), rng)
     reward[label], reward_std[label] = _series(m, "reward_mean"), _series(m, "reward_std")
+    if reward[label].empty:  # no reward_mean logged: the mean of the samples' rewards
+        ro = data.rollout(ref, rng)
+        if "reward_mean" in ro:
+            reward[label] = ro.loc[ro["reward_mean"].notna(), ["step", "reward_mean"]].rename(columns={"reward_mean": "value"})
     values, _ = data.mismatch(ref, rng)
     for source, by_source in values.groupby("source"):  # logged, per-sample columns, frozen batches: named apart
         mism[f"{label} · {source}"] = by_source
@@ -86,6 +90,22 @@ if len(trends):
                      column_config={c: st.column_config.NumberColumn(c, format="%.4g")
                                     for c in ("first", "last", "mean", "max", "slope_per_step")})
 
+per_rollout = data.rollout(run, rng)
+if len(per_rollout) and len(per_rollout.columns) > 2:
+    with st.expander(f"Rollout numbers of {fmt.md(labels[run.path])} per step, computed as slime computes them", expanded=True):
+        shown = per_rollout.copy()
+        if "pass_at_k" in shown:
+            ks = sorted({k for d in shown["pass_at_k"] if isinstance(d, dict) for k in d}, key=int)
+            for k in ks:
+                shown[f"pass@{k}"] = [d.get(k) if isinstance(d, dict) else None for d in shown["pass_at_k"]]
+            shown = shown.drop(columns=["pass_at_k"])
+        if "zero_std" in shown:
+            shown["zero_std"] = [", ".join(f"{k}: {v}" for k, v in d.items()) if isinstance(d, dict) else "" for d in shown["zero_std"]]
+        st.dataframe(shown, hide_index=True, width="stretch",
+                     column_config={c: st.column_config.NumberColumn(c, format="%.4g")
+                                    for c in shown.columns if c != "step" and shown[c].dtype.kind == "f"})
+        st.caption("Response lengths count trained tokens (loss mask 1); pass@k counts a reward of 1 as a pass; "
+                   "engine columns summarise SGLang's per-request meta. See docs/analysis.md.")
 per_sample = data.batch_mismatch(run, steps)
 if len(per_sample):
     with st.expander(f"Per-sample mismatch from frozen batches ({len(per_sample):,} samples)"):

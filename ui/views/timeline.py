@@ -55,6 +55,16 @@ right.download_button(
 )
 
 spans = data.timeline(run, step, last)
+per_sample = data.sample_timeline(run, step, last)
+if len(per_sample):  # spans that name their sample (slime traces, phase(..., sample_id=...)): a lane per sample
+    a, b = st.columns([2, 3])
+    rows_by = a.radio("Rows", ["one per sample", "one per process"], horizontal=True, key="timeline_rows",
+                      persist_state="session", help="samples are grouped by their group (its own span on top)")
+    order = b.radio("Sort samples by", list(gantt.SAMPLE_ORDERS), horizontal=True, key="timeline_sample_order",
+                    persist_state="session", disabled=rows_by != "one per sample",
+                    help="group: by id; duration: longest first; reward: highest first (groups too)")
+    if rows_by == "one per sample":
+        spans = gantt.sample_lanes(spans, per_sample, order)
 path = data.critical_path(run, shown)
 critical = set(path["span_id"].dropna())
 flt = st.text_input("Filter", key="timeline_filter", persist_state="session", placeholder="only spans whose name, phase or process contains…")
