@@ -23,7 +23,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from rltrace import _names
+from rltrace import _json, _names
 from rltrace._config import RltraceError
 
 
@@ -61,7 +61,7 @@ def _jsonable_config(config: Any) -> Any:
         config = asdict(config)
     elif hasattr(config, "__dict__") and not isinstance(config, dict):
         config = vars(config)  # argparse.Namespace and similar
-    return json.loads(json.dumps(config, default=str))
+    return json.loads(_json.dumps(config, default=str))
 
 
 def create_or_join(run_dir: Path, *, run_name: str | None, config: Any) -> dict:
@@ -82,7 +82,7 @@ def create_or_join(run_dir: Path, *, run_name: str | None, config: Any) -> dict:
             "config": _jsonable_config(config),
         }
         tmp = run_dir / f".run.json.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(_json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         try:
             os.link(tmp, path)  # fails if another process created it first: then join that run
         except FileExistsError:
