@@ -194,6 +194,13 @@ PARAMS: dict[str, Param] = {
             2,
             "Frozen batches waiting for the writer thread; beyond this new freezes are skipped and counted.",
         ),
+        Param(
+            "freeze_every",
+            ("RLTRACE_FREEZE_EVERY",),
+            _parse_positive_int,
+            None,
+            "Framework integrations (TRL) freeze the trained batch every N steps for debug replay.",
+        ),
         # --- profiling (rltrace.profiling; see docs/profiling.md) --------------------------------
         Param(
             "profile_slow",

@@ -38,10 +38,12 @@ def test_wheel_has_only_the_rltrace_import_name(tmp_path):
     top = {n.split("/")[0] for n in names}
     assert top == {"rltrace", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     for pkg in ("rltrace/replay/__init__.py", "rltrace/profiling/__init__.py", "rltrace/ui/__init__.py", "rltrace/store/views.py",
-                "rltrace/integrations/bootstrap/sitecustomize.py", "rltrace/collect/receiver.py"):
+                "rltrace/integrations/bootstrap/sitecustomize.py", "rltrace/collect/receiver.py",
+                "rltrace/integrations/trl.py", "rltrace/integrations/trl_replay.py"):
         assert pkg in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "rltrace = rltrace.cli:main" in entry_points
+    assert "trl = rltrace.integrations.trl:TRLInstrumentor" in entry_points
     # the version is written once, in rltrace/__init__.py; the wheel's metadata reads it from there
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert f"\nVersion: {rltrace.__version__}\n" in metadata

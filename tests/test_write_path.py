@@ -208,3 +208,21 @@ def test_the_attribute_limit_follows_the_otel_setting(run_dir, monkeypatch):
     assert row[:2] == ("train", 2) and attrs["rl.waiting_for"] == "reward"
     assert sorted(k for k in attrs if k not in _names.RESERVED_ATTRS) == ["rl.a", "rl.b", "rl.c", "rl.d"]
     assert collect(str(run_dir))["attributes_dropped"] == 2
+
+
+def test_non_finite_attributes_are_stored_as_strict_json(run_dir):
+    """NaN/inf attributes become null with their spelling kept: every JSON reader accepts the column."""
+    import json
+
+    rltrace.init(run_dir, role="trainer")
+    with rltrace.phase("train", step=0, loss=float("nan"), scale=float("inf")):
+        pass
+    rltrace.shutdown()
+    (raw,) = rltrace.store.open(run_dir).execute("SELECT attributes FROM spans").fetchone()
+
+    def refuse(token):
+        raise ValueError(f"bare {token} in stored JSON")
+
+    attrs = json.loads(raw, parse_constant=refuse)
+    assert attrs["rl.loss"] is None and attrs["rl.loss.text"] == "NaN"
+    assert attrs["rl.scale"] is None and attrs["rl.scale.text"] == "Infinity"

@@ -437,15 +437,17 @@ def _path_rows(spans, prow, busy, in_batch, phases, nesting) -> pd.DataFrame:
         idx = idx[np.lexsort((-(end[idx] - start[idx]), end[idx]))]  # by end, longer first on ties
         ends = end[idx]
         chain = [idx[-1]]
+        seen = {idx[-1]}  # spans ending within TOLERANCE_NS of each other (rollout and its nested reward) would cycle
         while True:
             cur = chain[-1]
             k = np.searchsorted(ends, link_start[cur] + TOLERANCE_NS, side="right")
-            cand = [j for j in idx[:k][::-1][:64] if j != cur and start[j] < link_start[cur]]
+            cand = [j for j in idx[:k][::-1][:64] if j not in seen and start[j] < link_start[cur]]
             if not cand:
                 break
             best_end = end[cand[0]]
             ties = [j for j in cand if best_end - end[j] <= TOLERANCE_NS]
             chain.append(next((j for j in ties if proc[j] == proc[cur]), ties[0]))
+            seen.add(chain[-1])
         for seq, i in enumerate(reversed(chain)):
             child = last_child.get(i)
             out.append(

@@ -27,6 +27,11 @@ def sync_children(con, steps: Steps = None) -> pd.DataFrame:
     """
     where, params = step_filter(steps, "step")
     marks = ", ".join("?" for _ in WEIGHT_SYNC_CHILDREN)
+    any_child = con.execute(f"SELECT 1 FROM spans WHERE coalesce(phase, name) IN ({marks}) LIMIT 1",
+                            list(WEIGHT_SYNC_CHILDREN)).fetchone()
+    if any_child is None:  # most runs: no broken-down syncs; skip the recursive walk over every span
+        return pd.DataFrame(columns=["sync_span_id", "step", "start_ns", "sync_s", "child", "seconds", "bytes",
+                                     "processes"])
     return con.execute(
         f"""WITH RECURSIVE syncs AS (
                 SELECT span_id, step, start_ns, duration_s FROM spans

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from rltrace import _names
+from rltrace import _json, _names
 
 logger = logging.getLogger("rltrace")
 
@@ -59,8 +59,9 @@ def show(value: Any) -> str:
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON that is always valid UTF-8 (non-ASCII escaped, anything else via str)."""
-    return json.dumps(value, separators=(",", ":"), default=str)
+    """Compact, strict JSON that is always valid UTF-8 (non-ASCII escaped, anything else via str;
+    NaN/inf become null with the original spelling kept beside it, see `rltrace._json`)."""
+    return _json.dumps(value, keep_text=True, separators=(",", ":"), default=str)
 
 
 def is_id_column(name: str) -> bool:

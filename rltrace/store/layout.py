@@ -23,7 +23,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from rltrace import _names
+from rltrace import _json, _names
 from rltrace._config import RltraceError
 
 
@@ -61,7 +61,7 @@ def _jsonable_config(config: Any) -> Any:
         config = asdict(config)
     elif hasattr(config, "__dict__") and not isinstance(config, dict):
         config = vars(config)  # argparse.Namespace and similar
-    return json.loads(json.dumps(config, default=str))
+    return json.loads(_json.dumps(config, default=str))
 
 
 def new_manifest(name: str, config: Any) -> dict:
@@ -78,7 +78,7 @@ def new_manifest(name: str, config: Any) -> dict:
 
 
 def manifest_text(manifest: dict) -> str:
-    return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    return _json.dumps(manifest, indent=2, sort_keys=True) + "\n"
 
 
 _MANGLED_URI = ("s3:/",)  # what pathlib makes of "s3://…": a URI passed where only a folder works

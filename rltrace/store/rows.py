@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 from opentelemetry.trace import SpanKind, StatusCode
 
-from rltrace import _names
+from rltrace import _json, _names
 from rltrace.store.convert import (  # noqa: F401 - re-exported: producers need only this module
     INT64_MAX,
     INT64_MIN,
@@ -198,7 +198,14 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
     trace_ids, span_ids, parents, names, phases, steps, versions = [], [], [], [], [], [], []
     starts, ends, statuses, messages, kinds, thread_ids, thread_names = [], [], [], [], [], [], []
     attributes, events, links = [], [], []
-    encode = json.JSONEncoder(separators=(",", ":"), default=str).encode  # ASCII: surrogates escaped
+    fast = json.JSONEncoder(separators=(",", ":"), default=str, allow_nan=False).encode  # ASCII: surrogates escaped
+
+    def encode(value):
+        try:
+            return fast(value)
+        except ValueError:  # NaN/inf: null with the spelling kept beside it (strict JSON, rltrace._json)
+            return fast(_json.strict(value, keep_text=True))
+
     # this process's thread names, looked up here, off the hot path (a remote span's ids are not ours)
     known_threads = {t.ident: t.name for t in threading.enumerate()} if local else {}
     for span in spans:
