@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 from rltrace import _names
 from rltrace._config import resolve
 from rltrace.store import layout, rows
+from rltrace.store.writer import safe_name
 
 logger = logging.getLogger("rltrace")
 
@@ -143,7 +144,8 @@ def _default_root(setting: str, sub: str) -> Path:
 
 def _run_key(uri: str) -> str:
     base = split(uri)
-    return f"{rows.text(base.rsplit('/', 1)[-1])[:40]}-{hashlib.sha256(base.encode()).hexdigest()[:12]}"
+    where = (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "") + "|" + base
+    return f"{safe_name(base.rsplit('/', 1)[-1])[:40]}-{hashlib.sha256(where.encode()).hexdigest()[:12]}"
 
 
 def _owners(folder: Path) -> tuple[str | None, list[int]]:
