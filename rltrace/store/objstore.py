@@ -209,6 +209,7 @@ class Spool:
     def after_fork(self) -> None:
         """In a forked child: a fresh uploader thread over the same spool folder."""
         self._lock = threading.Lock()
+        self.spans_dropped = self.rows_dropped = self.failures = self.uploaded_bytes = 0  # the child's own counts
         self._own(add=os.getpid())
         self._start()
 
