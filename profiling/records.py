@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from rltrace import _names
 from rltrace.profiling.pyspy import Frame, Recording
+from rltrace.store import rows
 from rltrace.store.writer import ProcessInfo, _safe, write_part
 
 logger = logging.getLogger("rltrace")
@@ -85,7 +86,11 @@ def size_of(run_dir: Path, capture: Capture) -> int | None:
 
 
 def write(run_dir: Path, process: ProcessInfo, capture: Capture) -> None:
-    """Write (or rewrite) the capture's `profiles` row, and its frames once it has ended."""
+    """Write (or rewrite) the capture's `profiles` row, and its frames once it has ended.
+
+    A profile row is a record rewritten in place as the capture moves from running to done (like
+    a process's heartbeat row), on the watchdog's thread, never the training thread; so it does
+    not go through the append-only background writer."""
     row = {
         "profile_id": capture.profile_id,
         "trace_id": capture.trace_id,
@@ -93,11 +98,7 @@ def write(run_dir: Path, process: ProcessInfo, capture: Capture) -> None:
         "span_name": capture.span_name,
         "phase": capture.phase,
         "step": capture.step,
-        "process_id": process.process_id,
-        "role": process.role,
-        "rank": process.rank,
-        "host": process.host,
-        "pid": process.pid,
+        **rows.who(process),
         "native_thread_id": capture.native_thread_id,
         "kind": capture.kind,
         "trigger": capture.trigger,
