@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from rltrace import _paths
 from rltrace.replay import codec
 from rltrace.replay.batch import RESERVED, new_batch_id
 from rltrace.replay.errors import SlimeDumpError
@@ -242,17 +243,7 @@ def _train_only_row(t: dict, where: str, drop: frozenset[str]) -> dict[str, Any]
 # --- import ------------------------------------------------------------------------------------
 def find_dumps(paths: Iterable[str | Path]) -> list[Path]:
     """The .pt files named, and those under the directories named (slime's dump_details layout)."""
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files.extend(sorted(p.rglob("*.pt")))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise SlimeDumpError(f"{p}: no such file or directory")
-    if not files:
-        raise SlimeDumpError(f"no .pt files in {', '.join(map(str, paths))}")
-    return files
+    return _paths.expand(paths, lambda p: p.suffix == ".pt", SlimeDumpError, "no .pt files")
 
 
 def import_slime(

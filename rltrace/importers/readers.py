@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from rltrace import _paths
 from rltrace._config import RltraceError
 
 STEP_KEYS = ("step", "_step", "global_step", "training/global_step", "rollout/step", "train/global_step")
@@ -60,17 +61,9 @@ class Scalars:
 
 def find_logs(paths) -> list[Path]:
     """Event files (searched recursively in folders), .jsonl/.json and .csv files named or found."""
-    found: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():  # a single .json in a log dir is more often a config than a log: name it to import it
-            found += sorted(x for x in p.rglob("*") if x.is_file() and _kind(x) and x.suffix != ".json")
-        elif p.is_file():
-            found.append(p)
-        else:
-            raise MetricsImportError(f"{p}: no such file or directory")
-    if not found:
-        raise MetricsImportError(f"no TensorBoard event files (*tfevents*), .jsonl or .csv files in {', '.join(map(str, paths))}")
-    return found
+    # in a folder, a .json is more often a config than a log: name it to import it
+    return _paths.expand(paths, lambda x: bool(_kind(x)) and x.suffix != ".json", MetricsImportError,
+                         "no TensorBoard event files (*tfevents*), .jsonl or .csv files")
 
 
 def _kind(path: Path) -> str | None:
