@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import random
 import sys
 import time
@@ -31,7 +32,16 @@ from pathlib import Path
 
 import torch
 
-SRC = Path(__file__).parent / "slime_src"
+#: A checkout of slime (THUDM/slime, tested at commit 624b824a). slime is not on PyPI and its code is
+#: not ours to commit: point RLTRACE_SLIME_SRC at a checkout, or place one at tests/replay/slime_src.
+SRC = Path(os.environ.get("RLTRACE_SLIME_SRC") or Path(__file__).parent / "slime_src")
+MISSING = ("needs slime's own rollout code: set RLTRACE_SLIME_SRC to a checkout of THUDM/slime "
+           "(tested at 624b824a) or place one at tests/replay/slime_src")
+
+
+def available() -> bool:
+    """Whether slime's rollout code is there to run."""
+    return (SRC / "slime" / "rollout" / "sglang_rollout.py").is_file()
 _SLIME = None  # the run the stand-ins serve
 TOOL_TEXT = '<|im_start|>tool\n42<|im_end|>\n'
 

@@ -18,6 +18,8 @@ from rltrace.replay.slime import import_slime
 from rltrace.report.build import build
 from tests.replay import slime_run
 
+pytestmark = pytest.mark.skipif(not slime_run.available(), reason=slime_run.MISSING)
+
 
 @pytest.fixture(scope="module")
 def partial(tmp_path_factory):
