@@ -34,20 +34,25 @@ def run_demo(out: Path, *args: str, **settings: str) -> subprocess.CompletedProc
 def test_slow_reward_span_gets_a_profile_naming_the_slow_verifier(tmp_path):
     out = tmp_path / "slow"
     slow = {"RLTRACE_PROFILE_SLOW": "3", "RLTRACE_PROFILE_MIN_SAMPLES": "2", "RLTRACE_PROFILE_MIN_SECONDS": "0.1"}
-    proc = run_demo(out, "--steps", "6", "--slow-reward", "0.05", **slow)
+    proc = run_demo(out, "--steps", "8", "--slow-reward", "0.1", **slow)  # slow calls at steps 2 and 7
     assert proc.returncode == 0, proc.stderr[-3000:]
     rewards = [p for p in profiles(out) if p["phase"] == "reward"]
     assert rewards, "a slow reward phase was profiled"
     con = store.open(out)
+    named = []
     for profile in rewards:
-        assert (profile["kind"], profile["trigger"], profile["status"]) == ("pyspy_record", "slow", "ok")
+        assert (profile["kind"], profile["trigger"]) == ("pyspy_record", "slow")
+        assert profile["status"] in ("ok", "no_samples"), profile  # ended while py-spy attached: no samples
         (duration,) = con.execute(
             "SELECT duration_s FROM spans WHERE trace_id = ? AND span_id = ? AND name = 'reward'",
             [profile["trace_id"], profile["span_id"]],
         ).fetchone()
         assert duration > 3 * profile["median_s"]
-        top = frames(out, profile["profile_id"])[0]
-        assert top["frame"] == "slow_verifier" and top["file"].endswith("faults.py")
+        if profile["status"] == "ok":
+            top = frames(out, profile["profile_id"])[0]
+            named.append((top["frame"], top["file"]))
+    # two slow calls give two chances on a loaded machine; a profile names the slow verifier
+    assert any(f == "slow_verifier" and file.endswith("faults.py") for f, file in named), (rewards, named)
 
 
 @pytest.mark.slow
