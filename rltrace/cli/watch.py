@@ -6,6 +6,7 @@ import argparse
 import datetime
 import time
 
+from rltrace._config import RltraceError
 from rltrace.alerts import RULES, Delivery, Settings, Threshold, Watcher
 from rltrace.alerts.rules import AlertRuleError
 from rltrace.analysis._format import seconds_text
@@ -80,8 +81,8 @@ def main(args: argparse.Namespace) -> int:
     while True:
         try:
             _, new = watcher.check()
-        except Exception as exc:  # a bad run dir fails at once; later a passing read error (compaction) is retried
-            if first:
+        except Exception as exc:  # a bad run dir fails at once; a passing read error (a part replaced while
+            if first and isinstance(exc, RltraceError):  # it was read, compaction) is retried next tick
                 raise
             print(_plain(f"rltrace watch: could not read the run this time ({exc}); retrying"), flush=True)
             time.sleep(args.interval)
