@@ -26,6 +26,25 @@ def clean_rltrace(monkeypatch):
     rltrace.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def summaries_match_the_oracle(monkeypatch):
+    """Every per-step summary any test computes equals the one the reference implementation
+    (`tests/analysis/oracle_compute.py`, plain pandas, kept only to check the product) gives on
+    the same spans: every known-answer run in the suite checks the fast analysis."""
+    from rltrace.analysis import _compute
+
+    from .analysis import oracle_compute
+
+    fast = _compute.compute
+
+    def checked(spans, checks):
+        got = fast(spans, checks)
+        oracle_compute.assert_same(got, oracle_compute.compute(spans.table.to_pandas(), checks))
+        return got
+
+    monkeypatch.setattr(_compute, "compute", checked)
+
+
 @pytest.fixture
 def run_dir(tmp_path) -> Path:
     return tmp_path / "run"

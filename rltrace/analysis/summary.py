@@ -159,16 +159,17 @@ def _batches(missing: pd.DataFrame):
         yield missing.iloc[start:]
 
 
-def _load(con, batch: pd.DataFrame) -> pd.DataFrame:
+def _load(con, batch: pd.DataFrame) -> _compute.Spans:
     """Finished spans overlapping the batch's steps in time (other steps' spans keep processes busy)."""
     lo, hi = int(batch["start_ns"].min()), int(batch["end_ns"].max())
-    return con.execute(
-        f"""SELECT span_id, parent_span_id, coalesce(phase, name) AS phase, name, step, process_id,
+    table = con.sql(
+        f"""SELECT span_id, parent_span_id, coalesce(phase, name, '') AS phase, name, step, process_id,
                    thread_id, start_ns, end_ns,
                    CASE WHEN phase = 'wait' THEN attr(attributes, '{_names.WAITING_FOR}') END AS waiting_for,
                    CASE WHEN phase = 'weight_sync'
                         THEN TRY_CAST(attr(attributes, '{_names.SYNC_BYTES}') AS DOUBLE) END AS sync_bytes,
                    CASE WHEN phase = 'weight_sync' THEN attr(attributes, '{_names.SYNC_METHOD}') END AS sync_method
-            FROM spans WHERE NOT is_open AND end_ns >= ? AND start_ns <= ?""",
-        [lo, hi],
-    ).df()
+            FROM spans WHERE NOT is_open AND end_ns >= $lo AND start_ns <= $hi""",
+        params={"lo": lo, "hi": hi},
+    ).to_arrow_table()
+    return _compute.Spans.from_arrow(table)
