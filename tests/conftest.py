@@ -15,11 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
-def clean_rltrace(monkeypatch):
-    """No RLTRACE_*/OTEL_* settings leak in from the environment; no run outlives its test."""
+def clean_rltrace(monkeypatch, tmp_path_factory):
+    """No RLTRACE_*/OTEL_* settings leak in from the environment; no run outlives its test; the
+    per-step summary cache of each test is its own."""
     for var in list(os.environ):
         if var.startswith(("RLTRACE_", "OTEL_")) or var in ("RANK", "TRACEPARENT", "BAGGAGE"):
             monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path_factory.mktemp("summaries")))
     rltrace.shutdown()
     monkeypatch.setattr(api, "_env_checked", False)
     yield
