@@ -183,7 +183,7 @@ class Slime:
 
         self.rollout, self.metrics, self.metric_utils = sglang_rollout, rollout_metrics, metric_utils
         self.rollout_data, self.train_data, self.Sample = rollout_data_utils, train_data_utils, slime_types.Sample
-        misc.SingletonMeta._instances.clear()  # GenerateState: one per run
+        misc.SingletonMeta._instances.pop(sglang_rollout.GenerateState, None)  # one per run (slime's Timer lives on)
 
 
 async def tool_generate(args, sample, sampling_params):
@@ -278,9 +278,10 @@ def train_payload(slime: Slime, rollout: Rollout) -> dict:
 
 
 def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = True, pause_s: float = 0.05,
-        spec: bool = False) -> list[Rollout]:
+        spec: bool = False, trainer=None) -> list[Rollout]:
     """A synchronous slime run: rollout, train (a pause), weight update; dumps under `out`.
-    `spec`: the engine reports speculative decoding (slime's --sglang-speculative-algorithm)."""
+    `spec`: the engine reports speculative decoding (slime's --sglang-speculative-algorithm);
+    `trainer(rollout_id)`: runs in place of the training pause (e.g. slime's timers)."""
     slime = Slime()
     slime.engine.spec = spec
     args = args_for(partial=partial, spec=spec)
@@ -304,6 +305,6 @@ def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = Tru
             (out / "train_data").mkdir(parents=True, exist_ok=True)
             torch.save(train_payload(slime, r), out / "train_data" / f"{rid}.pt")
         done.append(r)
-        time.sleep(pause_s)  # training
+        trainer(rid) if trainer else time.sleep(pause_s)  # training
         slime.engine.version += 1  # weight update
     return done
