@@ -45,6 +45,7 @@ from rltrace.store.writer import ProcessInfo, write_part
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _PHASES = {
     "sglang_generate": "generate",
+    "sglang_generate_stream": "generate",  # slime/rollout/sglang_streaming_rollout.py
     "generate_and_rm": "rollout",
     "generate_and_rm_group": "rollout",
     "reward_model": "reward",

@@ -60,6 +60,7 @@ class Live:
         self.traces: dict[str, _Trace] = {}
         self.groups: dict[tuple, tuple[str, int]] = {}  # group span (name, group, start) -> (first copy, copies)
         self.alias: dict[str, str] = {}  # other copies of a group span -> the first
+        self.evaluating = False  # an evaluation rollout is running: its traces are not recorded
         self.faults = 0
         self.run = None  # the run the spans go to, and its span writer (set by the instrumentor)
         self.emit = None

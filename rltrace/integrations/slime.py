@@ -95,7 +95,7 @@ def _patch_trace(module) -> None:
             event = original(handle, **kwargs)
             try:
                 run = api.recording_run()
-                if run is not None:
+                if run is not None and not live.evaluating:
                     if live.run is not run:
                         live.run, live.emit = run, SpanWriter(run)
                     live.on_event(handle.carrier, event)
@@ -155,10 +155,21 @@ def _samples(output: Any) -> list:
     return out
 
 
-def _rollout(original, rollout_id: Any, evaluation: bool, call):
-    """Run one rollout function call inside a `rollout` phase, then record its samples."""
-    if evaluation or not isinstance(rollout_id, int) or live.rollout == rollout_id:
-        return call()  # eval rollouts are not training steps; a nested entry point is the same rollout
+def _rollout(rollout_id: Any, evaluation: bool, call):
+    """Run one rollout function call inside a `rollout` phase, then record its samples.
+
+    An evaluation rollout is an `eval` phase; its samples' traces are not recorded, as `rltrace
+    import slime` skips evaluation dumps (its samples are no training batch).
+    """
+    if not isinstance(rollout_id, int) or isinstance(rollout_id, bool) or live.rollout == rollout_id or live.evaluating:
+        return call()  # a nested entry point (call_rollout_fn -> generate_rollout) is the same rollout
+    if evaluation:
+        live.evaluating = True
+        try:
+            with rltrace.phase("eval", phase="eval", step=rollout_id):
+                return call()
+        finally:
+            live.evaluating = False
     try:
         live.begin(rollout_id)
     except Exception as exc:
@@ -183,13 +194,13 @@ def _patch_rollout(module, attr: str) -> None:
             @functools.wraps(original)
             def call_rollout_fn(fn, *args, evaluation: bool, **kwargs):
                 rid = args[1] if len(args) > 1 else kwargs.get("rollout_id")
-                return _rollout(original, rid, evaluation, lambda: original(fn, *args, evaluation=evaluation, **kwargs))
+                return _rollout(rid, evaluation, lambda: original(fn, *args, evaluation=evaluation, **kwargs))
 
             return call_rollout_fn
 
         @functools.wraps(original)
         def generate_rollout(args, rollout_id, data_source, evaluation: bool = False, **kwargs):
-            return _rollout(original, rollout_id, evaluation,
+            return _rollout(rollout_id, evaluation,
                             lambda: original(args, rollout_id, data_source, evaluation=evaluation, **kwargs))
 
         return generate_rollout

@@ -117,7 +117,9 @@ def test_structure_steps_versions_and_lanes(both):
     engine = slime_spans[slime_spans["name"] == "sglang_generate"]
     assert set(engine["weight_version"]) == {1, 2}  # the version SGLang answered under
     assert (engine["step"] + 1 == engine["weight_version"]).all()  # the engine moves on after each train
-    assert set(slime_spans["phase"]) >= {"rollout", "generate", "reward"}
+    assert set(slime_spans["phase"]) >= {"rollout", "generate", "reward", "tool_call"}
+    tools = slime_spans[slime_spans["name"] == "tool_call"]  # the custom generate function's tool turn
+    assert len(tools) >= 2 and (tools["parent_span_id"].isin(slime_spans.loc[slime_spans["name"] == "generate_and_rm", "span_id"])).all()
     # each sample in its own lane: group * 10000 + 1 + its place in the group
     for row in slime_spans[slime_spans["name"] == "generate_and_rm"].itertuples():
         sid = json.loads(row.attributes)["slime.sample_id"]
@@ -215,3 +217,51 @@ def test_uninstrument_restores_slime(both):
     assert (trace_utils._append_event, trace_utils.build_sglang_meta_trace_attrs, timer.Timer.start, timer.Timer.end,
             sglang_rollout.generate_rollout, sglang_rollout.build_sglang_meta_trace_attrs,
             base_types.call_rollout_fn) == originals
+
+
+def test_rltrace_run_instruments_an_unchanged_slime_script(tmp_path):
+    """`rltrace run -- python script.py`: the instrumentor patches slime's modules as the script imports them."""
+    import subprocess
+    import sys
+
+    from ..conftest import python_env
+
+    script = ("import sys; from pathlib import Path; from tests.replay import slime_run; "
+              "slime_run.run(Path(sys.argv[1]), rollouts=1, partial=False, train=False)")
+    env = python_env(RLTRACE_INSTRUMENTORS="rltrace.integrations.slime:SlimeInstrumentor",
+                     RLTRACE_SLIME_SRC=str(slime_run.SRC))
+    argv = [sys.executable, "-m", "rltrace", "run", "--run-dir", str(tmp_path / "live"), "--",
+            sys.executable, "-c", script, str(tmp_path / "dump")]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import_slime([tmp_path / "dump"], tmp_path / "import")
+    live, imported = store.open(tmp_path / "live"), store.open(tmp_path / "import")
+    assert _samples(live).to_json(orient="records") == _samples(imported).to_json(orient="records")
+    got, want = _spans(live), _spans(imported)
+    assert len(want) > 20 and want["span_id"].isin(got["span_id"]).all()
+    assert live.execute("SELECT count(*) FROM spans WHERE name = 'rollout' AND step = 0").fetchone() == (1,)
+
+
+def test_an_evaluation_rollout_is_an_eval_phase_without_sample_spans(both, tmp_path):
+    """slime runs evaluation through the same `call_rollout_fn`; `rltrace import slime` skips eval dumps."""
+    _, _, _, hook = both
+    slime_run.Slime()
+    from slime.observability.trace_utils import trace_span
+    from slime.rollout import base_types
+    from slime.utils.types import Sample
+
+    def evaluate(args, rollout_id, data_source, evaluation=False):
+        with trace_span(Sample(index=0, group_index=0), "generate_and_rm"):
+            time.sleep(0.002)
+        return base_types.RolloutFnEvalOutput(data={})
+
+    assert hook.instrument()
+    try:
+        rltrace.init(tmp_path / "run")
+        out = base_types.call_rollout_fn(evaluate, None, 3, None, evaluation=True)
+        assert isinstance(out, base_types.RolloutFnEvalOutput)
+        rltrace.shutdown()
+    finally:
+        hook.uninstrument()
+    rows = store.open(tmp_path / "run").execute("SELECT name, phase, step FROM spans").fetchall()
+    assert rows == [("eval", "eval", 3)]

@@ -12,8 +12,8 @@ the way SGLang does (token log-probs, finish reason, `weight_version`, prompt/ca
 tokens, queue time, e2e latency, decode throughput, PD prefill/decode durations) and stops
 mid-answer on abort; the tokenizer gives one id per character; the reward is 1 when the answer
 holds the label, 0.5 when it holds its neighbour, else 0. `tool_generate` is a custom generate
-function (slime's `--custom-generate-function-path`) that adds a tool turn (loss mask 0) between
-two engine calls for every fourth sample.
+function (slime's `--custom-generate-function-path`) that adds a tool turn (loss mask 0, traced as
+a `tool_call` span) between two engine calls for every fourth sample.
 """
 
 from __future__ import annotations
@@ -194,8 +194,11 @@ async def tool_generate(args, sample, sampling_params):
     sample = await generate(args, sample, dict(sampling_params))
     if sample.index % 4 != 1 or sample.status != Sample.Status.COMPLETED or TOOL_TEXT in sample.response:
         return sample
+    from slime.observability.trace_utils import trace_span
+
     started = time.time()
-    await asyncio.sleep(0.004)  # the tool runs
+    with trace_span(sample, "tool_call", attrs={"tool": "answer"}):  # as slime's trace guide shows for tool calls
+        await asyncio.sleep(0.004)  # the tool runs
     sample.append_response_tokens(args, tokens=CharTokenizer().encode(TOOL_TEXT), trainable=False, text=TOOL_TEXT)
     sample.non_generation_time += time.time() - started
     sample.status = Sample.Status.PENDING
