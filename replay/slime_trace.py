@@ -87,6 +87,9 @@ def _ns(ts: Any) -> int | None:
         return None
 
 
+ns = _ns  # a trace event's time (Unix seconds) in ns, or None: for the live hook too
+
+
 def _versions(sample: dict) -> list[int] | None:
     try:
         return [int(v) for v in sample.get("weight_versions") or ()]

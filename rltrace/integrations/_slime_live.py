@@ -69,7 +69,7 @@ class Live:
     def on_event(self, carrier: dict, event: dict) -> None:
         """One event slime appended to a sample's trace carrier (`trace_utils._append_event`)."""
         kind = event.get("type")
-        if kind not in ("span_start", "span_end", "event") or st._ns(event.get("ts")) is None:
+        if kind not in ("span_start", "span_end", "event") or st.ns(event.get("ts")) is None:
             raise ValueError(f"slime trace event of type {kind!r} at {event.get('ts')!r} is not a timed span or event")
         key = str(carrier.get("trace_id"))
         with self.lock:
@@ -159,8 +159,7 @@ class Live:
         group = group if isinstance(group, int) and not isinstance(group, bool) and group >= 0 else 0
         span["thread_id"], span["thread_name"] = st.lane(group, trace.place, carrier.get("sample_id"),
                                                          span["name"] in st.GROUP_SPANS)
-        row = dict(span, parent_span_id=self.alias.get(span["parent_span_id"], span["parent_span_id"]))
-        self.emit([st.finish(row)])
+        self.emit([dict(span, parent_span_id=self.alias.get(span["parent_span_id"], span["parent_span_id"]))])
 
     # --- rollouts ----------------------------------------------------------------------------
     def begin(self, rollout_id: int) -> None:
@@ -191,7 +190,8 @@ class Live:
 
 
 class SpanWriter:
-    """Queues span rows and writes them as one part per writer cycle, on the run's writer thread.
+    """Queues ended spans and writes them as one part per writer cycle, on the run's writer thread
+    (rows are built there too: slime's event loop only appends a dict).
 
     The run's row writer names its parts like the span exporter does (`<process>-<seq>`), so these
     parts get their own names (`<process>-slime-<seq>`) rather than going through it.
@@ -223,7 +223,7 @@ class SpanWriter:
             rows, self.rows, self.queued = self.rows, [], False
         run = self.run
         try:
-            table = store_rows.span_rows_table(rows, run.process, run.service_name, drops=run.drops)
+            table = store_rows.span_rows_table([st.finish(r) for r in rows], run.process, run.service_name, drops=run.drops)
             if table is not None and table.num_rows:
                 write_part(Path(run.run_dir) / _names.SPANS.folder,
                            f"{run.process.process_id}-slime-{next(self.seq):08d}.parquet", table, _names.SPANS)
