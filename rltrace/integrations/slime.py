@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from typing import Any, Collection
 
@@ -55,6 +56,7 @@ live = Live()
 _originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
 _timers: dict[str, Any] = {}  # open timer name -> PhaseHandle
 _active = False  # patches still waiting for their module apply only while instrumented
+_role_set = False
 
 
 def phase_of(name: str) -> str:
@@ -73,6 +75,19 @@ def _fault(what: str, exc: BaseException | None = None) -> None:
             run.drops.add("slime traces", 1, reason[:200])
     except Exception:
         pass
+
+
+def _rollout_run():
+    """The run slime's rollout records into. Started here (under `rltrace run`, from RLTRACE_RUN_DIR,
+    with no RLTRACE_ROLE), its role is `rollout`: the process is slime's rollout manager."""
+    global _role_set
+    if not _role_set and api.current_run() is None and os.environ.get("RLTRACE_RUN_DIR") and not os.environ.get("RLTRACE_ROLE"):
+        _role_set = True
+        try:
+            rltrace.init(role="rollout")
+        except Exception as exc:  # a bad setting is reported by rltrace.init's own checks; slime still runs
+            _fault("starting the rollout process's run", exc)
+    return api.recording_run()
 
 
 def _patch(owner: Any, attr: str, make) -> Any:
@@ -94,7 +109,7 @@ def _patch_trace(module) -> None:
         def _append_event(handle, **kwargs):
             event = original(handle, **kwargs)
             try:
-                run = api.recording_run()
+                run = _rollout_run()
                 if run is not None and not live.evaluating:
                     if live.run is not run:
                         live.run, live.emit = run, SpanWriter(run)
@@ -171,6 +186,7 @@ def _rollout(rollout_id: Any, evaluation: bool, call):
         finally:
             live.evaluating = False
     try:
+        _rollout_run()
         live.begin(rollout_id)
     except Exception as exc:
         _fault("starting a slime rollout", exc)

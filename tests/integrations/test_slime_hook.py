@@ -240,6 +240,7 @@ def test_rltrace_run_instruments_an_unchanged_slime_script(tmp_path):
     got, want = _spans(live), _spans(imported)
     assert len(want) > 20 and want["span_id"].isin(got["span_id"]).all()
     assert live.execute("SELECT count(*) FROM spans WHERE name = 'rollout' AND step = 0").fetchone() == (1,)
+    assert live.execute("SELECT DISTINCT role FROM spans").fetchall() == [("rollout",)]  # slime's rollout process
 
 
 def test_an_evaluation_rollout_is_an_eval_phase_without_sample_spans(both, tmp_path):
