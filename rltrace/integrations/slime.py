@@ -309,6 +309,15 @@ class SlimeInstrumentor(BaseInstrumentor):
         _timers.clear()
 
 
+def generate_rollout(args, rollout_id, data_source, evaluation: bool = False):
+    """slime's default rollout, traced: `--rollout-function-path rltrace.integrations.slime.generate_rollout`,
+    for a job not started under `rltrace run` (the rollout process then needs RLTRACE_RUN_DIR or `rltrace.init`)."""
+    instrument()
+    from slime.rollout import sglang_rollout
+
+    return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation=evaluation)
+
+
 def instrument() -> bool:
     """Record slime's traces, rollouts and timers in this process (patches now if slime is imported, else on import)."""
     return SlimeInstrumentor().instrument()

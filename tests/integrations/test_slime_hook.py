@@ -266,3 +266,20 @@ def test_an_evaluation_rollout_is_an_eval_phase_without_sample_spans(both, tmp_p
         hook.uninstrument()
     rows = store.open(tmp_path / "run").execute("SELECT name, phase, step FROM spans").fetchall()
     assert rows == [("eval", "eval", 3)]
+
+
+def test_a_rollout_function_path_named_by_the_user(both, tmp_path):
+    """`--rollout-function-path rltrace.integrations.slime.generate_rollout`, loaded by slime's own `load_function`."""
+    _, _, _, hook = both
+    assert not hook.SlimeInstrumentor().is_instrumented
+    rltrace.init(tmp_path / "live")
+    try:
+        slime_run.run(tmp_path / "dump", rollouts=1, partial=False, train=False,
+                      rollout_function_path="rltrace.integrations.slime.generate_rollout")
+        rltrace.shutdown()
+    finally:
+        hook.uninstrument()
+    import_slime([tmp_path / "dump"], tmp_path / "import")
+    live, imported = store.open(tmp_path / "live"), store.open(tmp_path / "import")
+    assert _samples(live).to_json(orient="records") == _samples(imported).to_json(orient="records")
+    assert _spans(imported)["span_id"].isin(_spans(live)["span_id"]).all()

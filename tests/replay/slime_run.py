@@ -281,10 +281,11 @@ def train_payload(slime: Slime, rollout: Rollout) -> dict:
 
 
 def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = True, pause_s: float = 0.05,
-        spec: bool = False, trainer=None) -> list[Rollout]:
+        spec: bool = False, trainer=None, rollout_function_path: str | None = None) -> list[Rollout]:
     """A synchronous slime run: rollout, train (a pause), weight update; dumps under `out`.
     `spec`: the engine reports speculative decoding (slime's --sglang-speculative-algorithm);
-    `trainer(rollout_id)`: runs in place of the training pause (e.g. slime's timers)."""
+    `trainer(rollout_id)`: runs in place of the training pause (e.g. slime's timers);
+    `rollout_function_path`: slime's --rollout-function-path (default: its sglang_rollout.generate_rollout)."""
     slime = Slime()
     slime.engine.spec = spec
     args = args_for(partial=partial, spec=spec)
@@ -293,7 +294,12 @@ def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = Tru
     for rid in range(rollouts):
         slime.engine.aborted = False
         started = time.time()
-        output = slime.rollout.generate_rollout(args, rid, source)
+        if rollout_function_path:
+            from slime.utils.misc import load_function
+
+            output = load_function(rollout_function_path)(args, rid, source)
+        else:
+            output = slime.rollout.generate_rollout(args, rid, source)
         ended = time.time()
         samples = [s for group in output.samples for s in group]
         slime.rollout_data.save_debug_rollout_data(str(out / "rollout_data" / "{rollout_id}.pt"), samples, rollout_id=rid, evaluation=False)
