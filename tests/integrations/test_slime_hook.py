@@ -150,14 +150,14 @@ def test_rollout_and_timer_phases(both):
     rollout = spans[spans["name"] == "rollout"].sort_values("step")
     assert list(rollout["step"]) == [0, 1] and set(rollout["phase"]) == {"rollout"}
     for r, seconds in zip(rollouts, rollout["s"]):
-        assert seconds == pytest.approx(r.ended - r.started, abs=0.05)
+        assert seconds == pytest.approx(r.ended - r.started, abs=0.1)
     phases = {n: p for n, p in zip(spans["name"], spans["phase"])}
     assert phases == {"rollout": "rollout", "train": "train", "actor_train": "train", "log_probs": "forward",
                       "update_weights": "weight_sync", "train_wait": "wait", "data_preprocess": "data_preprocess"}
     for name, seconds in TRAIN_S.items():
         mine = spans[spans["name"] == name]
         assert sorted(mine["step"]) == [0, 1], name  # step = the rollout id (update_weights: the latest seen)
-        assert (mine["s"] >= seconds).all() and (mine["s"] < seconds + 0.1).all(), name
+        assert (mine["s"] >= seconds).all() and (mine["s"] < seconds + 0.5).all(), name
     train = spans[spans["name"] == "train"].set_index("step")
     inner = spans[spans["name"].isin(["log_probs", "actor_train"])]
     assert all(train.loc[s, "span_id"] == p for s, p in zip(inner["step"], inner["parent_span_id"]))
@@ -200,7 +200,7 @@ def test_a_malformed_trace_event_is_counted_not_raised(both, tmp_path):
         hook.uninstrument()
 
 
-def test_uninstrument_restores_slime(both):
+def test_uninstrument_restores_slime(both, tmp_path):
     _, _, _, hook = both
     slime_run.Slime()
     from slime.observability import timer, trace_utils
@@ -217,6 +217,14 @@ def test_uninstrument_restores_slime(both):
     assert (trace_utils._append_event, trace_utils.build_sglang_meta_trace_attrs, timer.Timer.start, timer.Timer.end,
             sglang_rollout.generate_rollout, sglang_rollout.build_sglang_meta_trace_attrs,
             base_types.call_rollout_fn) == originals
+    from slime.utils.types import Sample
+
+    rltrace.init(tmp_path / "run")  # nothing is recorded any more
+    with trace_utils.trace_span(Sample(index=0, group_index=0), "generate_and_rm"):
+        timer.Timer().start("train")
+        timer.Timer().end("train")
+    rltrace.shutdown()
+    assert store.open(tmp_path / "run").execute("SELECT count(*) FROM spans").fetchone() == (0,)
 
 
 def test_rltrace_run_instruments_an_unchanged_slime_script(tmp_path):
