@@ -14,7 +14,8 @@ model (t_R, t_T, t_W, async bound, bottleneck) works on a run that was never tra
 Only the durations are measured: where a stage sits inside its step is made up, so waits, idle
 gaps, stragglers and critical paths need traced spans. Every span carries `rl.source = metrics`
 and `rl.metric` (the timing it came from). A step ends at the time its timings were logged
-(TensorBoard wall time, a JSONL `_timestamp`); without one, steps follow each other.
+(TensorBoard wall time, a JSONL `_timestamp`); without one, steps follow each other. A stage
+timing that is negative, not a number or over `_MAX_SECONDS` makes no span (its scalar is still stored).
 Step numbers are shifted so rltrace's first step is 0 (verl, OpenRLHF and TRL count from 1).
 """
 
@@ -53,7 +54,7 @@ def import_metrics(paths, out, *, framework: str = "auto",
     that no map knows, kept as they are).
     """
     was_enabled = gc.isenabled()
-    gc.disable()  # millions of small objects: the cyclic collector would re-scan them again and again (~25 % of the time)
+    gc.disable()  # the record-by-record readers make millions of small objects: the cyclic collector would re-scan them again and again
     try:
         return _import(paths, out, framework, progress)
     finally:

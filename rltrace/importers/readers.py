@@ -207,7 +207,7 @@ def _looks_like_tfrecord(path: Path) -> bool:
     return len(head) == 12 and struct.unpack("<I", head[8:])[0] == masked_crc32c(head[:8])
 
 
-def _frames(path: Path, data: bytes) -> tuple[np.ndarray, np.ndarray, bool]:
+def _frames(path: Path, data: memoryview) -> tuple[np.ndarray, np.ndarray, bool]:
     """Start offsets and payload lengths of the whole records, and whether bytes follow them (a cut record).
 
     Every header's CRC is checked (tensorboard's `masked_crc32c`, once per distinct length), so a
@@ -233,7 +233,7 @@ def _frames(path: Path, data: bytes) -> tuple[np.ndarray, np.ndarray, bool]:
             raise MetricsImportError(f"{path}: damaged TensorBoard event file (the record header at byte "
                                      f"{int(starts[bad[0]])} fails its checksum)")
     tail = int(bounds[-1])
-    if len(data) - tail >= 12 and struct.unpack_from("<I", data, tail + 8)[0] != masked_crc32c(data[tail:tail + 8]):
+    if len(data) - tail >= 12 and struct.unpack_from("<I", data, tail + 8)[0] != masked_crc32c(bytes(data[tail:tail + 8])):
         raise MetricsImportError(f"{path}: damaged TensorBoard event file (the record header at byte {tail} fails its checksum)")
     return starts, lengths, tail < len(data)
 
@@ -247,15 +247,17 @@ def read_events(path: Path, progress: Callable[[int], None] | None = None) -> Sc
 
     if not _looks_like_tfrecord(path):
         raise MetricsImportError(f"{path}: not a TensorBoard event file (no TFRecord header)")
-    data = path.read_bytes()
+    buf = bytearray(path.stat().st_size + 4)  # 4 spare bytes in front: the first payload gets a separator too
+    with open(path, "rb") as f:
+        data = memoryview(buf)[4 : 4 + f.readinto(memoryview(buf)[4:])]
     starts, lengths, cut = _frames(path, data)
     if progress:
         progress(int(starts[-1] + 16 + lengths[-1]) if len(starts) else 0)
     try:
-        first = Event.FromString(data[12 : 12 + int(lengths[0])]) if len(starts) else None
+        first = Event.FromString(bytes(data[12 : 12 + int(lengths[0])])) if len(starts) else None
         if first is None or not first.file_version.startswith("brain.Event"):
             raise MetricsImportError(f"{path}: not a TensorBoard event file (its first record is not a file_version event)")
-        out = _plain_scalars(data, starts, lengths)
+        out = _plain_scalars(buf, starts, lengths)
         if out is None:
             out = _walk(data, starts, lengths)
     except DecodeError:
@@ -265,15 +267,14 @@ def read_events(path: Path, progress: Callable[[int], None] | None = None) -> Sc
     return out
 
 
-def _plain_scalars(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> Scalars | None:
+def _plain_scalars(buf: bytearray, starts: np.ndarray, lengths: np.ndarray) -> Scalars | None:
     """A file whose values are all plain `simple_value`s with a tag (what `add_scalar` writes), in bulk.
 
+    `buf`: the file after 4 spare bytes; its record headers are overwritten (payloads are kept).
     None when the file holds anything else (or counts do not line up): the caller walks its events.
     """
-    end = int(starts[-1] + 16 + lengths[-1])
-    buf = np.empty(end + 4, np.uint8)  # shifted by 4, so the first payload has 16 bytes in front too
-    buf[4:] = np.frombuffer(data, np.uint8, end)
-    words = _at(buf, np.uint64)
+    end = int(starts[-1] + 16 + lengths[-1])  # where the last payload ends in `buf`
+    words = _at(np.frombuffer(buf, np.uint8), np.uint64)
     low, high = struct.unpack("<QQ", _SEPARATOR)
     words[starts] = low
     words[starts + 8] = high
@@ -291,7 +292,8 @@ def _plain_scalars(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> Scal
     logged = after < len(steps)  # an event's step follows its marker, unless it is 0 (not encoded)
     logged[logged] = ~heads[after[logged]]
     event_steps = np.where(logged, steps[np.minimum(after, len(steps) - 1)], 0)
-    event = np.cumsum(marks)[~marks] - 1  # the event of each value
+    first_value = np.flatnonzero(marks)
+    event = np.repeat(np.arange(n), np.diff(np.append(first_value, len(values))) - 1)  # the event of each value
     tags = list(summary.tag)
     if len(tags) != len(event):
         return None
@@ -301,12 +303,12 @@ def _plain_scalars(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> Scal
     return Scalars(event_steps[event], codes, names, values[~marks].astype(np.float64), times[event])
 
 
-def _walk(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> Scalars:
+def _walk(data: memoryview, starts: np.ndarray, lengths: np.ndarray) -> Scalars:
     """Every event parsed as a `tensorboard.Event` (in one call, through `_events_class`), then walked."""
     from google.protobuf.internal.encoder import _VarintBytes
     from tensorboard.util import tensor_util
 
-    view, heads, parts = memoryview(data), {}, []
+    view, heads, parts = data, {}, []
     for pos, n in zip(starts.tolist(), lengths.tolist()):
         head = heads.get(n)
         if head is None:
