@@ -1,6 +1,12 @@
 """Analysis at scale: one step's timeline and the full report on a synthetic 10M-span run.
 
     python benchmarks/bench_analysis.py [--spans 10000000] [--dir /tmp/rltrace-bench]
+    python benchmarks/bench_analysis.py --raw --spans 100000000   # a run never compacted
+
+`--raw` measures what a user meets on a run nobody compacted: `rltrace report` (open + build,
+every summary computed from the spans, empty summary cache) against a DuckDB `GROUP BY step,
+phase` over the same spans (open + query), its peak memory (a child process), and a live run's
+second report after one more step was flushed (the summary cache computes only that step).
 
 Targets: one step's timeline query < 0.3 s; the full report < 10 s on 2 cores.
 Baselines measured in the same run: the timeline query on the run before compaction (many
@@ -181,12 +187,60 @@ def _report_raw(run_dir: Path) -> None:
     report.build(store.connect(snap))
 
 
+_CHILD = """
+import json, resource, sys, time
+from rltrace import report, store
+t = time.perf_counter()
+{body}
+print(json.dumps({{"seconds": time.perf_counter() - t, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+
+
+def _child(body: str, cache: Path) -> dict:
+    """Run `body` in a fresh interpreter (cold caches, its own peak memory); seconds and peak MB."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RLTRACE_SUMMARY_CACHE_DIR=str(cache))
+    code = _CHILD.format(body=body)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _raw(run_dir: Path, written: int, rows: list) -> None:
+    """The report on a never-compacted run against a GROUP BY; then a live run's second report."""
+    cache = run_dir.parent / f"{run_dir.name}-summaries"
+    group_by = ("con = store.open({d!r})\n"
+                "con.sql('SELECT step, phase, count(*) AS n, sum(end_ns - start_ns) AS ns FROM spans "
+                "GROUP BY step, phase').df()").format(d=str(run_dir))
+    build = "report.build(store.open({d!r}))".format(d=str(run_dir))
+    base = statistics.median(_child(group_by, cache)["seconds"] for _ in range(3))
+    shutil.rmtree(cache, ignore_errors=True)
+    first = _child(build, cache)
+    rows.append(("DuckDB GROUP BY step, phase (open + query)", "baseline", f"{base:.2f} s", "", ""))
+    rows.append(("rltrace report, never compacted (open + build)", "< 8x baseline",
+                 f"{first['seconds']:.2f} s", f"{base:.2f} s GROUP BY", f"{first['seconds'] / base:.1f}x"))
+    rows.append(("  peak memory of that report", "< 8 GB at 100M", f"{first['peak_mb'] / 1024:.2f} GB", "", ""))
+    # one more step flushed by the live run; the summary cache holds every earlier step
+    tpl = _template(np.random.default_rng(0))
+    n_steps = written // len(tpl["start"])
+    table = _batch(tpl, range(n_steps, n_steps + 1), np.random.default_rng(1))
+    write_part(run_dir / "spans", f"bench-live-{n_steps:08d}.parquet", table, _names.SPANS)
+    try:
+        second = _child(build, cache)
+    finally:
+        (run_dir / "spans" / f"bench-live-{n_steps:08d}.parquet").unlink()
+    rows.append(("live run: second report after 1 new step", "< 10% of first", f"{second['seconds']:.2f} s",
+                 f"{first['seconds']:.2f} s first", f"{100 * second['seconds'] / first['seconds']:.0f}%"))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--spans", type=int, default=10_000_000)
     p.add_argument("--dir", default="/tmp/rltrace-bench")
     p.add_argument("--reuse", action="store_true", help="reuse a run generated before (skips the uncompacted baseline)")
     p.add_argument("--skip-raw", action="store_true", help="skip the report baseline without summaries (minutes at 10M)")
+    p.add_argument("--raw", action="store_true", help="only the never-compacted report against a GROUP BY, and a live run")
     args = p.parse_args()
     run_dir = Path(args.dir) / f"run-{args.spans}"
     rows = []
@@ -197,6 +251,9 @@ def main() -> None:
         generate(run_dir, args.spans)
         rows.append(("generate run", "", f"{time.perf_counter() - t:.1f} s", "", ""))
     written = store.open(run_dir).execute("SELECT count(*) FROM spans").fetchone()[0]
+    if args.raw:
+        _raw(run_dir, written, rows)
+        return _print(rows, written)
     step = written // 10_000 // 2
     if not args.reuse:
         before = _time(lambda: _timeline(run_dir, step))
@@ -213,7 +270,10 @@ def main() -> None:
     raw = None if args.skip_raw else _time(lambda: _report_raw(run_dir), repeat=1)
     rows.append(("full report (open + report.build)", "< 10 s", f"{full:.2f} s",
                  f"{raw:.1f} s without summaries" if raw else "", f"{raw / full:.1f}x" if raw else ""))
+    _print(rows, written)
 
+
+def _print(rows: list, written: int) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -181,6 +181,14 @@ PARAMS: dict[str, Param] = {
             "Local folder where readers keep copies of s3:// runs' parts (default: ~/.cache/rltrace/runs).",
         ),
         Param(
+            "summary_cache_dir",
+            ("RLTRACE_SUMMARY_CACHE_DIR",),
+            str,
+            None,
+            "Local folder where reports keep the per-step summaries they computed, so the next report on "
+            "the same run computes only new or changed steps (default: ~/.cache/rltrace/summaries).",
+        ),
+        Param(
             "replay_budget_mb",
             ("RLTRACE_REPLAY_BUDGET_MB",),
             _parse_positive_float,

@@ -15,15 +15,36 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
-def clean_rltrace(monkeypatch):
-    """No RLTRACE_*/OTEL_* settings leak in from the environment; no run outlives its test."""
+def clean_rltrace(monkeypatch, tmp_path_factory):
+    """No RLTRACE_*/OTEL_* settings leak in from the environment; no run outlives its test; the
+    per-step summary cache of each test is its own."""
     for var in list(os.environ):
         if var.startswith(("RLTRACE_", "OTEL_")) or var in ("RANK", "TRACEPARENT", "BAGGAGE"):
             monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path_factory.mktemp("summaries")))
     rltrace.shutdown()
     monkeypatch.setattr(api, "_env_checked", False)
     yield
     rltrace.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def summaries_match_the_oracle(monkeypatch):
+    """Every per-step summary any test computes equals the one the reference implementation
+    (`tests/analysis/oracle_compute.py`, plain pandas, kept only to check the product) gives on
+    the same spans: every known-answer run in the suite checks the fast analysis."""
+    from rltrace.analysis import _compute
+
+    from .analysis import oracle_compute
+
+    fast = _compute.compute
+
+    def checked(spans, checks):
+        got = fast(spans, checks)
+        oracle_compute.assert_same(got, oracle_compute.compute(spans.table.to_pandas(), checks))
+        return got
+
+    monkeypatch.setattr(_compute, "compute", checked)
 
 
 @pytest.fixture

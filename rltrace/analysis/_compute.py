@@ -1,8 +1,9 @@
 """Per-step results that need interval arithmetic: phase and stage times, waits, critical path.
 
-`compute(spans, checks)` turns the finished spans overlapping a batch of steps into rows of the
-`step_summary` table (schema in `rltrace._names`); `summary.py` caches them per connection and
-`rltrace compact` stores them. Definitions (docs/analysis.md):
+`compute(spans, checks)` turns the finished spans overlapping a batch of steps (a `Spans`, loaded
+by `summary.py` from DuckDB) into rows of the `step_summary` table (schema in `rltrace._names`);
+`summary.py` caches them per connection and in the run's summary cache. Definitions
+(docs/analysis.md):
 
 - phase seconds: length of the union of that phase's spans of the step (per process, and across
   processes with process_id NULL); `count` spans, `total_ns` summed durations.
@@ -27,12 +28,21 @@
 - sync: each `weight_sync` span with `rl.bytes` (seconds = duration, count = bytes, other = method).
 - critical path: from the top-level busy span that ends last, repeatedly step back to the
   top-level busy span of the step that ended last before the current one started.
+
+Everything runs on numpy arrays of integer codes (phases, processes, parent rows), never on
+per-span Python objects: the work is a handful of sorts and cumulative maxima per batch
+(`_intervals`). Unions are taken once per phase and then combined from the merged intervals,
+which are far fewer than the spans.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
@@ -44,6 +54,82 @@ TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms afte
 _COLUMNS = (
     "step kind seq process_id phase other other_process_id detail span_id start_ns end_ns seconds count total_ns version"
 ).split()
+_I64 = np.int64
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 code per row, -1 for null; names as an object array) of a string column."""
+    enc = pc.dictionary_encode(column)
+    if isinstance(enc, pa.ChunkedArray):
+        enc = enc.combine_chunks() if enc.num_chunks else pa.array([], pa.dictionary(pa.int32(), pa.string()))
+    names = np.asarray(enc.dictionary.to_pylist(), dtype=object)
+    return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(_I64), names
+
+
+@dataclass
+class Spans:
+    """Finished spans as parallel numpy arrays sorted by start, strings as codes.
+
+    `row` maps back to the order of `table` (what DuckDB returned) for the few per-span strings
+    the critical path and waits print (span id, name, declared wait target).
+    """
+
+    table: pa.Table
+    row: np.ndarray
+    step: np.ndarray  # int64; meaningless where not has_step
+    has_step: np.ndarray
+    phase: np.ndarray
+    phase_names: np.ndarray
+    proc: np.ndarray
+    proc_names: np.ndarray
+    thread: np.ndarray  # -1 where unknown
+    start: np.ndarray
+    end: np.ndarray
+    prow: np.ndarray  # parent's row in this order, -1 when the parent is not loaded
+    sync_bytes: np.ndarray  # float, NaN where none
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table) -> Spans:
+        """From columns span_id, parent_span_id, phase, name, step, process_id, thread_id,
+        start_ns, end_ns, waiting_for, sync_bytes, sync_method."""
+        def ints(name, fill):
+            return table[name].fill_null(fill).to_numpy().astype(_I64)
+
+        start = ints("start_ns", 0)
+        order = np.argsort(start, kind="stable")
+        inverse = np.empty(len(order), _I64)
+        inverse[order] = np.arange(len(order), dtype=_I64)
+        parent = pc.index_in(table["parent_span_id"], value_set=table["span_id"]).fill_null(-1)
+        parent = parent.to_numpy().astype(_I64)[order]
+        phase, phase_names = _codes(table["phase"])
+        proc, proc_names = _codes(table["process_id"])
+        return cls(
+            table=table,
+            row=order,
+            step=ints("step", 0)[order],
+            has_step=table["step"].is_valid().to_numpy(zero_copy_only=False)[order],
+            phase=phase[order],
+            phase_names=phase_names,
+            proc=proc[order],
+            proc_names=proc_names,
+            thread=ints("thread_id", -1)[order],
+            start=start[order],
+            end=ints("end_ns", 0)[order],
+            prow=np.where(parent >= 0, inverse[np.maximum(parent, 0)], -1),
+            sync_bytes=table["sync_bytes"].cast(pa.float64()).fill_null(np.nan).to_numpy()[order],
+        )
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def strings(self, column: str, rows: np.ndarray) -> np.ndarray:
+        """Values of a string column for some rows (in this order), None for null."""
+        return np.asarray(self.table[column].take(pa.array(self.row[rows])).to_pylist(), dtype=object)
+
+    def lookup(self, table: dict, default) -> np.ndarray:
+        """`table[phase]` for every span, through the phase codes (code -1 gets the default)."""
+        values = [table.get(n, default) for n in self.phase_names] + [default]
+        return np.array(values, dtype=object if default is None else None)[self.phase]
 
 
 def _rows(kind: str, **cols) -> pd.DataFrame:
@@ -54,25 +140,135 @@ def _rows(kind: str, **cols) -> pd.DataFrame:
     return frame
 
 
-def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
+def _group(*columns: tuple[np.ndarray, int]) -> tuple[np.ndarray, int, list[np.ndarray]]:
+    """Group rows by several small non-negative integer columns, given as (values, size).
+
+    Returns (group id per row, number of groups, each column's value per group), groups in
+    ascending key order.
+    """
+    key = np.zeros(len(columns[0][0]), _I64)
+    for values, size in columns:
+        key = key * max(int(size), 1) + values
+    gid, uniq = pd.factorize(key, sort=True)
+    out = []
+    rest = uniq.astype(_I64)
+    for _, size in reversed(columns):
+        out.append(rest % max(int(size), 1))
+        rest = rest // max(int(size), 1)
+    return gid.astype(_I64), len(uniq), out[::-1]
+
+
+def _key(columns: list[tuple[np.ndarray, int]]) -> np.ndarray:
+    key = np.zeros(len(columns[0][0]), _I64)
+    for values, size in columns:
+        key = key * max(int(size), 1) + values
+    return key
+
+
+def _union_by(columns: list[tuple[np.ndarray, int]], a: np.ndarray, b: np.ndarray):
+    """Merge the intervals [a, b) within each group of `columns` ((values, size) pairs, values
+    in 0..size-1): returns each merged interval's column values, start and end."""
+    if not len(a):
+        return [np.empty(0, _I64) for _ in columns], np.empty(0, _I64), np.empty(0, _I64)
+    gid, _, keys = _group(*columns)
+    g, us, ue = iv.union(gid, a, b)
+    return [k[g] for k in keys], us, ue
+
+
+def _sum_by(columns: list[tuple[np.ndarray, int]], weights: np.ndarray | None = None):
+    """(each group's column values, row count, summed weights) for groups of `columns`."""
+    gid, n, keys = _group(*columns)
+    count = np.bincount(gid, minlength=n)
+    total = None if weights is None else np.bincount(gid, weights=weights, minlength=n)
+    return keys, count, total
+
+
+def _lookup_at(keys: np.ndarray, key: np.ndarray, values: np.ndarray, default=0) -> np.ndarray:
+    """values[i] where keys[i] == key (keys sorted and unique), else default."""
+    if not len(keys):
+        return np.full(len(key), default)
+    pos = np.clip(np.searchsorted(keys, key), 0, len(keys) - 1)
+    return np.where(keys[pos] == key, values[pos], default)
+
+
+class _Batch:
+    """Codes and the merged intervals every result of one batch is derived from.
+
+    Spans that are not a parent on their own thread (nearly all: generate, forward, score…) have
+    own time and self time equal to the whole span, so they enter one grouped union by (step,
+    process, phase); the few parents are cut into pieces explicitly. Every union after that
+    works on the merged intervals, which are far fewer than the spans.
+    """
+
+    def __init__(self, s: Spans, checks: pd.DataFrame):
+        self.s = s
+        n = len(s)
+        prow = s.prow
+        has_parent = prow >= 0
+        width = len(s.phase_names) + 1
+        pairs = np.unique(s.phase[prow[has_parent]] * width + s.phase[has_parent])
+        names = np.append(s.phase_names, None)
+        self.container_phases = containers(zip(names[pairs // width], names[pairs % width]))
+        not_busy = [k for k, p in enumerate(s.phase_names) if p in self.container_phases | {WAIT}]
+        self.busy_phase = ~np.isin(np.arange(len(s.phase_names) + 1), not_busy)  # by phase code (+ -1)
+        self.busy = self.busy_phase[s.phase]
+        self.wait_phase = np.array([p == WAIT for p in s.phase_names] + [False])
+        self.in_batch = s.has_step & np.isin(s.step, checks["step"].to_numpy(_I64))
+        code, steps = pd.factorize(np.where(self.in_batch, s.step, 0))
+        self.steps = np.asarray(steps, _I64)
+        self.nb = len(self.steps)  # bucket nb: spans of other steps, or of none
+        self.bucket = np.where(self.in_batch, code, self.nb).astype(_I64)
+        self.nproc, self.nphase = len(s.proc_names) + 1, len(s.phase_names) + 1
+        self.proc1, self.phase1 = s.proc + 1, s.phase + 1  # codes from 0, for grouping (0 = none)
+        stage_tbl = {p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}
+        self.stage_phase = np.array([stage_tbl.get(p, -1) for p in s.phase_names] + [-1], _I64)
+        term_tbl = {p: TERMS.index(term_of(p)) for p in STAGE_OF}
+        self.term_phase = np.array([term_tbl.get(p, -1) for p in s.phase_names] + [-1], _I64)
+        self.reward_phase = np.array([p == "reward" for p in s.phase_names] + [False])
+        self.code = self.stage_phase[s.phase]
+        self.up = _same_thread_parent(s)
+        self.outer, self.inner = _nesting(self.code, self.up)
+
+        has_child = np.zeros(n, bool)
+        has_child[self.up[self.up >= 0]] = True
+        parents = np.flatnonzero(has_child)
+        kids = np.flatnonzero(self.up >= 0)
+        # the few parents: self time (minus same-thread children), own time (minus other stages inside)
+        self.self_pieces = _minus(parents, self.up[kids], s.start[kids], s.end[kids], s.start, s.end)
+        staged_parents = parents[self.code[parents] >= 0]
+        self.own_pieces = _minus(staged_parents, self.outer, s.start[self.inner], s.end[self.inner], s.start, s.end)
+        self.has_child = has_child
+
+        simple = np.flatnonzero(~has_child)
+        # the one pass over (nearly) every span
+        (mb, mp, mph), ma, me = _union_by(self._cols(simple), s.start[simple], s.end[simple])
+        self.m = (mb, mp, mph, ma, me)
+        raw = (np.concatenate([mb, self.bucket[parents]]), np.concatenate([mp, self.proc1[parents]]),
+               np.concatenate([mph, self.phase1[parents]]))
+        (rb, rp, rph), ra, re = _union_by(
+            [(raw[0], self.nb + 1), (raw[1], self.nproc), (raw[2], self.nphase)],
+            np.concatenate([ma, s.start[parents]]), np.concatenate([me, s.end[parents]]))
+        self.raw = (rb, rp, rph, ra, re)  # every span's whole interval, merged per (bucket, process, phase)
+
+    def _cols(self, rows: np.ndarray) -> list[tuple[np.ndarray, int]]:
+        return [(self.bucket[rows], self.nb + 1), (self.proc1[rows], self.nproc), (self.phase1[rows], self.nphase)]
+
+    def own(self):
+        """Own-time intervals of staged spans: (bucket, phase code + 1, start, end), merged or pieces."""
+        mb, _, mph, ma, me = self.m
+        staged = (self.stage_phase[mph - 1] >= 0) & (me > ma)
+        r, a, b = self.own_pieces
+        return (np.concatenate([mb[staged], self.bucket[r]]), np.concatenate([mph[staged], self.phase1[r]]),
+                np.concatenate([ma[staged], a]), np.concatenate([me[staged], b]))
+
+
+def compute(spans: Spans, checks: pd.DataFrame) -> pd.DataFrame:
     """Summary rows for the steps in `checks` (step, count, start_ns, end_ns, total_ns).
 
-    `spans`: every finished span overlapping those steps' windows, with columns span_id,
-    parent_span_id, phase, name, step, process_id, thread_id, start_ns, end_ns, waiting_for, sync_bytes,
-    sync_method.
+    `spans`: every finished span overlapping those steps' windows.
     """
-    spans = spans.reset_index(drop=True)
-    phases = pd.factorize(spans["phase"])
-    parent_row = pd.Series(np.arange(len(spans)), index=spans["span_id"])
-    parent_row = parent_row[~parent_row.index.duplicated()]
-    prow = spans["parent_span_id"].map(parent_row).fillna(-1).astype(np.int64).to_numpy()
-    phase = spans["phase"].to_numpy(object)
-    has_parent = prow >= 0
-    pairs = set(zip(phase[prow[has_parent]], phase[has_parent]))
-    container_phases = containers(pairs)
-    busy = ~np.isin(phase, sorted(container_phases | {WAIT}))
-    in_batch = spans["step"].isin(checks["step"]).to_numpy()
-    own = _own_stage_time(spans, phases, prow)
+    x = _Batch(spans, checks)
+    stage_frames, stage_unions = _stage_rows(x)
     frames = [
         _rows(
             "step",
@@ -83,87 +279,78 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
             count=checks["count"].to_numpy(),
             total_ns=checks["total_ns"].to_numpy(),
         ),
-        _phase_rows(spans[in_batch]),
-        *_stage_rows(spans, phases, own, in_batch),
-        _wait_rows(spans, checks, prow, busy, in_batch),
-        _path_rows(spans, prow, busy, in_batch, phases, own[1]),
-        _sync_rows(spans[in_batch]),
+        _phase_rows(x),
+        *stage_frames,
+        _overlap_rows(x, stage_unions),
+        _wait_rows(x, checks),
+        _path_rows(spans, x.busy, x.in_batch, (x.outer, x.inner)),
+        _sync_rows(spans, x.in_batch),
     ]
     return pd.concat([f for f in frames if len(f)], ignore_index=True)
 
 
-def _sync_rows(spans: pd.DataFrame) -> pd.DataFrame:
+def _sync_rows(s: Spans, in_batch: np.ndarray) -> pd.DataFrame:
     """Weight-sync spans with a payload size: seconds = duration, count = bytes, other = method."""
-    sync = spans[(spans["phase"] == "weight_sync") & spans["sync_bytes"].notna()]
-    if sync.empty:
+    sync = np.flatnonzero(in_batch & (s.lookup({"weight_sync": True}, False).astype(bool)) & ~np.isnan(s.sync_bytes))
+    if not len(sync):
         return pd.DataFrame()
     return _rows(
         "sync",
-        step=sync["step"].to_numpy(),
-        process_id=sync["process_id"].to_numpy(object),
-        phase=sync["phase"].to_numpy(object),
-        other=sync["sync_method"].to_numpy(object),
-        span_id=sync["span_id"].to_numpy(object),
-        seconds=((sync["end_ns"] - sync["start_ns"]) / 1e9).to_numpy(),
-        count=sync["sync_bytes"].round().astype("int64").to_numpy(),
+        step=s.step[sync],
+        process_id=s.proc_names[s.proc[sync]],
+        phase=s.phase_names[s.phase[sync]],
+        other=s.strings("sync_method", sync),
+        span_id=s.strings("span_id", sync),
+        seconds=(s.end[sync] - s.start[sync]) / 1e9,
+        count=np.round(s.sync_bytes[sync]).astype(_I64),
     )
 
 
-def _union_seconds(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    groups = frame.groupby(keys, sort=True, dropna=False)
-    codes = groups.ngroup().to_numpy()
-    covered = iv.total(codes, frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy(), groups.ngroups)
-    out = groups.agg(count=("span_id", "size"), total_ns=("duration_ns", "sum")).reset_index()
-    out["seconds"] = covered / 1e9
-    return out
-
-
-def _phase_rows(spans: pd.DataFrame) -> pd.DataFrame:
-    if spans.empty:
+def _phase_rows(x: _Batch) -> pd.DataFrame:
+    s = x.s
+    rows = np.flatnonzero(x.in_batch)
+    if not len(rows):
         return pd.DataFrame()
-    spans = spans.assign(duration_ns=spans["end_ns"] - spans["start_ns"])
-    per_process = _union_seconds(spans, ["step", "process_id", "phase"])
-    overall = _union_seconds(spans, ["step", "phase"]).assign(process_id=None)
-    both = pd.concat([per_process, overall], ignore_index=True)
-    return _rows(
-        "phase",
-        step=both["step"].to_numpy(),
-        process_id=both["process_id"].to_numpy(object),
-        phase=both["phase"].to_numpy(object),
-        seconds=both["seconds"].to_numpy(),
-        count=both["count"].to_numpy(),
-        total_ns=both["total_ns"].to_numpy(),
-    )
+    dur = (s.end - s.start)[rows].astype(np.float64)
+    (kb, kp, kph), count, total = _sum_by(x._cols(rows), dur)
+    rb, rp, rph, ra, re = x.raw
+    mine = rb < x.nb
+    sizes = [x.nb + 1, x.nproc, x.nphase]
+    (ub, up_, uph), _, covered = _sum_by([(rb[mine], sizes[0]), (rp[mine], sizes[1]), (rph[mine], sizes[2])],
+                                         (re - ra)[mine].astype(np.float64))
+    ukey = _key([(ub, sizes[0]), (up_, sizes[1]), (uph, sizes[2])])
+    per_process = _lookup_at(ukey, _key([(kb, sizes[0]), (kp, sizes[1]), (kph, sizes[2])]), covered, 0.0)
+    # across processes: the merged intervals once more, by (step, phase)
+    (ob, oph), oa, oe = _union_by([(rb[mine], sizes[0]), (rph[mine], sizes[2])], ra[mine], re[mine])
+    (sb, sph), _, oc = _sum_by([(ob, sizes[0]), (oph, sizes[2])], (oe - oa).astype(np.float64))
+    (cb, cph), _, ctotal = _sum_by([(kb, sizes[0]), (kph, sizes[2])], total)
+    across = _lookup_at(_key([(sb, sizes[0]), (sph, sizes[2])]), _key([(cb, sizes[0]), (cph, sizes[2])]), oc, 0.0)
+    # ccount counts groups; the spans per (step, phase) are the summed per-process counts
+    (_, _), _, cspan = _sum_by([(kb, sizes[0]), (kph, sizes[2])], count.astype(np.float64))
+    procs, phases = np.append(s.proc_names, None), np.append(s.phase_names, None)
+    return pd.concat([
+        _rows("phase", step=x.steps[kb], process_id=procs[kp - 1], phase=phases[kph - 1],
+              seconds=np.round(per_process) / 1e9, count=count, total_ns=np.round(total).astype(_I64)),
+        _rows("phase", step=x.steps[cb], process_id=np.full(len(cb), None, object), phase=phases[cph - 1],
+              seconds=np.round(across) / 1e9, count=np.round(cspan).astype(_I64), total_ns=np.round(ctotal).astype(_I64)),
+    ], ignore_index=True)
 
 
-def _lookup(phases: tuple, table: dict, default):
-    """`table[phase]` for every span, from `pd.factorize` of the phases (a per-row map is seconds at
-    1M spans); code -1 (no phase) gets the default."""
-    codes, names = phases
-    values = np.array([table.get(n, default) for n in names] + [default], dtype=object if default is None else None)
-    return values[codes]
+def _stage_code(s: Spans) -> np.ndarray:
+    return s.lookup({p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}, -1).astype(_I64)
 
 
-def _same_thread_parent(spans: pd.DataFrame, prow: np.ndarray) -> np.ndarray:
+def _same_thread_parent(s: Spans) -> np.ndarray:
     """Parent row of each span when the parent ran on the same process and thread, else -1."""
-    proc = pd.factorize(spans["process_id"])[0]
-    thread = spans["thread_id"].fillna(-1).to_numpy(np.int64)
-    parent = np.maximum(prow, 0)
-    same = (prow >= 0) & (proc[parent] == proc) & (thread[parent] == thread)
-    return np.where(same, prow, -1)
+    parent = np.maximum(s.prow, 0)
+    same = (s.prow >= 0) & (s.proc[parent] == s.proc) & (s.thread[parent] == s.thread)
+    return np.where(same, s.prow, -1)
 
 
-def _own_stage_time(spans: pd.DataFrame, phases: tuple, prow: np.ndarray):
-    """Each staged span's own time: its interval minus same-thread descendants of another stage.
-
-    Returns (row, start, end) pieces for spans with a stage, and the (outer row, inner row) pairs
-    that were taken out (every staged ancestor of another stage, so `train > forward > rollout`
-    takes rollout out of both).
-    """
-    code = _lookup(phases, {p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}, -1).astype(np.int64)
-    up = _same_thread_parent(spans, prow)
-    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
-    inner = np.flatnonzero(code >= 0)
+def _nesting(code: np.ndarray, up: np.ndarray):
+    """(outer row, inner row) pairs: every staged same-thread ancestor of a span of another stage
+    (so `train > forward > rollout` takes rollout out of both train and forward)."""
+    inner = np.flatnonzero((code >= 0) & (up >= 0))
     anc = up[inner]
     outer_l, inner_l = [], []
     while len(inner):
@@ -173,147 +360,162 @@ def _own_stage_time(spans: pd.DataFrame, phases: tuple, prow: np.ndarray):
         outer_l.append(anc[hit])
         inner_l.append(inner[hit])
         anc = up[anc]
-    outer = np.concatenate(outer_l) if outer_l else np.empty(0, np.int64)
-    nested = np.concatenate(inner_l) if inner_l else np.empty(0, np.int64)
-    rows, a, b = iv.complement(outer, start[nested], end[nested], start, end)
-    keep = code[rows] >= 0
-    return (rows[keep], a[keep], b[keep]), (outer, nested)
+    outer = np.concatenate(outer_l) if outer_l else np.empty(0, _I64)
+    nested = np.concatenate(inner_l) if inner_l else np.empty(0, _I64)
+    return outer, nested
+
+
+def _minus(rows: np.ndarray, group: np.ndarray, a: np.ndarray, b: np.ndarray, start, end):
+    """Pieces (row, start, end) of each span in `rows` minus the intervals [a, b) given for it
+    (`group` = its row). Spans with nothing to take out come back whole, without a sort."""
+    n = len(start)
+    wanted = np.zeros(n, bool)
+    wanted[rows] = True
+    cut = np.zeros(n, bool)
+    cut[group[wanted[group]]] = True
+    whole = rows[~cut[rows]]
+    whole = whole[end[whole] > start[whole]]
+    sliced = np.flatnonzero(cut)
+    pos = np.full(n, -1, _I64)
+    pos[sliced] = np.arange(len(sliced), dtype=_I64)
+    valid = pos[group] >= 0
+    g, ps, pe = iv.complement(pos[group[valid]], a[valid], b[valid], start[sliced], end[sliced], ordered=False)
+    keep = pe > ps
+    return (np.concatenate([whole, sliced[g[keep]]]), np.concatenate([start[whole], ps[keep]]),
+            np.concatenate([end[whole], pe[keep]]))
 
 
 _TAGS = (*TERMS, "reward")  # stage rows: the three cost terms, and reward on its own
 
 
-def _stage_rows(spans: pd.DataFrame, phases: tuple, own, in_batch: np.ndarray) -> list[pd.DataFrame]:
-    """`stage` rows (R, T, W, reward: own-time unions), `nested` rows and `overlap` rows, from the
-    own-time pieces and nesting pairs of `_own_stage_time`."""
-    if spans.empty:
-        return []
-    (rows, a, b), (outer, inner) = own
-    term = _lookup(phases, {p: TERMS.index(term_of(p)) for p in STAGE_OF}, -1).astype(np.int64)
-    reward = _lookup(phases, {"reward": True}, False).astype(bool)
-    steps = spans["step"].to_numpy()
-    mine = in_batch[rows]
-    r, pa_, pb = rows[mine], a[mine], b[mine]
-    both = np.concatenate([np.flatnonzero(term[r] >= 0), np.flatnonzero(reward[r])])
-    tag = np.concatenate([term[r][term[r] >= 0], np.full(int(reward[r].sum()), len(TERMS), np.int64)])
-    tagged = pd.DataFrame({"step": steps[r][both].astype(np.int64), "tag": tag, "row": r[both],
-                           "a": pa_[both], "b": pb[both]})
-    out = []
-    if len(tagged):
-        groups = tagged.groupby(["step", "tag"], sort=True)
-        covered = iv.total(groups.ngroup().to_numpy(), tagged["a"].to_numpy(), tagged["b"].to_numpy(), groups.ngroups)
-        dur = spans["end_ns"].to_numpy(np.int64) - spans["start_ns"].to_numpy(np.int64)
-        per_row = tagged.drop_duplicates(["step", "tag", "row"])
-        agg = per_row.assign(d=dur[per_row["row"].to_numpy()]).groupby(["step", "tag"], sort=True).agg(
-            count=("row", "size"), total_ns=("d", "sum")).reset_index()
-        out.append(_rows("stage", step=agg["step"].to_numpy(), phase=np.array(_TAGS, object)[agg["tag"].to_numpy()],
-                         seconds=covered / 1e9, count=agg["count"].to_numpy(), total_ns=agg["total_ns"].to_numpy()))
-    out.append(_nested_rows(spans, phases, outer, inner, in_batch))
-    out.append(_overlap_rows(rows, a, b, term[rows], steps, in_batch))
-    return [f for f in out if len(f)]
+def _stage_rows(x: _Batch):
+    """`stage` rows (R, T, W, reward: own-time unions) and `nested` rows; also the merged own
+    time per (step, tag) for the overlap rows."""
+    s = x.s
+    ob, oph, oa, ob_ = x.own()
+    mine = ob < x.nb
+    tag_of = np.where(x.term_phase >= 0, x.term_phase, -1)
+    ob, oph, oa, ob_ = ob[mine], oph[mine], oa[mine], ob_[mine]
+    t = tag_of[oph - 1]
+    r = x.reward_phase[oph - 1]
+    tags = np.concatenate([t[t >= 0], np.full(int(r.sum()), len(TERMS), _I64)])
+    bk = np.concatenate([ob[t >= 0], ob[r]])
+    (ub, ut), ua, ue = _union_by([(bk, x.nb + 1), (tags, len(_TAGS))],
+                                 np.concatenate([oa[t >= 0], oa[r]]), np.concatenate([ob_[t >= 0], ob_[r]]))
+    frames = []
+    if len(ub):
+        (gb, gt), _, covered = _sum_by([(ub, x.nb + 1), (ut, len(_TAGS))], (ue - ua).astype(np.float64))
+        # spans counted: staged spans of the batch with some own time (a parent wholly taken by
+        # other stages has none), once per tag
+        has_own = np.zeros(len(s), bool)
+        has_own[x.own_pieces[0]] = True
+        has_own |= ~x.has_child & (s.end > s.start)
+        rows = np.flatnonzero(x.in_batch & has_own & (x.code >= 0))
+        rt = x.term_phase[s.phase[rows]]
+        rr = x.reward_phase[s.phase[rows]]
+        srows = np.concatenate([rows[rt >= 0], rows[rr]])
+        stags = np.concatenate([rt[rt >= 0], np.full(int(rr.sum()), len(TERMS), _I64)])
+        dur = (s.end - s.start)[srows].astype(np.float64)
+        (cb, ct), count, total = _sum_by([(x.bucket[srows], x.nb + 1), (stags, len(_TAGS))], dur)
+        key = _key([(gb, x.nb + 1), (gt, len(_TAGS))])
+        ckey = _key([(cb, x.nb + 1), (ct, len(_TAGS))])
+        frames.append(_rows("stage", step=x.steps[gb], phase=np.array(_TAGS, object)[gt],
+                            seconds=np.round(covered) / 1e9,
+                            count=_lookup_at(ckey, key, count, 0),
+                            total_ns=np.round(_lookup_at(ckey, key, total, 0.0)).astype(_I64)))
+    frames.append(_nested_rows(x))
+    return [f for f in frames if len(f)], (ub, ut, ua, ue)
 
 
-def _nested_rows(spans: pd.DataFrame, phases: tuple, outer: np.ndarray, inner: np.ndarray,
-                 in_batch: np.ndarray) -> pd.DataFrame:
+def _nested_rows(x: _Batch) -> pd.DataFrame:
     """Per step, (outer stage, inner stage): how long the inner one ran inside the outer one."""
-    keep = in_batch[outer]
-    outer, inner = outer[keep], inner[keep]
+    s = x.s
+    keep = x.in_batch[x.outer]
+    outer, inner = x.outer[keep], x.inner[keep]
     if not len(outer):
         return pd.DataFrame()
-    stage = _lookup(phases, STAGE_OF, None)
-    frame = pd.DataFrame({
-        "step": spans["step"].to_numpy()[outer],
-        "outer": stage[outer],
-        "inner": stage[inner],
-        "a": spans["start_ns"].to_numpy(np.int64)[inner],
-        "b": spans["end_ns"].to_numpy(np.int64)[inner],
-    })
-    groups = frame.groupby(["step", "outer", "inner"], sort=True)
-    covered = iv.total(groups.ngroup().to_numpy(), frame["a"].to_numpy(), frame["b"].to_numpy(), groups.ngroups)
-    keys = groups.size().reset_index()
-    return _rows("nested", step=keys["step"].to_numpy(), phase=keys["outer"].to_numpy(object),
-                 other=keys["inner"].to_numpy(object), seconds=covered / 1e9, count=keys[0].to_numpy())
+    code = x.code
+    stages = np.array(list(TERM_OF_STAGE), object)
+    gid, n, (gstep, gout, gin) = _group((x.bucket[outer], x.nb + 1), (code[outer], len(stages)),
+                                        (code[inner], len(stages)))
+    covered = iv.total(gid, s.start[inner], s.end[inner], n)
+    frame = _rows("nested", step=x.steps[gstep], phase=stages[gout], other=stages[gin], seconds=covered / 1e9,
+                  count=np.bincount(gid, minlength=n))
+    return frame.sort_values(["step", "phase", "other"], kind="stable", ignore_index=True)
 
 
-def _overlap_rows(rows, a, b, code, steps, in_batch) -> pd.DataFrame:
+def _overlap_rows(x: _Batch, mine) -> pd.DataFrame:
     """Per step and term X: time X's own intervals ran while another term ran anywhere."""
-    staged = code >= 0
-    rows, a, b, code = rows[staged], a[staged], b[staged], code[staged]
-    if not len(rows):
+    ub, ut, ua, ue = mine
+    keep = ut < len(TERMS)
+    ub, ut, ua, ue = ub[keep], ut[keep], ua[keep], ue[keep]
+    if not len(ub):
         return pd.DataFrame()
-    # group k = "every term but k", built from all loaded spans (any step: async stages overlap across steps)
-    g = np.concatenate([np.full(int((code != k).sum()), k, np.int64) for k in range(len(TERMS))])
-    s = np.concatenate([a[code != k] for k in range(len(TERMS))])
-    e = np.concatenate([b[code != k] for k in range(len(TERMS))])
-    others = iv.Coverage(g, s, e)
-    mine = in_batch[rows]
-    if not mine.any():
+    # each term's own time over every loaded span (any step: async stages overlap across steps),
+    # then "every term but k" from those merged intervals
+    ob, oph, oa, oe = x.own()
+    term = x.term_phase[oph - 1]
+    staged = term >= 0
+    (tg,), ts, te = _union_by([(term[staged], len(TERMS))], oa[staged], oe[staged])
+    k = len(TERMS)
+    g = np.concatenate([np.full(int((tg != j).sum()), j, _I64) for j in range(k)])
+    others = iv.Coverage(g, np.concatenate([ts[tg != j] for j in range(k)]),
+                         np.concatenate([te[tg != j] for j in range(k)]))
+    ns = others.between(ut, ua, ue)
+    (gb, gt), _, total = _sum_by([(ub, x.nb + 1), (ut, k)], ns.astype(np.float64))
+    return _rows("overlap", step=x.steps[gb], phase=np.array(TERMS, object)[gt], seconds=total / 1e9)
+
+
+def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
+    s = x.s
+    if not len(s):
         return pd.DataFrame()
-    frame = pd.DataFrame({"step": steps[rows[mine]].astype(np.int64), "term": code[mine]})
-    groups = frame.groupby(["step", "term"], sort=True)
-    ug, us, ue = iv.union(groups.ngroup().to_numpy(), a[mine], b[mine])
-    keys = groups.size().reset_index()
-    ns = others.between(keys["term"].to_numpy(np.int64)[ug], us, ue)
-    total = np.bincount(ug, weights=ns.astype(np.float64), minlength=len(keys))
-    return _rows("overlap", step=keys["step"].to_numpy(), phase=np.array(TERMS, object)[keys["term"].to_numpy()],
-                 seconds=total / 1e9)
-
-
-def _self_time(spans: pd.DataFrame, proc_codes: np.ndarray, prow: np.ndarray):
-    """(span row, start, end) pieces of each span where none of its children on the same thread runs."""
-    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
-    thread = spans["thread_id"].fillna(-1).to_numpy(np.int64)
-    child = np.flatnonzero(prow >= 0)
-    child = child[(proc_codes[child] == proc_codes[prow[child]]) & (thread[child] == thread[prow[child]])]
-    return iv.complement(prow[child], start[child], end[child], start, end)
-
-
-def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
-    proc_codes, procs = pd.factorize(spans["process_id"])
-    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
-    phase = spans["phase"].to_numpy(object)
-    nproc = len(procs)
-    if nproc == 0:
-        return pd.DataFrame()
-    lo = np.full(nproc, min(start.min(), checks["start_ns"].min()), np.int64)
-    hi = np.full(nproc, max(end.max(), checks["end_ns"].max()), np.int64)
-    waiting = phase == WAIT
+    lo_t = min(int(s.start.min()), int(checks["start_ns"].min()))
+    hi_t = max(int(s.end.max()), int(checks["end_ns"].max()))
+    lo, hi = np.full(x.nproc, lo_t, _I64), np.full(x.nproc, hi_t, _I64)
 
     # idle: windows of (step, participating process) minus that process's busy and wait spans
-    idle_g, idle_s, idle_e = iv.complement(proc_codes[busy | waiting], start[busy | waiting], end[busy | waiting], lo, hi)
-    pairs = spans[in_batch].assign(proc=proc_codes[in_batch])[["step", "proc"]].drop_duplicates()
-    pairs = pairs.merge(checks[["step", "start_ns", "end_ns"]], on="step")
-    win, a, b = iv.clip(idle_g, idle_s, idle_e, pairs["proc"], pairs["start_ns"], pairs["end_ns"])
-    idle = pd.DataFrame(
-        {"step": pairs["step"].to_numpy()[win], "proc": pairs["proc"].to_numpy()[win], "a": a, "b": b}
-    ).assign(in_phase="idle", detail="idle", declared=None)
+    rb, rp, rph, ra, re = x.raw
+    active = x.busy_phase[rph - 1] | x.wait_phase[rph - 1]
+    idle_g, idle_s, idle_e = iv.complement(rp[active], ra[active], re[active], lo, hi)
+    batch = x.in_batch
+    (pb, pp), _, _ = _sum_by([(x.bucket[batch], x.nb + 1), (x.proc1[batch], x.nproc)])
+    cstep = checks.set_index("step")
+    wstart = cstep.loc[x.steps[pb], "start_ns"].to_numpy(_I64)
+    wend = cstep.loc[x.steps[pb], "end_ns"].to_numpy(_I64)
+    win, a, b = iv.clip(idle_g, idle_s, idle_e, pp, wstart, wend)
+    idle = pd.DataFrame({"step": x.steps[pb][win], "proc": pp[win], "a": a, "b": b}).assign(
+        in_phase="idle", detail="idle", declared=None)
 
     # wait spans of the batch's steps, over their self time (their thread is waiting, whatever encloses it)
-    own = _self_time(spans, proc_codes, prow)
-    keep = waiting[own[0]] & in_batch[own[0]]
-    rows, a, b = own[0][keep], own[1][keep], own[2][keep]
-    parent_phase = np.where(prow[rows] >= 0, phase[np.maximum(prow[rows], 0)], WAIT)
-    declared = spans["waiting_for"].to_numpy(object)[rows]
-    waits = pd.DataFrame(
-        {
-            "step": spans["step"].to_numpy()[rows],
-            "proc": proc_codes[rows],
-            "a": a,
-            "b": b,
-            "in_phase": parent_phase,
-            "detail": np.where(pd.isna(declared), "wait_span", "declared"),
-            "declared": declared,
-        }
-    )
-    pieces = pd.concat([idle, waits], ignore_index=True)
+    waiting = x.wait_phase[s.phase] & batch
+    whole = np.flatnonzero(waiting & ~x.has_child & (s.end > s.start))
+    pr, pa_, pb_ = x.self_pieces
+    cut = waiting[pr]
+    rows = np.concatenate([whole, pr[cut]])
+    a = np.concatenate([s.start[whole], pa_[cut]])
+    b = np.concatenate([s.end[whole], pb_[cut]])
+    parent = s.prow[rows]
+    parent_phase = np.where(parent >= 0, np.append(s.phase_names, None)[s.phase[np.maximum(parent, 0)]], WAIT)
+    declared = s.strings("waiting_for", rows)
+    waits = pd.DataFrame({
+        "step": s.step[rows],
+        "proc": x.proc1[rows],
+        "a": a,
+        "b": b,
+        "in_phase": parent_phase,
+        "detail": np.where(pd.isna(declared), "wait_span", "declared"),
+        "declared": declared,
+    })
+    pieces = pd.concat([f for f in (idle, waits) if len(f)], ignore_index=True) if len(idle) or len(waits) else idle
     if pieces.empty:
         return pd.DataFrame()
-    attributed = _attribute(pieces, spans, prow, busy, own)
-    attributed["process_id"] = procs[attributed["proc"].to_numpy()]
+    attributed = _attribute(pieces, x)
+    attributed["process_id"] = np.insert(s.proc_names, 0, None)[attributed["proc"].to_numpy()]
     keys = ["step", "process_id", "detail", "in_phase", "waited_for"]
     agg = attributed.groupby(keys, dropna=False, sort=True).agg(seconds=("ns", "sum"), count=("ns", "size")).reset_index()
     agg["seconds"] = agg["seconds"] / 1e9
-    agg["other_process_id"] = _who_ran(spans, agg)
+    agg["other_process_id"] = _who_ran(s, agg)
     return _rows(
         "wait",
         step=agg["step"].to_numpy(),
@@ -327,11 +529,11 @@ def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
     )
 
 
-def _descendants(pairs: pd.DataFrame) -> dict[int, set[int]]:
+def _descendants(parent: np.ndarray, child: np.ndarray) -> dict[int, set[int]]:
     """Phase code -> every phase code below it (children, grandchildren, ...), itself excluded."""
     children: dict[int, set[int]] = {}
-    for parent, child in zip(pairs["parent"].tolist(), pairs["child"].tolist()):
-        children.setdefault(parent, set()).add(child)
+    for p, c in zip(parent.tolist(), child.tolist()):
+        children.setdefault(p, set()).add(c)
     out = {}
     for top in children:
         seen, todo = set(), list(children[top])
@@ -345,20 +547,28 @@ def _descendants(pairs: pd.DataFrame) -> dict[int, set[int]]:
     return out
 
 
-def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy, own) -> pd.DataFrame:
+def _attribute(pieces: pd.DataFrame, x: _Batch) -> pd.DataFrame:
     """One row per (piece, phase waited for) with the overlapping ns; waited_for None = nothing ran.
 
-    Work is the self time of busy spans (`own` from `_self_time`): a waiting thread's own enclosing
-    span does not count, while another thread of the same process working meanwhile does.
+    Work is the self time of busy spans: a waiting thread's own enclosing span does not count,
+    while another thread of the same process working meanwhile does.
     """
-    codes, names = pd.factorize(spans["phase"])
-    own_row, own_s, own_e = own
-    working = busy[own_row]
-    own_code, own_s, own_e = codes[own_row][working], own_s[working], own_e[working]
+    s = x.s
+    codes, names = s.phase, s.phase_names
+    prow = s.prow
+    # each busy phase's self time merged once (whole spans, and the parents' pieces)
+    _, _, mph, ma, me = x.m
+    pr, pa_, pb_ = x.self_pieces
+    busy_m = x.busy_phase[mph - 1]
+    busy_p = x.busy[pr]
+    (pg,), ps, pe = _union_by([(np.concatenate([mph[busy_m] - 1, codes[pr][busy_p]]), len(names))],
+                              np.concatenate([ma[busy_m], pa_[busy_p]]), np.concatenate([me[busy_m], pb_[busy_p]]))
+    busy = x.busy
     busy_codes = np.unique(codes[busy])
     nested = np.flatnonzero(busy & (prow >= 0))
     nested = nested[busy[prow[nested]] & (codes[prow[nested]] != codes[nested])]
-    children = _descendants(pd.DataFrame({"parent": codes[prow[nested]], "child": codes[nested]}).drop_duplicates())
+    link = np.unique(codes[prow[nested]] * (len(names) + 1) + codes[nested])
+    children = _descendants(link // (len(names) + 1), link % (len(names) + 1))
     # coverage groups: each busy phase; each parent phase with its descendants; the descendants alone; all busy
     groups: list[tuple[object, set[int]]] = [(int(c), {int(c)}) for c in busy_codes]
     groups += [((c, "+"), {c} | kids) for c, kids in children.items()]
@@ -367,16 +577,16 @@ def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy, own) -> pd
     index = {key: k for k, (key, _) in enumerate(groups)}
     g_list, s_list, e_list = [], [], []
     for k, (_, members) in enumerate(groups):
-        mask = np.isin(own_code, list(members))
-        g_list.append(np.full(mask.sum(), k, np.int64))
-        s_list.append(own_s[mask])
-        e_list.append(own_e[mask])
+        mask = np.isin(pg, list(members))
+        g_list.append(np.full(mask.sum(), k, _I64))
+        s_list.append(ps[mask])
+        e_list.append(pe[mask])
     cov = iv.Coverage(np.concatenate(g_list), np.concatenate(s_list), np.concatenate(e_list))
-    a, b = pieces["a"].to_numpy(np.int64), pieces["b"].to_numpy(np.int64)
+    a, b = pieces["a"].to_numpy(_I64), pieces["b"].to_numpy(_I64)
     n = len(pieces)
 
     def covered(key) -> np.ndarray:
-        return cov.between(np.full(n, index[key], np.int64), a, b)
+        return cov.between(np.full(n, index[key], _I64), a, b)
 
     out = []
     measured = pieces["declared"].isna().to_numpy()
@@ -390,51 +600,70 @@ def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy, own) -> pd
     return pd.concat(out, ignore_index=True)
 
 
-def _who_ran(spans: pd.DataFrame, waits: pd.DataFrame) -> np.ndarray:
+def _who_ran(s: Spans, waits: pd.DataFrame) -> np.ndarray:
     """For each wait row, the other process where the awaited phase ran longest in that step, or the
     waiting process itself when the phase ran only there (on another thread)."""
-    ran = spans.assign(ns=spans["end_ns"] - spans["start_ns"]).groupby(["step", "phase", "process_id"])["ns"].sum()
-    ran = ran.reset_index().sort_values("ns", ascending=False)
+    loaded = np.flatnonzero(s.has_step & (s.proc >= 0) & (s.phase >= 0))
+    scode, sval = pd.factorize(s.step[loaded])
+    gid, n, (gs, gph, gpr) = _group((scode.astype(_I64), len(sval)), (s.phase[loaded], len(s.phase_names)),
+                                    (s.proc[loaded], len(s.proc_names)))
+    ns = np.bincount(gid, weights=(s.end - s.start)[loaded].astype(np.float64), minlength=n)
+    ran = pd.DataFrame({"step": np.asarray(sval, _I64)[gs], "phase": s.phase_names[gph],
+                        "process_id": s.proc_names[gpr], "ns": np.round(ns).astype(_I64)})
+    ran = ran.sort_values(["step", "phase", "process_id"], kind="stable", ignore_index=True)
+    ran = ran.sort_values("ns", ascending=False)
     best: dict[tuple, list[str]] = {}
-    for step, ph, proc in zip(ran["step"], ran["phase"], ran["process_id"]):
+    for step, ph, proc in zip(ran["step"].tolist(), ran["phase"].tolist(), ran["process_id"].tolist()):
         best.setdefault((step, ph), []).append(proc)
-        best.setdefault((None, ph), []).append(proc)  # the awaited work may belong to another step
+        best.setdefault((None, ph), {})[proc] = None  # the awaited work may belong to another step
+    for key in [k for k in best if k[0] is None]:
+        best[key] = list(best[key])  # each process once, in order of first appearance
     out = []
-    for step, ph, proc in zip(waits["step"], waits["waited_for"], waits["process_id"]):
-        ran = best.get((step, ph), []) + best.get((None, ph), [])
-        others = [p for p in ran if p != proc]
-        out.append(others[0] if others else (proc if ran else None))
+    for step, ph, proc in zip(waits["step"].tolist(), waits["waited_for"].tolist(), waits["process_id"].tolist()):
+        ph = None if ph is None or ph is pd.NA or (isinstance(ph, float) and np.isnan(ph)) else ph
+        ran_by = best.get((step, ph), []) + best.get((None, ph), [])
+        other = next((p for p in ran_by if p != proc), None)
+        out.append(other if other is not None else (proc if ran_by else None))
     return np.array(out, object)
 
 
-def _path_rows(spans, prow, busy, in_batch, phases, nesting) -> pd.DataFrame:
+def _last_child(s: Spans, parents: np.ndarray) -> dict[int, int]:
+    """For each row in `parents`, its child that ends last (latest loaded on ties), if any."""
+    kids = np.flatnonzero(s.prow >= 0)
+    if not len(kids) or not len(parents):
+        return {}
+    wanted = np.zeros(len(s), bool)
+    wanted[parents] = True
+    kids = kids[wanted[s.prow[kids]]]
+    if not len(kids):
+        return {}
+    order = np.lexsort((s.row[kids], s.end[kids], s.prow[kids]))
+    kids = kids[order]
+    is_last = np.ones(len(kids), bool)
+    is_last[:-1] = s.prow[kids[1:]] != s.prow[kids[:-1]]
+    return dict(zip(s.prow[kids[is_last]].tolist(), kids[is_last].tolist()))
+
+
+def _path_rows(s: Spans, busy, in_batch, nesting) -> pd.DataFrame:
     """Critical path per step over top-level busy spans. A stage nested in another stage's span on
     the same thread is a link of its own (TRL: rollout → reward → train inside one training step),
     and the outer span's link starts where its last nested stage ended (its own time)."""
-    phase = spans["phase"].to_numpy(object)
-    proc = spans["process_id"].to_numpy(object)
-    start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    prow, proc, start, end = s.prow, s.proc, s.start, s.end
     parent = np.maximum(prow, 0)
-    stage = _lookup(phases, {p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}, -1).astype(np.int64)
+    stage = _stage_code(s)
     other_stage = (stage >= 0) & (stage[parent] >= 0) & (stage[parent] != stage)
     top = busy & in_batch & ((prow < 0) | ~busy[parent] | (proc[parent] != proc) | other_stage)
     outer, inner = nesting
     link_start = start.copy()
     np.maximum.at(link_start, outer, np.where(end[inner] <= end[outer], end[inner], start[outer]))
-    with_parent = np.flatnonzero(prow >= 0)
-    order = np.lexsort((end[with_parent], prow[with_parent]))
-    kids = with_parent[order]
-    is_last = np.ones(len(kids), bool)
-    is_last[:-1] = prow[kids[1:]] != prow[kids[:-1]]
-    last_child = dict(zip(prow[kids[is_last]].tolist(), kids[is_last].tolist()))
-    steps = spans["step"].to_numpy()
-    out = []
+    steps = s.step
     tops = np.flatnonzero(top)
-    tops = tops[np.argsort(steps[tops], kind="stable")]
+    tops = tops[np.lexsort((s.row[tops], steps[tops]))]
     cuts = np.flatnonzero(np.diff(steps[tops])) + 1  # one slice per step (no scan of every span per step)
+    chains = []
     for idx in np.split(tops, cuts) if len(tops) else []:
-        step = steps[idx[0]]
-        idx = idx[np.lexsort((-(end[idx] - start[idx]), end[idx]))]  # by end, longer first on ties
+        # by end, longer first on ties, then in load order (what a reader of the parts sees first)
+        idx = idx[np.lexsort((s.row[idx], -(end[idx] - start[idx]), end[idx]))]
         ends = end[idx]
         chain = [idx[-1]]
         seen = {idx[-1]}  # spans ending within TOLERANCE_NS of each other (rollout and its nested reward) would cycle
@@ -448,24 +677,27 @@ def _path_rows(spans, prow, busy, in_batch, phases, nesting) -> pd.DataFrame:
             ties = [j for j in cand if best_end - end[j] <= TOLERANCE_NS]
             chain.append(next((j for j in ties if proc[j] == proc[cur]), ties[0]))
             seen.add(chain[-1])
-        for seq, i in enumerate(reversed(chain)):
-            child = last_child.get(i)
-            out.append(
-                {
-                    "step": step,
-                    "seq": seq,
-                    "process_id": proc[i],
-                    "phase": phase[i],
-                    "other": None if child is None else phase[child],
-                    "other_process_id": None if child is None else proc[child],
-                    "detail": spans["name"].iat[i],
-                    "span_id": spans["span_id"].iat[i],
-                    "start_ns": start[i],
-                    "end_ns": end[i],
-                    "seconds": (end[i] - start[i]) / 1e9,
-                }
-            )
-    if not out:
+        chains.append(np.asarray(chain[::-1], _I64))
+    if not chains:
         return pd.DataFrame()
-    frame = pd.DataFrame(out)
-    return _rows("path", **{c: frame[c].to_numpy(object if frame[c].dtype == object else None) for c in frame})
+    links = np.concatenate(chains)
+    seq = np.concatenate([np.arange(len(c)) for c in chains])
+    last = _last_child(s, links)
+    child = np.array([last.get(int(i), -1) for i in links], _I64)
+    has_child = child >= 0
+    proc_names = np.append(s.proc_names, None)
+    phase_names = np.append(s.phase_names, None)
+    return _rows(
+        "path",
+        step=steps[links],
+        seq=seq,
+        process_id=proc_names[proc[links]],
+        phase=phase_names[s.phase[links]],
+        other=np.where(has_child, phase_names[s.phase[np.maximum(child, 0)]], None),
+        other_process_id=np.where(has_child, proc_names[proc[np.maximum(child, 0)]], None),
+        detail=s.strings("name", links),
+        span_id=s.strings("span_id", links),
+        start_ns=start[links],
+        end_ns=end[links],
+        seconds=(end[links] - start[links]) / 1e9,
+    )

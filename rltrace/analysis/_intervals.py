@@ -34,8 +34,14 @@ def union(group, start, end) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     group, start, end = np.asarray(group, _I64), np.asarray(start, _I64), np.asarray(end, _I64)
     if len(group) == 0:
         return _empty()
-    keys = _band_keys(group, start, end)  # one int64 key per interval: one argsort beats a lexsort
-    order = np.argsort(keys[0], kind="stable")
+    keys = _band_keys(group, start, end)
+    if len(start) < 2 or bool(np.all(start[1:] >= start[:-1])):
+        # already by start (spans are loaded so): a stable sort of the small group codes keeps
+        # that order within each group, and numpy sorts 16-bit keys by radix, in linear time
+        small = group.astype(np.uint16) if int(group.max()) < 2**16 else group
+        order = np.argsort(small, kind="stable")
+    else:
+        order = np.argsort(keys[0], kind="stable")  # one int64 key per interval: one argsort beats a lexsort
     ks, ke = keys[0][order], keys[1][order]
     g, s, e = group[order], start[order], end[order]
     reach = np.maximum.accumulate(ke)
@@ -52,10 +58,11 @@ def total(group, start, end, n_groups: int) -> np.ndarray:
     return np.bincount(g, weights=(e - s).astype(np.float64), minlength=n_groups).astype(_I64)
 
 
-def complement(group, start, end, lo, hi):
+def complement(group, start, end, lo, hi, ordered: bool = True):
     """Per group, the parts of [lo[g], hi[g]) not covered by the group's intervals.
 
     `lo`/`hi` are arrays indexed by group code; groups with no interval are wholly uncovered.
+    With `ordered=False` the pieces come in no particular order (saves a sort of all of them).
     """
     g, s, e = union(group, start, end)
     lo, hi = np.asarray(lo, _I64), np.asarray(hi, _I64)
@@ -79,6 +86,8 @@ def complement(group, start, end, lo, hi):
     cs = np.maximum(cs, lo[cg])
     ce = np.minimum(ce, hi[cg])
     keep = ce > cs
+    if not ordered:
+        return cg[keep], cs[keep], ce[keep]
     order = np.lexsort((cs[keep], cg[keep]))
     return cg[keep][order], cs[keep][order], ce[keep][order]
 

@@ -1,4 +1,4 @@
-"""Per-step summaries: read the ones `rltrace compact` stored, compute the rest, cache per connection.
+"""Per-step summaries: reuse the ones stored or cached that still hold, compute the rest.
 
 A stored step is used only while it still matches the spans. When the span parts are exactly
 those the summary was computed from (a digest of their names, rows and sizes, kept in the
@@ -8,21 +8,38 @@ overlapping its time range, with a step or without (count and summed durations),
 change its waits too (a reward server that never received the step, an overlapping async step
 flushed late). Steps that changed, and runs never compacted, are recomputed from the spans.
 Results are cached in temporary tables of the connection (a connection is a snapshot, so they
-never go stale).
+never go stale), and a report over every step leaves them in a local summary cache
+(`RLTRACE_SUMMARY_CACHE_DIR`, one Parquet file per run id) with the list of span parts they were
+computed from. The next report reuses every cached step whose own fingerprint still holds and
+whose time range no new span part touches, so a report on a live run computes only the new
+steps, with no `rltrace compact`. When parts were merged or removed since, cached steps are
+checked by their window fingerprint instead, like stored ones.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from rltrace import _names
 from rltrace.analysis import _compute
+from rltrace._config import resolve
 from rltrace.analysis._steps import Steps, step_filter
+from rltrace.store import views
+from rltrace.store.writer import safe_name
 
 _CACHE = "_rltrace_summary"
 _CHECKS = "_rltrace_checks"
 _WINDOWS = "_rltrace_windows"
+_CACHE_PARTS = b"rltrace.span_parts"  # cache file footer: JSON [[name, rows, size], ...] of the span parts used
+logger = logging.getLogger("rltrace")
 BATCH_SPANS = 1_000_000  # spans loaded at once when computing
 
 
@@ -109,16 +126,123 @@ def _fill(con, steps: Steps) -> None:
     missing = wanted[~wanted["step"].isin(done)]
     if missing.empty:
         return
-    _reuse_stored(con, missing)
+    for reuse in (_reuse_stored, _reuse_cached):
+        done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
+        missing = missing[~missing["step"].isin(done)]
+        if not missing.empty:
+            reuse(con, missing)
     done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
-    for batch in _batches(missing[~missing["step"].isin(done)]):
-        spans = _load(con, batch)
-        computed = _compute.compute(spans, batch)
+    todo = missing[~missing["step"].isin(done)]
+    for computed in _computed(con, list(_batches(todo))):
         con.register("_rltrace_computed", computed)
         try:
             con.execute(f"INSERT INTO {_CACHE} BY NAME SELECT * FROM _rltrace_computed")
         finally:
             con.unregister("_rltrace_computed")
+    if steps is None:  # every step is in the connection's cache: it becomes the run's summary cache
+        _save_cache(con)
+
+
+def _computed(con, batches: list[pd.DataFrame]):
+    """Summary rows of each batch, two batches at a time on threads of their own (DuckDB and
+    numpy's sorts run without the interpreter lock, so loading one batch overlaps computing another)."""
+    if len(batches) < 2:
+        for batch in batches:
+            yield _compute.compute(_load(con, batch), batch)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work(batch):
+        return _compute.compute(_load(con.cursor(), batch), batch)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield from pool.map(work, batches)
+
+
+def _cache_file(con) -> Path | None:
+    run_id = _meta(con, "run_id")
+    if not run_id:
+        return None
+    root = resolve("summary_cache_dir")
+    root = Path(root) if root else Path(os.path.expanduser("~/.cache/rltrace/summaries"))
+    return root / f"{safe_name(run_id)}.parquet"
+
+
+def _parts_now(con) -> set[tuple[str, int, int]]:
+    return {(n, r, z) for n, r, z in con.execute("SELECT name, rows, size FROM _rltrace_span_parts").fetchall()}
+
+
+def _reuse_cached(con, missing: pd.DataFrame) -> None:
+    """Copy the cached rows of the `missing` steps that still hold into the connection's cache."""
+    path = _cache_file(con)
+    if path is None or not path.is_file():
+        return
+    try:
+        cached = pq.read_table(path)
+        then = {tuple(p) for p in json.loads((cached.schema.metadata or {})[_CACHE_PARTS])}
+        cached = cached.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
+    except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
+        logger.debug("rltrace: ignoring the summary cache %s: %s", path, exc)
+        return
+    now = _parts_now(con)
+    if not then <= now:  # parts were merged or removed since (compact stores its own summaries)
+        return
+    # only new parts since: a cached step holds unless a new part reaches into its window
+    candidates = missing[~_touched(con, [n for n, _, _ in now - then], missing)]
+    if candidates.empty:
+        return
+    con.register("_rltrace_cached_file", cached)
+    con.register("_rltrace_missing", candidates)
+    try:
+        con.execute(
+            f"""INSERT INTO {_CACHE} BY NAME
+            SELECT s.* FROM _rltrace_cached_file s JOIN (
+                SELECT k.step FROM _rltrace_cached_file k JOIN _rltrace_missing m
+                  ON k.step = m.step AND k.count = m.count AND k.start_ns = m.start_ns
+                 AND k.end_ns = m.end_ns AND k.total_ns = m.total_ns
+                WHERE k.kind = 'step' AND k.version = ?) v USING (step)""",
+            [_compute.VERSION],
+        )
+    finally:
+        con.unregister("_rltrace_cached_file")
+        con.unregister("_rltrace_missing")
+
+
+def _touched(con, names: list[str], steps: pd.DataFrame) -> np.ndarray:
+    """Per step of `steps`, whether a finished span of the parts `names` overlaps its window."""
+    if not names:
+        return np.zeros(len(steps), bool)
+    paths = [r[0] for r in con.execute(
+        "SELECT path FROM _rltrace_span_parts WHERE list_contains(?, name)", [names]).fetchall()]
+    ranges = con.execute(
+        f"SELECT min(start_ns), max(end_ns) FROM read_parquet({views.sql_paths([Path(p) for p in paths])}, "
+        "filename = true) GROUP BY filename"
+    ).fetchall()
+    lo, hi = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
+    hit = np.zeros(len(steps), bool)
+    for a, b in ranges:
+        if a is not None:
+            hit |= (a <= hi) & (b >= lo)
+    return hit
+
+
+def _save_cache(con) -> None:
+    """Write the connection's summaries (every step) as the run's summary cache; never fails a report."""
+    path = _cache_file(con)
+    if path is None:
+        return
+    try:
+        listing = sorted(_parts_now(con))
+        table = con.sql(f"SELECT * FROM {_CACHE} ORDER BY step, kind, seq").to_arrow_table()
+        table = table.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
+        meta = dict(table.schema.metadata or {})
+        meta[_CACHE_PARTS] = json.dumps(listing).encode()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        pq.write_table(table.replace_schema_metadata(meta), tmp)
+        os.replace(tmp, path)
+    except (OSError, pa.ArrowException) as exc:
+        logger.debug("rltrace: could not write the summary cache %s: %s", path, exc)
 
 
 def _reuse_stored(con, missing: pd.DataFrame) -> None:
@@ -159,16 +283,17 @@ def _batches(missing: pd.DataFrame):
         yield missing.iloc[start:]
 
 
-def _load(con, batch: pd.DataFrame) -> pd.DataFrame:
+def _load(con, batch: pd.DataFrame) -> _compute.Spans:
     """Finished spans overlapping the batch's steps in time (other steps' spans keep processes busy)."""
     lo, hi = int(batch["start_ns"].min()), int(batch["end_ns"].max())
-    return con.execute(
-        f"""SELECT span_id, parent_span_id, coalesce(phase, name) AS phase, name, step, process_id,
+    table = con.sql(
+        f"""SELECT span_id, parent_span_id, coalesce(phase, name, '') AS phase, name, step, process_id,
                    thread_id, start_ns, end_ns,
                    CASE WHEN phase = 'wait' THEN attr(attributes, '{_names.WAITING_FOR}') END AS waiting_for,
                    CASE WHEN phase = 'weight_sync'
                         THEN TRY_CAST(attr(attributes, '{_names.SYNC_BYTES}') AS DOUBLE) END AS sync_bytes,
                    CASE WHEN phase = 'weight_sync' THEN attr(attributes, '{_names.SYNC_METHOD}') END AS sync_method
-            FROM spans WHERE NOT is_open AND end_ns >= ? AND start_ns <= ?""",
-        [lo, hi],
-    ).df()
+            FROM spans WHERE NOT is_open AND end_ns >= $lo AND start_ns <= $hi""",
+        params={"lo": lo, "hi": hi},
+    ).to_arrow_table()
+    return _compute.Spans.from_arrow(table)

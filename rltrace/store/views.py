@@ -297,9 +297,19 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
     summary_of = [p.summary_of for p in snap.parts.get("step_summary", [])]
     con.execute("CREATE TABLE _rltrace_meta (key VARCHAR, value VARCHAR)")
     con.execute(
-        "INSERT INTO _rltrace_meta VALUES ('spans_digest', ?), ('summary_of', ?)",
-        [spans_digest(snap), summary_of[0] if len(summary_of) == 1 else None],
+        "INSERT INTO _rltrace_meta VALUES ('spans_digest', ?), ('summary_of', ?), ('run_id', ?)",
+        [spans_digest(snap), summary_of[0] if len(summary_of) == 1 else None, snap.manifest.get("run_id")],
     )
+    # the span parts read (what the per-step summary cache compares against, `analysis.summary`)
+    parts = snap.parts.get("spans", [])
+    con.register("_parts", pa.table({
+        "name": pa.array([p.path.name for p in parts], pa.string()),
+        "rows": pa.array([p.rows for p in parts], pa.int64()),
+        "size": pa.array([p.size for p in parts], pa.int64()),
+        "path": pa.array([str(p.path) for p in parts], pa.string()),
+    }))
+    con.execute("CREATE TABLE _rltrace_span_parts AS SELECT * FROM _parts")
+    con.unregister("_parts")
     return con
 
 

@@ -1,0 +1,121 @@
+"""The per-step summary cache: a report on a live run computes only what changed, and a cached
+step never outlives the spans it summarised (no `rltrace compact` involved)."""
+
+import os
+import shutil
+
+import pytest
+
+from rltrace import _names, analysis, report, store
+from rltrace.analysis import _compute, summary
+from rltrace.cli import main
+from rltrace.testing import RunBuilder
+
+
+@pytest.fixture
+def computed(monkeypatch):
+    """The number of steps each summary computation was asked for."""
+    calls = []
+    real = _compute.compute
+    monkeypatch.setattr(_compute, "compute", lambda spans, checks: calls.append(len(checks)) or real(spans, checks))
+    return calls
+
+
+def _run(tmp_path, steps=4):
+    b = RunBuilder(tmp_path / "run")
+    trainer, worker = b.process("trainer"), b.process("rollout")
+    for step in range(steps):
+        _step(trainer, worker, step)
+    b.write()
+    return b, trainer, worker
+
+
+def _step(trainer, worker, step):
+    o = 10.0 * step
+    worker.span("rollout", o, o + 3, step=step)
+    trainer.span("wait", o, o + 3, step=step)
+    trainer.span("train", o + 3, o + 5, step=step)
+
+
+def _answer(run_dir):
+    """Everything the summaries feed, as plain data."""
+    con = store.open(run_dir)
+    cm = analysis.cost_model(con).round(9)
+    waits = analysis.waits(con)
+    waits = waits.sort_values(list(waits.columns[:5])).round(9).reset_index(drop=True)
+    return tuple(_Same(f.astype(object).where(f.notna(), -1).to_dict("records")) for f in (cm, waits))
+
+
+class _Same(list):
+    """Plain rows (NaN spelled -1 so that equal answers compare equal)."""
+
+
+def _fresh(run_dir, tmp_path, monkeypatch):
+    """The same run analysed with an empty cache."""
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "empty-cache"))
+    try:
+        return _answer(run_dir)
+    finally:
+        monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_a_second_report_computes_nothing_and_a_live_run_only_its_new_step(tmp_path, monkeypatch, computed):
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    b, trainer, worker = _run(tmp_path)
+    first = report.build(store.open(b.run_dir))
+    assert computed == [4]
+    assert list((tmp_path / "cache").glob("*.parquet")), "the report left its summaries in the cache"
+    computed.clear()
+    assert report.build(store.open(b.run_dir))["waits"] == first["waits"]
+    assert computed == []
+
+    _step(trainer, worker, 4)  # the run goes on: one more step flushed as new parts
+    b.write()
+    computed.clear()
+    again = _answer(b.run_dir)
+    assert computed == [1]  # only the new step
+    assert again == _fresh(b.run_dir, tmp_path, monkeypatch)
+
+
+def test_a_late_span_without_a_step_recomputes_the_cached_steps_it_overlaps(tmp_path, monkeypatch, computed):
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    b, trainer, _ = _run(tmp_path)
+    _answer(b.run_dir)
+    reward = b.process("reward")
+    reward.span("reward", 10.5, 12.5)  # a reward server with no step, flushed late, inside step 1's wait
+    b.write()
+    computed.clear()
+    cached = _answer(b.run_dir)
+    assert computed == [1]  # step 1 only: the new part's time range touches no other step
+    assert cached == _fresh(b.run_dir, tmp_path, monkeypatch)
+    waits = analysis.waits(store.open(b.run_dir))
+    assert "reward" in set(waits[waits["step"] == 1]["waited_for"].dropna())
+
+
+def test_merged_parts_are_not_trusted_and_a_damaged_cache_is_ignored(tmp_path, monkeypatch, computed):
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    b, _, _ = _run(tmp_path)
+    want = _answer(b.run_dir)
+    (cache,) = (tmp_path / "cache").glob("*.parquet")
+
+    cache.write_bytes(b"not parquet")
+    computed.clear()
+    assert _answer(b.run_dir) == want and computed == [4]  # recomputed, and the cache rewritten
+    assert cache.read_bytes()[:4] == b"PAR1"
+
+    before = cache.read_bytes()
+    assert main(["compact", str(b.run_dir), "--grace", "0"]) == 0
+    shutil.rmtree(b.run_dir / _names.STEP_SUMMARY.folder)
+    cache.write_bytes(before)  # a cache of the parts before they were merged: its listing no longer holds
+    computed.clear()
+    assert _answer(b.run_dir) == want and computed == [4]
+
+
+def test_a_cache_that_cannot_be_written_never_fails_a_report(tmp_path, monkeypatch):
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(blocked / "summaries"))
+    b, _, _ = _run(tmp_path)
+    assert report.build(store.open(b.run_dir))["t_sync"]
+    assert not os.path.isdir(blocked)
+    assert summary._cache_file(store.open(b.run_dir)).parent == blocked / "summaries"
