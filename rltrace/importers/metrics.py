@@ -190,10 +190,10 @@ def step_spans(fw: frameworks.Framework, steps, codes, names: list, values, time
     start = latest - length
     if (latest < 0).any():  # no logged time: steps follow each other
         starts, prev_end = start.tolist(), None
-        for i, (t, n) in enumerate(zip(latest.tolist(), length.tolist())):
+        for k, (t, span) in enumerate(zip(latest.tolist(), length.tolist())):
             if t < 0:
-                starts[i] = prev_end if prev_end is not None else 0
-            prev_end = starts[i] + n
+                starts[k] = prev_end if prev_end is not None else 0
+            prev_end = starts[k] + span
         start = np.array(starts, np.int64)
 
     # the spans, step by step: the step span, then its stages in the framework's order
