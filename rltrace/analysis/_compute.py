@@ -55,6 +55,7 @@ _COLUMNS = (
     "step kind seq process_id phase other other_process_id detail span_id start_ns end_ns seconds count total_ns version"
 ).split()
 _I64 = np.int64
+_DENSE = 1 << 22  # group keys up to this many possible values are counted, not hashed
 
 
 def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -147,9 +148,16 @@ def _group(*columns: tuple[np.ndarray, int]) -> tuple[np.ndarray, int, list[np.n
     ascending key order.
     """
     key = np.zeros(len(columns[0][0]), _I64)
+    product = 1
     for values, size in columns:
         key = key * max(int(size), 1) + values
-    gid, uniq = pd.factorize(key, sort=True)
+        product *= max(int(size), 1)
+    if product <= _DENSE:  # few possible keys: count them instead of hashing every row
+        present = np.bincount(key, minlength=product) > 0
+        uniq = np.flatnonzero(present)
+        gid = (np.cumsum(present) - 1)[key]
+    else:
+        gid, uniq = pd.factorize(key, sort=True)
     out = []
     rest = uniq.astype(_I64)
     for _, size in reversed(columns):
@@ -250,6 +258,15 @@ class _Batch:
             np.concatenate([ma, s.start[parents]]), np.concatenate([me, s.end[parents]]))
         self.raw = (rb, rp, rph, ra, re)  # every span's whole interval, merged per (bucket, process, phase)
 
+    def per_phase(self):
+        """Per (step, process, phase) of the batch: keys (bucket, process + 1, phase + 1), span
+        count and summed durations; computed once (phase rows and wait attribution use it)."""
+        if not hasattr(self, "_per_phase"):
+            rows = np.flatnonzero(self.in_batch)
+            dur = (self.s.end - self.s.start)[rows].astype(np.float64)
+            self._per_phase = _sum_by(self._cols(rows), dur)
+        return self._per_phase
+
     def _cols(self, rows: np.ndarray) -> list[tuple[np.ndarray, int]]:
         return [(self.bucket[rows], self.nb + 1), (self.proc1[rows], self.nproc), (self.phase1[rows], self.nphase)]
 
@@ -308,11 +325,9 @@ def _sync_rows(s: Spans, in_batch: np.ndarray) -> pd.DataFrame:
 
 def _phase_rows(x: _Batch) -> pd.DataFrame:
     s = x.s
-    rows = np.flatnonzero(x.in_batch)
-    if not len(rows):
+    if not x.in_batch.any():
         return pd.DataFrame()
-    dur = (s.end - s.start)[rows].astype(np.float64)
-    (kb, kp, kph), count, total = _sum_by(x._cols(rows), dur)
+    (kb, kp, kph), count, total = x.per_phase()
     rb, rp, rph, ra, re = x.raw
     mine = rb < x.nb
     sizes = [x.nb + 1, x.nproc, x.nphase]
@@ -515,7 +530,7 @@ def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
     keys = ["step", "process_id", "detail", "in_phase", "waited_for"]
     agg = attributed.groupby(keys, dropna=False, sort=True).agg(seconds=("ns", "sum"), count=("ns", "size")).reset_index()
     agg["seconds"] = agg["seconds"] / 1e9
-    agg["other_process_id"] = _who_ran(s, agg)
+    agg["other_process_id"] = _who_ran(x, agg)
     return _rows(
         "wait",
         step=agg["step"].to_numpy(),
@@ -564,11 +579,12 @@ def _attribute(pieces: pd.DataFrame, x: _Batch) -> pd.DataFrame:
     (pg,), ps, pe = _union_by([(np.concatenate([mph[busy_m] - 1, codes[pr][busy_p]]), len(names))],
                               np.concatenate([ma[busy_m], pa_[busy_p]]), np.concatenate([me[busy_m], pb_[busy_p]]))
     busy = x.busy
-    busy_codes = np.unique(codes[busy])
+    width = len(names) + 1
+    busy_codes = np.flatnonzero((np.bincount(codes + 1, minlength=width) > 0) & x.busy_phase[np.arange(-1, width - 1)]) - 1
     nested = np.flatnonzero(busy & (prow >= 0))
     nested = nested[busy[prow[nested]] & (codes[prow[nested]] != codes[nested])]
-    link = np.unique(codes[prow[nested]] * (len(names) + 1) + codes[nested])
-    children = _descendants(link // (len(names) + 1), link % (len(names) + 1))
+    link = np.flatnonzero(np.bincount((codes[prow[nested]] + 1) * width + codes[nested] + 1, minlength=width * width))
+    children = _descendants(link // width - 1, link % width - 1)
     # coverage groups: each busy phase; each parent phase with its descendants; the descendants alone; all busy
     groups: list[tuple[object, set[int]]] = [(int(c), {int(c)}) for c in busy_codes]
     groups += [((c, "+"), {c} | kids) for c, kids in children.items()]
@@ -588,28 +604,37 @@ def _attribute(pieces: pd.DataFrame, x: _Batch) -> pd.DataFrame:
     def covered(key) -> np.ndarray:
         return cov.between(np.full(n, index[key], _I64), a, b)
 
-    out = []
+    # one column per busy phase, one for "nothing ran", one for the declared target
     measured = pieces["declared"].isna().to_numpy()
-    for c in busy_codes:
-        c = int(c)
-        ns = covered((c, "+")) - covered((c, ":")) if c in children else covered(c)
-        out.append(pieces.assign(waited_for=names[c], ns=ns)[measured & (ns > 0)])
-    nothing = (b - a) - covered("*")
-    out.append(pieces.assign(waited_for=None, ns=nothing)[measured & (nothing > 0)])
-    out.append(pieces.assign(waited_for=pieces["declared"], ns=b - a)[~measured])
-    return pd.concat(out, ignore_index=True)
+    cols = [covered((int(c), "+")) - covered((int(c), ":")) if int(c) in children else covered(int(c))
+            for c in busy_codes]
+    cols.append((b - a) - covered("*"))
+    ns = np.column_stack(cols + [b - a]) if n else np.zeros((0, len(cols) + 1), _I64)
+    ns[:, :-1] *= measured[:, None]
+    ns[:, -1] *= ~measured
+    row, col = np.nonzero(ns > 0)
+    targets = np.array([names[int(c)] for c in busy_codes] + [None, None], object)[col]
+    declared = pieces["declared"].to_numpy(object)
+    targets = np.where(col == len(cols), declared[row], targets)
+    out = pieces.iloc[row].reset_index(drop=True)
+    return out.assign(waited_for=targets, ns=ns[row, col])
 
 
-def _who_ran(s: Spans, waits: pd.DataFrame) -> np.ndarray:
+def _who_ran(x: _Batch, waits: pd.DataFrame) -> np.ndarray:
     """For each wait row, the other process where the awaited phase ran longest in that step, or the
     waiting process itself when the phase ran only there (on another thread)."""
-    loaded = np.flatnonzero(s.has_step & (s.proc >= 0) & (s.phase >= 0))
-    scode, sval = pd.factorize(s.step[loaded])
-    gid, n, (gs, gph, gpr) = _group((scode.astype(_I64), len(sval)), (s.phase[loaded], len(s.phase_names)),
-                                    (s.proc[loaded], len(s.proc_names)))
-    ns = np.bincount(gid, weights=(s.end - s.start)[loaded].astype(np.float64), minlength=n)
-    ran = pd.DataFrame({"step": np.asarray(sval, _I64)[gs], "phase": s.phase_names[gph],
-                        "process_id": s.proc_names[gpr], "ns": np.round(ns).astype(_I64)})
+    s = x.s
+    (kb, kp, kph), _, total = x.per_phase()
+    other = np.flatnonzero(s.has_step & ~x.in_batch)  # spans of neighbouring steps in the loaded window
+    scode, sval = pd.factorize(s.step[other])
+    (ob, op, oph), _, ototal = _sum_by([(scode.astype(_I64), len(sval)), (x.proc1[other], x.nproc),
+                                         (x.phase1[other], x.nphase)], (s.end - s.start)[other].astype(np.float64))
+    step = np.concatenate([x.steps[kb], np.asarray(sval, _I64)[ob]])
+    proc, phase = np.concatenate([kp, op]), np.concatenate([kph, oph])
+    known = (proc > 0) & (phase > 0)
+    ran = pd.DataFrame({"step": step[known], "phase": np.append(s.phase_names, None)[phase[known] - 1],
+                        "process_id": np.append(s.proc_names, None)[proc[known] - 1],
+                        "ns": np.round(np.concatenate([total, ototal])[known]).astype(_I64)})
     ran = ran.sort_values(["step", "phase", "process_id"], kind="stable", ignore_index=True)
     ran = ran.sort_values("ns", ascending=False)
     best: dict[tuple, list[str]] = {}
