@@ -192,7 +192,8 @@ import json, resource, sys, time
 from rltrace import report, store
 t = time.perf_counter()
 {body}
-print("\nRESULT", json.dumps({{"seconds": time.perf_counter() - t, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+print()
+print("RESULT", json.dumps({{"seconds": time.perf_counter() - t, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
 """
 
 

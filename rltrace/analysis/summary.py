@@ -40,7 +40,7 @@ _CHECKS = "_rltrace_checks"
 _WINDOWS = "_rltrace_windows"
 _CACHE_PARTS = b"rltrace.span_parts"  # cache file footer: JSON [[name, rows, size], ...] of the span parts used
 logger = logging.getLogger("rltrace")
-BATCH_SPANS = 1_000_000  # spans loaded at once when computing
+BATCH_SPANS = (250_000, 1_000_000)  # spans loaded at once: a quarter of the run, within these bounds
 
 
 def _has_table(con, name: str) -> bool:
@@ -271,11 +271,14 @@ def _reuse_stored(con, missing: pd.DataFrame) -> None:
 
 
 def _batches(missing: pd.DataFrame):
-    """Consecutive steps cut into groups of about BATCH_SPANS spans."""
+    """Consecutive steps cut into groups of spans: at least 4 groups (two threads stay busy) of
+    BATCH_SPANS[0] to BATCH_SPANS[1] spans (bigger ones re-read fewer Parquet row groups)."""
     missing = missing.sort_values("step")
+    low, high = BATCH_SPANS
+    size = min(high, max(low, int(missing["count"].sum()) // 4))
     start, total = 0, 0
     for i, n in enumerate(missing["count"].to_numpy()):
-        if i > start and total + n > BATCH_SPANS:
+        if i > start and total + n > size:
             yield missing.iloc[start:i]
             start, total = i, 0
         total += n
