@@ -12,8 +12,8 @@ never go stale), and a report over every step leaves them in a local summary cac
 (`RLTRACE_SUMMARY_CACHE_DIR`, one Parquet file per run id) with the list of span parts they were
 computed from. The next report reuses every cached step whose own fingerprint still holds and
 whose time range no new span part touches, so a report on a live run computes only the new
-steps, with no `rltrace compact`. When parts were merged or removed since, cached steps are
-checked by their window fingerprint instead, like stored ones.
+steps, with no `rltrace compact`. When parts were merged or removed since, the cache is not
+trusted and its steps are computed again (`rltrace compact` stores summaries of its own).
 """
 
 from __future__ import annotations
