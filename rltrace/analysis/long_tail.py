@@ -9,14 +9,15 @@ from rltrace.analysis import summary
 from rltrace.analysis._steps import Steps, step_filter
 
 
-def _samples(con, steps: Steps) -> pd.DataFrame:
+def _samples(con, steps: Steps, *, ids: bool = False) -> pd.DataFrame:
     """Samples the step waited for: not the earlier part of a sample carried over to a later step
-    (`in_batch` false: aborted when the batch was full, so nobody waited for it)."""
+    (`in_batch` false: aborted when the batch was full, so nobody waited for it). `ids`: with
+    sample_id and group_id (text for every sample costs more than the numbers: only when shown)."""
     where, params = step_filter(steps)
     columns = {r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE samples)").fetchall()}
     kept = "in_batch IS NOT false" if "in_batch" in columns else "true"
     return con.execute(
-        f"""SELECT step, sample_id, group_id, response_len, gen_start, gen_end
+        f"""SELECT step, {'sample_id, group_id, ' if ids else ''}response_len, gen_start, gen_end
             FROM samples WHERE gen_start IS NOT NULL AND gen_end IS NOT NULL AND {kept} AND {where}""",
         params,
     ).df()
@@ -70,7 +71,7 @@ def stragglers(con, steps: Steps = None, *, factor: float = 2.0, per_step: int =
         gen_s (gen_end - gen_start), time_ratio (gen_s / the step's median), after_median_s
         (seconds it finished after the median sample).
     """
-    s = _samples(con, steps)
+    s = _samples(con, steps, ids=True)
     cols = ["step", "sample_id", "group_id", "response_len", "len_ratio", "gen_s", "time_ratio", "after_median_s"]
     if s.empty:
         return pd.DataFrame(columns=cols)

@@ -42,7 +42,7 @@ def waits(con, steps: Steps = None) -> pd.DataFrame:
             "intervals": rows["count"],
         }
     )
-    out["waited_for_group"] = out["waited_for"].map(lambda p: STAGE_OF.get(p, p))
+    out["waited_for_group"] = out["waited_for"].map(STAGE_OF).fillna(out["waited_for"])  # a phase outside the stages: itself
     out = _who.label(out, con)
     cols = ["step", "process_id", "role", "rank", "kind", "in_phase", "waited_for", "waited_for_group",
             "waited_for_process", "seconds", "intervals"]

@@ -26,7 +26,7 @@ SPIKE_SHARE = 0.25  # ... and at least this share of the median step's wall time
 def plain(value):
     """JSON-ready copy: numpy scalars to Python, NaN to None, frames to lists of dicts."""
     if isinstance(value, pd.DataFrame):
-        return [plain(r) for r in value.to_dict("records")]
+        return _records(value)
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -38,6 +38,24 @@ def plain(value):
     if value is pd.NA or value is pd.NaT:
         return None
     return value
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    """`plain` of each row of a frame, a column at a time: number columns convert at once, and only
+    cells that may hold something else (objects, text, nested dicts) go through `plain` one by one."""
+    keys = [str(k) for k in frame.columns]
+    columns = []
+    for i in range(frame.shape[1]):
+        values = frame.iloc[:, i].tolist()
+        kind = frame.dtypes.iloc[i].kind if isinstance(frame.dtypes.iloc[i], np.dtype) else "O"
+        if kind == "f":
+            values = [None if v != v else v for v in values]  # NaN is the only value unequal to itself
+        elif kind not in "iub":
+            values = [plain(v) for v in values]
+        columns.append(values)
+    if not columns:
+        return [{} for _ in range(len(frame))]
+    return [dict(zip(keys, row)) for row in zip(*columns)]
 
 
 def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
