@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from rltrace.analysis import summary
 from rltrace.analysis._steps import Steps, step_filter
 
 
-def _samples(con, steps: Steps, *, ids: bool = False) -> pd.DataFrame:
+def _samples(con, steps: Steps, *, ids: bool = False):
     """Samples the step waited for: not the earlier part of a sample carried over to a later step
-    (`in_batch` false: aborted when the batch was full, so nobody waited for it). `ids`: with
-    sample_id and group_id (text for every sample costs more than the numbers: only when shown)."""
+    (`in_batch` false: aborted when the batch was full, so nobody waited for it). A DataFrame; with
+    `ids`, an Arrow table holding sample_id and group_id too (text stays in Arrow until shown)."""
     where, params = step_filter(steps)
     columns = {r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE samples)").fetchall()}
     kept = "in_batch IS NOT false" if "in_batch" in columns else "true"
-    return con.execute(
+    query = con.sql(
         f"""SELECT step, {'sample_id, group_id, ' if ids else ''}response_len, gen_start, gen_end
             FROM samples WHERE gen_start IS NOT NULL AND gen_end IS NOT NULL AND {kept} AND {where}""",
-        params,
-    ).df()
+        params=params,
+    )
+    return query.to_arrow_table() if ids else query.df()
 
 
 def long_tail(con, steps: Steps = None) -> pd.DataFrame:
@@ -71,10 +73,11 @@ def stragglers(con, steps: Steps = None, *, factor: float = 2.0, per_step: int =
         gen_s (gen_end - gen_start), time_ratio (gen_s / the step's median), after_median_s
         (seconds it finished after the median sample).
     """
-    s = _samples(con, steps, ids=True)
+    table = _samples(con, steps, ids=True)
     cols = ["step", "sample_id", "group_id", "response_len", "len_ratio", "gen_s", "time_ratio", "after_median_s"]
-    if s.empty:
+    if not table.num_rows:
         return pd.DataFrame(columns=cols)
+    s = table.drop_columns(["sample_id", "group_id"]).to_pandas()
     s["gen_s"] = s["gen_end"] - s["gen_start"]
     g = s.groupby("step")
     s["len_ratio"] = s["response_len"] / g["response_len"].transform("median").where(lambda m: m > 0)
@@ -82,6 +85,8 @@ def stragglers(con, steps: Steps = None, *, factor: float = 2.0, per_step: int =
     s["after_median_s"] = s["gen_end"] - g["gen_end"].transform("median")
     slow = (s["after_median_s"] > 0) & ((s["time_ratio"] >= factor) | (s["len_ratio"] >= factor))
     out = s[slow].sort_values(["step", "after_median_s"], ascending=[True, False]).groupby("step").head(per_step)
+    ids = table.select(["sample_id", "group_id"]).take(pa.array(out.index.to_numpy())).to_pandas()
+    out = out.assign(**{c: ids[c].set_axis(out.index) for c in ids})
     out = out.astype({"len_ratio": float, "time_ratio": float})
     out[["len_ratio", "time_ratio"]] = out[["len_ratio", "time_ratio"]].replace([np.inf], np.nan)
     return out[cols].reset_index(drop=True)

@@ -76,9 +76,10 @@ def _samples(con, steps: Steps) -> pd.DataFrame:
                            "repetition", "spec_accept_rate", "spec_accept_length", "in_batch") if c in cols]
     where, params = step_filter(steps)
     keep = "in_batch IS NOT false" if "in_batch" in cols else "true"
-    return con.execute(
-        f"SELECT {', '.join(wanted)} FROM samples WHERE {where} AND {keep} ORDER BY step, group_id, sample_id", params
-    ).df()
+    return con.sql(  # through Arrow: text columns convert several times faster than with .df()
+        f"SELECT {', '.join(wanted)} FROM samples WHERE {where} AND {keep} ORDER BY step, group_id, sample_id",
+        params=params,
+    ).to_arrow_table().to_pandas()
 
 
 def _sample_table(s: pd.DataFrame) -> pd.DataFrame:

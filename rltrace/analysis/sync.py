@@ -27,8 +27,9 @@ def sync_children(con, steps: Steps = None) -> pd.DataFrame:
     """
     where, params = step_filter(steps, "step")
     marks = ", ".join("?" for _ in WEIGHT_SYNC_CHILDREN)
-    any_child = con.execute(f"SELECT 1 FROM spans WHERE coalesce(phase, name) IN ({marks}) LIMIT 1",
-                            list(WEIGHT_SYNC_CHILDREN)).fetchone()
+    # coalesce(phase, name) spelled out: the name column is then read only where phase is null
+    any_child = con.execute(f"SELECT 1 FROM spans WHERE phase IN ({marks}) OR (phase IS NULL AND name IN ({marks})) LIMIT 1",
+                            [*WEIGHT_SYNC_CHILDREN, *WEIGHT_SYNC_CHILDREN]).fetchone()
     if any_child is None:  # most runs: no broken-down syncs; skip the recursive walk over every span
         return pd.DataFrame(columns=["sync_span_id", "step", "start_ns", "sync_s", "child", "seconds", "bytes",
                                      "processes"])

@@ -63,7 +63,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     now_ns = time.time_ns() if now_ns is None else now_ns
     per_step = analysis.step_breakdown(con, steps)
     costs = analysis.cost_model(con, steps)
-    summary = analysis.cost_summary(con, steps)
+    summary = analysis.cost_summary(con, steps, per_step=costs)
     tail = analysis.long_tail(con, steps)
     step_rows = per_step.merge(costs.drop(columns=["wall_s"]), on="step", how="left")
     step_rows = step_rows.merge(tail[["step", "tail_s", "tail_share"]], on="step", how="left")

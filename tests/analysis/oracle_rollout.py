@@ -10,7 +10,21 @@ import numpy as np
 import pandas as pd
 
 from rltrace.analysis._steps import Steps, step_filter
-from rltrace.analysis.rollout import REQUEST_FIELDS, _MENTIONS, _columns, _samples, train_means
+from rltrace.analysis.rollout import REQUEST_FIELDS, _MENTIONS, _columns, train_means
+
+
+def _samples(con, steps: Steps) -> pd.DataFrame:
+    cols = _columns(con, "samples")
+    if not cols:
+        return pd.DataFrame()
+    wanted = ["step", "sample_id", "group_id", "response_len", "finish_reason", "reward"]
+    wanted += [c for c in ("effective_response_len", "cached_tokens", "total_prompt_tokens", "non_generation_time",
+                           "repetition", "spec_accept_rate", "spec_accept_length", "in_batch") if c in cols]
+    where, params = step_filter(steps)
+    keep = "in_batch IS NOT false" if "in_batch" in cols else "true"
+    return con.execute(
+        f"SELECT {', '.join(wanted)} FROM samples WHERE {where} AND {keep} ORDER BY step, group_id, sample_id", params
+    ).df()
 
 
 def statistics(values) -> dict[str, float]:

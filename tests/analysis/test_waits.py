@@ -189,3 +189,25 @@ def test_waits_go_to_the_innermost_work(tmp_path):
     assert sorted(w.loc[w["process_id"] == rw.process_id, ["waited_for", "seconds"]].values.tolist()) == [
         ["generate", 3.0], ["prefill", 1.0]
     ]
+
+
+def test_common_paths_count_each_chain_over_many_steps(tmp_path):
+    """Steps with three different critical paths: each chain's steps, share and median seconds."""
+    b = RunBuilder(tmp_path / "run")
+    tr, ro = b.process("trainer"), b.process("rollout")
+    for step in range(9):
+        t = step * 10.0
+        ro.span("rollout", t, t + 2 + step * 0.1, step=step)
+        end = t + 2 + step * 0.1
+        if step % 3 == 1:  # a reward between rollout and train
+            ro.span("reward", end, end + 1, step=step)
+            end += 1
+        tr.span("train", end, end + 3, step=step)
+        if step % 3 == 2:  # and a weight sync after train
+            tr.span("weight_sync", end + 3, end + 3.5, step=step)
+    b.write()
+    out = analysis.common_paths(store.open(b.run_dir))
+    assert out["path"].tolist() == ["rollout → reward → train", "rollout → train", "rollout → train → weight_sync"]
+    assert out["steps"].tolist() == [3, 3, 3] and out["share"].tolist() == pytest.approx([1 / 3] * 3)
+    # median over the steps of the chain's summed seconds: steps 1, 4, 7 / 0, 3, 6 / 2, 5, 8
+    assert out["seconds"].tolist() == pytest.approx([2 + 0.4 + 1 + 3, 2 + 0.3 + 3, 2 + 0.5 + 3 + 0.5])
