@@ -67,7 +67,8 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     tail = analysis.long_tail(con, steps)
     step_rows = per_step.merge(costs.drop(columns=["wall_s"]), on="step", how="left")
     step_rows = step_rows.merge(tail[["step", "tail_s", "tail_share"]], on="step", how="left")
-    phases = analysis.phase_totals(con, steps)
+    phase_rows = analysis.phase_rows(con, steps)  # read once: totals and the bottleneck's breakdown
+    phases = analysis.phase_totals(con, steps, rows=phase_rows)
     rollout = analysis.rollout(con, steps)
     step_rows = plain(step_rows)
     report = {
@@ -78,7 +79,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "async": plain({k: summary.get(k) for k in ("period_s", "stage_s", "concurrent_s", "achieved_speedup",
                                                     "achieved_fraction", "overlapping")}),
         "nested": plain(analysis.nested_stages(con, steps)),
-        "bottleneck": _bottleneck(con, steps, summary, costs),
+        "bottleneck": _bottleneck(con, steps, summary, costs, phase_rows),
         "outliers": _outliers(con, step_rows),
         "critical_path": plain(analysis.common_paths(con, steps)),
         "waits": plain(analysis.top_waits(con, steps, n=WAITS_PER_STEP)),
@@ -101,7 +102,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     return report
 
 
-def _bottleneck(con, steps: Steps, summary: dict, costs: pd.DataFrame) -> dict | None:
+def _bottleneck(con, steps: Steps, summary: dict, costs: pd.DataFrame, phase_rows: pd.DataFrame) -> dict | None:
     """The stage with the longest median time per step (amortised), where it ran, what to open
     next, and the runner-up: when their interquartile ranges overlap the two are within noise."""
     per_step = {stage: costs[col + "_amortised"].dropna() for stage, col in COST_COLUMN.items()}
@@ -112,7 +113,7 @@ def _bottleneck(con, steps: Steps, summary: dict, costs: pd.DataFrame) -> dict |
     stage = ranked[0]
     iqr = {k: [float(per_step[k].quantile(0.25)), float(per_step[k].quantile(0.75))] for k in ranked[:2]}
     runner_up = ranked[1] if len(ranked) > 1 else None
-    breakdown = analysis.phase_breakdown(con, steps)
+    breakdown = analysis.phase_breakdown(con, steps, rows=phase_rows)
     mine = breakdown[breakdown["phase"].isin(phases_of(stage))]
     by_process = mine.groupby("process_id")["seconds"].sum().sort_values(ascending=False)
     by_phase = mine.groupby("phase")["seconds"].sum().sort_values(ascending=False)
