@@ -15,7 +15,7 @@ import pandas as pd
 
 Reduce = Callable[[np.ndarray], np.ndarray]  # 2-D block, one group a row -> one value a row
 
-#: `rollout.statistics` (slime's `compute_statistics`) on blocks
+#: slime's `compute_statistics` (mean, median, max, min) on blocks
 STATS: dict[str, Reduce] = {
     "mean": lambda b: np.mean(b, axis=1),
     "median": lambda b: np.median(b, axis=1),

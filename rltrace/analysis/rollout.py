@@ -42,23 +42,8 @@ def _absent(value) -> bool:
     return value is None or (np.ndim(value) == 0 and bool(pd.isna(value)))
 
 
-def statistics(values) -> dict[str, float]:
-    """slime's `compute_statistics`: mean, median, max, min."""
-    v = np.asarray(values, dtype=float)
-    return {"mean": float(np.mean(v)), "median": float(np.median(v)), "max": float(np.max(v)), "min": float(np.min(v))}
-
-
-def pass_at_k(rewards: list[float], group_size: int) -> dict[str, float]:
-    """slime's `compute_pass_rate`: pass@k for k = 1, 2, 4, ... up to the group size, a reward of
-    exactly 1 counting as a pass, rewards given group after group."""
-    if group_size <= 1 or len(rewards) % group_size:
-        return {}
-    groups = np.asarray(rewards, dtype=float).reshape(-1, group_size)
-    correct = np.sum(groups == 1, axis=1)
-    return {str(k): float(np.mean([_pass_estimate(group_size, int(c), k) for c in correct])) for k in _pass_ks(group_size)}
-
-
 def _pass_ks(group_size: int) -> list[int]:
+    """The k of slime's `compute_pass_rate`: 1, 2, 4, ... up to the group size."""
     return [2**i for i in range(int(math.log2(group_size)) + 1)]
 
 
@@ -164,8 +149,8 @@ def _rewards_by_group(s: pd.DataFrame, group: np.ndarray, n: int, rewards: np.nd
         hi = _groups.reduce(r, g, ng, {"max": _groups.STATS["max"]})["max"]
         zero = np.flatnonzero(lo == hi)  # every reward of the group equal
         first = r[new][zero]
-        values, which = np.unique(first, return_inverse=True)
-        names = np.array([f"count_{round(float(v), 1)}" for v in values], dtype=object)[which]
+        bits, which = np.unique(first.view(np.int64), return_inverse=True)  # by bits: -0.0 is named apart from 0.0
+        names = np.array([f"count_{round(float(v), 1)}" for v in bits.view(np.float64)], dtype=object)[which]
         seen = pd.DataFrame({"step": g_step[zero], "name": names}).groupby(["step", "name"], sort=False).size()
         for (step, name), count in zip(seen.index.tolist(), seen.tolist()):
             zero_std[step][name] = count
@@ -213,15 +198,18 @@ def engine(con, steps: Steps = None) -> pd.DataFrame:
         f"SELECT step, {sel} FROM spans WHERE {where} AND step IS NOT NULL AND ({_MENTIONS}) AND ({any_attr}) ORDER BY step, start_ns",
         params,
     ).df()
-    rows = []
-    for step, g in frame.groupby("step", sort=True):
-        row = {"step": int(step), "requests": len(g)}
-        for name, _ in REQUEST_FIELDS:
-            values = g[name][np.isfinite(g[name].astype(float))]
-            if len(values):
-                row.update({f"{name}_{k}": v for k, v in statistics(values).items()})
-        rows.append(row)
-    return pd.DataFrame(rows, columns=None if rows else ["step", "requests"])
+    if frame.empty:
+        return pd.DataFrame(columns=["step", "requests"])
+    group, keys = _groups.codes(frame["step"].to_numpy())
+    n = len(keys)
+    cols: dict = {"step": (keys.astype(np.int64), None), "requests": (_groups.counts(group, n), None)}
+    for name, _ in REQUEST_FIELDS:
+        values = frame[name].to_numpy(float, na_value=np.nan)
+        finite = np.isfinite(values)
+        present = _groups.any_per(group, n, finite)
+        stats = _groups.reduce(values, group, n, _groups.STATS, keep=finite)
+        cols |= {f"{name}_{k}": (v, present) for k, v in stats.items()}
+    return _groups.frame(cols)
 
 
 def engine_summary(con, steps: Steps = None, *, rollout_table: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -234,7 +222,7 @@ def engine_summary(con, steps: Steps = None, *, rollout_table: pd.DataFrame | No
     `rollout_table`: the `rollout()` table of the same steps, when the caller has it already.
     """
     where, params = step_filter(steps)
-    rows: dict[int, dict] = {}
+    steps_seen, cols = [np.zeros(0, np.int64)], {}
     if _columns(con, "spans"):
         req = con.execute(
             f"""SELECT step, TRY_CAST(attr(attributes, 'queue_time') AS DOUBLE) AS q,
@@ -246,26 +234,54 @@ def engine_summary(con, steps: Steps = None, *, rollout_table: pd.DataFrame | No
                 AND (attr(attributes, 'e2e_latency') IS NOT NULL OR attr(attributes, 'decode_throughput') IS NOT NULL)""",
             params,
         ).df()
-        for step, g in req.groupby("step", sort=True):
-            row = rows.setdefault(int(step), {"step": int(step)})
-            row["requests"] = len(g)
-            both = g.dropna(subset=["q", "e"])
-            if len(both) and both["e"].sum() > 0:
-                row["queue_share"] = float(both["q"].sum() / both["e"].sum())
-            t = g["t"].dropna()
-            if len(t):
-                row.update({f"decode_throughput_p{q}": float(np.percentile(t, q)) for q in (50, 90, 99)})
-            cp = g.dropna(subset=["c", "p"])
-            if len(cp) and cp["p"].sum() > 0:
-                row["prefix_cache_hit_rate"] = float(cp["c"].sum() / cp["p"].sum())
+        order = np.argsort(req["step"].to_numpy(), kind="stable")  # each step's requests in the order read
+        group, keys = _groups.codes(req["step"].to_numpy()[order])
+        n = len(keys)
+        q, e, t, c, p = (req[k].to_numpy(float, na_value=np.nan)[order] for k in "qetcp")
+        total = {"sum": lambda b: b.sum(axis=1)}
+        both = ~np.isnan(q) & ~np.isnan(e)
+        qs, es = (_groups.reduce(x, group, n, total, keep=both)["sum"] for x in (q, e))
+        timed = ~np.isnan(t)
+        pct = {f"decode_throughput_p{x}": (lambda b, x=x: np.percentile(b, x, axis=1)) for x in (50, 90, 99)}
+        cached = ~np.isnan(c) & ~np.isnan(p)
+        cs, ps = (_groups.reduce(x, group, n, total, keep=cached)["sum"] for x in (c, p))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cols = {"requests": (_groups.counts(group, n), np.ones(n, bool)),
+                    "queue_share": (qs / es, _groups.any_per(group, n, both) & (es > 0))}
+            present = _groups.any_per(group, n, timed)
+            cols |= {k: (v, present) for k, v in _groups.reduce(t, group, n, pct, keep=timed).items()}
+            cols["prefix_cache_hit_rate"] = (cs / ps, _groups.any_per(group, n, cached) & (ps > 0))
+        steps_seen.append(keys.astype(np.int64))
     samples = rollout_table if rollout_table is not None else rollout(con, steps)
-    for rec in samples.to_dict("records") if len(samples) else []:
-        row = rows.setdefault(int(rec["step"]), {"step": int(rec["step"])})
+    if len(samples):
+        steps_seen.append(samples["step"].to_numpy(np.int64))
+    every = np.unique(np.concatenate(steps_seen))  # a row for every step with requests or samples
+    at = {}
+    out: dict = {"step": (every, None)}
+    if cols:
+        at = np.searchsorted(every, steps_seen[1])
+        for name, (values, present) in cols.items():
+            out[name] = _spread(values, present, at, len(every))
+    if len(samples):  # the samples' own figures win: what slime logs
+        where_s = np.searchsorted(every, steps_seen[-1])
         for key in ("prefix_cache_hit_rate", "spec_accept_rate"):
-            value = rec.get(key)
-            if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                row[key] = value
-    return pd.DataFrame(sorted(rows.values(), key=lambda r: r["step"]), columns=None if rows else ["step"])
+            if key not in samples:
+                continue
+            value = pd.to_numeric(samples[key], errors="coerce").to_numpy(float, na_value=np.nan)
+            mine = _spread(value, ~np.isnan(value), where_s, len(every))
+            old = out.get(key, (np.full(len(every), np.nan), np.zeros(len(every), bool)))
+            out[key] = (np.where(mine[1], mine[0], old[0]), mine[1] | old[1])
+    if not len(every):
+        return pd.DataFrame(columns=["step"])
+    return _groups.frame(out)
+
+
+def _spread(values: np.ndarray, present: np.ndarray, at: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group values and presence placed at rows `at` of a table of n rows (absent elsewhere)."""
+    full = np.full(n, np.nan) if values.dtype.kind == "f" else np.zeros(n, values.dtype)
+    mask = np.zeros(n, bool)
+    full[at], mask[at] = values, present
+    return full, mask
 
 
 def train_means(con, steps: Steps = None) -> pd.DataFrame:

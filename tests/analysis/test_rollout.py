@@ -77,6 +77,8 @@ def run(tmp_path_factory):
                           "prompt_tokens": int(rng.integers(60, 120))}
             if step % 7 == 2:
                 attrs["e2e_latency"] = "n/a"  # unreadable: not a number, left out
+            if step % 6 == 5 and "prompt_tokens" in attrs:
+                attrs |= {"cached_tokens": 0, "prompt_tokens": 0}  # no prompt tokens: no hit rate
             _request(ro, step, step * 10.0 + i * 0.1, attrs)
     b.write()
     return store.open(b.run_dir)
