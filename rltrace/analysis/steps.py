@@ -52,7 +52,7 @@ def phase_breakdown(con, steps: Steps = None, *, rows: pd.DataFrame | None = Non
             "step": phases["step"],
             "process_id": phases["process_id"],
             "phase": phases["phase"],
-            "stage": phases["phase"].map(stage),
+            "stage": phases["phase"].map({p: stage(p) for p in phases["phase"].unique()}),  # once per phase
             "seconds": phases["seconds"],
             "spans": phases["count"],
             "span_s": phases["total_ns"] / 1e9,

@@ -72,10 +72,9 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
     short = {p: process_name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
     g["waited_for_name"] = g["waited_for_process"].map(short)
     texts = []
-    for step, pid, role, rank, in_phase, what, other_pid, other, seconds, share in zip(
-        g["step"], g["process_id"], g["role"], g["rank"], g["in_phase"], g["waited_for"], g["waited_for_process"],
-        g["waited_for_name"], g["seconds"], g["share"]
-    ):
+    fields = ["step", "process_id", "role", "rank", "in_phase", "waited_for", "waited_for_process", "waited_for_name",
+              "seconds", "share"]
+    for step, pid, role, rank, in_phase, what, other_pid, other, seconds, share in zip(*(g[f].tolist() for f in fields)):
         where = "idle" if in_phase == "idle" else f"in a wait inside {in_phase}"
         text = f"{process_name(role, rank)} {where} {seconds_text(seconds)} ({share_text(share)} of step {step})"
         if what == UNTRACED:
