@@ -23,8 +23,16 @@ SPIKE_RATIO = 3.0  # an outlier step: a stage took at least this multiple of its
 SPIKE_SHARE = 0.25  # ... and at least this share of the median step's wall time more than its median
 
 
+_SCALARS = frozenset((str, int, bool, type(None)))  # already JSON-ready: by far the most values
+
+
 def plain(value):
     """JSON-ready copy: numpy scalars to Python, NaN to None, frames to lists of dicts."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is float:
+        return None if value != value else value
     if isinstance(value, pd.DataFrame):
         return _records(value)
     if isinstance(value, dict):
