@@ -192,7 +192,8 @@ import json, resource, sys, time
 from rltrace import report, store
 t = time.perf_counter()
 {body}
-print(json.dumps({{"seconds": time.perf_counter() - t, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+print()
+print("RESULT", json.dumps({{"seconds": time.perf_counter() - t, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
 """
 
 
@@ -204,7 +205,7 @@ def _child(body: str, cache: Path) -> dict:
     env = dict(os.environ, RLTRACE_SUMMARY_CACHE_DIR=str(cache))
     code = _CHILD.format(body=body)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.rsplit("RESULT", 1)[1])
 
 
 def _raw(run_dir: Path, written: int, rows: list) -> None:

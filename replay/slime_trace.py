@@ -45,6 +45,7 @@ from rltrace.store.writer import ProcessInfo, write_part
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _PHASES = {
     "sglang_generate": "generate",
+    "sglang_generate_stream": "generate",  # slime/rollout/sglang_streaming_rollout.py
     "generate_and_rm": "rollout",
     "generate_and_rm_group": "rollout",
     "reward_model": "reward",
@@ -84,6 +85,9 @@ def _ns(ts: Any) -> int | None:
         return int(round(float(ts) * 1e9))
     except (TypeError, ValueError, OverflowError):
         return None
+
+
+ns = _ns  # a trace event's time (Unix seconds) in ns, or None: for the live hook too
 
 
 def _versions(sample: dict) -> list[int] | None:
@@ -132,39 +136,25 @@ def trace_spans(sample: dict, rollout_id: int, starts: dict[int, int] | None = N
     events = _events(sample)
     if not events:
         return [], 0
-    trace_id = _trace_id(trace.get("trace_id"))
-    base_attrs = {"slime.sample_id": trace.get("sample_id"), "slime.group_id": trace.get("group_id")}
     first = start_rollout(sample, rollout_id)
     spans: dict[str, dict] = {}
     points, unmatched = [], 0
     for event in events:
         kind, span_id = event.get("type"), _span_id(event.get("span_id"))
-        attrs = event.get("attrs") if isinstance(event.get("attrs"), dict) else {}
         if kind == "span_start" and span_id:
-            name = str(event.get("name") or "span")
-            own = {**base_attrs, "slime.attempt": event.get("attempt"), **attrs}
-            if name in GROUP_SPANS:
-                own.pop("slime.sample_id")  # the group's span, stored once: it belongs to no one sample
-            spans[span_id] = _span(trace_id, span_id, event, name, own)
+            spans[span_id] = started(trace, event)
         elif kind == "span_end" and span_id in spans and spans[span_id]["end_ns"] is None:
-            spans[span_id]["end_ns"] = _ns(event["ts"])
-            spans[span_id]["attrs"].update(attrs)
+            ended(spans[span_id], event)
         elif kind == "span_end":
             unmatched += 1
-            name = str(event.get("name") or "span")
-            key = span_id or f"unmatched-{unmatched}"
-            span = _span(trace_id, _span_id(f"{trace_id}:{key}:end"), event, name,
-                         {**base_attrs, **attrs, "slime.unmatched_end": True})
-            span["end_ns"] = span["start_ns"]
-            span["status_message"] = "span end without a start in the trace"
+            span = unmatched_end(trace, event, unmatched)
             spans[span["span_id"]] = span
         elif kind == "event":
             points.append(event)
     for event in points:
         parent = spans.get(_span_id(event.get("parent_span_id"))) or next(iter(spans.values()), None)
         if parent is not None:
-            attrs = event.get("attrs") if isinstance(event.get("attrs"), dict) else {}
-            parent["events"].append({"name": str(event.get("name")), "time_ns": _ns(event["ts"]), "attributes": attrs})
+            parent["events"].append(point(event))
     rows = list(spans.values())
     for span in rows:  # a top-level span goes to the rollout it ended in (or started, if open); children follow it
         root, seen = span, {span["span_id"]}
@@ -175,6 +165,50 @@ def trace_spans(sample: dict, rollout_id: int, starts: dict[int, int] | None = N
         span["step"] = step_of(at, first, rollout_id, starts or {})
     _set_versions(rows, _versions(sample))
     return rows, unmatched
+
+
+def _attrs(event: dict) -> dict:
+    return event.get("attrs") if isinstance(event.get("attrs"), dict) else {}
+
+
+def _base(trace: dict) -> dict:
+    return {"slime.sample_id": trace.get("sample_id"), "slime.group_id": trace.get("group_id")}
+
+
+def started(trace: dict, event: dict) -> dict:
+    """The span a `span_start` event of carrier `trace` opens (no end yet, no step, no version)."""
+    name = str(event.get("name") or "span")
+    own = {**_base(trace), "slime.attempt": event.get("attempt"), **_attrs(event)}
+    if name in GROUP_SPANS:
+        own.pop("slime.sample_id")  # the group's span, stored once: it belongs to no one sample
+    return _span(_trace_id(trace.get("trace_id")), _span_id(event.get("span_id")), event, name, own)
+
+
+def ended(span: dict, event: dict) -> None:
+    """Close `span` with its `span_end` event (end attributes join the start's)."""
+    span["end_ns"] = _ns(event["ts"])
+    span["attrs"].update(_attrs(event))
+
+
+def unmatched_end(trace: dict, event: dict, n: int) -> dict:
+    """A zero-length span for the `n`-th `span_end` of a carrier that has no start."""
+    trace_id = _trace_id(trace.get("trace_id"))
+    key = _span_id(event.get("span_id")) or f"unmatched-{n}"
+    span = _span(trace_id, _span_id(f"{trace_id}:{key}:end"), event, str(event.get("name") or "span"),
+                 {**_base(trace), **_attrs(event), "slime.unmatched_end": True})
+    span["end_ns"] = span["start_ns"]
+    span["status_message"] = "span end without a start in the trace"
+    return span
+
+
+def point(event: dict) -> dict:
+    """A point event (`type: event`) as an event of its span."""
+    return {"name": str(event.get("name")), "time_ns": _ns(event["ts"]), "attributes": _attrs(event)}
+
+
+def span_id(value: Any) -> str | None:
+    """rltrace's span id (16 hex digits) for one of slime's."""
+    return _span_id(value)
 
 
 def _span(trace_id: str, span_id: str, event: dict, name: str, attrs: dict) -> dict:
@@ -200,22 +234,27 @@ def _set_versions(spans: list[dict], versions: list[int] | None) -> None:
     by_id = {s["span_id"]: s for s in spans}
     dated = [(r["start_ns"], r["end_ns"], r["weight_version"]) for r in requests if r["weight_version"] is not None]
     for span in spans:
-        if span["weight_version"] is not None:
-            continue
-        parent, seen = by_id.get(span["parent_span_id"]), set()
-        while parent is not None and parent["span_id"] not in seen and parent["name"] != REQUEST_SPAN:
-            seen.add(parent["span_id"])
-            parent = by_id.get(parent["parent_span_id"])
-        if parent is not None and parent["weight_version"] is not None:
-            span["weight_version"] = parent["weight_version"]
-            continue
-        end = span["end_ns"] if span["end_ns"] is not None else span["start_ns"]
-        inside = [v for s, e, v in dated if s >= span["start_ns"] and e <= end]
-        before = [(e, v) for s, e, v in dated if e <= span["start_ns"]]
-        span["weight_version"] = min(inside) if inside else max(before)[1] if before else min(versions) if not dated else None
+        if span["weight_version"] is None:
+            span["weight_version"] = version_of(span, by_id, dated, min(versions) if not dated else None)
 
 
-def _finish(span: dict) -> dict:
+def version_of(span: dict, by_id: dict[str, dict], dated: list[tuple[int, int, int]], otherwise: int | None) -> int | None:
+    """The weight version of a span that is no engine call: that of the engine call it is inside
+    (`by_id`: the sample's spans), else the oldest of the calls (start, end, version) within it,
+    else that of the last call before it, else `otherwise`."""
+    parent, seen = by_id.get(span["parent_span_id"]), set()
+    while parent is not None and parent["span_id"] not in seen and parent["name"] != REQUEST_SPAN:
+        seen.add(parent["span_id"])
+        parent = by_id.get(parent["parent_span_id"])
+    if parent is not None and parent["weight_version"] is not None:
+        return parent["weight_version"]
+    end = span["end_ns"] if span["end_ns"] is not None else span["start_ns"]
+    inside = [v for s, e, v in dated if s >= span["start_ns"] and e <= end]
+    before = [(e, v) for s, e, v in dated if e <= span["start_ns"]]
+    return min(inside) if inside else max(before)[1] if before else otherwise
+
+
+def finish(span: dict) -> dict:
     """The `spans` row of a parsed span, built by the store's one row builder."""
     attrs = span["attrs"]
     error = attrs.get("error_type")
@@ -324,8 +363,15 @@ def _dedupe_groups(spans: list[dict]) -> list[dict]:
     return out
 
 
-def _lanes(samples: list) -> dict[int, tuple[int, str, int, str]]:
-    """Per sample position: (its lane, lane name, its group's lane, group lane name)."""
+def lane(group: Any, place: int, sample_id: Any, group_level: bool) -> tuple[int, str]:
+    """(thread_id, thread name) of a span: its sample's lane, or its group's for a group span."""
+    if group_level:
+        return group * LANE, f"group {group}"
+    return group * LANE + 1 + place, f"group {group} · sample {sample_id}"
+
+
+def _lanes(samples: list) -> dict[int, tuple[int, int, Any]]:
+    """Per sample position: (its group's lane number, its place in the group, its id)."""
     groups: dict[Any, list[int]] = {}
     for i, s in enumerate(samples):
         if isinstance(s, dict):
@@ -334,17 +380,18 @@ def _lanes(samples: list) -> dict[int, tuple[int, str, int, str]]:
     for ordinal, (group, members) in enumerate(groups.items()):
         g = group if isinstance(group, int) and group >= 0 else ordinal
         for place, i in enumerate(members):
-            sid = samples[i].get("index", i)
-            out[i] = (g * LANE + 1 + place, f"group {g} · sample {sid}", g * LANE, f"group {g}")
+            out[i] = (g, place, samples[i].get("index", i))
     return out
 
 
-def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, starts: dict[int, int] | None = None,
-          extra: dict[int, dict] | None = None) -> dict[str, int]:
-    """Write the spans (finished and open) and `samples` rows of one rollout dump.
+def rollout_rows(rollout_id: int, samples: list, starts: dict[int, int] | None = None,
+                 extra: dict[int, dict] | None = None) -> tuple[list[dict], list[dict], int]:
+    """The spans (parsed, group copies merged), `samples` rows (with their `step`) and count of span
+    ends without a start, of the samples (`Sample.to_dict()`) of one rollout: for the importer and the
+    live hook (rltrace.integrations.slime), which write the same rows.
 
-    `starts`: when each imported rollout's own work began (`own_start`), to put carried-over work in its step;
-    `extra`: more columns for the dump's own row of sample i (e.g. mismatch from a joined train dump).
+    `starts`: when each rollout's own work began (`own_start`), to put carried-over work in its step;
+    `extra`: more columns for the rollout's own row of sample i (e.g. mismatch from a joined train dump).
     """
     spans, rows, unmatched = [], [], 0
     lanes = _lanes(samples)
@@ -354,10 +401,9 @@ def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, s
             continue
         mine, lost = trace_spans(sample, rollout_id, starts)
         unmatched += lost
-        lane, lane_name, group_lane, group_name = lanes[i]
+        g, place, sid = lanes[i]
         for span in mine:
-            group_level = span["name"] in GROUP_SPANS
-            span["thread_id"], span["thread_name"] = (group_lane, group_name) if group_level else (lane, lane_name)
+            span["thread_id"], span["thread_name"] = lane(g, place, sid, span["name"] in GROUP_SPANS)
         per_sample.append((i, sample, mine))
         spans += mine
     requests = [r["weight_version"] for r in _requests(spans) if r["weight_version"] is not None and r["step"] == rollout_id]
@@ -365,7 +411,14 @@ def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, s
     for i, sample, mine in per_sample:
         for row in sample_rows(sample, i, rollout_id, mine, train_version):
             rows.append({**row, **(extra or {}).get(i, {})} if row["step"] == rollout_id else row)
-    spans = [_finish(s) for s in _dedupe_groups(spans)]
+    return _dedupe_groups(spans), rows, unmatched
+
+
+def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, starts: dict[int, int] | None = None,
+          extra: dict[int, dict] | None = None) -> dict[str, int]:
+    """Write the spans (finished and open) and `samples` rows of one rollout dump (see `rollout_rows`)."""
+    spans, rows, unmatched = rollout_rows(rollout_id, samples, starts, extra)
+    spans = [finish(s) for s in spans]
     drops = store_rows.Drops()
     name = f"{process.process_id}-{rollout_id:010d}.parquet"
     for table, part in ((_names.SPANS, [s for s in spans if s["end_ns"] is not None]),

@@ -55,6 +55,7 @@ _COLUMNS = (
     "step kind seq process_id phase other other_process_id detail span_id start_ns end_ns seconds count total_ns version"
 ).split()
 _I64 = np.int64
+_DENSE = 1 << 22  # group keys up to this many possible values are counted, not hashed
 
 
 def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -147,9 +148,16 @@ def _group(*columns: tuple[np.ndarray, int]) -> tuple[np.ndarray, int, list[np.n
     ascending key order.
     """
     key = np.zeros(len(columns[0][0]), _I64)
+    product = 1
     for values, size in columns:
         key = key * max(int(size), 1) + values
-    gid, uniq = pd.factorize(key, sort=True)
+        product *= max(int(size), 1)
+    if product <= _DENSE:  # few possible keys: count them instead of hashing every row
+        present = np.bincount(key, minlength=product) > 0
+        uniq = np.flatnonzero(present)
+        gid = (np.cumsum(present) - 1)[key]
+    else:
+        gid, uniq = pd.factorize(key, sort=True)
     out = []
     rest = uniq.astype(_I64)
     for _, size in reversed(columns):
@@ -158,24 +166,126 @@ def _group(*columns: tuple[np.ndarray, int]) -> tuple[np.ndarray, int, list[np.n
     return gid.astype(_I64), len(uniq), out[::-1]
 
 
+def _key(columns: list[tuple[np.ndarray, int]]) -> np.ndarray:
+    key = np.zeros(len(columns[0][0]), _I64)
+    for values, size in columns:
+        key = key * max(int(size), 1) + values
+    return key
+
+
+def _union_by(columns: list[tuple[np.ndarray, int]], a: np.ndarray, b: np.ndarray):
+    """Merge the intervals [a, b) within each group of `columns` ((values, size) pairs, values
+    in 0..size-1): returns each merged interval's column values, start and end."""
+    if not len(a):
+        return [np.empty(0, _I64) for _ in columns], np.empty(0, _I64), np.empty(0, _I64)
+    gid, _, keys = _group(*columns)
+    g, us, ue = iv.union(gid, a, b)
+    return [k[g] for k in keys], us, ue
+
+
+def _sum_by(columns: list[tuple[np.ndarray, int]], weights: np.ndarray | None = None):
+    """(each group's column values, row count, summed weights) for groups of `columns`."""
+    gid, n, keys = _group(*columns)
+    count = np.bincount(gid, minlength=n)
+    total = None if weights is None else np.bincount(gid, weights=weights, minlength=n)
+    return keys, count, total
+
+
+def _lookup_at(keys: np.ndarray, key: np.ndarray, values: np.ndarray, default=0) -> np.ndarray:
+    """values[i] where keys[i] == key (keys sorted and unique), else default."""
+    if not len(keys):
+        return np.full(len(key), default)
+    pos = np.clip(np.searchsorted(keys, key), 0, len(keys) - 1)
+    return np.where(keys[pos] == key, values[pos], default)
+
+
+class _Batch:
+    """Codes and the merged intervals every result of one batch is derived from.
+
+    Spans that are not a parent on their own thread (nearly all: generate, forward, score…) have
+    own time and self time equal to the whole span, so they enter one grouped union by (step,
+    process, phase); the few parents are cut into pieces explicitly. Every union after that
+    works on the merged intervals, which are far fewer than the spans.
+    """
+
+    def __init__(self, s: Spans, checks: pd.DataFrame):
+        self.s = s
+        n = len(s)
+        prow = s.prow
+        has_parent = prow >= 0
+        width = len(s.phase_names) + 1
+        pairs = np.unique(s.phase[prow[has_parent]] * width + s.phase[has_parent])
+        names = np.append(s.phase_names, None)
+        self.container_phases = containers(zip(names[pairs // width], names[pairs % width]))
+        not_busy = [k for k, p in enumerate(s.phase_names) if p in self.container_phases | {WAIT}]
+        self.busy_phase = ~np.isin(np.arange(len(s.phase_names) + 1), not_busy)  # by phase code (+ -1)
+        self.busy = self.busy_phase[s.phase]
+        self.wait_phase = np.array([p == WAIT for p in s.phase_names] + [False])
+        self.in_batch = s.has_step & np.isin(s.step, checks["step"].to_numpy(_I64))
+        code, steps = pd.factorize(np.where(self.in_batch, s.step, 0))
+        self.steps = np.asarray(steps, _I64)
+        self.nb = len(self.steps)  # bucket nb: spans of other steps, or of none
+        self.bucket = np.where(self.in_batch, code, self.nb).astype(_I64)
+        self.nproc, self.nphase = len(s.proc_names) + 1, len(s.phase_names) + 1
+        self.proc1, self.phase1 = s.proc + 1, s.phase + 1  # codes from 0, for grouping (0 = none)
+        stage_tbl = {p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}
+        self.stage_phase = np.array([stage_tbl.get(p, -1) for p in s.phase_names] + [-1], _I64)
+        term_tbl = {p: TERMS.index(term_of(p)) for p in STAGE_OF}
+        self.term_phase = np.array([term_tbl.get(p, -1) for p in s.phase_names] + [-1], _I64)
+        self.reward_phase = np.array([p == "reward" for p in s.phase_names] + [False])
+        self.code = self.stage_phase[s.phase]
+        self.up = _same_thread_parent(s)
+        self.outer, self.inner = _nesting(self.code, self.up)
+
+        has_child = np.zeros(n, bool)
+        has_child[self.up[self.up >= 0]] = True
+        parents = np.flatnonzero(has_child)
+        kids = np.flatnonzero(self.up >= 0)
+        # the few parents: self time (minus same-thread children), own time (minus other stages inside)
+        self.self_pieces = _minus(parents, self.up[kids], s.start[kids], s.end[kids], s.start, s.end)
+        staged_parents = parents[self.code[parents] >= 0]
+        self.own_pieces = _minus(staged_parents, self.outer, s.start[self.inner], s.end[self.inner], s.start, s.end)
+        self.has_child = has_child
+
+        simple = np.flatnonzero(~has_child)
+        # the one pass over (nearly) every span
+        (mb, mp, mph), ma, me = _union_by(self._cols(simple), s.start[simple], s.end[simple])
+        self.m = (mb, mp, mph, ma, me)
+        raw = (np.concatenate([mb, self.bucket[parents]]), np.concatenate([mp, self.proc1[parents]]),
+               np.concatenate([mph, self.phase1[parents]]))
+        (rb, rp, rph), ra, re = _union_by(
+            [(raw[0], self.nb + 1), (raw[1], self.nproc), (raw[2], self.nphase)],
+            np.concatenate([ma, s.start[parents]]), np.concatenate([me, s.end[parents]]))
+        self.raw = (rb, rp, rph, ra, re)  # every span's whole interval, merged per (bucket, process, phase)
+
+    def per_phase(self):
+        """Per (step, process, phase) of the batch: keys (bucket, process + 1, phase + 1), span
+        count and summed durations; computed once (phase rows and wait attribution use it)."""
+        if not hasattr(self, "_per_phase"):
+            rows = np.flatnonzero(self.in_batch)
+            dur = (self.s.end - self.s.start)[rows].astype(np.float64)
+            self._per_phase = _sum_by(self._cols(rows), dur)
+        return self._per_phase
+
+    def _cols(self, rows: np.ndarray) -> list[tuple[np.ndarray, int]]:
+        return [(self.bucket[rows], self.nb + 1), (self.proc1[rows], self.nproc), (self.phase1[rows], self.nphase)]
+
+    def own(self):
+        """Own-time intervals of staged spans: (bucket, phase code + 1, start, end), merged or pieces."""
+        mb, _, mph, ma, me = self.m
+        staged = (self.stage_phase[mph - 1] >= 0) & (me > ma)
+        r, a, b = self.own_pieces
+        return (np.concatenate([mb[staged], self.bucket[r]]), np.concatenate([mph[staged], self.phase1[r]]),
+                np.concatenate([ma[staged], a]), np.concatenate([me[staged], b]))
+
+
 def compute(spans: Spans, checks: pd.DataFrame) -> pd.DataFrame:
     """Summary rows for the steps in `checks` (step, count, start_ns, end_ns, total_ns).
 
     `spans`: every finished span overlapping those steps' windows.
     """
-    s = spans
-    prow = s.prow
-    has_parent = prow >= 0
-    pairs = np.unique(s.phase[prow[has_parent]] * (len(s.phase_names) + 1) + s.phase[has_parent])
-    width = len(s.phase_names) + 1
-    names = np.append(s.phase_names, None)
-    container_phases = containers(zip(names[pairs // width], names[pairs % width]))
-    busy = ~np.isin(s.phase, [k for k, n in enumerate(s.phase_names) if n in container_phases | {WAIT}])
-    in_batch = s.has_step & np.isin(s.step, checks["step"].to_numpy(_I64))
-    step_code, steps = pd.factorize(np.where(in_batch, s.step, 0))
-    step_code = np.where(in_batch, step_code, -1).astype(_I64)
-    steps = np.asarray(steps, _I64)
-    own = _own_stage_time(s)
+    x = _Batch(spans, checks)
+    stage_frames, stage_unions = _stage_rows(x)
     frames = [
         _rows(
             "step",
@@ -186,11 +296,12 @@ def compute(spans: Spans, checks: pd.DataFrame) -> pd.DataFrame:
             count=checks["count"].to_numpy(),
             total_ns=checks["total_ns"].to_numpy(),
         ),
-        _phase_rows(s, step_code, steps),
-        *_stage_rows(s, own, step_code, steps),
-        _wait_rows(s, checks, busy, step_code, steps),
-        _path_rows(s, busy, in_batch, own[1]),
-        _sync_rows(s, in_batch),
+        _phase_rows(x),
+        *stage_frames,
+        _overlap_rows(x, stage_unions),
+        _wait_rows(x, checks),
+        _path_rows(spans, x.busy, x.in_batch, (x.outer, x.inner)),
+        _sync_rows(spans, x.in_batch),
     ]
     return pd.concat([f for f in frames if len(f)], ignore_index=True)
 
@@ -212,32 +323,32 @@ def _sync_rows(s: Spans, in_batch: np.ndarray) -> pd.DataFrame:
     )
 
 
-def _union_rows(gid: np.ndarray, n_groups: int, s: Spans, rows: np.ndarray):
-    """(seconds, count, total_ns) per group of the spans `rows`."""
-    covered = iv.total(gid, s.start[rows], s.end[rows], n_groups)
-    count = np.bincount(gid, minlength=n_groups)
-    total = np.bincount(gid, weights=(s.end[rows] - s.start[rows]).astype(np.float64), minlength=n_groups)
-    return covered / 1e9, count, np.round(total).astype(_I64)
-
-
-def _phase_rows(s: Spans, step_code: np.ndarray, steps: np.ndarray) -> pd.DataFrame:
-    rows = np.flatnonzero(step_code >= 0)
-    if not len(rows):
+def _phase_rows(x: _Batch) -> pd.DataFrame:
+    s = x.s
+    if not x.in_batch.any():
         return pd.DataFrame()
-    nproc, nphase = len(s.proc_names) + 1, len(s.phase_names) + 1
-    out = []
-    for per_process in (True, False):
-        cols = [(step_code[rows], len(steps)), (s.phase[rows] + 1, nphase)]
-        if per_process:
-            cols.insert(1, (s.proc[rows] + 1, nproc))
-        gid, n, keys = _group(*cols)
-        seconds, count, total = _union_rows(gid, n, s, rows)
-        proc = np.append(s.proc_names, None)[keys[1] - 1] if per_process else np.full(n, None, object)
-        out.append(_rows("phase", step=steps[keys[0]], process_id=proc,
-                         phase=np.append(s.phase_names, None)[keys[-1] - 1],
-                         seconds=seconds, count=count, total_ns=total))
-    # per process first, then across processes, each by step and names (what a reader expects)
-    return pd.concat(out, ignore_index=True)
+    (kb, kp, kph), count, total = x.per_phase()
+    rb, rp, rph, ra, re = x.raw
+    mine = rb < x.nb
+    sizes = [x.nb + 1, x.nproc, x.nphase]
+    (ub, up_, uph), _, covered = _sum_by([(rb[mine], sizes[0]), (rp[mine], sizes[1]), (rph[mine], sizes[2])],
+                                         (re - ra)[mine].astype(np.float64))
+    ukey = _key([(ub, sizes[0]), (up_, sizes[1]), (uph, sizes[2])])
+    per_process = _lookup_at(ukey, _key([(kb, sizes[0]), (kp, sizes[1]), (kph, sizes[2])]), covered, 0.0)
+    # across processes: the merged intervals once more, by (step, phase)
+    (ob, oph), oa, oe = _union_by([(rb[mine], sizes[0]), (rph[mine], sizes[2])], ra[mine], re[mine])
+    (sb, sph), _, oc = _sum_by([(ob, sizes[0]), (oph, sizes[2])], (oe - oa).astype(np.float64))
+    (cb, cph), _, ctotal = _sum_by([(kb, sizes[0]), (kph, sizes[2])], total)
+    across = _lookup_at(_key([(sb, sizes[0]), (sph, sizes[2])]), _key([(cb, sizes[0]), (cph, sizes[2])]), oc, 0.0)
+    # ccount counts groups; the spans per (step, phase) are the summed per-process counts
+    (_, _), _, cspan = _sum_by([(kb, sizes[0]), (kph, sizes[2])], count.astype(np.float64))
+    procs, phases = np.append(s.proc_names, None), np.append(s.phase_names, None)
+    return pd.concat([
+        _rows("phase", step=x.steps[kb], process_id=procs[kp - 1], phase=phases[kph - 1],
+              seconds=np.round(per_process) / 1e9, count=count, total_ns=np.round(total).astype(_I64)),
+        _rows("phase", step=x.steps[cb], process_id=np.full(len(cb), None, object), phase=phases[cph - 1],
+              seconds=np.round(across) / 1e9, count=np.round(cspan).astype(_I64), total_ns=np.round(ctotal).astype(_I64)),
+    ], ignore_index=True)
 
 
 def _stage_code(s: Spans) -> np.ndarray:
@@ -251,16 +362,10 @@ def _same_thread_parent(s: Spans) -> np.ndarray:
     return np.where(same, s.prow, -1)
 
 
-def _own_stage_time(s: Spans):
-    """Each staged span's own time: its interval minus same-thread descendants of another stage.
-
-    Returns (row, start, end) pieces for spans with a stage, and the (outer row, inner row) pairs
-    that were taken out (every staged ancestor of another stage, so `train > forward > rollout`
-    takes rollout out of both).
-    """
-    code = _stage_code(s)
-    up = _same_thread_parent(s)
-    inner = np.flatnonzero(code >= 0)
+def _nesting(code: np.ndarray, up: np.ndarray):
+    """(outer row, inner row) pairs: every staged same-thread ancestor of a span of another stage
+    (so `train > forward > rollout` takes rollout out of both train and forward)."""
+    inner = np.flatnonzero((code >= 0) & (up >= 0))
     anc = up[inner]
     outer_l, inner_l = [], []
     while len(inner):
@@ -272,8 +377,7 @@ def _own_stage_time(s: Spans):
         anc = up[anc]
     outer = np.concatenate(outer_l) if outer_l else np.empty(0, _I64)
     nested = np.concatenate(inner_l) if inner_l else np.empty(0, _I64)
-    staged = np.flatnonzero(code >= 0)
-    return _minus(staged, outer, s.start[nested], s.end[nested], s.start, s.end), (outer, nested)
+    return outer, nested
 
 
 def _minus(rows: np.ndarray, group: np.ndarray, a: np.ndarray, b: np.ndarray, start, end):
@@ -285,128 +389,133 @@ def _minus(rows: np.ndarray, group: np.ndarray, a: np.ndarray, b: np.ndarray, st
     cut = np.zeros(n, bool)
     cut[group[wanted[group]]] = True
     whole = rows[~cut[rows]]
+    whole = whole[end[whole] > start[whole]]
     sliced = np.flatnonzero(cut)
     pos = np.full(n, -1, _I64)
     pos[sliced] = np.arange(len(sliced), dtype=_I64)
     valid = pos[group] >= 0
     g, ps, pe = iv.complement(pos[group[valid]], a[valid], b[valid], start[sliced], end[sliced], ordered=False)
-    return (np.concatenate([whole, sliced[g]]), np.concatenate([start[whole], ps]),
-            np.concatenate([end[whole], pe]))
+    keep = pe > ps
+    return (np.concatenate([whole, sliced[g[keep]]]), np.concatenate([start[whole], ps[keep]]),
+            np.concatenate([end[whole], pe[keep]]))
 
 
 _TAGS = (*TERMS, "reward")  # stage rows: the three cost terms, and reward on its own
 
 
-def _stage_rows(s: Spans, own, step_code: np.ndarray, steps: np.ndarray) -> list[pd.DataFrame]:
-    """`stage` rows (R, T, W, reward: own-time unions), `nested` rows and `overlap` rows, from the
-    own-time pieces and nesting pairs of `_own_stage_time`."""
-    (rows, a, b), (outer, inner) = own
-    term = s.lookup({p: TERMS.index(term_of(p)) for p in STAGE_OF}, -1).astype(_I64)
-    reward = s.lookup({"reward": True}, False).astype(bool)
-    mine = step_code[rows] >= 0
-    r, pa_, pb = rows[mine], a[mine], b[mine]
-    with_term = term[r] >= 0
-    with_reward = reward[r]
-    pr = np.concatenate([r[with_term], r[with_reward]])
-    tag = np.concatenate([term[r][with_term], np.full(int(with_reward.sum()), len(TERMS), _I64)])
-    ta = np.concatenate([pa_[with_term], pa_[with_reward]])
-    tb = np.concatenate([pb[with_term], pb[with_reward]])
-    out = []
-    if len(pr):
-        gid, n, (gstep, gtag) = _group((step_code[pr], len(steps)), (tag, len(_TAGS)))
-        covered = iv.total(gid, ta, tb, n)
-        # count and summed durations per span, not per piece (a span cut in two counts once)
-        first = np.ones(len(pr), bool)
-        seen = pd.DataFrame({"g": gid, "r": pr}).duplicated().to_numpy()
-        first &= ~seen
-        count = np.bincount(gid[first], minlength=n)
-        dur = (s.end - s.start)[pr[first]].astype(np.float64)
-        total = np.round(np.bincount(gid[first], weights=dur, minlength=n)).astype(_I64)
-        out.append(_rows("stage", step=steps[gstep], phase=np.array(_TAGS, object)[gtag],
-                         seconds=covered / 1e9, count=count, total_ns=total))
-    out.append(_nested_rows(s, outer, inner, step_code, steps))
-    out.append(_overlap_rows(rows, a, b, term[rows], step_code, steps))
-    return [f for f in out if len(f)]
+def _stage_rows(x: _Batch):
+    """`stage` rows (R, T, W, reward: own-time unions) and `nested` rows; also the merged own
+    time per (step, tag) for the overlap rows."""
+    s = x.s
+    ob, oph, oa, ob_ = x.own()
+    mine = ob < x.nb
+    tag_of = np.where(x.term_phase >= 0, x.term_phase, -1)
+    ob, oph, oa, ob_ = ob[mine], oph[mine], oa[mine], ob_[mine]
+    t = tag_of[oph - 1]
+    r = x.reward_phase[oph - 1]
+    tags = np.concatenate([t[t >= 0], np.full(int(r.sum()), len(TERMS), _I64)])
+    bk = np.concatenate([ob[t >= 0], ob[r]])
+    (ub, ut), ua, ue = _union_by([(bk, x.nb + 1), (tags, len(_TAGS))],
+                                 np.concatenate([oa[t >= 0], oa[r]]), np.concatenate([ob_[t >= 0], ob_[r]]))
+    frames = []
+    if len(ub):
+        (gb, gt), _, covered = _sum_by([(ub, x.nb + 1), (ut, len(_TAGS))], (ue - ua).astype(np.float64))
+        # spans counted: staged spans of the batch with some own time (a parent wholly taken by
+        # other stages has none), once per tag
+        has_own = np.zeros(len(s), bool)
+        has_own[x.own_pieces[0]] = True
+        has_own |= ~x.has_child & (s.end > s.start)
+        rows = np.flatnonzero(x.in_batch & has_own & (x.code >= 0))
+        rt = x.term_phase[s.phase[rows]]
+        rr = x.reward_phase[s.phase[rows]]
+        srows = np.concatenate([rows[rt >= 0], rows[rr]])
+        stags = np.concatenate([rt[rt >= 0], np.full(int(rr.sum()), len(TERMS), _I64)])
+        dur = (s.end - s.start)[srows].astype(np.float64)
+        (cb, ct), count, total = _sum_by([(x.bucket[srows], x.nb + 1), (stags, len(_TAGS))], dur)
+        key = _key([(gb, x.nb + 1), (gt, len(_TAGS))])
+        ckey = _key([(cb, x.nb + 1), (ct, len(_TAGS))])
+        frames.append(_rows("stage", step=x.steps[gb], phase=np.array(_TAGS, object)[gt],
+                            seconds=np.round(covered) / 1e9,
+                            count=_lookup_at(ckey, key, count, 0),
+                            total_ns=np.round(_lookup_at(ckey, key, total, 0.0)).astype(_I64)))
+    frames.append(_nested_rows(x))
+    return [f for f in frames if len(f)], (ub, ut, ua, ue)
 
 
-def _nested_rows(s: Spans, outer: np.ndarray, inner: np.ndarray, step_code, steps) -> pd.DataFrame:
+def _nested_rows(x: _Batch) -> pd.DataFrame:
     """Per step, (outer stage, inner stage): how long the inner one ran inside the outer one."""
-    keep = step_code[outer] >= 0
-    outer, inner = outer[keep], inner[keep]
+    s = x.s
+    keep = x.in_batch[x.outer]
+    outer, inner = x.outer[keep], x.inner[keep]
     if not len(outer):
         return pd.DataFrame()
-    code = _stage_code(s)
+    code = x.code
     stages = np.array(list(TERM_OF_STAGE), object)
-    gid, n, (gstep, gout, gin) = _group((step_code[outer], len(steps)), (code[outer], len(stages)),
+    gid, n, (gstep, gout, gin) = _group((x.bucket[outer], x.nb + 1), (code[outer], len(stages)),
                                         (code[inner], len(stages)))
     covered = iv.total(gid, s.start[inner], s.end[inner], n)
-    # groups in (step, outer name, inner name) order, as a reader sorting by name expects
-    frame = _rows("nested", step=steps[gstep], phase=stages[gout], other=stages[gin], seconds=covered / 1e9,
+    frame = _rows("nested", step=x.steps[gstep], phase=stages[gout], other=stages[gin], seconds=covered / 1e9,
                   count=np.bincount(gid, minlength=n))
     return frame.sort_values(["step", "phase", "other"], kind="stable", ignore_index=True)
 
 
-def _overlap_rows(rows, a, b, code, step_code, steps) -> pd.DataFrame:
+def _overlap_rows(x: _Batch, mine) -> pd.DataFrame:
     """Per step and term X: time X's own intervals ran while another term ran anywhere."""
-    staged = code >= 0
-    rows, a, b, code = rows[staged], a[staged], b[staged], code[staged]
-    mine = step_code[rows] >= 0
-    if not mine.any():
+    ub, ut, ua, ue = mine
+    keep = ut < len(TERMS)
+    ub, ut, ua, ue = ub[keep], ut[keep], ua[keep], ue[keep]
+    if not len(ub):
         return pd.DataFrame()
-    # each term's own time merged once (any step: async stages overlap across steps), then
-    # "every term but k" from those merged intervals, far fewer than the pieces
-    tg, ts, te = iv.union(code, a, b)
+    # each term's own time over every loaded span (any step: async stages overlap across steps),
+    # then "every term but k" from those merged intervals
+    ob, oph, oa, oe = x.own()
+    term = x.term_phase[oph - 1]
+    staged = term >= 0
+    (tg,), ts, te = _union_by([(term[staged], len(TERMS))], oa[staged], oe[staged])
     k = len(TERMS)
     g = np.concatenate([np.full(int((tg != j).sum()), j, _I64) for j in range(k)])
     others = iv.Coverage(g, np.concatenate([ts[tg != j] for j in range(k)]),
                          np.concatenate([te[tg != j] for j in range(k)]))
-    gid, n, (gstep, gterm) = _group((step_code[rows[mine]], len(steps)), (code[mine], k))
-    ug, us, ue = iv.union(gid, a[mine], b[mine])
-    ns = others.between(gterm[ug], us, ue)
-    total = np.bincount(ug, weights=ns.astype(np.float64), minlength=n)
-    return _rows("overlap", step=steps[gstep], phase=np.array(TERMS, object)[gterm], seconds=total / 1e9)
+    ns = others.between(ut, ua, ue)
+    (gb, gt), _, total = _sum_by([(ub, x.nb + 1), (ut, k)], ns.astype(np.float64))
+    return _rows("overlap", step=x.steps[gb], phase=np.array(TERMS, object)[gt], seconds=total / 1e9)
 
 
-def _self_time(s: Spans):
-    """(span row, start, end) pieces of each span where none of its children on the same thread runs."""
-    up = _same_thread_parent(s)
-    child = np.flatnonzero(up >= 0)
-    return _minus(np.arange(len(s), dtype=_I64), up[child], s.start[child], s.end[child], s.start, s.end)
-
-
-def _wait_rows(s: Spans, checks, busy, step_code, steps) -> pd.DataFrame:
-    nproc = len(s.proc_names)
-    if nproc == 0 or not len(s):
+def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
+    s = x.s
+    if not len(s):
         return pd.DataFrame()
-    start, end = s.start, s.end
-    # a span with no process counts as its own "process" code nproc (as a NULL group would)
-    proc = np.where(s.proc >= 0, s.proc, nproc)
-    lo = np.full(nproc + 1, min(start.min(), checks["start_ns"].min()), _I64)
-    hi = np.full(nproc + 1, max(end.max(), checks["end_ns"].max()), _I64)
-    waiting = s.lookup({WAIT: True}, False).astype(bool)
+    lo_t = min(int(s.start.min()), int(checks["start_ns"].min()))
+    hi_t = max(int(s.end.max()), int(checks["end_ns"].max()))
+    lo, hi = np.full(x.nproc, lo_t, _I64), np.full(x.nproc, hi_t, _I64)
 
     # idle: windows of (step, participating process) minus that process's busy and wait spans
-    active = busy | waiting
-    idle_g, idle_s, idle_e = iv.complement(proc[active], start[active], end[active], lo, hi)
-    batch = step_code >= 0
-    pgid, _, (pstep, pproc) = _group((step_code[batch], len(steps)), (proc[batch], nproc + 1))
+    rb, rp, rph, ra, re = x.raw
+    active = x.busy_phase[rph - 1] | x.wait_phase[rph - 1]
+    idle_g, idle_s, idle_e = iv.complement(rp[active], ra[active], re[active], lo, hi)
+    batch = x.in_batch
+    (pb, pp), _, _ = _sum_by([(x.bucket[batch], x.nb + 1), (x.proc1[batch], x.nproc)])
     cstep = checks.set_index("step")
-    wstart = cstep.loc[steps[pstep], "start_ns"].to_numpy(_I64)
-    wend = cstep.loc[steps[pstep], "end_ns"].to_numpy(_I64)
-    win, a, b = iv.clip(idle_g, idle_s, idle_e, pproc, wstart, wend)
-    idle = pd.DataFrame({"step": steps[pstep][win], "proc": pproc[win], "a": a, "b": b}).assign(
+    wstart = cstep.loc[x.steps[pb], "start_ns"].to_numpy(_I64)
+    wend = cstep.loc[x.steps[pb], "end_ns"].to_numpy(_I64)
+    win, a, b = iv.clip(idle_g, idle_s, idle_e, pp, wstart, wend)
+    idle = pd.DataFrame({"step": x.steps[pb][win], "proc": pp[win], "a": a, "b": b}).assign(
         in_phase="idle", detail="idle", declared=None)
 
     # wait spans of the batch's steps, over their self time (their thread is waiting, whatever encloses it)
-    own = _self_time(s)
-    keep = waiting[own[0]] & batch[own[0]]
-    rows, a, b = own[0][keep], own[1][keep], own[2][keep]
+    waiting = x.wait_phase[s.phase] & batch
+    whole = np.flatnonzero(waiting & ~x.has_child & (s.end > s.start))
+    pr, pa_, pb_ = x.self_pieces
+    cut = waiting[pr]
+    rows = np.concatenate([whole, pr[cut]])
+    a = np.concatenate([s.start[whole], pa_[cut]])
+    b = np.concatenate([s.end[whole], pb_[cut]])
     parent = s.prow[rows]
     parent_phase = np.where(parent >= 0, np.append(s.phase_names, None)[s.phase[np.maximum(parent, 0)]], WAIT)
     declared = s.strings("waiting_for", rows)
     waits = pd.DataFrame({
         "step": s.step[rows],
-        "proc": proc[rows],
+        "proc": x.proc1[rows],
         "a": a,
         "b": b,
         "in_phase": parent_phase,
@@ -416,12 +525,12 @@ def _wait_rows(s: Spans, checks, busy, step_code, steps) -> pd.DataFrame:
     pieces = pd.concat([f for f in (idle, waits) if len(f)], ignore_index=True) if len(idle) or len(waits) else idle
     if pieces.empty:
         return pd.DataFrame()
-    attributed = _attribute(pieces, s, busy, own)
-    attributed["process_id"] = np.append(s.proc_names, None)[attributed["proc"].to_numpy()]
+    attributed = _attribute(pieces, x)
+    attributed["process_id"] = np.insert(s.proc_names, 0, None)[attributed["proc"].to_numpy()]
     keys = ["step", "process_id", "detail", "in_phase", "waited_for"]
     agg = attributed.groupby(keys, dropna=False, sort=True).agg(seconds=("ns", "sum"), count=("ns", "size")).reset_index()
     agg["seconds"] = agg["seconds"] / 1e9
-    agg["other_process_id"] = _who_ran(s, agg, step_code, steps)
+    agg["other_process_id"] = _who_ran(x, agg)
     return _rows(
         "wait",
         step=agg["step"].to_numpy(),
@@ -453,23 +562,29 @@ def _descendants(parent: np.ndarray, child: np.ndarray) -> dict[int, set[int]]:
     return out
 
 
-def _attribute(pieces: pd.DataFrame, s: Spans, busy, own) -> pd.DataFrame:
+def _attribute(pieces: pd.DataFrame, x: _Batch) -> pd.DataFrame:
     """One row per (piece, phase waited for) with the overlapping ns; waited_for None = nothing ran.
 
-    Work is the self time of busy spans (`own` from `_self_time`): a waiting thread's own enclosing
-    span does not count, while another thread of the same process working meanwhile does.
+    Work is the self time of busy spans: a waiting thread's own enclosing span does not count,
+    while another thread of the same process working meanwhile does.
     """
+    s = x.s
     codes, names = s.phase, s.phase_names
     prow = s.prow
-    own_row, own_s, own_e = own
-    working = busy[own_row]
-    # each busy phase's self time merged once; every coverage group is built from those
-    pg, ps, pe = iv.union(codes[own_row][working], own_s[working], own_e[working])
-    busy_codes = np.unique(codes[busy])
+    # each busy phase's self time merged once (whole spans, and the parents' pieces)
+    _, _, mph, ma, me = x.m
+    pr, pa_, pb_ = x.self_pieces
+    busy_m = x.busy_phase[mph - 1]
+    busy_p = x.busy[pr]
+    (pg,), ps, pe = _union_by([(np.concatenate([mph[busy_m] - 1, codes[pr][busy_p]]), len(names))],
+                              np.concatenate([ma[busy_m], pa_[busy_p]]), np.concatenate([me[busy_m], pb_[busy_p]]))
+    busy = x.busy
+    width = len(names) + 1
+    busy_codes = np.flatnonzero((np.bincount(codes + 1, minlength=width) > 0) & x.busy_phase[np.arange(-1, width - 1)]) - 1
     nested = np.flatnonzero(busy & (prow >= 0))
     nested = nested[busy[prow[nested]] & (codes[prow[nested]] != codes[nested])]
-    link = np.unique(codes[prow[nested]] * (len(names) + 1) + codes[nested])
-    children = _descendants(link // (len(names) + 1), link % (len(names) + 1))
+    link = np.flatnonzero(np.bincount((codes[prow[nested]] + 1) * width + codes[nested] + 1, minlength=width * width))
+    children = _descendants(link // width - 1, link % width - 1)
     # coverage groups: each busy phase; each parent phase with its descendants; the descendants alone; all busy
     groups: list[tuple[object, set[int]]] = [(int(c), {int(c)}) for c in busy_codes]
     groups += [((c, "+"), {c} | kids) for c, kids in children.items()]
@@ -489,40 +604,51 @@ def _attribute(pieces: pd.DataFrame, s: Spans, busy, own) -> pd.DataFrame:
     def covered(key) -> np.ndarray:
         return cov.between(np.full(n, index[key], _I64), a, b)
 
-    out = []
+    # one column per busy phase, one for "nothing ran", one for the declared target
     measured = pieces["declared"].isna().to_numpy()
-    for c in busy_codes:
-        c = int(c)
-        ns = covered((c, "+")) - covered((c, ":")) if c in children else covered(c)
-        out.append(pieces.assign(waited_for=names[c], ns=ns)[measured & (ns > 0)])
-    nothing = (b - a) - covered("*")
-    out.append(pieces.assign(waited_for=None, ns=nothing)[measured & (nothing > 0)])
-    out.append(pieces.assign(waited_for=pieces["declared"], ns=b - a)[~measured])
-    return pd.concat(out, ignore_index=True)
+    cols = [covered((int(c), "+")) - covered((int(c), ":")) if int(c) in children else covered(int(c))
+            for c in busy_codes]
+    cols.append((b - a) - covered("*"))
+    ns = np.column_stack(cols + [b - a]) if n else np.zeros((0, len(cols) + 1), _I64)
+    ns[:, :-1] *= measured[:, None]
+    ns[:, -1] *= ~measured
+    row, col = np.nonzero(ns > 0)
+    targets = np.array([names[int(c)] for c in busy_codes] + [None, None], object)[col]
+    declared = pieces["declared"].to_numpy(object)
+    targets = np.where(col == len(cols), declared[row], targets)
+    out = pieces.iloc[row].reset_index(drop=True)
+    return out.assign(waited_for=targets, ns=ns[row, col])
 
 
-def _who_ran(s: Spans, waits: pd.DataFrame, step_code, steps) -> np.ndarray:
+def _who_ran(x: _Batch, waits: pd.DataFrame) -> np.ndarray:
     """For each wait row, the other process where the awaited phase ran longest in that step, or the
     waiting process itself when the phase ran only there (on another thread)."""
-    loaded = np.flatnonzero(s.has_step & (s.proc >= 0) & (s.phase >= 0))
-    scode, sval = pd.factorize(s.step[loaded])
-    gid, n, (gs, gph, gpr) = _group((scode.astype(_I64), len(sval)), (s.phase[loaded], len(s.phase_names)),
-                                    (s.proc[loaded], len(s.proc_names)))
-    ns = np.bincount(gid, weights=(s.end - s.start)[loaded].astype(np.float64), minlength=n)
-    ran = pd.DataFrame({"step": np.asarray(sval, _I64)[gs], "phase": s.phase_names[gph],
-                        "process_id": s.proc_names[gpr], "ns": np.round(ns).astype(_I64)})
+    s = x.s
+    (kb, kp, kph), _, total = x.per_phase()
+    other = np.flatnonzero(s.has_step & ~x.in_batch)  # spans of neighbouring steps in the loaded window
+    scode, sval = pd.factorize(s.step[other])
+    (ob, op, oph), _, ototal = _sum_by([(scode.astype(_I64), len(sval)), (x.proc1[other], x.nproc),
+                                         (x.phase1[other], x.nphase)], (s.end - s.start)[other].astype(np.float64))
+    step = np.concatenate([x.steps[kb], np.asarray(sval, _I64)[ob]])
+    proc, phase = np.concatenate([kp, op]), np.concatenate([kph, oph])
+    known = (proc > 0) & (phase > 0)
+    ran = pd.DataFrame({"step": step[known], "phase": np.append(s.phase_names, None)[phase[known] - 1],
+                        "process_id": np.append(s.proc_names, None)[proc[known] - 1],
+                        "ns": np.round(np.concatenate([total, ototal])[known]).astype(_I64)})
     ran = ran.sort_values(["step", "phase", "process_id"], kind="stable", ignore_index=True)
     ran = ran.sort_values("ns", ascending=False)
     best: dict[tuple, list[str]] = {}
     for step, ph, proc in zip(ran["step"].tolist(), ran["phase"].tolist(), ran["process_id"].tolist()):
         best.setdefault((step, ph), []).append(proc)
-        best.setdefault((None, ph), []).append(proc)  # the awaited work may belong to another step
+        best.setdefault((None, ph), {})[proc] = None  # the awaited work may belong to another step
+    for key in [k for k in best if k[0] is None]:
+        best[key] = list(best[key])  # each process once, in order of first appearance
     out = []
     for step, ph, proc in zip(waits["step"].tolist(), waits["waited_for"].tolist(), waits["process_id"].tolist()):
         ph = None if ph is None or ph is pd.NA or (isinstance(ph, float) and np.isnan(ph)) else ph
         ran_by = best.get((step, ph), []) + best.get((None, ph), [])
-        others = [p for p in ran_by if p != proc]
-        out.append(others[0] if others else (proc if ran_by else None))
+        other = next((p for p in ran_by if p != proc), None)
+        out.append(other if other is not None else (proc if ran_by else None))
     return np.array(out, object)
 
 

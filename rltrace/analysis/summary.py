@@ -40,7 +40,7 @@ _CHECKS = "_rltrace_checks"
 _WINDOWS = "_rltrace_windows"
 _CACHE_PARTS = b"rltrace.span_parts"  # cache file footer: JSON [[name, rows, size], ...] of the span parts used
 logger = logging.getLogger("rltrace")
-BATCH_SPANS = 1_000_000  # spans loaded at once when computing
+BATCH_SPANS = (250_000, 1_000_000)  # spans loaded at once: a quarter of the run, within these bounds
 
 
 def _has_table(con, name: str) -> bool:
@@ -133,9 +133,7 @@ def _fill(con, steps: Steps) -> None:
             reuse(con, missing)
     done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
     todo = missing[~missing["step"].isin(done)]
-    for batch in _batches(todo):
-        spans = _load(con, batch)
-        computed = _compute.compute(spans, batch)
+    for computed in _computed(con, list(_batches(todo))):
         con.register("_rltrace_computed", computed)
         try:
             con.execute(f"INSERT INTO {_CACHE} BY NAME SELECT * FROM _rltrace_computed")
@@ -143,6 +141,22 @@ def _fill(con, steps: Steps) -> None:
             con.unregister("_rltrace_computed")
     if steps is None:  # every step is in the connection's cache: it becomes the run's summary cache
         _save_cache(con)
+
+
+def _computed(con, batches: list[pd.DataFrame]):
+    """Summary rows of each batch, two batches at a time on threads of their own (DuckDB and
+    numpy's sorts run without the interpreter lock, so loading one batch overlaps computing another)."""
+    if len(batches) < 2:
+        for batch in batches:
+            yield _compute.compute(_load(con, batch), batch)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work(batch):
+        return _compute.compute(_load(con.cursor(), batch), batch)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield from pool.map(work, batches)
 
 
 def _cache_file(con) -> Path | None:
@@ -257,11 +271,14 @@ def _reuse_stored(con, missing: pd.DataFrame) -> None:
 
 
 def _batches(missing: pd.DataFrame):
-    """Consecutive steps cut into groups of about BATCH_SPANS spans."""
+    """Consecutive steps cut into groups of spans: at least 4 groups (two threads stay busy) of
+    BATCH_SPANS[0] to BATCH_SPANS[1] spans (bigger ones re-read fewer Parquet row groups)."""
     missing = missing.sort_values("step")
+    low, high = BATCH_SPANS
+    size = min(high, max(low, int(missing["count"].sum()) // 4))
     start, total = 0, 0
     for i, n in enumerate(missing["count"].to_numpy()):
-        if i > start and total + n > BATCH_SPANS:
+        if i > start and total + n > size:
             yield missing.iloc[start:i]
             start, total = i, 0
         total += n

@@ -76,6 +76,18 @@ VERL_PHASES = {
     "testing": "eval",
     "step": "step",
 }
+#: slime `Timer` names (slime/observability/timer.py; timers of slime/backends/megatron_utils/actor.py)
+#: -> rltrace phase, for the live hook (rltrace.integrations.slime); other names keep their own.
+#: `log_probs`, `ref_log_probs` and `actor_train` run inside `train`; `train_wait` is the trainer
+#: waiting for the next rollout (slime's `perf/train_wait_time`), with `update_weights` inside it.
+SLIME_PHASES = {
+    "train": "train",
+    "actor_train": "train",
+    "log_probs": "forward",
+    "ref_log_probs": "forward",
+    "update_weights": "weight_sync",
+    "train_wait": "wait",
+}
 #: verl blocks outside the four stages that still become spans on import (they run on the driver, in the step)
 _VERL_OTHER = ("save_checkpoint", "testing")
 

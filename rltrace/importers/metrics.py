@@ -14,7 +14,8 @@ model (t_R, t_T, t_W, async bound, bottleneck) works on a run that was never tra
 Only the durations are measured: where a stage sits inside its step is made up, so waits, idle
 gaps, stragglers and critical paths need traced spans. Every span carries `rl.source = metrics`
 and `rl.metric` (the timing it came from). A step ends at the time its timings were logged
-(TensorBoard wall time, a JSONL `_timestamp`); without one, steps follow each other.
+(TensorBoard wall time, a JSONL `_timestamp`); without one, steps follow each other. A stage
+timing that is negative, not a number or over `_MAX_SECONDS` makes no span (its scalar is still stored).
 Step numbers are shifted so rltrace's first step is 0 (verl, OpenRLHF and TRL count from 1).
 """
 
@@ -22,8 +23,9 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
+import os
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Callable
@@ -40,6 +42,7 @@ SOURCE = "metrics"  # rl.source of imported spans
 SOURCE_ATTR = "rl.source"
 METRIC_ATTR = "rl.metric"
 _PART_ROWS = 1_000_000  # metrics rows per part file
+_MAX_SECONDS = 1e8  # about three years: a longer stage timing is not one (and its nanoseconds must fit int64)
 
 
 def import_metrics(paths, out, *, framework: str = "auto",
@@ -51,7 +54,7 @@ def import_metrics(paths, out, *, framework: str = "auto",
     that no map knows, kept as they are).
     """
     was_enabled = gc.isenabled()
-    gc.disable()  # millions of small objects: the cyclic collector would re-scan them again and again (~25 % of the time)
+    gc.disable()  # the record-by-record readers make millions of small objects: the cyclic collector would re-scan them again and again
     try:
         return _import(paths, out, framework, progress)
     finally:
@@ -66,20 +69,19 @@ def _import(paths, out, framework: str, progress) -> dict:
 
     files = readers.find_logs(paths)
     total = sum(f.stat().st_size for f in files)
-    scalars, done = Scalars(), 0
+    parts, done = [], 0
     for f in files:
         base = done
-        got = readers.read(f, (lambda n, base=base: progress("reading", base + n, total)) if progress else None)
-        scalars.extend(got)
+        parts.append(readers.read(f, (lambda n, base=base: progress("reading", base + n, total)) if progress else None))
         done += f.stat().st_size
         if progress:
             progress("reading", done, total)
+    scalars = Scalars.concat(parts)
     if not len(scalars):
         raise MetricsImportError(f"no scalars in {', '.join(map(str, files))}")
-    names = np.asarray(scalars.name, dtype=object)
-    unique = list(dict.fromkeys(scalars.name))
+    names = scalars.names  # distinct, as logged; scalars.code indexes them
     if framework == "auto":
-        framework = frameworks.detect(unique)
+        framework = frameworks.detect(names)
         if framework is None:
             raise MetricsImportError(
                 f"cannot tell which framework wrote {files[0]} (no verl timing_s/*, slime perf/*_time, OpenRLHF "
@@ -87,25 +89,24 @@ def _import(paths, out, framework: str, progress) -> dict:
     if framework not in frameworks.FRAMEWORKS:
         raise MetricsImportError(f"--framework {framework!r}: choose auto or one of {', '.join(frameworks.FRAMEWORKS)}")
     fw = frameworks.FRAMEWORKS[framework]
-    mapped = {n: frameworks.strip(fw, n) for n in unique}
+    mapped = [frameworks.strip(fw, n) for n in names]
 
-    steps = np.asarray(scalars.step, dtype=np.int64) - fw.step_offset
-    values = np.asarray(scalars.value, dtype=np.float64)
-    seconds = np.array([np.nan if t is None else t for t in scalars.time_ns], dtype=np.float64)
-    known = ~np.isnan(seconds)
-    times_ns = np.where(known, seconds * 1e9, 0).astype(np.int64)
+    steps = scalars.step - fw.step_offset
+    known = ~np.isnan(scalars.time_s)
+    times_ns = np.where(known, scalars.time_s * 1e9, 0).astype(np.int64)
     times = pa.array(times_ns, pa.int64(), mask=~known)
     manifest = create_or_join(Path(out), run_name=None, config={"imported_from": "metrics", "framework": framework,
                                                                "paths": [str(f) for f in files]})
     process = ProcessInfo(run_id=manifest["run_id"], role=f"{framework}-import", rank=None, service_name="rltrace-import")
 
     # metrics: every scalar as logged, then the rltrace names of the mapped ones
-    canonical = {n: _names.canonical_metric(m) for n, m in mapped.items()}
-    aliases = {n: c for n, c in canonical.items() if c is not None and c != n}
-    alias_mask = np.isin(names, list(aliases)) if aliases else np.zeros(len(names), bool)
-    alias_names = [aliases[n] for n in names[alias_mask]]
-    tables = [_metrics_table(steps, names, values, times, process),
-              _metrics_table(steps[alias_mask], np.asarray(alias_names, dtype=object), values[alias_mask],
+    canonical = [_names.canonical_metric(m) for m in mapped]
+    alias_names = list(dict.fromkeys(c for n, c in zip(names, canonical) if c is not None and c != n))
+    alias_code = np.array([alias_names.index(c) if c is not None and c != n else -1 for n, c in zip(names, canonical)], np.int32)
+    alias_rows = alias_code[scalars.code]
+    alias_mask = alias_rows >= 0
+    tables = [_metrics_table(steps, scalars.code, names, scalars.value, times, process),
+              _metrics_table(steps[alias_mask], alias_rows[alias_mask], alias_names, scalars.value[alias_mask],
                              times.filter(pa.array(alias_mask)), process)]
     table = pa.concat_tables([t for t in tables if t.num_rows])
     folder = Path(out) / _names.METRICS_TABLE.folder
@@ -115,27 +116,27 @@ def _import(paths, out, framework: str, progress) -> dict:
         if progress:
             progress("writing", min(start + _PART_ROWS, table.num_rows), table.num_rows)
 
-    spans = step_spans(fw, steps, names, values, np.where(known, times_ns, -1), mapped, manifest["run_id"])
-    span_table = rows.span_rows_table(spans, process, process.service_name) if spans else None
-    if span_table is not None and span_table.num_rows:
-        write_part(Path(out) / _names.SPANS.folder, f"{process.process_id}-spans.parquet", span_table, _names.SPANS)
-    write_process(Path(out), process, manifest["run_id"], rows=table.num_rows, spans=len(spans))
-    known_names = set(fw.stages) | {m for m in mapped.values() if _names.canonical_metric(m)} | set(fw.bytes) | {fw.wall}
+    spans, n_spans = step_spans(fw, steps, scalars.code, names, scalars.value, np.where(known, times_ns, -1), manifest["run_id"])
+    if n_spans:
+        write_part(Path(out) / _names.SPANS.folder, f"{process.process_id}-spans.parquet",
+                   rows.span_columns_table(spans, n_spans, process, process.service_name), _names.SPANS)
+    write_process(Path(out), process, manifest["run_id"], rows=table.num_rows, spans=n_spans)
+    known_names = set(fw.stages) | {m for m, c in zip(mapped, canonical) if c} | set(fw.bytes) | {fw.wall}
     return {
         "framework": framework,
         "files": [str(f) for f in files],
         "steps": int(len(np.unique(steps))),
         "metrics": int(table.num_rows),
-        "aliases": len(alias_names),
-        "spans": len(spans),
+        "aliases": int(alias_mask.sum()),
+        "spans": n_spans,
         "skipped": dict(scalars.skipped),
-        "unmapped": sorted(n for n, m in mapped.items() if m not in known_names),
+        "unmapped": sorted(n for n, m in zip(names, mapped) if m not in known_names),
     }
 
 
-def _metrics_table(steps, names, values, times, process) -> pa.Table:
+def _metrics_table(steps, codes, names, values, times, process) -> pa.Table:
     n = len(values)
-    cols = {"step": pa.array(steps, pa.int64()), "name": pa.array(names, pa.string()),
+    cols = {"step": pa.array(steps, pa.int64()), "name": pa.array(names, pa.string()).take(pa.array(codes, pa.int32())),
             "value": pa.array(values, pa.float64()), "time_ns": times}
     # the importing process, repeated in C (ProcessInfo.columns builds Python lists: slow for millions of rows)
     for field_ in _names.METRICS_SCHEMA:
@@ -144,61 +145,104 @@ def _metrics_table(steps, names, values, times, process) -> pa.Table:
     return pa.table(cols, schema=_names.METRICS_SCHEMA)
 
 
-def _span_id() -> str:
-    return uuid.uuid4().hex[:16]
+def _span_ids(n: int) -> pa.Array:
+    """`n` random 16-hex-digit span ids, as one Arrow string array."""
+    return pa.StringArray.from_buffers(n, pa.py_buffer(np.arange(0, 16 * (n + 1), 16, dtype=np.int32)),
+                                       pa.py_buffer(os.urandom(8 * n).hex().encode()))
 
 
-def step_spans(fw: frameworks.Framework, steps, names, values, times, mapped: dict, run_id: str) -> list[dict]:
+def step_spans(fw: frameworks.Framework, steps, codes, names: list, values, times, run_id: str) -> tuple[dict, int]:
     """One `step` span per step holding a timing, with each stage timing as a child span (see module doc).
 
-    `times`: when each scalar was logged (Unix ns), -1 where unknown.
+    `codes` index `names` (as logged); `times`: when each scalar was logged (Unix ns), -1 where
+    unknown. Returns the span columns (for `rows.span_columns_table`) and how many spans they hold.
     """
-    wanted = {n: m for n, m in mapped.items() if m in fw.stages or m == fw.wall or m in fw.bytes}
-    if not wanted:
-        return []
-    mask = np.isin(names, list(wanted))
-    per_step: dict[int, dict[str, tuple[float, int | None]]] = {}
-    for step, name, value, t in zip(steps[mask].tolist(), names[mask].tolist(), values[mask].tolist(),
-                                    times[mask].tolist()):
-        per_step.setdefault(step, {})[wanted[name]] = (value, None if t < 0 else t)  # logged twice: the later value
-    order = list(fw.stages)
-    raw_of = {m: n for n, m in wanted.items()}
-    out, prev_end = [], None
-    for step in sorted(per_step):
-        got = per_step[step]
-        stages = [(m, got[m][0]) for m in order if m in got and np.isfinite(got[m][0]) and got[m][0] >= 0]
-        if not stages:
+    mapped = [frameworks.strip(fw, n) for n in names]
+    slots = list(dict.fromkeys([*fw.stages, *([fw.wall] if fw.wall else []), *fw.bytes]))  # a step's timings
+    slot_of = {m: i for i, m in enumerate(slots)}
+    row_slot = np.array([slot_of.get(m, -1) for m in mapped] + [-1], np.int64)[codes]
+    mask = row_slot >= 0
+    if not mask.any():
+        return {}, 0
+    raw_of = {m: n for n, m in zip(names, mapped) if m in slot_of}
+    width, order = len(slots), list(fw.stages)
+    step_of, row = np.unique(steps[mask], return_inverse=True)
+    cell = row * width + row_slot[mask]
+    last = len(cell) - 1 - np.unique(cell[::-1], return_index=True)[1]  # logged twice: the later value
+    value, logged, at = np.full(len(step_of) * width, np.nan), np.zeros(len(step_of) * width, bool), np.full(len(step_of) * width, -1)
+    value[cell[last]], logged[cell[last]], at[cell[last]] = values[mask][last], True, times[mask][last]
+    value, logged, at = (a.reshape(len(step_of), width) for a in (value, logged, at))
+
+    stage = value[:, : len(order)]
+    ok = logged[:, : len(order)] & np.isfinite(stage) & (stage >= 0) & (stage < _MAX_SECONDS)
+    durations = np.rint(np.where(ok, stage, 0) * 1e9).astype(np.int64)
+    if fw.wall:
+        wall = value[:, slot_of[fw.wall]]
+        has_wall = logged[:, slot_of[fw.wall]]
+        wall_ns = np.rint(np.where(np.isfinite(wall) & (np.abs(wall) < _MAX_SECONDS), wall, 0) * 1e9).astype(np.int64)
+    else:
+        has_wall, wall_ns = np.zeros(len(step_of), bool), 0
+    length = np.maximum(durations.sum(axis=1), wall_ns)
+    latest = np.where(logged, at, -1).max(axis=1)  # when the step's timings were logged, -1: not known
+    keep = ok.any(axis=1)
+    step_of, ok, durations, length, latest, has_wall, value, logged = (
+        a[keep] for a in (step_of, ok, durations, length, latest, has_wall, value, logged))
+    start = latest - length
+    if (latest < 0).any():  # no logged time: steps follow each other
+        starts, prev_end = start.tolist(), None
+        for k, (t, span) in enumerate(zip(latest.tolist(), length.tolist())):
+            if t < 0:
+                starts[k] = prev_end if prev_end is not None else 0
+            prev_end = starts[k] + span
+        start = np.array(starts, np.int64)
+
+    # the spans, step by step: the step span, then its stages in the framework's order
+    grid = np.concatenate([np.ones((len(step_of), 1), bool), ok], axis=1)
+    pick = np.flatnonzero(grid.ravel())
+    i, col = pick // grid.shape[1], pick % grid.shape[1]
+    before = np.concatenate([np.zeros((len(step_of), 1), np.int64), np.cumsum(durations, axis=1) - durations], axis=1)
+    begins = start[i] + before[i, col]
+    ends = begins + np.concatenate([length[:, None], durations], axis=1)[i, col]
+    n = len(pick)
+    ids = _span_ids(n)
+    own = np.flatnonzero(col == 0)  # the row of each step's span
+    parents = ids.take(pa.array(own[i], mask=col == 0))
+    kinds = ["step", *order]
+    trace_ids = pa.array([hashlib.sha256(f"{run_id}:{s}".encode()).hexdigest()[:32] for s in step_of.tolist()], pa.string())
+    step_list = step_of.tolist()
+    attributes = np.empty(n, object)
+    for c, metric in enumerate(kinds):
+        where = np.flatnonzero(col == c)
+        if not len(where):
             continue
-        durations = [int(round(v * 1e9)) for _, v in stages]
-        wall = got.get(fw.wall, (None, None))[0] if fw.wall else None
-        length = max(sum(durations), int(round(wall * 1e9)) if wall is not None and np.isfinite(wall) else 0)
-        logged = [t for _, t in got.values() if t is not None]
-        if logged:
-            start = max(logged) - length
-        else:
-            start = prev_end if prev_end is not None else 0
-        prev_end = start + length
-        trace_id = hashlib.sha256(f"{run_id}:{step}".encode()).hexdigest()[:32]
-        parent = _span_id()
-        out.append(_span(trace_id, parent, None, "step", "step", step, start, start + length,
-                          {METRIC_ATTR: raw_of.get(fw.wall) if wall is not None else None}))
-        at = start
-        sizes = {fw.bytes[m][0]: got[m][0] * fw.bytes[m][1] for m in fw.bytes if m in got}
-        for (metric, _), dur in zip(stages, durations):
-            stage = fw.stages[metric]
-            extra = {METRIC_ATTR: raw_of[metric]}
-            if metric in sizes and np.isfinite(sizes[metric]):
-                extra[_names.SYNC_BYTES] = int(round(sizes[metric]))
-            out.append(_span(trace_id, _span_id(), parent, stage.name, stage.phase, step, at, at + dur, extra))
-            at += dur
-    return out
-
-
-def _span(trace_id, span_id, parent, name, phase, step, start, end, extra) -> dict:
-    attrs = {_names.PHASE: phase, _names.STEP: step, SOURCE_ATTR: SOURCE,
-             **{k: v for k, v in extra.items() if v is not None}}
-    return rows.span_row(trace_id=trace_id, span_id=span_id, parent_span_id=parent, name=name, phase=phase,
-                         step=step, start_ns=int(start), end_ns=int(end), attributes=attrs)
+        rows_of = i[where]
+        phase = "step" if c == 0 else fw.stages[metric].phase
+        head = f'{{"{_names.PHASE}":{json.dumps(phase)},"{_names.STEP}":'
+        tail = f',"{SOURCE_ATTR}":"{SOURCE}"'
+        if c == 0:
+            with_metric = f'{tail},"{METRIC_ATTR}":{json.dumps(raw_of.get(fw.wall))}}}'
+            attributes[where] = [head + str(step_list[r]) + (with_metric if has_wall[r] else tail + "}") for r in rows_of.tolist()]
+            continue
+        tail += f',"{METRIC_ATTR}":{json.dumps(raw_of[metric])}'
+        sizes = [m for m in fw.bytes if fw.bytes[m][0] == metric]  # logged bytes of this stage (the last one listed wins)
+        size = np.full(len(step_of), np.nan)
+        for m in sizes:
+            seen = logged[:, slot_of[m]]
+            size[seen] = value[seen, slot_of[m]] * fw.bytes[m][1]
+        attributes[where] = [head + str(step_list[r]) + tail + (f',"{_names.SYNC_BYTES}":{int(round(size[r]))}}}'
+                                                                if np.isfinite(size[r]) else "}") for r in rows_of.tolist()]
+    columns = {
+        "trace_id": trace_ids.take(pa.array(i)),
+        "span_id": ids,
+        "parent_span_id": parents,
+        "name": pa.array(["step", *(fw.stages[m].name for m in order)], pa.string()).take(pa.array(col)),
+        "phase": pa.array(["step", *(fw.stages[m].phase for m in order)], pa.string()).take(pa.array(col)),
+        "step": pa.array(step_of[i], pa.int64()),
+        "start_ns": pa.array(begins, pa.int64()),
+        "end_ns": pa.array(ends, pa.int64()),
+        "attributes": pa.array(attributes, pa.string()),
+    }
+    return columns, n
 
 
 def command(args) -> int:

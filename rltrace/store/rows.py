@@ -156,6 +156,24 @@ def span_rows_table(rows: Sequence[Mapping[str, Any]], process, service_name: st
     return convert(list(rows), build, table="spans", drops=drops or Drops(), why=lambda r, e: _diagnose(r, _names.SPANS_SCHEMA, e))
 
 
+def span_columns_table(columns: Mapping[str, Any], n: int, process, service_name: str) -> pa.Table:
+    """`n` spans of one process given as whole columns (Arrow arrays or lists), for producers that
+    build many at once (`rltrace import metrics`): columns not given are null, `status` and `kind`
+    default as in `span_row`. The caller makes `attributes` JSON as `dumps` writes it."""
+    defaults = {"status": "UNSET", "kind": "INTERNAL"}
+    cols = {}
+    for f in _names.SPANS_SCHEMA:
+        if f.name in columns:
+            cols[f.name] = columns[f.name]
+        elif f.name in defaults:
+            cols[f.name] = pa.repeat(pa.scalar(defaults[f.name], f.type), n)
+        elif f.name not in _PROCESS_NAMES and f.name != "service_name":
+            cols[f.name] = pa.nulls(n, f.type)
+    cols.update(process_columns(process, n))
+    cols["service_name"] = pa.repeat(pa.scalar(service_name, pa.string()), n)
+    return pa.table(cols, schema=_names.SPANS_SCHEMA)
+
+
 _PROCESS_NAMES = frozenset(("process_id", "role", "rank", "host", "pid"))
 
 

@@ -273,6 +273,9 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with a view per table of the snapshot."""
     con = duckdb.connect(":memory:")
     con.execute("SET parquet_metadata_cache = true")
+    # DuckDB draws its own progress bar on stdout for long queries: it would land inside
+    # `rltrace report --json` output and break the terminal report
+    con.execute("SET enable_progress_bar = false")
     con.execute("""CREATE MACRO attr(attributes, key) AS json_extract_string(attributes, '$."' || key || '"')""")
     done = set()
     if "spans" in snap.parts:

@@ -18,7 +18,7 @@ import uuid
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable, Iterator, Union
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -101,17 +101,25 @@ def write_part(
 
 
 class PartNamer:
-    """Names `<process_id>-<seq>.parquet`, unique per process, ordered by write time."""
+    """Names `<process_id>-<seq>.parquet`, unique per process, ordered by write time.
+
+    Every namer of one process draws from one counter: the span exporter and the row writer
+    both write span parts, and two counters would name two parts alike (the second replacing
+    the first).
+    """
+
+    _counters: dict[str, Iterator[int]] = {}
 
     def __init__(self, process: ProcessInfo):
         self._process = process
-        self._seq = itertools.count()
 
     def next(self) -> str:
-        return f"{self._process.process_id}-{next(self._seq):08d}.parquet"
+        seq = self._counters.setdefault(self._process.process_id, itertools.count())
+        return f"{self._process.process_id}-{next(seq):08d}.parquet"
 
     def reset(self) -> None:
-        self._seq = itertools.count()
+        """After a fork: the child's process id is new, and so is its counter."""
+        self._counters.pop(self._process.process_id, None)
 
 
 # An item waiting to be written: the table it goes to, its row count, and a thunk building the

@@ -119,3 +119,29 @@ def test_a_cache_that_cannot_be_written_never_fails_a_report(tmp_path, monkeypat
     assert report.build(store.open(b.run_dir))["t_sync"]
     assert not os.path.isdir(blocked)
     assert summary._cache_file(store.open(b.run_dir)).parent == blocked / "summaries"
+
+
+def test_steps_computed_in_many_batches_on_threads_equal_one_batch(tmp_path, monkeypatch):
+    """An async run (rollout of step k+1 overlaps train of step k, a reward server without steps):
+    batches of a few spans, computed two at a time, give exactly the summaries of one batch."""
+    b = RunBuilder(tmp_path / "run")
+    trainer, worker, reward = b.process("trainer"), b.process("rollout"), b.process("reward")
+    for step in range(12):
+        o = 2.0 * step
+        roll = worker.span("rollout", o, o + 2.5, step=step)
+        worker.span("generate", o + 0.1, o + 2.4, step=step, parent=roll, thread=2)
+        reward.span("reward", o + 2.4, o + 2.6)
+        trainer.span("wait", o + 2.5, o + 2.7, step=step)
+        train = trainer.span("train", o + 2.7, o + 4.2, step=step)
+        trainer.span("forward", o + 2.8, o + 3.5, step=step, parent=train)
+    b.write(parts_per_process=3)
+
+    def table(batch):
+        monkeypatch.setattr(summary, "BATCH_SPANS", batch)
+        monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / f"cache-{batch[0]}"))
+        out = summary.table(store.open(b.run_dir)).to_pandas()
+        return out.sort_values(list(out.columns[:11]), key=lambda c: c.astype(str)).reset_index(drop=True)
+
+    one, many = table((10**9, 10**9)), table((1, 1))
+    assert one["step"].nunique() == 12
+    assert one.equals(many)

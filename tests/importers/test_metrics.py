@@ -15,6 +15,7 @@ from rltrace.importers import frameworks
 from rltrace.importers.metrics import import_metrics
 from rltrace.importers.readers import MetricsImportError
 from rltrace.report.build import build
+from rltrace.store import rows as store_rows
 
 pytest.importorskip("tensorboard")
 torch_tb = pytest.importorskip("torch.utils.tensorboard")
@@ -112,6 +113,8 @@ def test_every_scalar_kept_with_aliases_and_bytes(verl_logs, tmp_path):
     sync = con.execute("""SELECT DISTINCT name, phase, json_extract_string(attributes, '$."rl.bytes"'),
                           json_extract_string(attributes, '$."rl.source"') FROM spans WHERE phase = 'weight_sync'""").fetchall()
     assert sync == [("update_weights", "weight_sync", str(64 * 2**20), "metrics")]
+    attributes = [a for (a,) in con.execute("SELECT attributes FROM spans").fetchall()]
+    assert all(a == store_rows.dumps(json.loads(a)) for a in attributes)  # the JSON every producer writes
     # stage spans are siblings under their step span and never overlap
     rows = con.execute("SELECT step, span_id, parent_span_id, phase, start_ns, end_ns FROM spans ORDER BY step, start_ns").df()
     for step, g in rows.groupby("step"):
@@ -144,6 +147,25 @@ def test_damaged_and_foreign_event_files_name_the_file(verl_logs, tmp_path, caps
     assert cli(["import", "metrics", str(foreign), "--out", str(tmp_path / "run2")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(foreign) in err and "not a TensorBoard event file" in err
+
+
+@pytest.mark.parametrize("byte,why", [(5, "a length far past the end"), (8, "a checksum bit")])
+def test_damaged_record_header_is_an_error_not_a_shorter_file(verl_logs, tmp_path, byte, why):
+    """A damaged length would otherwise read as a record cut off at the end, dropping every later record."""
+    import struct
+
+    (event,) = (verl_logs / "tb").glob("*tfevents*")
+    data = bytearray(event.read_bytes())
+    pos = 0
+    for _ in range(5):  # the sixth record
+        pos += 16 + struct.unpack_from("<Q", data, pos)[0]
+    data[pos + byte] ^= 0x40
+    damaged = tmp_path / "bad" / event.name
+    damaged.parent.mkdir()
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(MetricsImportError, match=f"damaged TensorBoard event file .*header at byte {pos} ") as exc:
+        import_metrics([damaged], tmp_path / "run")
+    assert str(damaged) in str(exc.value) and "\n" not in str(exc.value), why
 
 
 def test_truncated_tail_is_counted_not_fatal(verl_logs, tmp_path):

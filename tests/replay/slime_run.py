@@ -12,8 +12,8 @@ the way SGLang does (token log-probs, finish reason, `weight_version`, prompt/ca
 tokens, queue time, e2e latency, decode throughput, PD prefill/decode durations) and stops
 mid-answer on abort; the tokenizer gives one id per character; the reward is 1 when the answer
 holds the label, 0.5 when it holds its neighbour, else 0. `tool_generate` is a custom generate
-function (slime's `--custom-generate-function-path`) that adds a tool turn (loss mask 0) between
-two engine calls for every fourth sample.
+function (slime's `--custom-generate-function-path`) that adds a tool turn (loss mask 0, traced as
+a `tool_call` span) between two engine calls for every fourth sample.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ class Slime:
 
         self.rollout, self.metrics, self.metric_utils = sglang_rollout, rollout_metrics, metric_utils
         self.rollout_data, self.train_data, self.Sample = rollout_data_utils, train_data_utils, slime_types.Sample
-        misc.SingletonMeta._instances.clear()  # GenerateState: one per run
+        misc.SingletonMeta._instances.pop(sglang_rollout.GenerateState, None)  # one per run (slime's Timer lives on)
 
 
 async def tool_generate(args, sample, sampling_params):
@@ -194,8 +194,11 @@ async def tool_generate(args, sample, sampling_params):
     sample = await generate(args, sample, dict(sampling_params))
     if sample.index % 4 != 1 or sample.status != Sample.Status.COMPLETED or TOOL_TEXT in sample.response:
         return sample
+    from slime.observability.trace_utils import trace_span
+
     started = time.time()
-    await asyncio.sleep(0.004)  # the tool runs
+    with trace_span(sample, "tool_call", attrs={"tool": "answer"}):  # as slime's trace guide shows for tool calls
+        await asyncio.sleep(0.004)  # the tool runs
     sample.append_response_tokens(args, tokens=CharTokenizer().encode(TOOL_TEXT), trainable=False, text=TOOL_TEXT)
     sample.non_generation_time += time.time() - started
     sample.status = Sample.Status.PENDING
@@ -278,9 +281,11 @@ def train_payload(slime: Slime, rollout: Rollout) -> dict:
 
 
 def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = True, pause_s: float = 0.05,
-        spec: bool = False) -> list[Rollout]:
+        spec: bool = False, trainer=None, rollout_function_path: str | None = None) -> list[Rollout]:
     """A synchronous slime run: rollout, train (a pause), weight update; dumps under `out`.
-    `spec`: the engine reports speculative decoding (slime's --sglang-speculative-algorithm)."""
+    `spec`: the engine reports speculative decoding (slime's --sglang-speculative-algorithm);
+    `trainer(rollout_id)`: runs in place of the training pause (e.g. slime's timers);
+    `rollout_function_path`: slime's --rollout-function-path (default: its sglang_rollout.generate_rollout)."""
     slime = Slime()
     slime.engine.spec = spec
     args = args_for(partial=partial, spec=spec)
@@ -289,7 +294,12 @@ def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = Tru
     for rid in range(rollouts):
         slime.engine.aborted = False
         started = time.time()
-        output = slime.rollout.generate_rollout(args, rid, source)
+        if rollout_function_path:
+            from slime.utils.misc import load_function
+
+            output = load_function(rollout_function_path)(args, rid, source)
+        else:
+            output = slime.rollout.generate_rollout(args, rid, source)
         ended = time.time()
         samples = [s for group in output.samples for s in group]
         slime.rollout_data.save_debug_rollout_data(str(out / "rollout_data" / "{rollout_id}.pt"), samples, rollout_id=rid, evaluation=False)
@@ -304,6 +314,6 @@ def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = Tru
             (out / "train_data").mkdir(parents=True, exist_ok=True)
             torch.save(train_payload(slime, r), out / "train_data" / f"{rid}.pt")
         done.append(r)
-        time.sleep(pause_s)  # training
+        trainer(rid) if trainer else time.sleep(pause_s)  # training
         slime.engine.version += 1  # weight update
     return done

@@ -120,3 +120,14 @@ def test_cursors_of_the_connection_see_every_view(recorded):
     cursor = con.cursor()
     assert cursor.execute("SELECT count(*) FROM spans").fetchone() == (3,)
     assert cursor.execute("SELECT count(*) FROM samples").fetchone() == (0,)
+
+
+def test_duckdb_draws_no_progress_bar_into_our_output(tmp_path):
+    """DuckDB prints a progress bar on stdout for queries over ~2 s (a 100M-span report): it would
+    corrupt `rltrace report --json`. Connections rltrace opens have it off."""
+    from rltrace.testing import RunBuilder
+
+    b = RunBuilder(tmp_path / "run")
+    b.process("trainer").span("train", 0, 1, step=0)
+    con = store.open(b.write())
+    assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0] is False

@@ -35,3 +35,16 @@ def test_a_steady_flood_still_gets_parts_while_it_lasts(tmp_path):
     writer.close()
     assert parts_during[0] >= 1  # before the fix: none until the flood stopped
     assert writer.rows_dropped == 0 and writer.rows_written > 100
+
+
+def test_two_writers_of_one_process_never_name_a_part_alike(tmp_path):
+    """The span exporter and the row writer both write span parts for one process: one counter,
+    so neither replaces the other's part."""
+    from rltrace.store.writer import PartNamer
+
+    process = ProcessInfo("run", "trainer", 0, "svc")
+    exporter, rows = PartNamer(process), PartNamer(process)
+    names = [exporter.next(), rows.next(), exporter.next(), rows.next()]
+    assert len(set(names)) == 4 and names == sorted(names)  # distinct, in write order
+    process.renew()  # a forked child: new id, its own numbering
+    assert PartNamer(process).next().endswith("-00000000.parquet")
