@@ -29,6 +29,14 @@ def waits(con, steps: Steps = None) -> pd.DataFrame:
         the waits; phases running at once each get their full overlap); intervals (waits
         contributing).
     """
+    out = _who.label(_unlabelled(con, steps), con)
+    cols = ["step", "process_id", "role", "rank", "kind", "in_phase", "waited_for", "waited_for_group",
+            "waited_for_process", "seconds", "intervals"]
+    return out[cols]
+
+
+def _unlabelled(con, steps: Steps) -> pd.DataFrame:
+    """`waits` without role and rank (a label per wait row costs a join over every row), in its order."""
     rows = summary.rows(con, steps, kinds=("wait",))
     out = pd.DataFrame(
         {
@@ -43,10 +51,7 @@ def waits(con, steps: Steps = None) -> pd.DataFrame:
         }
     )
     out["waited_for_group"] = out["waited_for"].map(STAGE_OF).fillna(out["waited_for"])  # a phase outside the stages: itself
-    out = _who.label(out, con)
-    cols = ["step", "process_id", "role", "rank", "kind", "in_phase", "waited_for", "waited_for_group",
-            "waited_for_process", "seconds", "intervals"]
-    return out[cols].sort_values(["step", "seconds"], ascending=[True, False], ignore_index=True)
+    return out.sort_values(["step", "seconds"], ascending=[True, False], ignore_index=True)
 
 
 def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
@@ -58,16 +63,19 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
         (e.g. "trainer0 idle 3.50 s (39% of step 4) waiting for rollout on rollout0", or "... on
         another thread" when the awaited work ran in the waiting process itself).
     """
-    w = waits(con, steps)
+    w = _unlabelled(con, steps)
     if w.empty:
         return pd.DataFrame(columns=["step", "process_id", "role", "rank", "in_phase", "waited_for",
                                      "waited_for_process", "waited_for_name", "seconds", "share", "text"])
-    keys = ["step", "process_id", "role", "rank", "in_phase", "waited_for_group"]
+    # role and rank follow from process_id: grouped without them, labelled once the top n are kept
+    keys = ["step", "process_id", "in_phase", "waited_for_group"]
     g = w.groupby(keys, dropna=False).agg(seconds=("seconds", "sum"), waited_for_process=("waited_for_process", "first"))
     g = g.reset_index().rename(columns={"waited_for_group": "waited_for"})
     walls = summary.checks(con, steps).set_index("step")
     g["share"] = g["seconds"] / g["step"].map((walls["end_ns"] - walls["start_ns"]) / 1e9)
     g = g.sort_values(["step", "seconds"], ascending=[True, False]).groupby("step").head(n)
+    who = _who.processes(con, w["process_id"].dropna().unique())[["process_id", "role", "rank"]]
+    g = g.merge(who, on="process_id", how="left").set_axis(g.index)
     names = _who.processes(con, g["waited_for_process"].dropna().unique())
     short = {p: process_name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
     g["waited_for_name"] = g["waited_for_process"].map(short)
