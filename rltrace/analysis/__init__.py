@@ -19,6 +19,7 @@ from rltrace.analysis.costs import (
 from rltrace.analysis.critical_path import common_paths, critical_path
 from rltrace.analysis.health import crashes, drops, open_spans, processes
 from rltrace.analysis.long_tail import long_tail, stragglers
+from rltrace.analysis.long_tail import samples as generation_samples
 from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis.mismatch import batch_mismatch, mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
@@ -53,6 +54,7 @@ __all__ = [
     "common_paths",
     "long_tail",
     "stragglers",
+    "generation_samples",
     "staleness",
     "staleness_histogram",
     "step_metrics",

@@ -72,7 +72,8 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     per_step = analysis.step_breakdown(con, steps)
     costs = analysis.cost_model(con, steps)
     summary = analysis.cost_summary(con, steps, per_step=costs)
-    tail = analysis.long_tail(con, steps)
+    generation = analysis.generation_samples(con, steps)  # read once: long tail and stragglers
+    tail = analysis.long_tail(con, steps, table=generation)
     step_rows = per_step.merge(costs.drop(columns=["wall_s"]), on="step", how="left")
     step_rows = step_rows.merge(tail[["step", "tail_s", "tail_share"]], on="step", how="left")
     phase_rows = analysis.phase_rows(con, steps)  # read once: totals and the bottleneck's breakdown
@@ -92,7 +93,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "critical_path": plain(analysis.common_paths(con, steps)),
         "waits": plain(analysis.top_waits(con, steps, n=WAITS_PER_STEP)),
         "long_tail": plain(tail),
-        "stragglers": plain(analysis.stragglers(con, steps)),
+        "stragglers": plain(analysis.stragglers(con, steps, table=generation)),
         "weight_sync_fit": plain(analysis.weight_sync_fit(con, steps)),
         "weight_sync_children": plain(analysis.sync_growth(con, steps)),
         "staleness": _staleness(con, steps),
