@@ -38,6 +38,7 @@ from rltrace.store.writer import safe_name
 _CACHE = "_rltrace_summary"
 _CHECKS = "_rltrace_checks"
 _WINDOWS = "_rltrace_windows"
+_PART_STEPS = "_rltrace_part_steps"  # per span part and step (NULL too): count, first start, last end, summed ns
 _CACHE_PARTS = b"rltrace.span_parts"  # cache file footer: JSON [[name, rows, size], ...] of the span parts used
 logger = logging.getLogger("rltrace")
 BATCH_SPANS = (250_000, 1_000_000)  # spans loaded at once: a quarter of the run, within these bounds
@@ -50,14 +51,64 @@ def _has_table(con, name: str) -> bool:
 def checks(con, steps: Steps = None) -> pd.DataFrame:
     """Per step: step, count (finished spans), start_ns, end_ns, total_ns (summed durations)."""
     if not _has_table(con, _CHECKS):
+        _part_steps(con)
         con.execute(
             f"""CREATE TEMP TABLE {_CHECKS} AS
-            SELECT step, count(*) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
-                   CAST(sum(end_ns - start_ns) AS BIGINT) AS total_ns
-            FROM spans WHERE NOT is_open AND step IS NOT NULL GROUP BY step"""
+            SELECT step, CAST(sum(count) AS BIGINT) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+                   CAST(sum(total_ns) AS BIGINT) AS total_ns
+            FROM {_PART_STEPS} WHERE step IS NOT NULL GROUP BY step"""
         )
     where, params = step_filter(steps)
     return con.execute(f"SELECT * FROM {_CHECKS} WHERE {where} ORDER BY step", params).df()
+
+
+def _part_steps(con) -> None:
+    """Fill `_PART_STEPS`: each span part's per-step aggregates, read from the summary cache's
+    sidecar for parts seen before (parts never change once written) and from the new parts only.
+    A report on a live run of 100M spans thus scans the last flushes, not the whole run."""
+    sidecar = _cache_file(con, "steps")
+    known = None
+    if sidecar is not None and sidecar.is_file():
+        try:
+            known = pq.read_table(sidecar, schema=_PART_STEPS_SCHEMA)
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            logger.debug("rltrace: ignoring the step cache %s: %s", sidecar, exc)
+    con.register("_rltrace_part_steps_schema", _PART_STEPS_SCHEMA.empty_table())
+    con.execute(f"CREATE TEMP TABLE {_PART_STEPS} AS SELECT * FROM _rltrace_part_steps_schema")
+    con.unregister("_rltrace_part_steps_schema")
+    if known is not None:
+        con.register("_rltrace_known", known)
+        con.execute(f"""INSERT INTO {_PART_STEPS} SELECT k.* FROM _rltrace_known k
+                        SEMI JOIN _rltrace_span_parts p ON k.part = p.name AND k.rows = p.rows AND k.size = p.size""")
+        con.unregister("_rltrace_known")
+    new = con.execute(f"""SELECT name, path FROM _rltrace_span_parts p
+                          WHERE NOT EXISTS (SELECT 1 FROM {_PART_STEPS} k
+                                            WHERE k.part = p.name AND k.rows = p.rows AND k.size = p.size)""").fetchall()
+    if new:
+        files = views.sql_paths([Path(path) for _, path in new])
+        con.execute(f"""INSERT INTO {_PART_STEPS}
+            SELECT p.name, p.rows, p.size, f.step, f.count, f.start_ns, f.end_ns, f.total_ns
+            FROM (SELECT filename, step, count(*) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+                         CAST(sum(end_ns - start_ns) AS BIGINT) AS total_ns
+                  FROM read_parquet({files}, filename = true, union_by_name = true) GROUP BY filename, step) f
+            JOIN _rltrace_span_parts p ON parse_filename(f.filename) = p.name""")
+    if sidecar is not None and (new or known is None or len(known) != _count(con, _PART_STEPS)):
+        try:
+            sidecar.parent.mkdir(parents=True, exist_ok=True)
+            tmp = sidecar.with_name(f".{sidecar.name}.{os.getpid()}.tmp")
+            pq.write_table(con.sql(f"SELECT * FROM {_PART_STEPS}").to_arrow_table().cast(_PART_STEPS_SCHEMA), tmp)
+            os.replace(tmp, sidecar)
+        except (OSError, pa.ArrowException) as exc:
+            logger.debug("rltrace: could not write the step cache %s: %s", sidecar, exc)
+
+
+_PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
+                                ("count", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                                ("total_ns", pa.int64())])
+
+
+def _count(con, table: str) -> int:
+    return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
 
 def windows(con, steps: pd.DataFrame) -> pd.DataFrame:
@@ -159,13 +210,15 @@ def _computed(con, batches: list[pd.DataFrame]):
         yield from pool.map(work, batches)
 
 
-def _cache_file(con) -> Path | None:
+def _cache_file(con, kind: str = "summary") -> Path | None:
+    """The run's cache file of that kind (`summary`: per-step summaries; `steps`: per-part step
+    aggregates), or None when the run has no id."""
     run_id = _meta(con, "run_id")
     if not run_id:
         return None
     root = resolve("summary_cache_dir")
     root = Path(root) if root else Path(os.path.expanduser("~/.cache/rltrace/summaries"))
-    return root / f"{safe_name(run_id)}.parquet"
+    return root / f"{safe_name(run_id)}{'' if kind == 'summary' else '.' + kind}.parquet"
 
 
 def _parts_now(con) -> set[tuple[str, int, int]]:
@@ -212,11 +265,9 @@ def _touched(con, names: list[str], steps: pd.DataFrame) -> np.ndarray:
     """Per step of `steps`, whether a finished span of the parts `names` overlaps its window."""
     if not names:
         return np.zeros(len(steps), bool)
-    paths = [r[0] for r in con.execute(
-        "SELECT path FROM _rltrace_span_parts WHERE list_contains(?, name)", [names]).fetchall()]
+    checks(con)  # fills the per-part aggregates
     ranges = con.execute(
-        f"SELECT min(start_ns), max(end_ns) FROM read_parquet({views.sql_paths([Path(p) for p in paths])}, "
-        "filename = true) GROUP BY filename"
+        f"SELECT min(start_ns), max(end_ns) FROM {_PART_STEPS} WHERE list_contains(?, part) GROUP BY part", [names]
     ).fetchall()
     lo, hi = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
     hit = np.zeros(len(steps), bool)

@@ -96,7 +96,7 @@ def test_merged_parts_are_not_trusted_and_a_damaged_cache_is_ignored(tmp_path, m
     monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
     b, _, _ = _run(tmp_path)
     want = _answer(b.run_dir)
-    (cache,) = (tmp_path / "cache").glob("*.parquet")
+    (cache,) = [p for p in (tmp_path / "cache").glob("*.parquet") if not p.name.endswith(".steps.parquet")]
 
     cache.write_bytes(b"not parquet")
     computed.clear()
@@ -145,3 +145,31 @@ def test_steps_computed_in_many_batches_on_threads_equal_one_batch(tmp_path, mon
     one, many = table((10**9, 10**9)), table((1, 1))
     assert one["step"].nunique() == 12
     assert one.equals(many)
+
+
+def test_step_counts_of_parts_seen_before_are_read_not_scanned(tmp_path, monkeypatch):
+    """The per-step fingerprints come from a per-part sidecar: parts already seen are not read
+    again (a live run of 100M spans scans its last flushes), and a part rewritten is."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    b, trainer, worker = _run(tmp_path)
+    summary.checks(store.open(b.run_dir))
+    (sidecar,) = (tmp_path / "cache").glob("*.steps.parquet")
+    table = pq.read_table(sidecar)
+    table = table.set_column(table.schema.get_field_index("total_ns"), "total_ns",
+                             pc.if_else(pc.equal(table["step"], 0), 7, table["total_ns"]))
+    pq.write_table(table, sidecar)  # marked: step 0's summed durations read 7 ns if taken from here
+
+    _step(trainer, worker, 4)
+    b.write()
+    checks = summary.checks(store.open(b.run_dir)).set_index("step")
+    assert checks.loc[0, "total_ns"] == 14  # step 0 lives in two parts, each read from the sidecar, not scanned
+    assert checks.loc[4, "count"] == 3 and checks.loc[4, "total_ns"] == 8 * 10**9  # the new part was scanned
+
+    part = next(p for p in (b.run_dir / "spans").glob("*.parquet") if pq.read_table(p)["step"].to_pylist()[0] == 0)
+    rewritten = pq.read_table(part)
+    pq.write_table(rewritten, part, compression="none")  # same rows, another size: not the part that was seen
+    checks = summary.checks(store.open(b.run_dir)).set_index("step")
+    assert checks.loc[0, "total_ns"] in (7 + 3 * 10**9, 7 + 5 * 10**9)  # that part scanned again
