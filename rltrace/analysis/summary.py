@@ -108,7 +108,7 @@ _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("s
 
 
 def _count(con, table: str) -> int:
-    return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    return con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
 
 
 def windows(con, steps: pd.DataFrame) -> pd.DataFrame:
@@ -177,11 +177,10 @@ def _fill(con, steps: Steps) -> None:
     missing = wanted[~wanted["step"].isin(done)]
     if missing.empty:
         return
-    for reuse in (_reuse_stored, _reuse_cached):
-        done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
-        missing = missing[~missing["step"].isin(done)]
-        if not missing.empty:
-            reuse(con, missing)
+    _reuse_stored(con, missing)
+    done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
+    missing = missing[~missing["step"].isin(done)]
+    cache_current = not missing.empty and _reuse_cached(con, missing) and len(done) == 0
     done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
     todo = missing[~missing["step"].isin(done)]
     for computed in _computed(con, list(_batches(todo))):
@@ -190,7 +189,9 @@ def _fill(con, steps: Steps) -> None:
             con.execute(f"INSERT INTO {_CACHE} BY NAME SELECT * FROM _rltrace_computed")
         finally:
             con.unregister("_rltrace_computed")
-    if steps is None:  # every step is in the connection's cache: it becomes the run's summary cache
+    # every step is in the connection's cache: it becomes the run's summary cache, unless the
+    # cache already held exactly these steps of exactly these parts
+    if steps is None and not (cache_current and todo.empty):
         _save_cache(con)
 
 
@@ -225,25 +226,26 @@ def _parts_now(con) -> set[tuple[str, int, int]]:
     return {(n, r, z) for n, r, z in con.execute("SELECT name, rows, size FROM _rltrace_span_parts").fetchall()}
 
 
-def _reuse_cached(con, missing: pd.DataFrame) -> None:
-    """Copy the cached rows of the `missing` steps that still hold into the connection's cache."""
+def _reuse_cached(con, missing: pd.DataFrame) -> bool:
+    """Copy the cached rows of the `missing` steps that still hold into the connection's cache.
+    True when the cache was made from exactly the parts read now (no need to write it again)."""
     path = _cache_file(con)
     if path is None or not path.is_file():
-        return
+        return False
     try:
         cached = pq.read_table(path)
         then = {tuple(p) for p in json.loads((cached.schema.metadata or {})[_CACHE_PARTS])}
         cached = cached.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
     except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
         logger.debug("rltrace: ignoring the summary cache %s: %s", path, exc)
-        return
+        return False
     now = _parts_now(con)
     if not then <= now:  # parts were merged or removed since (compact stores its own summaries)
-        return
+        return False
     # only new parts since: a cached step holds unless a new part reaches into its window
     candidates = missing[~_touched(con, [n for n, _, _ in now - then], missing)]
     if candidates.empty:
-        return
+        return False
     con.register("_rltrace_cached_file", cached)
     con.register("_rltrace_missing", candidates)
     try:
@@ -259,6 +261,7 @@ def _reuse_cached(con, missing: pd.DataFrame) -> None:
     finally:
         con.unregister("_rltrace_cached_file")
         con.unregister("_rltrace_missing")
+    return then == now
 
 
 def _touched(con, names: list[str], steps: pd.DataFrame) -> np.ndarray:
