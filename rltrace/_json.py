@@ -39,4 +39,9 @@ def strict(value: Any, *, keep_text: bool = False) -> Any:
 
 def dumps(value: Any, *, keep_text: bool = False, **kwargs) -> str:
     """`json.dumps` that never writes NaN/Infinity (see `strict`); other objects via `default` as usual."""
+    try:  # most values hold no NaN: written as they are, without first copying them whole
+        return json.dumps(value, allow_nan=False, **kwargs)
+    except ValueError as exc:
+        if "Out of range float" not in str(exc):
+            raise
     return json.dumps(strict(value, keep_text=keep_text), allow_nan=False, **kwargs)

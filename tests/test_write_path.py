@@ -226,3 +226,20 @@ def test_non_finite_attributes_are_stored_as_strict_json(run_dir):
     attrs = json.loads(raw, parse_constant=refuse)
     assert attrs["rl.loss"] is None and attrs["rl.loss.text"] == "NaN"
     assert attrs["rl.scale"] is None and attrs["rl.scale.text"] == "Infinity"
+
+
+def test_strict_json_only_rewrites_values_that_hold_nan():
+    """Finite values are written exactly as `json.dumps` writes them; NaN/inf anywhere become null."""
+    import json
+
+    from rltrace import _json
+
+    finite = {"a": [1, 2.5, None, "x"], "b": {"c": (3, 4)}, 5: True}
+    assert _json.dumps(finite, indent=2) == json.dumps(finite, indent=2)
+    nested = {"a": [1, {"b": float("nan")}], "c": float("-inf")}
+    assert json.loads(_json.dumps(nested)) == {"a": [1, {"b": None}], "c": None}
+    assert json.loads(_json.dumps(nested, keep_text=True))["c.text"] == "-Infinity"
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular"):
+        _json.dumps(loop)

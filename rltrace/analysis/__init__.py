@@ -19,6 +19,7 @@ from rltrace.analysis.costs import (
 from rltrace.analysis.critical_path import common_paths, critical_path
 from rltrace.analysis.health import crashes, drops, open_spans, processes
 from rltrace.analysis.long_tail import long_tail, stragglers
+from rltrace.analysis.long_tail import samples as generation_samples
 from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis.mismatch import batch_mismatch, mismatch, trends
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
@@ -28,7 +29,7 @@ from rltrace.analysis.resources import notes as resource_notes
 from rltrace.analysis.resources import samples as resource_samples
 from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
-from rltrace.analysis.steps import phase_breakdown, phase_totals, step_breakdown
+from rltrace.analysis.steps import phase_breakdown, phase_rows, phase_totals, step_breakdown
 from rltrace.analysis.summary import table as summary_table
 from rltrace.analysis.sync import sync_children, sync_growth
 from rltrace.analysis.timeline import sample_timeline, step_timeline
@@ -40,6 +41,7 @@ __all__ = [
     "step_breakdown",
     "phase_breakdown",
     "phase_totals",
+    "phase_rows",
     "cost_model",
     "cost_summary",
     "nested_stages",
@@ -52,6 +54,7 @@ __all__ = [
     "common_paths",
     "long_tail",
     "stragglers",
+    "generation_samples",
     "staleness",
     "staleness_histogram",
     "step_metrics",

@@ -18,14 +18,24 @@ def _empty() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _band_keys(group: np.ndarray, *times: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Map (group, time) to one sortable int64 key: group g occupies its own band of width `span`."""
+    """Map (group, time) to one sortable int64 key: group g occupies its own band of width `span`.
+
+    When groups times the time range would not fit in int64 (many groups over a long run), the
+    times are replaced by their ranks among all times given: order and ties are kept, which is
+    all the keys are used for (lengths are always taken from the times themselves).
+    """
     if len(group) == 0:
         return tuple(np.asarray(t, _I64) for t in times)
     lo = min(int(t.min()) for t in times)
     width = max(int(t.max()) for t in times) - lo + 1
     codes = np.asarray(group, _I64)
-    if (int(codes.max()) + 1) * width >= _LIMIT or int(codes.min()) < 0:
-        raise ValueError("interval keys overflow: analyse fewer steps at once")
+    if int(codes.min()) < 0:
+        raise ValueError("interval groups must be >= 0")
+    if (int(codes.max()) + 1) * width >= _LIMIT:
+        values = np.unique(np.concatenate([np.asarray(t, _I64) for t in times]))
+        if (int(codes.max()) + 1) * (len(values) + 1) >= _LIMIT:
+            raise ValueError("interval keys overflow: analyse fewer steps at once")
+        return tuple(codes * (len(values) + 1) + np.searchsorted(values, np.asarray(t, _I64)) for t in times)
     return tuple(codes * width + (np.asarray(t, _I64) - lo) for t in times)
 
 
@@ -99,6 +109,10 @@ class Coverage:
         self.g, self.s, self.e = union(group, start, end)
         lengths = self.e - self.s
         self.before = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(_I64) if len(lengths) else lengths
+        # covered ns of the group's earlier intervals = before - before at the group's first interval
+        first = np.ones(len(self.g), bool)
+        first[1:] = self.g[1:] != self.g[:-1]
+        self._group_start = self.before[first][np.cumsum(first) - 1] if len(self.g) else self.before
 
     def between(self, group, a, b) -> np.ndarray:
         """Covered ns of [a[i], b[i]) by group[i]'s union."""
@@ -111,14 +125,17 @@ class Coverage:
             np.concatenate([self.e, b]),
         )
         n = len(self.g)
-        ks, ke, qa, qb = keys[0][:n], keys[1][:n], keys[0][n:], keys[1][n:]
-        return self._upto(ks, ke, qb) - self._upto(ks, ke, qa)
+        ks, qa, qb = keys[0][:n], keys[0][n:], keys[1][n:]
+        return self._upto(ks, qb, group, b) - self._upto(ks, qa, group, a)
 
-    def _upto(self, ks, ke, t) -> np.ndarray:
-        i = np.searchsorted(ks, t, side="right") - 1
+    def _upto(self, ks, key, group, t) -> np.ndarray:
+        """Covered ns of each query's group from its start up to time t (key: (group, t) as a key)."""
+        i = np.searchsorted(ks, key, side="right") - 1
         safe = np.maximum(i, 0)
-        inside = np.clip(t - ks[safe], 0, ke[safe] - ks[safe])
-        return np.where(i >= 0, self.before[safe] + inside, 0)
+        mine = (i >= 0) & (self.g[safe] == group)
+        inside = np.clip(t - self.s[safe], 0, self.e[safe] - self.s[safe])
+        before = self.before[safe] - self._group_start[safe]
+        return np.where(mine, before + inside, 0)
 
 
 def clip(group, start, end, win_group, win_start, win_end):

@@ -96,7 +96,7 @@ def _formulas(frame: pd.DataFrame, suffix: str = "") -> pd.DataFrame:
     return frame
 
 
-def cost_summary(con, steps: Steps = None) -> dict:
+def cost_summary(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None) -> dict:
     """Medians over steps and what overlap achieved.
 
     Returns a dict (seconds unless noted): steps (count); t_R, t_T, t_W, t_reward, t_rollout,
@@ -110,8 +110,9 @@ def cost_summary(con, steps: Steps = None) -> dict:
     achieved_speedup (stage_s / (stage_s - concurrent_s): 1.0 when no two terms ever ran at
     once); achieved_fraction ((1 - 1/achieved) / (1 - 1/async_speedup_bound): 1 means the async
     bound was reached, 0 no overlap); overlapping (concurrent_s is at least 5 % of stage_s).
+    `per_step`: the `cost_model()` table of the same steps, when the caller has it already.
     """
-    per_step = cost_model(con, steps)
+    per_step = cost_model(con, steps) if per_step is None else per_step
     keys = ("t_R", "t_T", "t_W", "t_reward", "t_rollout", "wall_s", "recorded", "amortised", "t_sync", "async_bound",
             "async_speedup_bound", "spread", "period_s", "stage_s", "concurrent_s", "achieved_speedup",
             "achieved_fraction", "overlapping")

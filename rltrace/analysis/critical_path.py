@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pandas as pd
 
-from rltrace.analysis import _who, summary
+from rltrace.analysis import _groups, _who, summary
 from rltrace.analysis._steps import Steps
 
 
@@ -60,9 +61,24 @@ def common_paths(con, steps: Steps = None) -> pd.DataFrame:
     cp = critical_path(con, steps)
     if cp.empty:
         return pd.DataFrame(columns=["path", "steps", "share", "seconds"])
-    chains = cp.groupby("step").agg(path=("phase", lambda p: " → ".join(p)), seconds=("seconds", "sum"))
+    chains = cp.groupby("step").agg(seconds=("seconds", "sum"))
+    chains["path"] = _paths(cp["step"].to_numpy(), cp["phase"])
     counts = Counter(chains["path"])
     out = chains.groupby("path")["seconds"].median().rename("seconds").reset_index()
     out["steps"] = out["path"].map(counts)
     out["share"] = out["steps"] / len(chains)
     return out[["path", "steps", "share", "seconds"]].sort_values("steps", ascending=False, ignore_index=True)
+
+
+def _paths(steps: np.ndarray, phases: pd.Series) -> np.ndarray:
+    """Each step's chain of phases joined by " → " (rows sorted by step and link): the chains are
+    laid out as rows of phase codes and only the distinct ones are spelled out."""
+    group, _ = _groups.codes(steps)
+    code, names = pd.factorize(phases)
+    sizes = np.bincount(group)
+    at = np.arange(len(group)) - (np.cumsum(sizes) - sizes)[group]
+    links = np.full((len(sizes), int(sizes.max())), -1, np.int64)
+    links[group, at] = code
+    distinct, which = np.unique(links, axis=0, return_inverse=True)
+    spelled = np.array([" → ".join(names[c] for c in row if c >= 0) for row in distinct.tolist()], dtype=object)
+    return spelled[which.reshape(-1)]

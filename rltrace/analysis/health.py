@@ -80,8 +80,16 @@ def processes(con) -> pd.DataFrame:
     spans in the store), open_spans; ordered by role, rank, start.
     """
     return con.execute(
-        """SELECT p.*, coalesce(s.spans, 0) AS spans, coalesce(s.open, 0) AS open_spans
-           FROM (SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host,
+        f"""SELECT p.*, coalesce(s.spans, 0) AS spans, coalesce(s.open, 0) AS open_spans
+           FROM ({_PER_PROCESS}) p
+           LEFT JOIN (SELECT process_id, count(*) FILTER (NOT is_open) AS spans, count(*) FILTER (is_open) AS open
+                      FROM spans GROUP BY process_id) s USING (process_id)
+           ORDER BY {_ORDER}"""
+    ).df()
+
+
+#: one row per process from its records (its latest heartbeat's counts), and the order processes are listed in
+_PER_PROCESS = """SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host,
                         any_value(pid) AS pid, min(started_ns) AS started_ns, max(heartbeat_ns) AS heartbeat_ns,
                         max(ended_ns) AS ended_ns, max(spans_written) AS spans_written,
                         max(coalesce(spans_dropped, 0)) AS spans_dropped,
@@ -89,11 +97,8 @@ def processes(con) -> pd.DataFrame:
                         max(rows_written) AS rows_written, max(coalesce(rows_dropped, 0)) AS rows_dropped,
                         max(coalesce(attributes_dropped, 0)) AS attributes_dropped,
                         arg_max(drop_reasons, heartbeat_ns) AS drop_reasons
-                 FROM processes GROUP BY process_id) p
-           LEFT JOIN (SELECT process_id, count(*) FILTER (NOT is_open) AS spans, count(*) FILTER (is_open) AS open
-                      FROM spans GROUP BY process_id) s USING (process_id)
-           ORDER BY p.role, p.rank, p.started_ns, p.process_id"""
-    ).df()
+                 FROM processes GROUP BY process_id"""
+_ORDER = "p.role, p.rank, p.started_ns, p.process_id"
 
 
 def drops(con) -> pd.DataFrame:
@@ -103,6 +108,8 @@ def drops(con) -> pd.DataFrame:
     attributes_dropped (span attributes cut by the attribute limit), drop_reasons (JSON list of
     {table, column, reason, count}) — from the process's latest heartbeat.
     """
-    return processes(con)[
-        ["process_id", "role", "rank", "spans_dropped", "rows_dropped", "otlp_spans_dropped", "attributes_dropped", "drop_reasons"]
-    ]
+    # from the process records alone: counting each process's spans would read every span
+    return con.execute(
+        f"""SELECT process_id, role, rank, spans_dropped, rows_dropped, otlp_spans_dropped, attributes_dropped,
+                   drop_reasons FROM ({_PER_PROCESS}) p ORDER BY {_ORDER}"""
+    ).df()

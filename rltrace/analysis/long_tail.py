@@ -4,25 +4,32 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from rltrace.analysis import summary
 from rltrace.analysis._steps import Steps, step_filter
 
 
-def _samples(con, steps: Steps) -> pd.DataFrame:
-    """Samples the step waited for: not the earlier part of a sample carried over to a later step
-    (`in_batch` false: aborted when the batch was full, so nobody waited for it)."""
+def samples(con, steps: Steps = None) -> pa.Table:
+    """The samples `long_tail` and `stragglers` read (Arrow: step, sample_id, group_id, response_len,
+    gen_start, gen_end), for a caller that wants both: read once. Only samples the step waited for:
+    not the earlier part of a sample carried over to a later step (`in_batch` false: aborted when
+    the batch was full, so nobody waited for it)."""
     where, params = step_filter(steps)
     columns = {r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE samples)").fetchall()}
     kept = "in_batch IS NOT false" if "in_batch" in columns else "true"
-    return con.execute(
+    return con.sql(  # Arrow: the ids stay text in Arrow until a straggler shows them
         f"""SELECT step, sample_id, group_id, response_len, gen_start, gen_end
             FROM samples WHERE gen_start IS NOT NULL AND gen_end IS NOT NULL AND {kept} AND {where}""",
-        params,
-    ).df()
+        params=params,
+    ).to_arrow_table()
 
 
-def long_tail(con, steps: Steps = None) -> pd.DataFrame:
+def _numbers(table: pa.Table) -> pd.DataFrame:
+    return table.drop_columns(["sample_id", "group_id"]).to_pandas()
+
+
+def long_tail(con, steps: Steps = None, *, table: pa.Table | None = None) -> pd.DataFrame:
     """Per step, the time from the median sample's finish to the last sample's finish.
 
     Returns:
@@ -30,8 +37,9 @@ def long_tail(con, steps: Steps = None) -> pd.DataFrame:
         last_finish_s (seconds after the first gen_start); tail_s (last - median finish);
         tail_share (tail_s / the step's wall time from its spans, or / gen_s without spans);
         median_len, max_len (response tokens); median_gen_s, max_gen_s (per-sample gen_end - gen_start).
+    `table`: `samples()` of the same steps, when the caller has it.
     """
-    s = _samples(con, steps)
+    s = _numbers(samples(con, steps) if table is None else table)
     if s.empty:
         return pd.DataFrame(columns=["step", "samples", "gen_s", "median_finish_s", "last_finish_s", "tail_s",
                                      "tail_share", "median_len", "max_len", "median_gen_s", "max_gen_s"])
@@ -61,19 +69,21 @@ def long_tail(con, steps: Steps = None) -> pd.DataFrame:
     return out[cols].reset_index()
 
 
-def stragglers(con, steps: Steps = None, *, factor: float = 2.0, per_step: int = 5) -> pd.DataFrame:
+def stragglers(con, steps: Steps = None, *, factor: float = 2.0, per_step: int = 5,
+               table: pa.Table | None = None) -> pd.DataFrame:
     """Samples that finished after the step's median and took `factor` times the median
     generation time or response length, slowest first (at most `per_step` a step).
 
     Returns:
         step, sample_id, group_id, response_len, len_ratio (response_len / the step's median),
         gen_s (gen_end - gen_start), time_ratio (gen_s / the step's median), after_median_s
-        (seconds it finished after the median sample).
+        (seconds it finished after the median sample). `table`: `samples()` of the same steps.
     """
-    s = _samples(con, steps)
+    table = samples(con, steps) if table is None else table
     cols = ["step", "sample_id", "group_id", "response_len", "len_ratio", "gen_s", "time_ratio", "after_median_s"]
-    if s.empty:
+    if not table.num_rows:
         return pd.DataFrame(columns=cols)
+    s = _numbers(table)
     s["gen_s"] = s["gen_end"] - s["gen_start"]
     g = s.groupby("step")
     s["len_ratio"] = s["response_len"] / g["response_len"].transform("median").where(lambda m: m > 0)
@@ -81,6 +91,8 @@ def stragglers(con, steps: Steps = None, *, factor: float = 2.0, per_step: int =
     s["after_median_s"] = s["gen_end"] - g["gen_end"].transform("median")
     slow = (s["after_median_s"] > 0) & ((s["time_ratio"] >= factor) | (s["len_ratio"] >= factor))
     out = s[slow].sort_values(["step", "after_median_s"], ascending=[True, False]).groupby("step").head(per_step)
+    ids = table.select(["sample_id", "group_id"]).take(pa.array(out.index.to_numpy())).to_pandas()
+    out = out.assign(**{c: ids[c].set_axis(out.index) for c in ids})
     out = out.astype({"len_ratio": float, "time_ratio": float})
     out[["len_ratio", "time_ratio"]] = out[["len_ratio", "time_ratio"]].replace([np.inf], np.nan)
     return out[cols].reset_index(drop=True)

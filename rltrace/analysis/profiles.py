@@ -30,11 +30,26 @@ def for_phase(con, phase: str, steps=None, limit: int = 5) -> pd.DataFrame:
     """Profiles attached to the longest spans of one phase (what to open next for a slow stage)."""
     if not has_profiles(con):
         return pd.DataFrame(columns=_COLS + ["duration_s", "step"])
-    where, params = step_filter(steps, "s.step")
+    where, params = step_filter(steps)
     return con.execute(
-        f"""SELECT p.trace_id, p.span_id, p.profile_id, p.kind, p.path, s.duration_s, s.step
-            FROM profiles p JOIN spans s ON s.span_id = p.span_id
-            WHERE coalesce(s.phase, s.name) = ? AND {where}
-            ORDER BY s.duration_s DESC NULLS LAST LIMIT ?""",
+        f"""SELECT {', '.join(_COLS)}, duration_s, step FROM {_profiled(con)}
+            WHERE phase = ? AND {where} ORDER BY duration_s DESC NULLS LAST LIMIT ?""",
         [phase, *params, limit],
     ).df()
+
+
+_PROFILED = "_rltrace_profiled"
+
+
+def _profiled(con) -> str:
+    """The profiled spans with their phase, step and duration, joined once per connection (a
+    snapshot): a report asks for several phases, and each join reads every span."""
+    found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [_PROFILED]).fetchone()[0]
+    if not found:
+        any_profile = con.execute("SELECT count(*) FROM (SELECT 1 FROM profiles LIMIT 1)").fetchone()[0]
+        con.execute(
+            f"""CREATE TEMP TABLE {_PROFILED} AS
+                SELECT {', '.join('p.' + c for c in _COLS)}, s.duration_s, s.step, coalesce(s.phase, s.name) AS phase
+                FROM profiles p JOIN spans s ON s.span_id = p.span_id WHERE {'true' if any_profile else 'false'}"""
+        )
+    return _PROFILED

@@ -30,6 +30,9 @@ def phase_resources(con, steps: Steps = None) -> pd.DataFrame:
         Empty when the run sampled no resources.
     """
     where, params = step_filter(steps, "s.step")
+    sampled = con.execute("SELECT count(*) FROM (SELECT 1 FROM resources WHERE note IS NULL AND util_pct IS NOT NULL LIMIT 1)")
+    # no samples (most runs): the same query on no spans, so the empty frame keeps its columns' types
+    spans = "spans" if sampled.fetchone()[0] else "(SELECT * FROM spans LIMIT 0)"
     return con.execute(
         f"""WITH r AS (SELECT *, time_ns - CAST(coalesce(interval_s, 0) * 5e8 AS BIGINT) AS mid_ns
                        FROM resources WHERE note IS NULL AND util_pct IS NOT NULL)
@@ -37,7 +40,7 @@ def phase_resources(con, steps: Steps = None) -> pd.DataFrame:
                    any_value(r.rank) AS rank, r.kind, r.device, any_value(r.device_name) AS device_name,
                    count(*) AS samples, avg(r.util_pct) AS util_mean_pct, max(r.util_pct) AS util_max_pct,
                    max(r.mem_bytes) AS mem_max_bytes, avg(r.power_w) AS power_mean_w
-            FROM spans s JOIN r ON r.process_id = s.process_id
+            FROM {spans} s JOIN r ON r.process_id = s.process_id
                  AND r.mid_ns >= s.start_ns AND r.mid_ns <= coalesce(s.end_ns, 9223372036854775807)
             WHERE {where}
             GROUP BY s.step, coalesce(s.phase, s.name), r.process_id, r.kind, r.device

@@ -19,6 +19,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from rltrace.analysis import _groups
 from rltrace.analysis._steps import Steps, step_filter
 
 #: SGLang request fields slime summarises (`_SGLANG_REQUEST_PERF_FIELDS`): output name, span attribute.
@@ -41,71 +42,143 @@ def _absent(value) -> bool:
     return value is None or (np.ndim(value) == 0 and bool(pd.isna(value)))
 
 
-def statistics(values) -> dict[str, float]:
-    """slime's `compute_statistics`: mean, median, max, min."""
-    v = np.asarray(values, dtype=float)
-    return {"mean": float(np.mean(v)), "median": float(np.median(v)), "max": float(np.max(v)), "min": float(np.min(v))}
+def _pass_ks(group_size: int) -> list[int]:
+    """The k of slime's `compute_pass_rate`: 1, 2, 4, ... up to the group size."""
+    return [2**i for i in range(int(math.log2(group_size)) + 1)]
 
 
-def pass_at_k(rewards: list[float], group_size: int) -> dict[str, float]:
-    """slime's `compute_pass_rate`: pass@k for k = 1, 2, 4, ... up to the group size, a reward of
-    exactly 1 counting as a pass, rewards given group after group."""
-    if group_size <= 1 or len(rewards) % group_size:
-        return {}
-    groups = np.asarray(rewards, dtype=float).reshape(-1, group_size)
-    correct = np.sum(groups == 1, axis=1)
-    out = {}
-    for k in (2**i for i in range(int(math.log2(group_size)) + 1)):
-        est = [1.0 if group_size - c < k else 1.0 - float(np.prod(1.0 - k / np.arange(group_size - c + 1, group_size + 1)))
-               for c in correct]
-        out[str(k)] = float(np.mean(est))
-    return out
+def _pass_estimate(n: int, c: int, k: int) -> float:
+    """slime's pass@k estimate for one group of n samples with c correct: 1 - C(n - c, k) / C(n, k)."""
+    return 1.0 if n - c < k else 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
 def _samples(con, steps: Steps) -> pd.DataFrame:
     cols = _columns(con, "samples")
     if not cols:
         return pd.DataFrame()
-    wanted = ["step", "sample_id", "group_id", "response_len", "finish_reason", "reward"]
+    wanted = ["step", "group_id", "response_len", "finish_reason", "reward"]  # ordered by sample_id, not read
     wanted += [c for c in ("effective_response_len", "cached_tokens", "total_prompt_tokens", "non_generation_time",
                            "repetition", "spec_accept_rate", "spec_accept_length", "in_batch") if c in cols]
     where, params = step_filter(steps)
     keep = "in_batch IS NOT false" if "in_batch" in cols else "true"
-    return con.execute(
-        f"SELECT {', '.join(wanted)} FROM samples WHERE {where} AND {keep} ORDER BY step, group_id, sample_id", params
-    ).df()
+    return con.sql(  # through Arrow: text columns convert several times faster than with .df()
+        f"SELECT {', '.join(wanted)} FROM samples WHERE {where} AND {keep} ORDER BY step, group_id, sample_id",
+        params=params,
+    ).to_arrow_table().to_pandas()
 
 
-def _sample_metrics(g: pd.DataFrame) -> dict:
-    out: dict = {"samples": len(g)}
-    rewards = g["reward"]
-    out["reward_mean"] = float(rewards.mean()) if rewards.notna().any() else None
-    out["truncated_ratio"] = float((g["finish_reason"] == "length").mean())
-    lengths = g["response_len"]
-    if "effective_response_len" in g:
-        lengths = g["effective_response_len"].fillna(lengths)
-    out.update({f"response_len_{k}": v for k, v in statistics(lengths.dropna()).items()} if lengths.notna().any() else {})
-    out["zero_std"], out["pass_at_k"] = {}, {}
-    if g["group_id"].notna().all() and rewards.notna().all():
-        groups = [grp["reward"].tolist() for _, grp in g.groupby("group_id", sort=True)]
-        zero = [str(round(r[0], 1)) for r in groups if all(r[0] == x for x in r)]
-        out["zero_std"] = {f"count_{r}": zero.count(r) for r in dict.fromkeys(zero)}
-        sizes = {len(r) for r in groups}
-        if len(sizes) == 1:
-            out["pass_at_k"] = pass_at_k([x for r in groups for x in r], sizes.pop())
-    out["zero_std_groups"] = sum(out["zero_std"].values()) if g["group_id"].notna().all() and rewards.notna().all() else None
-    if "repetition" in g and g["repetition"].notna().any():
-        out["repetition_frac"] = float(g["repetition"].fillna(False).astype(int).mean())
-    if "cached_tokens" in g and g["cached_tokens"].notna().any():
-        cached, total = g["cached_tokens"].fillna(0).sum(), g["total_prompt_tokens"].fillna(0).sum()
-        out["prefix_cache_hit_rate"] = float(cached / total) if total > 0 else 0.0
-        out["avg_cached_tokens_per_sample"] = float(cached / len(g))
-    if "non_generation_time" in g and g["non_generation_time"].notna().any() and g["non_generation_time"].max() > 0:
-        out.update({f"non_generation_time_{k}": v for k, v in statistics(g["non_generation_time"].fillna(0)).items()})
-    if "spec_accept_rate" in g and g["spec_accept_rate"].fillna(0).gt(0).any():
-        out["spec_accept_rate"] = float(g["spec_accept_rate"].fillna(0).sum() / len(g))
-        out["spec_accept_length"] = float(g["spec_accept_length"].fillna(0).sum() / len(g))
-    return out
+def _sample_table(s: pd.DataFrame) -> pd.DataFrame:
+    """Per step of the samples (sorted by step, group_id, sample_id), the numbers slime logs for a
+    rollout: one vectorised pass over every step (see `_groups`), no loop per step."""
+    group, keys = _groups.codes(s["step"].to_numpy())
+    n = len(keys)
+    size = _groups.counts(group, n)
+    rewards = s["reward"].to_numpy(float, na_value=np.nan)
+    has_reward = ~np.isnan(rewards)
+    rewarded = _groups.any_per(group, n, has_reward)
+    total = _groups.reduce(np.where(has_reward, rewards, 0.0), group, n, {"sum": lambda b: b.sum(axis=1)})["sum"]
+    cols: dict = {
+        "step": (keys.astype(np.int64), None),
+        "samples": (size, None),
+        "reward_mean": (_groups.column(total / np.maximum(_groups.counts(group, n, has_reward), 1), rewarded), None),
+        "truncated_ratio": (_groups.counts(group, n, (s["finish_reason"] == "length").to_numpy(bool)) / size, None),
+    }
+    lengths = s["response_len"]
+    if "effective_response_len" in s:
+        lengths = s["effective_response_len"].fillna(lengths)
+    lengths = lengths.to_numpy(float, na_value=np.nan)
+    known = ~np.isnan(lengths)
+    stats = _groups.reduce(lengths, group, n, _groups.STATS, keep=known)
+    present = _groups.any_per(group, n, known)
+    cols |= {f"response_len_{k}": (v, present) for k, v in stats.items()}
+    cols |= _rewards_by_group(s, group, n, rewards, has_reward)
+    if "repetition" in s:
+        rep = s["repetition"]
+        frac = _groups.reduce(rep.fillna(False).astype(int).to_numpy(float), group, n, {"mean": _mean})["mean"]
+        cols["repetition_frac"] = (frac, _groups.any_per(group, n, rep.notna().to_numpy(bool)))
+    if "cached_tokens" in s:
+        cached = s["cached_tokens"]
+        prompt = s["total_prompt_tokens"] if "total_prompt_tokens" in s else pd.Series(0, index=s.index)
+        sums = {"sum": lambda b: b.sum(axis=1)}
+        c = _groups.reduce(cached.fillna(0).to_numpy(float), group, n, sums)["sum"]
+        t = _groups.reduce(prompt.fillna(0).to_numpy(float), group, n, sums)["sum"]
+        present = _groups.any_per(group, n, cached.notna().to_numpy(bool))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cols["prefix_cache_hit_rate"] = (np.where(t > 0, c / t, 0.0), present)
+        cols["avg_cached_tokens_per_sample"] = (c / size, present)
+    if "non_generation_time" in s:
+        ngt = s["non_generation_time"].to_numpy(float, na_value=np.nan)
+        known = ~np.isnan(ngt)
+        top = _groups.reduce(ngt, group, n, {"max": _groups.STATS["max"]}, keep=known)["max"]
+        present = _groups.any_per(group, n, known) & (top > 0)
+        stats = _groups.reduce(np.where(known, ngt, 0.0), group, n, _groups.STATS)
+        cols |= {f"non_generation_time_{k}": (v, present) for k, v in stats.items()}
+    if "spec_accept_rate" in s:
+        rate = s["spec_accept_rate"].fillna(0).to_numpy(float)
+        length = s["spec_accept_length"].fillna(0).to_numpy(float)
+        present = _groups.any_per(group, n, rate > 0)
+        cols["spec_accept_rate"] = (_groups.reduce(rate, group, n, {"mean": _mean})["mean"], present)
+        cols["spec_accept_length"] = (_groups.reduce(length, group, n, {"mean": _mean})["mean"], present)
+    return _groups.frame(cols)
+
+
+def _mean(block: np.ndarray) -> np.ndarray:
+    """`Series.sum() / len`, as slime divides by the number of samples."""
+    return block.sum(axis=1) / block.shape[1]
+
+
+def _rewards_by_group(s: pd.DataFrame, group: np.ndarray, n: int, rewards: np.ndarray, has_reward: np.ndarray) -> dict:
+    """zero_std, pass_at_k and zero_std_groups of each step: over its groups (by group_id, in order)
+    when every sample has a group and a reward; else {}, {} and None."""
+    gid = s["group_id"]
+    complete = ~(_groups.any_per(group, n, gid.isna().to_numpy(bool)) | _groups.any_per(group, n, ~has_reward))
+    zero_std = [{} for _ in range(n)]
+    pass_k = [{} for _ in range(n)]
+    zero_groups = np.zeros(n, np.int64)
+    rows = complete[group]
+    if rows.any():
+        step_of, r = group[rows], rewards[rows]
+        ids = gid.to_numpy(object)[rows]
+        new = np.ones(len(r), bool)
+        new[1:] = (step_of[1:] != step_of[:-1]) | (ids[1:] != ids[:-1])
+        g = np.cumsum(new) - 1  # group number of each row, in step and group_id order
+        ng = int(g[-1]) + 1
+        g_step = step_of[new]
+        g_size = np.bincount(g, minlength=ng)
+        lo = _groups.reduce(r, g, ng, {"min": _groups.STATS["min"]})["min"]
+        hi = _groups.reduce(r, g, ng, {"max": _groups.STATS["max"]})["max"]
+        zero = np.flatnonzero(lo == hi)  # every reward of the group equal
+        first = r[new][zero]
+        bits, which = np.unique(first.view(np.int64), return_inverse=True)  # by bits: -0.0 is named apart from 0.0
+        names = np.array([f"count_{round(float(v), 1)}" for v in bits.view(np.float64)], dtype=object)[which]
+        seen = pd.DataFrame({"step": g_step[zero], "name": names}).groupby(["step", "name"], sort=False).size()
+        for (step, name), count in zip(seen.index.tolist(), seen.tolist()):
+            zero_std[step][name] = count
+        zero_groups = np.bincount(g_step[zero], minlength=n)
+        # pass@k where all of a step's groups have one size above 1
+        smallest = _groups.reduce(g_size.astype(float), g_step, n, {"min": _groups.STATS["min"]})["min"]
+        largest = _groups.reduce(g_size.astype(float), g_step, n, {"max": _groups.STATS["max"]})["max"]
+        correct = np.bincount(g, weights=(r == 1), minlength=ng).astype(np.int64)
+        for size in np.unique(smallest[(smallest == largest) & (smallest > 1)]).astype(int):
+            steps_k = (smallest == size) & (largest == size)
+            mine = steps_k[g_step]
+            means = {}
+            for k in _pass_ks(size):
+                est = np.array([_pass_estimate(size, c, k) for c in range(size + 1)])[correct[mine]]
+                means[str(k)] = _groups.reduce(est, g_step[mine], n, {"mean": _groups.STATS["mean"]})["mean"]
+            for step in np.flatnonzero(steps_k).tolist():
+                pass_k[step] = {k: float(v[step]) for k, v in means.items()}
+    return {
+        "zero_std": (pd.Series(zero_std, dtype=object), None),
+        "pass_at_k": (pd.Series(pass_k, dtype=object), None),
+        "zero_std_groups": (_zero_groups_column(zero_groups, complete), None),
+    }
+
+
+def _zero_groups_column(counts: np.ndarray, complete: np.ndarray):
+    if complete.all():
+        return counts.astype(np.int64)
+    return _groups.column(counts.astype(float), complete)
 
 
 def engine(con, steps: Steps = None) -> pd.DataFrame:
@@ -125,15 +198,18 @@ def engine(con, steps: Steps = None) -> pd.DataFrame:
         f"SELECT step, {sel} FROM spans WHERE {where} AND step IS NOT NULL AND ({_MENTIONS}) AND ({any_attr}) ORDER BY step, start_ns",
         params,
     ).df()
-    rows = []
-    for step, g in frame.groupby("step", sort=True):
-        row = {"step": int(step), "requests": len(g)}
-        for name, _ in REQUEST_FIELDS:
-            values = g[name][np.isfinite(g[name].astype(float))]
-            if len(values):
-                row.update({f"{name}_{k}": v for k, v in statistics(values).items()})
-        rows.append(row)
-    return pd.DataFrame(rows, columns=None if rows else ["step", "requests"])
+    if frame.empty:
+        return pd.DataFrame(columns=["step", "requests"])
+    group, keys = _groups.codes(frame["step"].to_numpy())
+    n = len(keys)
+    cols: dict = {"step": (keys.astype(np.int64), None), "requests": (_groups.counts(group, n), None)}
+    for name, _ in REQUEST_FIELDS:
+        values = frame[name].to_numpy(float, na_value=np.nan)
+        finite = np.isfinite(values)
+        present = _groups.any_per(group, n, finite)
+        stats = _groups.reduce(values, group, n, _groups.STATS, keep=finite)
+        cols |= {f"{name}_{k}": (v, present) for k, v in stats.items()}
+    return _groups.frame(cols)
 
 
 def engine_summary(con, steps: Steps = None, *, rollout_table: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -146,7 +222,7 @@ def engine_summary(con, steps: Steps = None, *, rollout_table: pd.DataFrame | No
     `rollout_table`: the `rollout()` table of the same steps, when the caller has it already.
     """
     where, params = step_filter(steps)
-    rows: dict[int, dict] = {}
+    steps_seen, cols = [np.zeros(0, np.int64)], {}
     if _columns(con, "spans"):
         req = con.execute(
             f"""SELECT step, TRY_CAST(attr(attributes, 'queue_time') AS DOUBLE) AS q,
@@ -158,26 +234,54 @@ def engine_summary(con, steps: Steps = None, *, rollout_table: pd.DataFrame | No
                 AND (attr(attributes, 'e2e_latency') IS NOT NULL OR attr(attributes, 'decode_throughput') IS NOT NULL)""",
             params,
         ).df()
-        for step, g in req.groupby("step", sort=True):
-            row = rows.setdefault(int(step), {"step": int(step)})
-            row["requests"] = len(g)
-            both = g.dropna(subset=["q", "e"])
-            if len(both) and both["e"].sum() > 0:
-                row["queue_share"] = float(both["q"].sum() / both["e"].sum())
-            t = g["t"].dropna()
-            if len(t):
-                row.update({f"decode_throughput_p{q}": float(np.percentile(t, q)) for q in (50, 90, 99)})
-            cp = g.dropna(subset=["c", "p"])
-            if len(cp) and cp["p"].sum() > 0:
-                row["prefix_cache_hit_rate"] = float(cp["c"].sum() / cp["p"].sum())
+        order = np.argsort(req["step"].to_numpy(), kind="stable")  # each step's requests in the order read
+        group, keys = _groups.codes(req["step"].to_numpy()[order])
+        n = len(keys)
+        q, e, t, c, p = (req[k].to_numpy(float, na_value=np.nan)[order] for k in "qetcp")
+        total = {"sum": lambda b: b.sum(axis=1)}
+        both = ~np.isnan(q) & ~np.isnan(e)
+        qs, es = (_groups.reduce(x, group, n, total, keep=both)["sum"] for x in (q, e))
+        timed = ~np.isnan(t)
+        pct = {f"decode_throughput_p{x}": (lambda b, x=x: np.percentile(b, x, axis=1)) for x in (50, 90, 99)}
+        cached = ~np.isnan(c) & ~np.isnan(p)
+        cs, ps = (_groups.reduce(x, group, n, total, keep=cached)["sum"] for x in (c, p))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cols = {"requests": (_groups.counts(group, n), np.ones(n, bool)),
+                    "queue_share": (qs / es, _groups.any_per(group, n, both) & (es > 0))}
+            present = _groups.any_per(group, n, timed)
+            cols |= {k: (v, present) for k, v in _groups.reduce(t, group, n, pct, keep=timed).items()}
+            cols["prefix_cache_hit_rate"] = (cs / ps, _groups.any_per(group, n, cached) & (ps > 0))
+        steps_seen.append(keys.astype(np.int64))
     samples = rollout_table if rollout_table is not None else rollout(con, steps)
-    for rec in samples.to_dict("records") if len(samples) else []:
-        row = rows.setdefault(int(rec["step"]), {"step": int(rec["step"])})
+    if len(samples):
+        steps_seen.append(samples["step"].to_numpy(np.int64))
+    every = np.unique(np.concatenate(steps_seen))  # a row for every step with requests or samples
+    at = {}
+    out: dict = {"step": (every, None)}
+    if cols:
+        at = np.searchsorted(every, steps_seen[1])
+        for name, (values, present) in cols.items():
+            out[name] = _spread(values, present, at, len(every))
+    if len(samples):  # the samples' own figures win: what slime logs
+        where_s = np.searchsorted(every, steps_seen[-1])
         for key in ("prefix_cache_hit_rate", "spec_accept_rate"):
-            value = rec.get(key)
-            if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                row[key] = value
-    return pd.DataFrame(sorted(rows.values(), key=lambda r: r["step"]), columns=None if rows else ["step"])
+            if key not in samples:
+                continue
+            value = pd.to_numeric(samples[key], errors="coerce").to_numpy(float, na_value=np.nan)
+            mine = _spread(value, ~np.isnan(value), where_s, len(every))
+            old = out.get(key, (np.full(len(every), np.nan), np.zeros(len(every), bool)))
+            out[key] = (np.where(mine[1], mine[0], old[0]), mine[1] | old[1])
+    if not len(every):
+        return pd.DataFrame(columns=["step"])
+    return _groups.frame(out)
+
+
+def _spread(values: np.ndarray, present: np.ndarray, at: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-group values and presence placed at rows `at` of a table of n rows (absent elsewhere)."""
+    full = np.full(n, np.nan) if values.dtype.kind == "f" else np.zeros(n, values.dtype)
+    mask = np.zeros(n, bool)
+    full[at], mask[at] = values, present
+    return full, mask
 
 
 def train_means(con, steps: Steps = None) -> pd.DataFrame:
@@ -238,8 +342,7 @@ def rollout(con, steps: Steps = None) -> pd.DataFrame:
     (log_probs, rollout_log_probs, ref_log_probs, entropy). A number a run cannot give is NaN/absent.
     """
     samples = _samples(con, steps)
-    rows = [{"step": int(step), **_sample_metrics(g)} for step, g in samples.groupby("step", sort=True)] if len(samples) else []
-    frame = pd.DataFrame(rows, columns=None if rows else ["step", "samples"])
+    frame = _sample_table(samples) if len(samples) else pd.DataFrame(columns=["step", "samples"])
     for extra in (engine(con, steps), train_means(con, steps).drop(columns=["samples"], errors="ignore")):
         if len(extra):
             frame = frame.merge(extra, on="step", how="outer")

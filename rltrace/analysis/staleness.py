@@ -17,12 +17,15 @@ def staleness(con, steps: Steps = None) -> pd.DataFrame:
     `weight_versions`, averaged over requests: a sample that spans versions counts each part at its own age).
     """
     where, params = step_filter(steps)
-    from_samples = con.execute(
-        f"""SELECT step, count(*) AS samples, avg(staleness) AS mean, max(staleness) AS max,
-                   (SELECT avg(s2.train_version - v) FROM (SELECT train_version, unnest(weight_versions) AS v FROM samples s3
-                    WHERE s3.step = samples.step AND s3.train_version IS NOT NULL) s2) AS request_mean
-            FROM samples WHERE staleness IS NOT NULL AND {where} GROUP BY step ORDER BY step""",
-        params,
+    from_samples = con.execute(  # request ages per step aggregated once and joined (not a subquery per step)
+        f"""WITH req AS (SELECT step, avg(train_version - v) AS request_mean
+                         FROM (SELECT step, train_version, unnest(weight_versions) AS v FROM samples
+                               WHERE train_version IS NOT NULL AND {where}) GROUP BY step)
+            SELECT s.step, count(*) AS samples, avg(s.staleness) AS mean, max(s.staleness) AS max,
+                   any_value(r.request_mean) AS request_mean
+            FROM samples s LEFT JOIN req r USING (step) WHERE s.staleness IS NOT NULL AND {where}
+            GROUP BY s.step ORDER BY s.step""",
+        params + params,
     ).df().assign(source="samples")
     m = step_metrics(con, ("staleness_mean", "staleness_max"), steps)
     m = m[~m["step"].isin(from_samples["step"])]

@@ -29,7 +29,12 @@ def step_breakdown(con, steps: Steps = None) -> pd.DataFrame:
     )
 
 
-def phase_breakdown(con, steps: Steps = None) -> pd.DataFrame:
+def phase_rows(con, steps: Steps = None) -> pd.DataFrame:
+    """The summary rows `phase_breakdown` and `phase_totals` read, for a caller that wants both."""
+    return summary.rows(con, steps, kinds=("phase", "step"))
+
+
+def phase_breakdown(con, steps: Steps = None, *, rows: pd.DataFrame | None = None) -> pd.DataFrame:
     """Time per phase per process per step.
 
     Returns:
@@ -37,8 +42,9 @@ def phase_breakdown(con, steps: Steps = None) -> pd.DataFrame:
         of that phase's spans on that process in the step, so concurrent spans count once);
         spans (count); span_s (summed span durations); share (seconds / the step's wall_s).
     Nested phases each count their own time, so shares of nested phases add up past 1.
+    `rows`: `phase_rows()` of the same steps, when the caller has them.
     """
-    rows = summary.rows(con, steps, kinds=("phase", "step"))
+    rows = phase_rows(con, steps) if rows is None else rows
     walls = rows[rows["kind"] == "step"].set_index("step")["seconds"]
     phases = rows[(rows["kind"] == "phase") & rows["process_id"].notna()]
     out = pd.DataFrame(
@@ -46,7 +52,7 @@ def phase_breakdown(con, steps: Steps = None) -> pd.DataFrame:
             "step": phases["step"],
             "process_id": phases["process_id"],
             "phase": phases["phase"],
-            "stage": phases["phase"].map(stage),
+            "stage": phases["phase"].map({p: stage(p) for p in phases["phase"].unique()}),  # once per phase
             "seconds": phases["seconds"],
             "spans": phases["count"],
             "span_s": phases["total_ns"] / 1e9,
@@ -58,15 +64,16 @@ def phase_breakdown(con, steps: Steps = None) -> pd.DataFrame:
     return out[cols].sort_values(["step", "seconds"], ascending=[True, False], ignore_index=True)
 
 
-def phase_totals(con, steps: Steps = None) -> pd.DataFrame:
+def phase_totals(con, steps: Steps = None, *, rows: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each phase over the selected steps.
 
     Returns:
         phase, stage; steps (steps where it ran); spans; total_s (sum over steps of the phase's
         union time across all processes); mean_s (total_s / steps); share (total_s / summed step
         wall time); span_s (summed span durations, counts concurrent spans separately).
+    `rows`: `phase_rows()` of the same steps, when the caller has them.
     """
-    rows = summary.rows(con, steps, kinds=("phase", "step"))
+    rows = phase_rows(con, steps) if rows is None else rows
     wall = rows.loc[rows["kind"] == "step", "seconds"].sum()
     phases = rows[(rows["kind"] == "phase") & rows["process_id"].isna()]
     out = phases.groupby("phase").agg(

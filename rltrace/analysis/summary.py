@@ -93,13 +93,19 @@ def _part_steps(con) -> None:
                   FROM read_parquet({files}, filename = true, union_by_name = true) GROUP BY filename, step) f
             JOIN _rltrace_span_parts p ON parse_filename(f.filename) = p.name""")
     if sidecar is not None and (new or known is None or len(known) != _count(con, _PART_STEPS)):
-        try:
-            sidecar.parent.mkdir(parents=True, exist_ok=True)
-            tmp = sidecar.with_name(f".{sidecar.name}.{os.getpid()}.tmp")
-            pq.write_table(con.sql(f"SELECT * FROM {_PART_STEPS}").to_arrow_table().cast(_PART_STEPS_SCHEMA), tmp)
-            os.replace(tmp, sidecar)
-        except (OSError, pa.ArrowException) as exc:
-            logger.debug("rltrace: could not write the step cache %s: %s", sidecar, exc)
+        _write_cache(sidecar, lambda: con.sql(f"SELECT * FROM {_PART_STEPS}").to_arrow_table().cast(_PART_STEPS_SCHEMA))
+
+
+def _write_cache(path: Path, table) -> None:
+    """Replace a cache file at once (readers see the old file or the new one); a cache that cannot
+    be written never fails a report. `table` builds the Arrow table to write."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        pq.write_table(table(), tmp)
+        os.replace(tmp, path)
+    except (OSError, pa.ArrowException) as exc:
+        logger.debug("rltrace: could not write the cache file %s: %s", path, exc)
 
 
 _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
@@ -108,7 +114,7 @@ _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("s
 
 
 def _count(con, table: str) -> int:
-    return con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+    return con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
 
 
 def windows(con, steps: pd.DataFrame) -> pd.DataFrame:
@@ -177,11 +183,10 @@ def _fill(con, steps: Steps) -> None:
     missing = wanted[~wanted["step"].isin(done)]
     if missing.empty:
         return
-    for reuse in (_reuse_stored, _reuse_cached):
-        done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
-        missing = missing[~missing["step"].isin(done)]
-        if not missing.empty:
-            reuse(con, missing)
+    _reuse_stored(con, missing)
+    done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
+    missing = missing[~missing["step"].isin(done)]
+    cache_current = not missing.empty and _reuse_cached(con, missing) and len(done) == 0
     done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
     todo = missing[~missing["step"].isin(done)]
     for computed in _computed(con, list(_batches(todo))):
@@ -190,7 +195,9 @@ def _fill(con, steps: Steps) -> None:
             con.execute(f"INSERT INTO {_CACHE} BY NAME SELECT * FROM _rltrace_computed")
         finally:
             con.unregister("_rltrace_computed")
-    if steps is None:  # every step is in the connection's cache: it becomes the run's summary cache
+    # every step is in the connection's cache: it becomes the run's summary cache, unless the
+    # cache already held exactly these steps of exactly these parts
+    if steps is None and not (cache_current and todo.empty):
         _save_cache(con)
 
 
@@ -225,40 +232,32 @@ def _parts_now(con) -> set[tuple[str, int, int]]:
     return {(n, r, z) for n, r, z in con.execute("SELECT name, rows, size FROM _rltrace_span_parts").fetchall()}
 
 
-def _reuse_cached(con, missing: pd.DataFrame) -> None:
-    """Copy the cached rows of the `missing` steps that still hold into the connection's cache."""
+def _reuse_cached(con, missing: pd.DataFrame) -> bool:
+    """Copy the cached rows of the `missing` steps that still hold into the connection's cache.
+    True when the cache was made from exactly the parts read now (no need to write it again)."""
     path = _cache_file(con)
     if path is None or not path.is_file():
-        return
+        return False
     try:
         cached = pq.read_table(path)
         then = {tuple(p) for p in json.loads((cached.schema.metadata or {})[_CACHE_PARTS])}
         cached = cached.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
     except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
         logger.debug("rltrace: ignoring the summary cache %s: %s", path, exc)
-        return
+        return False
     now = _parts_now(con)
     if not then <= now:  # parts were merged or removed since (compact stores its own summaries)
-        return
+        return False
     # only new parts since: a cached step holds unless a new part reaches into its window
     candidates = missing[~_touched(con, [n for n, _, _ in now - then], missing)]
     if candidates.empty:
-        return
+        return False
     con.register("_rltrace_cached_file", cached)
-    con.register("_rltrace_missing", candidates)
     try:
-        con.execute(
-            f"""INSERT INTO {_CACHE} BY NAME
-            SELECT s.* FROM _rltrace_cached_file s JOIN (
-                SELECT k.step FROM _rltrace_cached_file k JOIN _rltrace_missing m
-                  ON k.step = m.step AND k.count = m.count AND k.start_ns = m.start_ns
-                 AND k.end_ns = m.end_ns AND k.total_ns = m.total_ns
-                WHERE k.kind = 'step' AND k.version = ?) v USING (step)""",
-            [_compute.VERSION],
-        )
+        _copy_matching(con, "_rltrace_cached_file", candidates, windows_too=False)
     finally:
         con.unregister("_rltrace_cached_file")
-        con.unregister("_rltrace_missing")
+    return then == now
 
 
 def _touched(con, names: list[str], steps: pd.DataFrame) -> np.ndarray:
@@ -282,18 +281,15 @@ def _save_cache(con) -> None:
     path = _cache_file(con)
     if path is None:
         return
-    try:
-        listing = sorted(_parts_now(con))
+
+    def build() -> pa.Table:
         table = con.sql(f"SELECT * FROM {_CACHE} ORDER BY step, kind, seq").to_arrow_table()
         table = table.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
         meta = dict(table.schema.metadata or {})
-        meta[_CACHE_PARTS] = json.dumps(listing).encode()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        pq.write_table(table.replace_schema_metadata(meta), tmp)
-        os.replace(tmp, path)
-    except (OSError, pa.ArrowException) as exc:
-        logger.debug("rltrace: could not write the summary cache %s: %s", path, exc)
+        meta[_CACHE_PARTS] = json.dumps(sorted(_parts_now(con))).encode()
+        return table.replace_schema_metadata(meta)
+
+    _write_cache(path, build)
 
 
 def _reuse_stored(con, missing: pd.DataFrame) -> None:
@@ -305,13 +301,20 @@ def _reuse_stored(con, missing: pd.DataFrame) -> None:
     candidates = missing
     if not same_parts:  # spans arrived (or parts changed) since compact: check each step's window too
         candidates = missing.merge(windows(con, missing), on="step")
-    window_check = "" if same_parts else "AND k.window_count = m.window_count AND k.window_ns = m.window_ns"
+    _copy_matching(con, "step_summary", candidates, windows_too=not same_parts)
+
+
+def _copy_matching(con, source: str, candidates: pd.DataFrame, windows_too: bool) -> None:
+    """Copy into the connection's cache every row of `source` (a table or view of summaries) for
+    the steps whose step row matches the candidate's fingerprint (and window, if asked) and the
+    current algorithm."""
+    window_check = "AND k.window_count = m.window_count AND k.window_ns = m.window_ns" if windows_too else ""
     con.register("_rltrace_missing", candidates)
     try:
         con.execute(
             f"""INSERT INTO {_CACHE} BY NAME
-            SELECT s.* FROM step_summary s JOIN (
-                SELECT k.step FROM step_summary k JOIN _rltrace_missing m
+            SELECT s.* FROM {source} s JOIN (
+                SELECT k.step FROM {source} k JOIN _rltrace_missing m
                   ON k.step = m.step AND k.count = m.count AND k.start_ns = m.start_ns
                  AND k.end_ns = m.end_ns AND k.total_ns = m.total_ns {window_check}
                 WHERE k.kind = 'step' AND k.version = ?) v USING (step)""",

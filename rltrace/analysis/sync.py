@@ -27,8 +27,9 @@ def sync_children(con, steps: Steps = None) -> pd.DataFrame:
     """
     where, params = step_filter(steps, "step")
     marks = ", ".join("?" for _ in WEIGHT_SYNC_CHILDREN)
-    any_child = con.execute(f"SELECT 1 FROM spans WHERE coalesce(phase, name) IN ({marks}) LIMIT 1",
-                            list(WEIGHT_SYNC_CHILDREN)).fetchone()
+    # coalesce(phase, name) spelled out: the name column is then read only where phase is null
+    any_child = con.execute(f"SELECT 1 FROM spans WHERE phase IN ({marks}) OR (phase IS NULL AND name IN ({marks})) LIMIT 1",
+                            [*WEIGHT_SYNC_CHILDREN, *WEIGHT_SYNC_CHILDREN]).fetchone()
     if any_child is None:  # most runs: no broken-down syncs; skip the recursive walk over every span
         return pd.DataFrame(columns=["sync_span_id", "step", "start_ns", "sync_s", "child", "seconds", "bytes",
                                      "processes"])
@@ -77,8 +78,9 @@ def sync_growth(con, steps: Steps = None) -> dict:
     """
     rows = sync_children(con, steps)
     where, params = step_filter(steps, "step")
+    ids = "span_id, " if len(rows) else ""  # reading 10M ids costs more than the durations: only to place children
     totals = con.execute(
-        f"""SELECT span_id, duration_s FROM spans WHERE coalesce(phase, name) = 'weight_sync' AND NOT is_open
+        f"""SELECT {ids}duration_s FROM spans WHERE coalesce(phase, name) = 'weight_sync' AND NOT is_open
             AND {where} ORDER BY start_ns""", params).df()
     out: dict = {"syncs": int(len(totals)), "total": None, "children": [], "grew": None, "largest": None}
     if totals.empty:
@@ -86,14 +88,16 @@ def sync_growth(con, steps: Steps = None) -> dict:
     first, last = _fit(totals["duration_s"].to_numpy(float))
     median_sync = float(totals["duration_s"].median())
     out["total"] = {"median_s": median_sync, "first_s": first, "last_s": last, "growth_s": last - first}
-    order = {sid: i for i, sid in enumerate(totals["span_id"])}
+    if len(rows):  # each child row's place among the syncs in start order
+        order = pd.Series(np.arange(len(totals)), index=totals["span_id"].to_numpy(object))
+        order = order[~order.index.duplicated(keep="last")]
+        rows = rows.assign(at=order.reindex(rows["sync_span_id"].to_numpy(object)).to_numpy())
     for child in WEIGHT_SYNC_CHILDREN:
         mine = rows[rows["child"] == child]
         if mine.empty:
             continue
-        y = np.zeros(len(order))
-        for sid, seconds in zip(mine["sync_span_id"], mine["seconds"]):
-            y[order[sid]] = seconds
+        y = np.zeros(len(totals))
+        y[mine["at"].to_numpy(np.int64)] = mine["seconds"].to_numpy(float)
         c_first, c_last = _fit(y)
         growth = c_last - c_first
         median = float(mine["seconds"].median())

@@ -29,6 +29,14 @@ def waits(con, steps: Steps = None) -> pd.DataFrame:
         the waits; phases running at once each get their full overlap); intervals (waits
         contributing).
     """
+    out = _who.label(_unlabelled(con, steps), con)
+    cols = ["step", "process_id", "role", "rank", "kind", "in_phase", "waited_for", "waited_for_group",
+            "waited_for_process", "seconds", "intervals"]
+    return out[cols]
+
+
+def _unlabelled(con, steps: Steps) -> pd.DataFrame:
+    """`waits` without role and rank (a label per wait row costs a join over every row), in its order."""
     rows = summary.rows(con, steps, kinds=("wait",))
     out = pd.DataFrame(
         {
@@ -42,11 +50,8 @@ def waits(con, steps: Steps = None) -> pd.DataFrame:
             "intervals": rows["count"],
         }
     )
-    out["waited_for_group"] = out["waited_for"].map(lambda p: STAGE_OF.get(p, p))
-    out = _who.label(out, con)
-    cols = ["step", "process_id", "role", "rank", "kind", "in_phase", "waited_for", "waited_for_group",
-            "waited_for_process", "seconds", "intervals"]
-    return out[cols].sort_values(["step", "seconds"], ascending=[True, False], ignore_index=True)
+    out["waited_for_group"] = out["waited_for"].map(STAGE_OF).fillna(out["waited_for"])  # a phase outside the stages: itself
+    return out.sort_values(["step", "seconds"], ascending=[True, False], ignore_index=True)
 
 
 def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
@@ -58,24 +63,26 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
         (e.g. "trainer0 idle 3.50 s (39% of step 4) waiting for rollout on rollout0", or "... on
         another thread" when the awaited work ran in the waiting process itself).
     """
-    w = waits(con, steps)
+    w = _unlabelled(con, steps)
     if w.empty:
         return pd.DataFrame(columns=["step", "process_id", "role", "rank", "in_phase", "waited_for",
                                      "waited_for_process", "waited_for_name", "seconds", "share", "text"])
-    keys = ["step", "process_id", "role", "rank", "in_phase", "waited_for_group"]
+    # role and rank follow from process_id: grouped without them, labelled once the top n are kept
+    keys = ["step", "process_id", "in_phase", "waited_for_group"]
     g = w.groupby(keys, dropna=False).agg(seconds=("seconds", "sum"), waited_for_process=("waited_for_process", "first"))
     g = g.reset_index().rename(columns={"waited_for_group": "waited_for"})
     walls = summary.checks(con, steps).set_index("step")
     g["share"] = g["seconds"] / g["step"].map((walls["end_ns"] - walls["start_ns"]) / 1e9)
     g = g.sort_values(["step", "seconds"], ascending=[True, False]).groupby("step").head(n)
+    who = _who.processes(con, w["process_id"].dropna().unique())[["process_id", "role", "rank"]]
+    g = g.merge(who, on="process_id", how="left").set_axis(g.index)
     names = _who.processes(con, g["waited_for_process"].dropna().unique())
     short = {p: process_name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
     g["waited_for_name"] = g["waited_for_process"].map(short)
     texts = []
-    for step, pid, role, rank, in_phase, what, other_pid, other, seconds, share in zip(
-        g["step"], g["process_id"], g["role"], g["rank"], g["in_phase"], g["waited_for"], g["waited_for_process"],
-        g["waited_for_name"], g["seconds"], g["share"]
-    ):
+    fields = ["step", "process_id", "role", "rank", "in_phase", "waited_for", "waited_for_process", "waited_for_name",
+              "seconds", "share"]
+    for step, pid, role, rank, in_phase, what, other_pid, other, seconds, share in zip(*(g[f].tolist() for f in fields)):
         where = "idle" if in_phase == "idle" else f"in a wait inside {in_phase}"
         text = f"{process_name(role, rank)} {where} {seconds_text(seconds)} ({share_text(share)} of step {step})"
         if what == UNTRACED:

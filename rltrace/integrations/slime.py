@@ -33,12 +33,37 @@ import sys
 from typing import Any, Collection
 
 import rltrace
-from rltrace import _names, api
 from rltrace.importers.frameworks import SLIME_PHASES
 from rltrace.integrations import BaseInstrumentor, when_imported
-from rltrace.integrations._slime_live import Live, SpanWriter
 
 logger = logging.getLogger("rltrace")
+
+
+def _api():
+    """rltrace's API, loaded when slime first does something to record (`rltrace run` imports
+    this module in every process at start-up; most of them never record)."""
+    from rltrace import api
+
+    return api
+
+
+def _live():
+    """The process's trace state (`_slime_live.Live`), made on first use for the same reason."""
+    global _LIVE
+    if _LIVE is None:
+        from rltrace.integrations._slime_live import Live
+
+        _LIVE = Live()
+    return _LIVE
+
+
+def __getattr__(name: str):
+    if name == "live":  # `slime.live`, for tests and benchmarks
+        return _live()
+    raise AttributeError(name)
+
+
+_LIVE = None
 
 TRACE_MODULE = "slime.observability.trace_utils"
 TIMER_MODULE = "slime.observability.timer"
@@ -52,7 +77,6 @@ META_USERS = ("slime.rollout.sglang_rollout",)  # modules that import build_sgla
 _FRAMES_UP = 8  # how far up the stack the trainer's `rollout_id` may be from Timer.start / Timer.end
 _WRAPPED = "__rltrace_original__"
 
-live = Live()
 _originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
 _timers: dict[str, Any] = {}  # open timer name -> PhaseHandle
 _active = False  # patches still waiting for their module apply only while instrumented
@@ -66,11 +90,11 @@ def phase_of(name: str) -> str:
 
 def _fault(what: str, exc: BaseException | None = None) -> None:
     """Count and log a fault of this hook; never raise into slime."""
-    live.faults += 1
+    _live().faults += 1
     reason = f"{what}: {type(exc).__name__}: {exc}" if exc is not None else what
     logger.debug("rltrace: slime hook: %s", reason, exc_info=exc is not None)
     try:
-        run = api.recording_run()
+        run = _api().recording_run()
         if run is not None:
             run.drops.add("slime traces", 1, reason[:200])
     except Exception:
@@ -81,13 +105,13 @@ def _rollout_run():
     """The run slime's rollout records into. Started here (under `rltrace run`, from RLTRACE_RUN_DIR,
     with no RLTRACE_ROLE), its role is `rollout`: the process is slime's rollout manager."""
     global _role_set
-    if not _role_set and api.current_run() is None and os.environ.get("RLTRACE_RUN_DIR") and not os.environ.get("RLTRACE_ROLE"):
+    if not _role_set and _api().current_run() is None and os.environ.get("RLTRACE_RUN_DIR") and not os.environ.get("RLTRACE_ROLE"):
         _role_set = True
         try:
             rltrace.init(role="rollout")
         except Exception as exc:  # a bad setting is reported by rltrace.init's own checks; slime still runs
             _fault("starting the rollout process's run", exc)
-    return api.recording_run()
+    return _api().recording_run()
 
 
 def _patch(owner: Any, attr: str, make) -> Any:
@@ -110,10 +134,12 @@ def _patch_trace(module) -> None:
             event = original(handle, **kwargs)
             try:
                 run = _rollout_run()
-                if run is not None and not live.evaluating:
-                    if live.run is not run:
-                        live.run, live.emit = run, SpanWriter(run)
-                    live.on_event(handle.carrier, event)
+                if run is not None and not _live().evaluating:
+                    if _live().run is not run:
+                        from rltrace.integrations._slime_live import SpanWriter
+
+                        _live().run, _live().emit = run, SpanWriter(run)
+                    _live().on_event(handle.carrier, event)
             except Exception as exc:  # a malformed event costs its span, never slime's rollout
                 _fault("a slime trace event could not be recorded", exc)
             return event
@@ -128,7 +154,7 @@ def _patch_trace(module) -> None:
                 stack = module._TRACE_STACK.get()
                 if stack and isinstance(meta, dict) and "weight_version" in meta:
                     trace_id, span_id = stack[-1]
-                    live.request_version(trace_id, span_id, meta["weight_version"])
+                    _live().request_version(trace_id, span_id, meta["weight_version"])
             except Exception as exc:
                 _fault("the weight version of an engine call could not be read", exc)
             return attrs
@@ -176,28 +202,28 @@ def _rollout(rollout_id: Any, evaluation: bool, call):
     An evaluation rollout is an `eval` phase; its samples' traces are not recorded, as `rltrace
     import slime` skips evaluation dumps (its samples are no training batch).
     """
-    if not isinstance(rollout_id, int) or isinstance(rollout_id, bool) or live.rollout == rollout_id or live.evaluating:
+    if not isinstance(rollout_id, int) or isinstance(rollout_id, bool) or _live().rollout == rollout_id or _live().evaluating:
         return call()  # a nested entry point (call_rollout_fn -> generate_rollout) is the same rollout
     if evaluation:
-        live.evaluating = True
+        _live().evaluating = True
         try:
             with rltrace.phase("eval", phase="eval", step=rollout_id):
                 return call()
         finally:
-            live.evaluating = False
+            _live().evaluating = False
     try:
         _rollout_run()
-        live.begin(rollout_id)
+        _live().begin(rollout_id)
     except Exception as exc:
         _fault("starting a slime rollout", exc)
     try:
         with rltrace.phase("rollout", phase="rollout", step=rollout_id):
             output = call()
     finally:
-        live.rollout = None
+        _live().rollout = None
     try:
-        if api.recording_run() is not None:
-            for step, rows in live.end(rollout_id, _samples(output)).items():
+        if _api().recording_run() is not None:
+            for step, rows in _live().end(rollout_id, _samples(output)).items():
                 rltrace.log_samples(step, rows)
     except Exception as exc:
         _fault("the samples of a slime rollout could not be recorded", exc)
@@ -247,8 +273,8 @@ def _patch_timer(module) -> None:
             try:
                 rid = _rollout_id(sys._getframe(1))
                 if rid is not None:
-                    live.last = rid
-                step = rid if rid is not None else live.last
+                    _live().last = rid
+                step = rid if rid is not None else _live().last
                 _timers[name] = rltrace.start_phase(str(name), phase=phase_of(str(name)), step=step,
                                                     **{"slime.timer": str(name)})
             except Exception as exc:
@@ -266,9 +292,11 @@ def _patch_timer(module) -> None:
                     return
                 rid = _rollout_id(sys._getframe(1))
                 if rid is not None:  # train_wait ends in the train of the rollout it waited for
-                    live.last = rid
+                    _live().last = rid
                     if handle.span is not None:
-                        handle.span.set_attribute(_names.STEP, rid)
+                        from rltrace._names import STEP
+
+                        handle.span.set_attribute(STEP, rid)
                 handle.end()
             except Exception as exc:
                 _fault(f"closing the phase of slime timer {name!r}", exc)

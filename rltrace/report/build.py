@@ -15,6 +15,7 @@ import pandas as pd
 from rltrace import analysis
 from rltrace._phases import COST_COLUMN, phases_of
 from rltrace.analysis._steps import Steps
+from rltrace.importers.metrics import SOURCE, SOURCE_ATTR
 from rltrace.report import findings
 
 WAITS_PER_STEP = 3
@@ -22,10 +23,18 @@ SPIKE_RATIO = 3.0  # an outlier step: a stage took at least this multiple of its
 SPIKE_SHARE = 0.25  # ... and at least this share of the median step's wall time more than its median
 
 
+_SCALARS = frozenset((str, int, bool, type(None)))  # already JSON-ready: by far the most values
+
+
 def plain(value):
     """JSON-ready copy: numpy scalars to Python, NaN to None, frames to lists of dicts."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is float:
+        return None if value != value else value
     if isinstance(value, pd.DataFrame):
-        return [plain(r) for r in value.to_dict("records")]
+        return _records(value)
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -39,16 +48,36 @@ def plain(value):
     return value
 
 
+def _records(frame: pd.DataFrame) -> list[dict]:
+    """`plain` of each row of a frame, a column at a time: number columns convert at once, and only
+    cells that may hold something else (objects, text, nested dicts) go through `plain` one by one."""
+    keys = [str(k) for k in frame.columns]
+    columns = []
+    for i in range(frame.shape[1]):
+        values = frame.iloc[:, i].tolist()
+        kind = frame.dtypes.iloc[i].kind if isinstance(frame.dtypes.iloc[i], np.dtype) else "O"
+        if kind == "f":
+            values = [None if v != v else v for v in values]  # NaN is the only value unequal to itself
+        elif kind not in "iub":
+            values = [plain(v) for v in values]
+        columns.append(values)
+    if not columns:
+        return [{} for _ in range(len(frame))]
+    return [dict(zip(keys, row)) for row in zip(*columns)]
+
+
 def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     """The report of one run (a connection from `rltrace.store.open`) over a step range."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     per_step = analysis.step_breakdown(con, steps)
     costs = analysis.cost_model(con, steps)
-    summary = analysis.cost_summary(con, steps)
-    tail = analysis.long_tail(con, steps)
+    summary = analysis.cost_summary(con, steps, per_step=costs)
+    generation = analysis.generation_samples(con, steps)  # read once: long tail and stragglers
+    tail = analysis.long_tail(con, steps, table=generation)
     step_rows = per_step.merge(costs.drop(columns=["wall_s"]), on="step", how="left")
     step_rows = step_rows.merge(tail[["step", "tail_s", "tail_share"]], on="step", how="left")
-    phases = analysis.phase_totals(con, steps)
+    phase_rows = analysis.phase_rows(con, steps)  # read once: totals and the bottleneck's breakdown
+    phases = analysis.phase_totals(con, steps, rows=phase_rows)
     rollout = analysis.rollout(con, steps)
     step_rows = plain(step_rows)
     report = {
@@ -59,12 +88,12 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "async": plain({k: summary.get(k) for k in ("period_s", "stage_s", "concurrent_s", "achieved_speedup",
                                                     "achieved_fraction", "overlapping")}),
         "nested": plain(analysis.nested_stages(con, steps)),
-        "bottleneck": _bottleneck(con, steps, summary, costs),
+        "bottleneck": _bottleneck(con, steps, summary, costs, phase_rows),
         "outliers": _outliers(con, step_rows),
         "critical_path": plain(analysis.common_paths(con, steps)),
         "waits": plain(analysis.top_waits(con, steps, n=WAITS_PER_STEP)),
         "long_tail": plain(tail),
-        "stragglers": plain(analysis.stragglers(con, steps)),
+        "stragglers": plain(analysis.stragglers(con, steps, table=generation)),
         "weight_sync_fit": plain(analysis.weight_sync_fit(con, steps)),
         "weight_sync_children": plain(analysis.sync_growth(con, steps)),
         "staleness": _staleness(con, steps),
@@ -82,7 +111,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     return report
 
 
-def _bottleneck(con, steps: Steps, summary: dict, costs: pd.DataFrame) -> dict | None:
+def _bottleneck(con, steps: Steps, summary: dict, costs: pd.DataFrame, phase_rows: pd.DataFrame) -> dict | None:
     """The stage with the longest median time per step (amortised), where it ran, what to open
     next, and the runner-up: when their interquartile ranges overlap the two are within noise."""
     per_step = {stage: costs[col + "_amortised"].dropna() for stage, col in COST_COLUMN.items()}
@@ -93,7 +122,7 @@ def _bottleneck(con, steps: Steps, summary: dict, costs: pd.DataFrame) -> dict |
     stage = ranked[0]
     iqr = {k: [float(per_step[k].quantile(0.25)), float(per_step[k].quantile(0.75))] for k in ranked[:2]}
     runner_up = ranked[1] if len(ranked) > 1 else None
-    breakdown = analysis.phase_breakdown(con, steps)
+    breakdown = analysis.phase_breakdown(con, steps, rows=phase_rows)
     mine = breakdown[breakdown["phase"].isin(phases_of(stage))]
     by_process = mine.groupby("process_id")["seconds"].sum().sort_values(ascending=False)
     by_phase = mine.groupby("phase")["seconds"].sum().sort_values(ascending=False)
@@ -186,9 +215,11 @@ def _reward(con, steps: Steps, ro: pd.DataFrame) -> dict:
 
 def _imported_spans(con) -> dict:
     """How many finished spans were synthesized from imported metric logs (`rl.source` = metrics)."""
+    # a text test first: parsing every span's attributes as JSON would cost more than the rest of the report
     imported, total = con.execute(
-        """SELECT count(*) FILTER (WHERE json_extract_string(attributes, '$."rl.source"') = 'metrics'), count(*)
-           FROM spans WHERE NOT is_open"""
+        f"""SELECT (SELECT count(*) FROM spans WHERE NOT is_open AND contains(attributes, '"{SOURCE_ATTR}"')
+                    AND attr(attributes, '{SOURCE_ATTR}') = '{SOURCE}'),
+                   (SELECT count(*) FROM spans WHERE NOT is_open)"""
     ).fetchall()[0]  # fetchall: an unfinished result would block the connection
     return {"metrics": int(imported or 0), "total": int(total or 0)}
 

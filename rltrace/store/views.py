@@ -269,6 +269,35 @@ def _source(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Par
     return f"SELECT * FROM read_parquet({files}, union_by_name=true) UNION ALL BY NAME SELECT * FROM {empty}"
 
 
+#: Tables whose parts their writers replace in place while the run goes on (a process's open spans,
+#: its process record, a profile's record from "running" to done). They are small, so they are read
+#: whole when the connection is made: a query later in a report never meets a file that changed
+#: under DuckDB's cached footer (which fails or mixes two versions).
+_READ_AT_OPEN = frozenset({"open_spans", "processes", "profiles"})
+
+
+def _read_now(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Part]) -> str:
+    """SQL for all rows of a table whose parts are rewritten in place: read now into a table."""
+    empty_sql = _source(con, table, [])
+    tables = []
+    for part in parts:
+        try:
+            tables.append(pq.read_table(part.path))
+        except FileNotFoundError:
+            continue  # removed since the scan: its writer finished (open spans all ended)
+        except (OSError, pa.ArrowException) as exc:
+            raise CorruptPartError(f"{part.path}: unreadable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    name = f"_read_{table.name}"
+    if not tables:
+        return empty_sql
+    con.register("_parts_read", pa.concat_tables(tables, promote_options="permissive"))
+    try:
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM _parts_read UNION ALL BY NAME {empty_sql}")
+    finally:
+        con.unregister("_parts_read")
+    return f"SELECT * FROM {name}"
+
+
 def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with a view per table of the snapshot."""
     con = duckdb.connect(":memory:")
@@ -280,7 +309,7 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
     done = set()
     if "spans" in snap.parts:
         finished = _source(con, _names.SPANS, snap.parts["spans"])
-        still_open = _source(con, _names.OPEN_SPANS, snap.parts.get("open_spans", []))
+        still_open = _read_now(con, _names.OPEN_SPANS, snap.parts.get("open_spans", []))
         con.execute(
             f"""CREATE VIEW spans AS
             SELECT *, (end_ns - start_ns) / 1e9 AS duration_s, false AS is_open FROM ({finished})
@@ -296,7 +325,8 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
         done.add("samples")
     for name, parts in snap.parts.items():
         if name not in done:
-            con.execute(f"CREATE VIEW {name} AS {_source(con, _names.TABLES[name], parts)}")
+            source = _read_now if name in _READ_AT_OPEN else _source
+            con.execute(f"CREATE VIEW {name} AS {source(con, _names.TABLES[name], parts)}")
     summary_of = [p.summary_of for p in snap.parts.get("step_summary", [])]
     con.execute("CREATE TABLE _rltrace_meta (key VARCHAR, value VARCHAR)")
     con.execute(

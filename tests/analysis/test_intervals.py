@@ -64,3 +64,23 @@ def test_empty_inputs():
     cg, cs, ce = iv.complement([], [], [], np.array([0]), np.array([5]))
     assert (cg.tolist(), cs.tolist(), ce.tolist()) == ([0], [0], [5])
     assert iv.Coverage([], [], []).between([0], [0], [5]).tolist() == [0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_many_groups_over_a_long_time_range(seed):
+    """10,000 steps of a long run in one batch: groups x time range exceeds int64, so keys fall
+    back to ranks of the times; every answer still equals the small-range one shifted."""
+    rng = np.random.default_rng(seed)
+    groups = 40_000
+    g, s, e = _random(rng, 4 * groups, groups=groups)
+    shift = 10**15  # spread each group's intervals over ~1e15 ns: groups * range > 2**62
+    far_s, far_e = s + (g % 7) * shift, e + (g % 7) * shift
+    near = iv.total(g, s, e, groups)
+    assert (iv.total(g, far_s, far_e, groups) == near).all()
+    q = np.arange(groups)
+    a, b = rng.integers(0, 100, groups), rng.integers(100, 260, groups)
+    off = (q % 7) * shift
+    near_cov = iv.Coverage(g, s, e).between(q, a, b)
+    assert (iv.Coverage(g, far_s, far_e).between(q, a + off, b + off) == near_cov).all()
+    brute = [int(_covered(g[g == k], s[g == k], e[g == k], k)[a[k]:b[k]].sum()) for k in range(0, groups, 997)]
+    assert near_cov[::997].tolist() == brute

@@ -66,8 +66,11 @@ def test_a_second_report_computes_nothing_and_a_live_run_only_its_new_step(tmp_p
     assert computed == [4]
     assert list((tmp_path / "cache").glob("*.parquet")), "the report left its summaries in the cache"
     computed.clear()
+    (cache,) = (tmp_path / "cache").glob("*[0-9a-f].parquet")
+    written = cache.stat().st_mtime_ns
     assert report.build(store.open(b.run_dir))["waits"] == first["waits"]
     assert computed == []
+    assert cache.stat().st_mtime_ns == written  # nothing changed: the cache is not written again
 
     _step(trainer, worker, 4)  # the run goes on: one more step flushed as new parts
     b.write()
@@ -173,3 +176,20 @@ def test_step_counts_of_parts_seen_before_are_read_not_scanned(tmp_path, monkeyp
     pq.write_table(rewritten, part, compression="none")  # same rows, another size: not the part that was seen
     checks = summary.checks(store.open(b.run_dir)).set_index("step")
     assert checks.loc[0, "total_ns"] in (7 + 3 * 10**9, 7 + 5 * 10**9)  # that part scanned again
+
+
+def test_a_part_removed_after_it_was_cached(tmp_path, monkeypatch, computed):
+    """A part the caches listed disappears (merged away, or deleted by hand): both caches step
+    aside and the report is that of the parts present."""
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    b, trainer, worker = _run(tmp_path)
+    _answer(b.run_dir)
+    before = set((b.run_dir / "spans").glob("*.parquet"))
+    _step(trainer, worker, 4)
+    b.write()
+    _answer(b.run_dir)
+    for part in set((b.run_dir / "spans").glob("*.parquet")) - before:
+        part.unlink()
+    computed.clear()
+    assert _answer(b.run_dir) == _fresh(b.run_dir, tmp_path, monkeypatch)
+    assert summary.checks(store.open(b.run_dir))["step"].tolist() == [0, 1, 2, 3]

@@ -1,5 +1,6 @@
 """Waits are attributed to the right phase and process; the critical path follows the chain."""
 
+import pandas as pd
 import pytest
 
 from rltrace import analysis, store
@@ -189,3 +190,72 @@ def test_waits_go_to_the_innermost_work(tmp_path):
     assert sorted(w.loc[w["process_id"] == rw.process_id, ["waited_for", "seconds"]].values.tolist()) == [
         ["generate", 3.0], ["prefill", 1.0]
     ]
+
+
+def _three_chains(path):
+    b = RunBuilder(path)
+    tr, ro = b.process("trainer"), b.process("rollout")
+    for step in range(9):
+        t = step * 10.0
+        ro.span("rollout", t, t + 2 + step * 0.1, step=step)
+        end = t + 2 + step * 0.1
+        if step % 3 == 1:  # a reward between rollout and train
+            ro.span("reward", end, end + 1, step=step)
+            end += 1
+        tr.span("train", end, end + 3, step=step)
+        if step % 3 == 2:  # and a weight sync after train
+            tr.span("weight_sync", end + 3, end + 3.5, step=step)
+    b.write()
+    return store.open(b.run_dir)
+
+
+def test_common_paths_count_each_chain_over_many_steps(tmp_path):
+    """Steps with three different critical paths: each chain's steps, share and median seconds."""
+    out = analysis.common_paths(_three_chains(tmp_path / "run"))
+    assert out["path"].tolist() == ["rollout → reward → train", "rollout → train", "rollout → train → weight_sync"]
+    assert out["steps"].tolist() == [3, 3, 3] and out["share"].tolist() == pytest.approx([1 / 3] * 3)
+    # median over the steps of the chain's summed seconds: steps 1, 4, 7 / 0, 3, 6 / 2, 5, 8
+    assert out["seconds"].tolist() == pytest.approx([2 + 0.4 + 1 + 3, 2 + 0.3 + 3, 2 + 0.5 + 3 + 0.5])
+
+
+def _top_waits_by_every_labelled_row(con, n):
+    """top_waits as first written: every wait row labelled, then grouped with role and rank."""
+    from rltrace.analysis import _who, summary
+    from rltrace.analysis._format import process_name, seconds_text, share_text
+
+    w = analysis.waits(con)
+    keys = ["step", "process_id", "role", "rank", "in_phase", "waited_for_group"]
+    g = w.groupby(keys, dropna=False).agg(seconds=("seconds", "sum"), waited_for_process=("waited_for_process", "first"))
+    g = g.reset_index().rename(columns={"waited_for_group": "waited_for"})
+    walls = summary.checks(con).set_index("step")
+    g["share"] = g["seconds"] / g["step"].map((walls["end_ns"] - walls["start_ns"]) / 1e9)
+    g = g.sort_values(["step", "seconds"], ascending=[True, False]).groupby("step").head(n)
+    names = _who.processes(con, g["waited_for_process"].dropna().unique())
+    short = {p: process_name(r, k) for p, r, k in zip(names["process_id"], names["role"], names["rank"])}
+    g["waited_for_name"] = g["waited_for_process"].map(short)
+    texts = []
+    for step, pid, role, rank, in_phase, what, other_pid, other, seconds, share in zip(
+        g["step"], g["process_id"], g["role"], g["rank"], g["in_phase"], g["waited_for"], g["waited_for_process"],
+        g["waited_for_name"], g["seconds"], g["share"]
+    ):
+        where = "idle" if in_phase == "idle" else f"in a wait inside {in_phase}"
+        text = f"{process_name(role, rank)} {where} {seconds_text(seconds)} ({share_text(share)} of step {step})"
+        if what == "untraced":
+            texts.append(text + " while no recorded phase ran anywhere")
+        elif other_pid == pid:
+            texts.append(text + f" waiting for {what} on another thread")
+        else:
+            texts.append(text + f" waiting for {what}" + (f" on {other}" if isinstance(other, str) else ""))
+    g["text"] = texts
+    cols = ["step", "process_id", "role", "rank", "in_phase", "waited_for", "waited_for_process", "waited_for_name",
+            "seconds", "share", "text"]
+    return g[cols].reset_index(drop=True)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_top_waits_equal_labelling_every_wait_row(disaggregated, colocated, tmp_path, n):
+    """top_waits labels only the rows it keeps; the result is the same as labelling every wait first."""
+    for con in (disaggregated[0], colocated[0], _three_chains(tmp_path / f"run{n}")):
+        got, want = analysis.top_waits(con, n=n), _top_waits_by_every_labelled_row(con, n)
+        assert len(got) and list(got.columns) == list(want.columns)
+        pd.testing.assert_frame_equal(got, want, check_exact=True)

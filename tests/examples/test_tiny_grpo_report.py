@@ -47,7 +47,9 @@ def test_straggler_samples_are_named(demo, report_of):
     sentence = next(f for f in data["findings"] if "straggler sample(s)" in f)
     latest = max(data["stragglers"], key=lambda s: s["after_median_s"])
     assert f"worst: sample {latest['sample_id']} at step {latest['step']}" in sentence
-    assert all(t["tail_s"] > 0.2 * s["wall_s"] for t, s in zip(data["long_tail"], data["steps"]))
+    # the 96-token sample keeps generating long after the median one finished (a ratio within
+    # generation: a share of the step's wall time moved with machine load)
+    assert all(t["tail_s"] > 2 * t["median_gen_s"] and t["tail_share"] > 0 for t in data["long_tail"])
     assert "Stragglers" in text and sentence in text
 
 

@@ -3,6 +3,8 @@
 import io
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 from rich.console import Console
 
@@ -94,3 +96,21 @@ def test_an_occasional_slow_stage_is_named_with_its_profile(tmp_path):
     assert ("Outlier: reward took 1.20 s at step 3 against a median of 10.0 ms per step (1 of 6 steps took over "
             "3x the median). Profile: pyspy_record p1 at profiles/files/p1.json.") in said
     assert "killed (e.g. SIGKILL or out of memory). Profile: pyspy_dump p2 at profiles/files/p2.txt." in said
+
+
+def test_plain_frames_equal_plain_of_each_record():
+    """`plain` converts a frame a column at a time; each row must equal `plain` of its record."""
+    from rltrace.report.build import plain
+
+    frame = pd.DataFrame({
+        "i": np.array([1, 2, 3], np.int64), "u": np.array([1, 2, 3], np.uint8), "b": [True, False, True],
+        "f": [1.5, float("nan"), float("inf")], "s": ["a", None, "c"], "o": [{"x": np.float64(1.0)}, [np.int64(2)], None],
+        "n": pd.array([1, None, 3], dtype="Int64"), "t": pd.to_datetime([0, None, 2]),
+        "m": [np.nan, np.int64(4), "z"], 7: [0.0, -0.0, 2.0],
+    })
+    got = plain(frame)
+    want = [plain(r) for r in frame.to_dict("records")]
+    assert got == want
+    assert [type(v) for v in got[1].values()] == [type(v) for v in want[1].values()]
+    assert got[1]["f"] is None and got[1]["s"] is None and got[1]["n"] is None and got[1]["t"] is None
+    assert plain(frame.iloc[:, :0]) == [{}, {}, {}] and plain(frame.iloc[:0]) == []

@@ -131,3 +131,29 @@ def test_duckdb_draws_no_progress_bar_into_our_output(tmp_path):
     b.process("trainer").span("train", 0, 1, step=0)
     con = store.open(b.write())
     assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0] is False
+
+
+def test_records_rewritten_in_place_while_a_report_reads_them(tmp_path):
+    """A live run replaces a process's open-span and process records while readers read: a
+    connection keeps the versions it opened (no DuckDB type error halfway through a report)."""
+    from rltrace.testing import RunBuilder
+
+    b = RunBuilder(tmp_path / "run")
+    trainer = b.process("trainer")
+    trainer.span("train", 0, 1, step=0)
+    trainer.span("rollout", 1, None, step=1)  # still running
+    run = b.write()
+    con = store.open(run)
+    assert con.execute("SELECT count(*) FROM spans WHERE is_open").fetchone()[0] == 1
+
+    trainer.span("rollout", 1, None, step=1, thread=2)
+    trainer.span("reward", 1, None, step=1, attr_with_text="x" * 1000)  # another layout, same file name
+    b.write()
+    assert con.execute("SELECT count(*) FROM spans WHERE is_open").fetchone()[0] == 1  # the snapshot
+    assert con.execute("SELECT count(*) FROM processes").fetchone()[0] == 1
+    assert store.open(run).execute("SELECT count(*) FROM spans WHERE is_open").fetchone()[0] == 2
+
+    snap = store.scan(run)
+    for part in (run / "open_spans").glob("*.parquet"):
+        part.unlink()  # the process ended between the scan and the read
+    assert store.connect(snap).execute("SELECT count(*) FROM spans WHERE is_open").fetchone()[0] == 0
