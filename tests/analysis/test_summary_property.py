@@ -25,7 +25,10 @@ from hypothesis import strategies as st
 from rltrace import analysis, store
 from rltrace._phases import STAGE_OF
 from rltrace.analysis import _compute, summary
+from rltrace.analysis import _intervals as iv
 from rltrace.testing import T0_NS, RunBuilder
+
+from . import oracle_compute
 
 
 PHASES = [*STAGE_OF, "step", "wait", "eval", "iteration", "prefill"]
@@ -204,22 +207,30 @@ def _summaries(run_dir: Path, cache: Path, batch: tuple[int, int]) -> pd.DataFra
     return out.sort_values(list(out.columns[:11]), key=lambda c: c.astype(str)).reset_index(drop=True)
 
 
-def _both(table: pa.Table, checks: pd.DataFrame, hashed: bool, chunk: int) -> pd.DataFrame:
-    """Fast summary rows of a batch (the autouse fixture compares them with the reference);
+def _both(table: pa.Table, checks: pd.DataFrame, hashed: bool, chunk: int, ranked: bool) -> pd.DataFrame:
+    """Fast summary rows of a batch (the autouse fixture compares them with the reference).
+
     `hashed`: group keys hashed even when few (the path of batches with many steps and phases);
-    `chunk`: the columns in chunks of that many rows, as DuckDB returns large batches."""
+    `chunk`: the columns in chunks of that many rows, as DuckDB returns large batches; `ranked`:
+    interval keys made of time ranks (the path of 10,000 steps in one batch; the reference uses
+    the same interval module, so that path is also checked against the plain one here).
+    """
     table = pa.Table.from_batches(table.to_batches(max_chunksize=chunk), table.schema)
-    dense = _compute._DENSE
+    dense, limit = _compute._DENSE, iv._LIMIT
     _compute._DENSE = 0 if hashed else dense
+    iv._LIMIT = 2**32 if ranked else limit  # any run longer than 4 s overflows: ranks
     try:
-        return _compute.compute(_compute.Spans.from_arrow(table), checks)
+        got = _compute.compute(_compute.Spans.from_arrow(table), checks)
     finally:
-        _compute._DENSE = dense
+        _compute._DENSE, iv._LIMIT = dense, limit
+    if ranked:
+        oracle_compute.assert_same(got, _compute.compute(_compute.Spans.from_arrow(table), checks))
+    return got
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(specs=runs(), hashed=st.booleans(), chunk=st.sampled_from([1, 3, 10**6]))
-def test_fast_summaries_equal_the_reference(specs, hashed, chunk):
+@given(specs=runs(), hashed=st.booleans(), chunk=st.sampled_from([1, 3, 10**6]), ranked=st.booleans())
+def test_fast_summaries_equal_the_reference(specs, hashed, chunk, ranked):
     """Direct: the spans of every batch `summary` could load, through both implementations."""
     table = _table(specs)
     frame = table.to_pandas()
@@ -227,10 +238,10 @@ def test_fast_summaries_equal_the_reference(specs, hashed, chunk):
     if not steps:
         return
     everything = _checks(frame, steps)
-    _both(_batch(table, everything), everything, hashed, chunk)
+    _both(_batch(table, everything), everything, hashed, chunk, ranked)
     for step in steps:
         one = _checks(frame, [step])
-        _both(_batch(table, one), one, hashed, chunk)
+        _both(_batch(table, one), one, hashed, chunk, ranked)
 
 
 _PRODUCT = settings(max_examples=15, deadline=None,
