@@ -228,7 +228,7 @@ def _both(table: pa.Table, checks: pd.DataFrame, hashed: bool, chunk: int, ranke
     return got
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(specs=runs(), hashed=st.booleans(), chunk=st.sampled_from([1, 3, 10**6]), ranked=st.booleans())
 def test_fast_summaries_equal_the_reference(specs, hashed, chunk, ranked):
     """Direct: the spans of every batch `summary` could load, through both implementations."""
