@@ -1,13 +1,15 @@
 """Property: on any run, the fast per-step summaries (`rltrace.analysis._compute`) equal the
-reference implementation's (`oracle_compute`), and steps computed in many small batches equal
-the same steps computed in one.
+reference implementation's (`oracle_compute`); steps computed in many small batches equal the
+same steps computed in one; a report that reuses the summary cache equals one without it.
 
-Random runs mix what real ones hold: several processes and threads, spans nested on their thread
-and children on other threads or processes, every standard phase plus `step`, `wait` (with and
-without `rl.waiting_for`), `weight_sync` with and without `rl.bytes`, user phases that group
-others (containers) or not, spans without a step, zero-length spans, equal start and end times
-(times on a coarse grid, some a fraction of a millisecond apart for the critical path's 1 ms
-tolerance), steps that overlap, and steps whose spans are split across several parts.
+Random runs mix what real ones hold: several processes and threads (or none known), spans nested
+on their thread and children on other threads or processes (now and then outside their parent's
+time), every standard phase plus `step`, `wait` (with and without `rl.waiting_for`),
+`weight_sync` with and without `rl.bytes` and `rl.method`, user phases that group others
+(containers) or not, spans without a step, a span stored twice, zero-length spans, equal start
+and end times (times on a coarse grid, some a fraction of a millisecond apart for the critical
+path's 1 ms tolerance), steps that overlap, step numbers from 0, below 0 or near 1e12, and
+steps whose spans are split across several parts and flushes.
 """
 
 from __future__ import annotations
@@ -116,10 +118,9 @@ def runs(draw, max_top: int = 7, steady: bool = False):
 def _checks(frame: pd.DataFrame, steps) -> pd.DataFrame:
     """What `summary.checks` gives for these steps."""
     stepped = frame[frame["step"].notna() & frame["step"].isin(list(steps))].astype({"step": "int64"})
-    out = stepped.assign(total_ns=stepped["end_ns"] - stepped["start_ns"]).groupby("step").agg(
+    return stepped.assign(total_ns=stepped["end_ns"] - stepped["start_ns"]).groupby("step").agg(
         count=("start_ns", "size"), start_ns=("start_ns", "min"), end_ns=("end_ns", "max"),
         total_ns=("total_ns", "sum")).reset_index()
-    return out
 
 
 def _table(specs: list[dict]) -> pa.Table:
