@@ -127,10 +127,10 @@ class Spans:
         """Values of a string column for some rows (in this order), None for null."""
         return np.asarray(self.table[column].take(pa.array(self.row[rows])).to_pylist(), dtype=object)
 
-    def lookup(self, table: dict, default) -> np.ndarray:
-        """`table[phase]` for every span, through the phase codes (code -1 gets the default)."""
+    def by_phase(self, table: dict, default) -> np.ndarray:
+        """`table[phase]` for each phase code, the default last (what code -1, no phase, indexes)."""
         values = [table.get(n, default) for n in self.phase_names] + [default]
-        return np.array(values, dtype=object if default is None else None)[self.phase]
+        return np.array(values, dtype=object if default is None else None)
 
 
 def _rows(kind: str, **cols) -> pd.DataFrame:
@@ -217,10 +217,10 @@ class _Batch:
         pairs = np.unique(s.phase[prow[has_parent]] * width + s.phase[has_parent])
         names = np.append(s.phase_names, None)
         self.container_phases = containers(zip(names[pairs // width], names[pairs % width]))
-        not_busy = [k for k, p in enumerate(s.phase_names) if p in self.container_phases | {WAIT}]
-        self.busy_phase = ~np.isin(np.arange(len(s.phase_names) + 1), not_busy)  # by phase code (+ -1)
+        # per phase code (the last entry for code -1)
+        self.busy_phase = ~s.by_phase(dict.fromkeys(self.container_phases | {WAIT}, True), False)
         self.busy = self.busy_phase[s.phase]
-        self.wait_phase = np.array([p == WAIT for p in s.phase_names] + [False])
+        self.wait_phase = s.by_phase({WAIT: True}, False)
         self.in_batch = s.has_step & np.isin(s.step, checks["step"].to_numpy(_I64))
         code, steps = pd.factorize(np.where(self.in_batch, s.step, 0))
         self.steps = np.asarray(steps, _I64)
@@ -228,11 +228,10 @@ class _Batch:
         self.bucket = np.where(self.in_batch, code, self.nb).astype(_I64)
         self.nproc, self.nphase = len(s.proc_names) + 1, len(s.phase_names) + 1
         self.proc1, self.phase1 = s.proc + 1, s.phase + 1  # codes from 0, for grouping (0 = none)
-        stage_tbl = {p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}
-        self.stage_phase = np.array([stage_tbl.get(p, -1) for p in s.phase_names] + [-1], _I64)
-        term_tbl = {p: TERMS.index(term_of(p)) for p in STAGE_OF}
-        self.term_phase = np.array([term_tbl.get(p, -1) for p in s.phase_names] + [-1], _I64)
-        self.reward_phase = np.array([p == "reward" for p in s.phase_names] + [False])
+        self.stage_phase = s.by_phase({p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}, -1)
+        self.term_phase = s.by_phase({p: TERMS.index(term_of(p)) for p in STAGE_OF}, -1)
+        self.reward_phase = s.by_phase({"reward": True}, False)
+        self.sync_phase = s.by_phase({"weight_sync": True}, False)
         self.code = self.stage_phase[s.phase]
         self.up = _same_thread_parent(s)
         self.outer, self.inner = _nesting(self.code, self.up)
@@ -300,15 +299,16 @@ def compute(spans: Spans, checks: pd.DataFrame) -> pd.DataFrame:
         *stage_frames,
         _overlap_rows(x, stage_unions),
         _wait_rows(x, checks),
-        _path_rows(spans, x.busy, x.in_batch, (x.outer, x.inner)),
-        _sync_rows(spans, x.in_batch),
+        _path_rows(x),
+        _sync_rows(x),
     ]
     return pd.concat([f for f in frames if len(f)], ignore_index=True)
 
 
-def _sync_rows(s: Spans, in_batch: np.ndarray) -> pd.DataFrame:
+def _sync_rows(x: _Batch) -> pd.DataFrame:
     """Weight-sync spans with a payload size: seconds = duration, count = bytes, other = method."""
-    sync = np.flatnonzero(in_batch & (s.lookup({"weight_sync": True}, False).astype(bool)) & ~np.isnan(s.sync_bytes))
+    s = x.s
+    sync = np.flatnonzero(x.in_batch & x.sync_phase[s.phase] & ~np.isnan(s.sync_bytes))
     if not len(sync):
         return pd.DataFrame()
     return _rows(
@@ -349,10 +349,6 @@ def _phase_rows(x: _Batch) -> pd.DataFrame:
         _rows("phase", step=x.steps[cb], process_id=np.full(len(cb), None, object), phase=phases[cph - 1],
               seconds=np.round(across) / 1e9, count=np.round(cspan).astype(_I64), total_ns=np.round(ctotal).astype(_I64)),
     ], ignore_index=True)
-
-
-def _stage_code(s: Spans) -> np.ndarray:
-    return s.lookup({p: list(TERM_OF_STAGE).index(st) for p, st in STAGE_OF.items()}, -1).astype(_I64)
 
 
 def _same_thread_parent(s: Spans) -> np.ndarray:
@@ -669,16 +665,17 @@ def _last_child(s: Spans, parents: np.ndarray) -> dict[int, int]:
     return dict(zip(s.prow[kids[is_last]].tolist(), kids[is_last].tolist()))
 
 
-def _path_rows(s: Spans, busy, in_batch, nesting) -> pd.DataFrame:
+def _path_rows(x: _Batch) -> pd.DataFrame:
     """Critical path per step over top-level busy spans. A stage nested in another stage's span on
     the same thread is a link of its own (TRL: rollout → reward → train inside one training step),
     and the outer span's link starts where its last nested stage ended (its own time)."""
+    s, busy = x.s, x.busy
     prow, proc, start, end = s.prow, s.proc, s.start, s.end
     parent = np.maximum(prow, 0)
-    stage = _stage_code(s)
+    stage = x.code
     other_stage = (stage >= 0) & (stage[parent] >= 0) & (stage[parent] != stage)
-    top = busy & in_batch & ((prow < 0) | ~busy[parent] | (proc[parent] != proc) | other_stage)
-    outer, inner = nesting
+    top = busy & x.in_batch & ((prow < 0) | ~busy[parent] | (proc[parent] != proc) | other_stage)
+    outer, inner = x.outer, x.inner
     link_start = start.copy()
     np.maximum.at(link_start, outer, np.where(end[inner] <= end[outer], end[inner], start[outer]))
     steps = s.step
