@@ -178,17 +178,19 @@ def table(con) -> pa.Table:
 def _fill(con, steps: Steps) -> None:
     if not _has_table(con, _CACHE):
         con.execute(f"CREATE TEMP TABLE {_CACHE} AS SELECT * FROM step_summary LIMIT 0")
+
+    def missing_of(frame: pd.DataFrame) -> pd.DataFrame:
+        done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
+        return frame[~frame["step"].isin(done)]
+
     wanted = checks(con, steps)
-    done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
-    missing = wanted[~wanted["step"].isin(done)]
+    missing = missing_of(wanted)
     if missing.empty:
         return
     _reuse_stored(con, missing)
-    done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
-    missing = missing[~missing["step"].isin(done)]
-    cache_current = not missing.empty and _reuse_cached(con, missing) and len(done) == 0
-    done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
-    todo = missing[~missing["step"].isin(done)]
+    stored = missing_of(missing)
+    cache_current = not stored.empty and _reuse_cached(con, stored) and len(stored) == len(missing)
+    todo = missing_of(stored)
     for computed in _computed(con, list(_batches(todo))):
         con.register("_rltrace_computed", computed)
         try:
