@@ -25,7 +25,8 @@ by `summary.py` from DuckDB) into rows of the `step_summary` table (schema in `r
   a `wait` span counts over its self time (so also inside a busy parent). Each such interval is
   attributed to the busy phases whose self time runs meanwhile on other processes or other
   threads of the same process (a phase with child phases only where no child runs).
-- sync: each `weight_sync` span with `rl.bytes` (seconds = duration, count = bytes, other = method).
+- sync: each `weight_sync` span (start_ns, end_ns, seconds = duration, count = `rl.bytes` or NULL,
+  other = method).
 - critical path: from the top-level busy span that ends last, repeatedly step back to the
   top-level busy span of the step that ended last before the current one started.
 
@@ -48,7 +49,8 @@ from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
 
-VERSION = 4  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 5  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+# 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -306,11 +308,14 @@ def compute(spans: Spans, checks: pd.DataFrame) -> pd.DataFrame:
 
 
 def _sync_rows(x: _Batch) -> pd.DataFrame:
-    """Weight-sync spans with a payload size: seconds = duration, count = bytes, other = method."""
+    """Every weight-sync span of the step: start_ns, end_ns, seconds = duration, count = bytes
+    (NULL without `rl.bytes`), other = method. All of them: the sync trend orders them by start."""
     s = x.s
-    sync = np.flatnonzero(x.in_batch & x.sync_phase[s.phase] & ~np.isnan(s.sync_bytes))
+    sync = np.flatnonzero(x.in_batch & x.sync_phase[s.phase])
     if not len(sync):
         return pd.DataFrame()
+    nbytes = s.sync_bytes[sync]
+    missing = np.isnan(nbytes)
     return _rows(
         "sync",
         step=s.step[sync],
@@ -318,8 +323,10 @@ def _sync_rows(x: _Batch) -> pd.DataFrame:
         phase=s.phase_names[s.phase[sync]],
         other=s.strings("sync_method", sync),
         span_id=s.strings("span_id", sync),
+        start_ns=s.start[sync],
+        end_ns=s.end[sync],
         seconds=(s.end[sync] - s.start[sync]) / 1e9,
-        count=np.round(s.sync_bytes[sync]).astype(_I64),
+        count=pd.arrays.IntegerArray(np.round(np.where(missing, 0, nbytes)).astype(_I64), missing),
     )
 
 

@@ -183,6 +183,7 @@ def weight_sync_points(con, steps: Steps = None) -> pd.DataFrame:
         (`rl.method`, or None).
     """
     rows = summary.rows(con, steps, kinds=("sync",))
+    rows = rows[rows["count"].notna()]  # a sync row without bytes: a weight_sync span without `rl.bytes`
     return pd.DataFrame(
         {
             "step": rows["step"],

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from rltrace._names import WEIGHT_SYNC_CHILDREN
+from rltrace.analysis import summary
 from rltrace.analysis._steps import Steps, step_filter
 
 MAX_DEPTH = 6  # levels below weight_sync searched for its children
@@ -56,6 +57,21 @@ def sync_children(con, steps: Steps = None) -> pd.DataFrame:
     ).df()
 
 
+def _syncs(con, steps: Steps) -> pd.DataFrame:
+    """Every finished weight_sync span in start order: span_id, duration_s. Read from the per-step
+    summaries (a `sync` row per span: a scan of every span's phase would cost seconds at 100M spans),
+    plus the spans without a step, which no step's summary holds, when every step is selected."""
+    rows = summary.rows(con, steps, kinds=("sync",))
+    out = pd.DataFrame({"span_id": rows["span_id"], "start_ns": rows["start_ns"], "duration_s": rows["seconds"]})
+    if steps is None:
+        stepless = con.execute(
+            """SELECT span_id, start_ns, duration_s FROM spans
+               WHERE step IS NULL AND coalesce(phase, name) = 'weight_sync' AND NOT is_open""").df()
+        if len(stepless):
+            out = pd.concat([out, stepless], ignore_index=True)
+    return out.sort_values(["start_ns", "span_id"], kind="stable", ignore_index=True)
+
+
 def _fit(y: np.ndarray) -> tuple[float, float]:
     """Least-squares line over sync order: (fitted first value, fitted last value)."""
     if len(y) < 2:
@@ -77,11 +93,7 @@ def sync_growth(con, steps: Steps = None) -> dict:
     child with the largest median).
     """
     rows = sync_children(con, steps)
-    where, params = step_filter(steps, "step")
-    ids = "span_id, " if len(rows) else ""  # reading 10M ids costs more than the durations: only to place children
-    totals = con.execute(
-        f"""SELECT {ids}duration_s FROM spans WHERE coalesce(phase, name) = 'weight_sync' AND NOT is_open
-            AND {where} ORDER BY start_ns""", params).df()
+    totals = _syncs(con, steps)
     out: dict = {"syncs": int(len(totals)), "total": None, "children": [], "grew": None, "largest": None}
     if totals.empty:
         return out

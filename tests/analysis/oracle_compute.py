@@ -1,6 +1,6 @@
 """The reference implementation of the per-step summaries, kept only to check the product.
 
-This is rltrace's summary algorithm (version 4) as first written, over a pandas frame of spans:
+This is rltrace's summary algorithm (version 5) as first written, over a pandas frame of spans:
 slow (about 10 s per million spans) but plainly correct and proven on every known-answer run.
 `rltrace.analysis._compute` is the fast one; `tests/conftest.py` checks that both agree on every
 summary the test suite computes (`assert_same`).
@@ -31,7 +31,8 @@ Per-step results that need interval arithmetic: phase and stage times, waits, cr
   a `wait` span counts over its self time (so also inside a busy parent). Each such interval is
   attributed to the busy phases whose self time runs meanwhile on other processes or other
   threads of the same process (a phase with child phases only where no child runs).
-- sync: each `weight_sync` span with `rl.bytes` (seconds = duration, count = bytes, other = method).
+- sync: each `weight_sync` span (start_ns, end_ns, seconds = duration, count = `rl.bytes` or NULL,
+  other = method).
 - critical path: from the top-level busy span that ends last, repeatedly step back to the
   top-level busy span of the step that ended last before the current one started.
 """
@@ -45,7 +46,8 @@ from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
 
-VERSION = 4  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 5  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+# 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -100,8 +102,9 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
 
 
 def _sync_rows(spans: pd.DataFrame) -> pd.DataFrame:
-    """Weight-sync spans with a payload size: seconds = duration, count = bytes, other = method."""
-    sync = spans[(spans["phase"] == "weight_sync") & spans["sync_bytes"].notna()]
+    """Every weight-sync span: start and end, seconds = duration, count = bytes (NULL without
+    `rl.bytes`), other = method."""
+    sync = spans[spans["phase"] == "weight_sync"]
     if sync.empty:
         return pd.DataFrame()
     return _rows(
@@ -111,8 +114,10 @@ def _sync_rows(spans: pd.DataFrame) -> pd.DataFrame:
         phase=sync["phase"].to_numpy(object),
         other=sync["sync_method"].to_numpy(object),
         span_id=sync["span_id"].to_numpy(object),
+        start_ns=sync["start_ns"].to_numpy(),
+        end_ns=sync["end_ns"].to_numpy(),
         seconds=((sync["end_ns"] - sync["start_ns"]) / 1e9).to_numpy(),
-        count=sync["sync_bytes"].round().astype("int64").to_numpy(),
+        count=[None if pd.isna(b) else int(round(b)) for b in sync["sync_bytes"]],
     )
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rltrace import analysis, report, store
+from rltrace.analysis import summary
+from rltrace.analysis._steps import step_filter
 from rltrace.testing import RunBuilder
 
 
@@ -56,3 +59,60 @@ def test_a_flat_sync_gets_no_growth_sentence(tmp_path):
     data = report.build(store.open(b.run_dir), now_ns=0)
     assert data["weight_sync_children"]["grew"] is None
     assert not [s for s in data["findings"] if "grew" in s]
+
+
+def _syncs_without_bytes(path):
+    """Weight syncs mostly without `rl.bytes`: one per step on the trainer (growing), one on the
+    rollout worker every other step whose phase is only in its name, one with bytes, one before
+    the first step (no step), and one still open."""
+    b = RunBuilder(path)
+    tr, ro = b.process("trainer"), b.process("rollout")
+    tr.span("weight_sync", -1.0, -0.2)
+    for step in range(6):
+        t = step * 10.0
+        tr.span("train", t, t + 5.0, step=step)
+        tr.span("weight_sync", t + 5.0, t + 5.2 + 0.1 * step, step=step)
+        if step % 2:
+            ro.span(None, t + 5.05, t + 5.1 + 0.3 * step, step=step, name="weight_sync")
+        if step == 3:
+            tr.span("weight_sync", t + 6.0, t + 6.5, step=step, bytes=4096, method="nccl")
+    tr.span("weight_sync", 60.0, None, step=5)
+    b.write()
+    return store.open(b.run_dir)
+
+
+def _scanned_syncs(con, steps=None) -> list[float]:
+    """The durations of every finished weight_sync span in start order, scanned from the spans."""
+    where, params = step_filter(steps)
+    return con.execute(
+        f"""SELECT duration_s FROM spans WHERE coalesce(phase, name) = 'weight_sync' AND NOT is_open AND {where}
+            ORDER BY start_ns""", params).df()["duration_s"].tolist()
+
+
+def test_every_weight_sync_span_has_a_summary_row(tmp_path):
+    con = _syncs_without_bytes(tmp_path / "run")
+    rows = summary.rows(con, kinds=("sync",))
+    spans = con.execute("""SELECT step, span_id, start_ns, end_ns FROM spans WHERE coalesce(phase, name) = 'weight_sync'
+                           AND NOT is_open AND step IS NOT NULL ORDER BY span_id""").df()
+    assert len(rows) == 6 + 3 + 1 == len(spans)
+    got = rows.sort_values("span_id", ignore_index=True)
+    assert got["span_id"].tolist() == spans["span_id"].tolist()
+    assert got["start_ns"].tolist() == spans["start_ns"].tolist() and got["end_ns"].tolist() == spans["end_ns"].tolist()
+    assert (got["phase"] == "weight_sync").all()
+    assert got["count"].dropna().tolist() == [4096] and int(got["count"].isna().sum()) == 9
+    points = analysis.weight_sync_points(con)  # the bandwidth fit only reads syncs with a payload size
+    assert points[["step", "bytes", "seconds", "method"]].values.tolist() == [[3, 4096.0, pytest.approx(0.5), "nccl"]]
+    assert analysis.weight_sync_fit(con)["n"] == 1
+
+
+@pytest.mark.parametrize("steps", [None, (2, 4), (3, None), (None, 0)])
+def test_sync_growth_equals_a_scan_of_the_spans(tmp_path, steps):
+    con = _syncs_without_bytes(tmp_path / "run")
+    durations = _scanned_syncs(con, steps)
+    g = analysis.sync_growth(con, steps)
+    assert g["syncs"] == len(durations) == {None: 11, (2, 4): 5, (3, None): 6, (None, 0): 1}[steps]
+    slope, intercept = np.polyfit(np.arange(len(durations)), durations, 1) if len(durations) > 1 else (0.0, durations[0])
+    assert g["total"]["median_s"] == pytest.approx(float(np.median(durations)), abs=1e-12)
+    assert g["total"]["first_s"] == pytest.approx(intercept, abs=1e-9)
+    assert g["total"]["last_s"] == pytest.approx(intercept + slope * (len(durations) - 1), abs=1e-9)
+    assert g["children"] == [] and g["grew"] is None
