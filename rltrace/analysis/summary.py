@@ -153,7 +153,22 @@ def rows(con, steps: Steps = None, kinds: tuple[str, ...] | None = None) -> pd.D
     if kinds:
         where += " AND kind IN (" + ", ".join("?" for _ in kinds) + ")"
         params += list(kinds)
-    return con.execute(f"SELECT * FROM {_CACHE} WHERE {where} ORDER BY step, kind, seq", params).df()
+    return frame(con.sql(f"SELECT * FROM {_CACHE} WHERE {where} ORDER BY step, kind, seq", params=params).to_arrow_table())
+
+
+def frame(table: pa.Table) -> pd.DataFrame:
+    """A query's Arrow result as the frame DuckDB's `.df()` gives (an integer column holding a null
+    is Int64, a text column without a value is object), several times faster: `.df()` makes
+    Python strings of every text cell first."""
+    columns = {}
+    for name, column in zip(table.column_names, table.columns):
+        if column.null_count and pa.types.is_integer(column.type):
+            columns[name] = column.to_pandas(types_mapper={column.type: pd.Int64Dtype()}.get)
+        elif column.null_count == len(column) and pa.types.is_string(column.type):
+            columns[name] = pd.Series(np.full(len(column), None, object), dtype=object)
+        else:
+            columns[name] = column.to_pandas()
+    return pd.DataFrame(columns)
 
 
 def table(con) -> pa.Table:
