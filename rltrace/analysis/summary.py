@@ -37,6 +37,7 @@ from rltrace.store.writer import safe_name
 
 _CACHE = "_rltrace_summary"
 _CHECKS = "_rltrace_checks"
+_FILLED = "_rltrace_filled"  # exists once the connection's cache holds every step
 _WINDOWS = "_rltrace_windows"
 _PART_STEPS = "_rltrace_part_steps"  # per span part and step (NULL too): count, first start, last end, summed ns
 _CACHE_PARTS = b"rltrace.span_parts"  # cache file footer: JSON [[name, rows, size], ...] of the span parts used
@@ -45,7 +46,7 @@ BATCH_SPANS = (250_000, 1_000_000)  # spans loaded at once: a quarter of the run
 
 
 def _has_table(con, name: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchone()[0])
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()[0][0])
 
 
 def checks(con, steps: Steps = None) -> pd.DataFrame:
@@ -191,6 +192,8 @@ def table(con) -> pa.Table:
 
 
 def _fill(con, steps: Steps) -> None:
+    if _has_table(con, _FILLED):  # every step is in the cache already (a connection is a snapshot)
+        return
     if not _has_table(con, _CACHE):
         con.execute(f"CREATE TEMP TABLE {_CACHE} AS SELECT * FROM step_summary LIMIT 0")
 
@@ -201,6 +204,8 @@ def _fill(con, steps: Steps) -> None:
     wanted = checks(con, steps)
     missing = missing_of(wanted)
     if missing.empty:
+        if steps is None:
+            con.execute(f"CREATE TEMP TABLE {_FILLED} AS SELECT 1 AS filled").fetchall()
         return
     _reuse_stored(con, missing)
     stored = missing_of(missing)
@@ -216,6 +221,8 @@ def _fill(con, steps: Steps) -> None:
     # cache already held exactly these steps of exactly these parts
     if steps is None and not (cache_current and todo.empty):
         _save_cache(con)
+    if steps is None:
+        con.execute(f"CREATE TEMP TABLE {_FILLED} AS SELECT 1 AS filled").fetchall()
 
 
 def _computed(con, batches: list[pd.DataFrame]):
