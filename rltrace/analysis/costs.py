@@ -43,7 +43,7 @@ def cost_model(con, steps: Steps = None) -> pd.DataFrame:
         t_sync = t_R + t_T + t_W and async_bound = max(t_R, t_T) + t_W on the amortised figures
         (absent terms left out); async_speedup_bound = t_sync / async_bound (NaN when 0).
     """
-    rows = summary.rows(con, steps, kinds=("stage", "step"))
+    rows = summary.rows(con, steps, kinds=("stage", "step"), columns=("step", "kind", "phase", "seconds"))
     walls = rows[rows["kind"] == "step"].set_index("step")["seconds"].rename("wall_s")
     stages = rows[rows["kind"] == "stage"].pivot_table(index="step", columns="phase", values="seconds", aggfunc="sum")
     out = pd.DataFrame(index=walls.index).join(walls)
@@ -143,7 +143,7 @@ def cost_summary(con, steps: Steps = None, *, per_step: pd.DataFrame | None = No
 
 def _concurrency(con, steps: Steps, bound: float | None) -> dict:
     """Achieved overlap from the `overlap` rows (each term's time while another ran anywhere)."""
-    rows = summary.rows(con, steps, kinds=("stage", "overlap"))
+    rows = summary.rows(con, steps, kinds=("stage", "overlap"), columns=("kind", "phase", "seconds"))
     stage_ns = round(rows.loc[(rows["kind"] == "stage") & rows["phase"].isin(list(TERM_COLUMN)), "seconds"].sum() * 1e9)
     both_sides_ns = round(rows.loc[rows["kind"] == "overlap", "seconds"].sum() * 1e9)
     concurrent_ns = both_sides_ns // 2  # each instant of two terms at once is counted from both sides

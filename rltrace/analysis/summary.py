@@ -147,14 +147,21 @@ def _meta(con, key: str) -> str | None:
     return rows[0][0] if rows else None
 
 
-def rows(con, steps: Steps = None, kinds: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """Summary rows (columns of `rltrace._names.STEP_SUMMARY_SCHEMA`) for the selected steps."""
+def rows(con, steps: Steps = None, kinds: tuple[str, ...] | None = None,
+         columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Summary rows (columns of `rltrace._names.STEP_SUMMARY_SCHEMA`, or only `columns`: the wait
+    rows of 100M spans are a million) for the selected steps."""
     _fill(con, steps)
     where, params = step_filter(steps)
     if kinds:
         where += " AND kind IN (" + ", ".join("?" for _ in kinds) + ")"
         params += list(kinds)
-    return frame(con.sql(f"SELECT * FROM {_CACHE} WHERE {where} ORDER BY step, kind, seq", params=params).to_arrow_table())
+    unknown = set(columns or ()) - set(_names.STEP_SUMMARY_SCHEMA.names)
+    if unknown:
+        raise ValueError(f"no such summary column: {', '.join(sorted(unknown))}")
+    select = ", ".join(columns) if columns else "*"
+    query = f"SELECT {select} FROM {_CACHE} WHERE {where} ORDER BY step, kind, seq"
+    return frame(con.sql(query, params=params).to_arrow_table())
 
 
 def frame(table: pa.Table) -> pd.DataFrame:

@@ -37,7 +37,8 @@ def waits(con, steps: Steps = None) -> pd.DataFrame:
 
 def _unlabelled(con, steps: Steps) -> pd.DataFrame:
     """`waits` without role and rank (a label per wait row costs a join over every row), in its order."""
-    rows = summary.rows(con, steps, kinds=("wait",))
+    rows = summary.rows(con, steps, kinds=("wait",), columns=(
+        "step", "process_id", "detail", "phase", "other", "other_process_id", "seconds", "count"))
     out = pd.DataFrame(
         {
             "step": rows["step"],
