@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -26,7 +28,27 @@ def samples(con, steps: Steps = None) -> pa.Table:
 
 
 def _numbers(table: pa.Table) -> pd.DataFrame:
-    return table.drop_columns(["sample_id", "group_id"]).to_pandas()
+    """The numbers of `samples()`, with each sample's generation time `gen_s`."""
+    s = table.drop_columns(["sample_id", "group_id"]).to_pandas()
+    s["gen_s"] = s["gen_end"] - s["gen_start"]
+    return s
+
+
+_MEDIANS: dict[int, tuple[weakref.ref, pd.DataFrame]] = {}  # id of a live samples() table -> its _medians()
+
+
+def _medians(table: pa.Table, s: pd.DataFrame) -> pd.DataFrame:
+    """Per step (the index): the median response_len, gen_s and gen_end of the samples (`s`: the
+    `_numbers` of `table`). `long_tail` and `stragglers` of one table need the same three, the
+    costly part of both at millions of samples: computed once while the table lives."""
+    key = id(table)
+    held = _MEDIANS.get(key)
+    if held is not None and held[0]() is table:
+        return held[1]
+    g = s.groupby("step")
+    found = pd.DataFrame({c: g[c].median() for c in ("response_len", "gen_s", "gen_end")})
+    _MEDIANS[key] = (weakref.ref(table, lambda _, key=key: _MEDIANS.pop(key, None)), found)
+    return found
 
 
 def long_tail(con, steps: Steps = None, *, table: pa.Table | None = None) -> pd.DataFrame:
@@ -39,22 +61,23 @@ def long_tail(con, steps: Steps = None, *, table: pa.Table | None = None) -> pd.
         median_len, max_len (response tokens); median_gen_s, max_gen_s (per-sample gen_end - gen_start).
     `table`: `samples()` of the same steps, when the caller has it.
     """
-    s = _numbers(samples(con, steps) if table is None else table)
+    table = samples(con, steps) if table is None else table
+    s = _numbers(table)
     if s.empty:
         return pd.DataFrame(columns=["step", "samples", "gen_s", "median_finish_s", "last_finish_s", "tail_s",
                                      "tail_share", "median_len", "max_len", "median_gen_s", "max_gen_s"])
-    s["dur"] = s["gen_end"] - s["gen_start"]
     g = s.groupby("step")
+    medians = _medians(table, s)
     out = pd.DataFrame(
         {
             "samples": g.size(),
             "first": g["gen_start"].min(),
-            "median_end": g["gen_end"].median(),
+            "median_end": medians["gen_end"],
             "last_end": g["gen_end"].max(),
-            "median_len": g["response_len"].median(),
+            "median_len": medians["response_len"],
             "max_len": g["response_len"].max(),
-            "median_gen_s": g["dur"].median(),
-            "max_gen_s": g["dur"].max(),
+            "median_gen_s": medians["gen_s"],
+            "max_gen_s": g["gen_s"].max(),
         }
     )
     out["gen_s"] = out["last_end"] - out["first"]
@@ -84,11 +107,10 @@ def stragglers(con, steps: Steps = None, *, factor: float = 2.0, per_step: int =
     if not table.num_rows:
         return pd.DataFrame(columns=cols)
     s = _numbers(table)
-    s["gen_s"] = s["gen_end"] - s["gen_start"]
-    g = s.groupby("step")
-    s["len_ratio"] = s["response_len"] / g["response_len"].transform("median").where(lambda m: m > 0)
-    s["time_ratio"] = s["gen_s"] / g["gen_s"].transform("median").where(lambda m: m > 0)
-    s["after_median_s"] = s["gen_end"] - g["gen_end"].transform("median")
+    medians = _medians(table, s)  # each sample's step median: what groupby's transform gives
+    s["len_ratio"] = s["response_len"] / s["step"].map(medians["response_len"]).where(lambda m: m > 0)
+    s["time_ratio"] = s["gen_s"] / s["step"].map(medians["gen_s"]).where(lambda m: m > 0)
+    s["after_median_s"] = s["gen_end"] - s["step"].map(medians["gen_end"])
     slow = (s["after_median_s"] > 0) & ((s["time_ratio"] >= factor) | (s["len_ratio"] >= factor))
     out = s[slow].sort_values(["step", "after_median_s"], ascending=[True, False]).groupby("step").head(per_step)
     ids = table.select(["sample_id", "group_id"]).take(pa.array(out.index.to_numpy())).to_pandas()

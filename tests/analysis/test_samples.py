@@ -1,8 +1,12 @@
 """Long tail and stragglers, staleness, mismatch trends (with slime-style aliases)."""
 
+import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pytest
 
 from rltrace import analysis, store
+from rltrace.analysis import summary
 from rltrace.testing import RunBuilder
 
 
@@ -78,3 +82,70 @@ def test_a_step_range_selects_steps(run):
     with pytest.raises(analysis.StepRangeError, match="use A:B"):
         analysis.parse_steps("a:b")
     assert analysis.parse_steps("3") == (3, 3) and analysis.parse_steps(":4") == (None, 4)
+
+
+def _pandas_long_tail(con, table):
+    """long_tail's per-step numbers as first written, on pandas' groupby: the reference."""
+    s = table.drop_columns(["sample_id", "group_id"]).to_pandas()
+    s["dur"] = s["gen_end"] - s["gen_start"]
+    g = s.groupby("step")
+    out = pd.DataFrame({"samples": g.size(), "first": g["gen_start"].min(), "median_end": g["gen_end"].median(),
+                        "last_end": g["gen_end"].max(), "median_len": g["response_len"].median(),
+                        "max_len": g["response_len"].max(), "median_gen_s": g["dur"].median(),
+                        "max_gen_s": g["dur"].max()})
+    out["gen_s"] = out["last_end"] - out["first"]
+    out["median_finish_s"] = out["median_end"] - out["first"]
+    out["last_finish_s"] = out["last_end"] - out["first"]
+    out["tail_s"] = out["last_end"] - out["median_end"]
+    checks = summary.checks(con).set_index("step")
+    wall = ((checks["end_ns"] - checks["start_ns"]) / 1e9).reindex(out.index)
+    out["tail_share"] = out["tail_s"] / wall.fillna(out["gen_s"]).where(lambda w: w > 0)
+    cols = ["samples", "gen_s", "median_finish_s", "last_finish_s", "tail_s", "tail_share", "median_len",
+            "max_len", "median_gen_s", "max_gen_s"]
+    return out[cols].reset_index()
+
+
+def _pandas_ratios(table):
+    """stragglers' per-sample ratios as first written, on pandas' groupby transform: the reference."""
+    s = table.drop_columns(["sample_id", "group_id"]).to_pandas()
+    s["gen_s"] = s["gen_end"] - s["gen_start"]
+    g = s.groupby("step")
+    s["len_ratio"] = s["response_len"] / g["response_len"].transform("median").where(lambda m: m > 0)
+    s["time_ratio"] = s["gen_s"] / g["gen_s"].transform("median").where(lambda m: m > 0)
+    s["after_median_s"] = s["gen_end"] - g["gen_end"].transform("median")
+    return s
+
+
+def _random_samples(seed: int) -> pa.Table:
+    """Samples in shuffled order: uneven steps, some without a step or a length, some NaN times."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    step = rng.integers(0, 6, n)
+    length = rng.integers(0, 50, n) * (seed % 3 != 1)  # every length 0 in some runs: ratios undefined
+    start = rng.uniform(0, 100, n).round(3)
+    end = start + rng.exponential(5, n).round(3)
+    gaps = seed % 2 == 0
+    return pa.table({
+        "step": pa.array(step, pa.int64(), mask=gaps & (rng.uniform(size=n) < 0.05)),
+        "sample_id": pa.array([str(i) for i in range(n)]),
+        "group_id": pa.array([str(i // 4) for i in range(n)]),
+        "response_len": pa.array(length, pa.int64(), mask=gaps & (rng.uniform(size=n) < 0.1)),
+        "gen_start": pa.array(np.where(gaps & (rng.uniform(size=n) < 0.03), np.nan, start)),
+        "gen_end": pa.array(end),
+    })
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_long_tail_and_stragglers_equal_pandas_groupby(run, seed):
+    table = _random_samples(seed)
+    got = analysis.long_tail(run, table=table)
+    pd.testing.assert_frame_equal(got, _pandas_long_tail(run, table), check_exact=True)
+    s = _pandas_ratios(table)
+    slow = (s["after_median_s"] > 0) & ((s["time_ratio"] >= 1.5) | (s["len_ratio"] >= 1.5))
+    want = s[slow].sort_values(["step", "after_median_s"], ascending=[True, False]).groupby("step").head(3)
+    got = analysis.stragglers(run, factor=1.5, per_step=3, table=table)
+    assert len(got) == len(want) and len(want) > 0
+    assert got["sample_id"].tolist() == [table["sample_id"][i].as_py() for i in want.index]
+    for col in ("len_ratio", "time_ratio", "after_median_s"):
+        expected = want[col].replace([np.inf], np.nan).astype(float).to_numpy()
+        assert np.array_equal(got[col].to_numpy(float), expected, equal_nan=True), col
