@@ -15,6 +15,7 @@ import pandas as pd
 from rltrace import analysis
 from rltrace._phases import COST_COLUMN, phases_of
 from rltrace.analysis._steps import Steps
+from rltrace.analysis.steps import PHASE_COLUMNS
 from rltrace.importers.metrics import SOURCE, SOURCE_ATTR
 from rltrace.report import findings
 
@@ -76,7 +77,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     tail = analysis.long_tail(con, steps, table=generation)
     step_rows = per_step.merge(costs.drop(columns=["wall_s"]), on="step", how="left")
     step_rows = step_rows.merge(tail[["step", "tail_s", "tail_share"]], on="step", how="left")
-    phase_rows = analysis.phase_rows(con, steps)  # read once: totals and the bottleneck's breakdown
+    phase_rows = analysis.phase_rows(con, steps, columns=PHASE_COLUMNS)  # read once: totals and the bottleneck's breakdown
     phases = analysis.phase_totals(con, steps, rows=phase_rows)
     rollout = analysis.rollout(con, steps)
     step_rows = plain(step_rows)
