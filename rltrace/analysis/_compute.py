@@ -58,13 +58,34 @@ _I64 = np.int64
 _DENSE = 1 << 22  # group keys up to this many possible values are counted, not hashed
 
 
-def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 code per row, -1 for null; names as an object array) of a string column."""
+def _encode(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """(int64 code per row, -1 for null; the distinct values) of a string column."""
     enc = pc.dictionary_encode(column)
     if isinstance(enc, pa.ChunkedArray):
         enc = enc.combine_chunks() if enc.num_chunks else pa.array([], pa.dictionary(pa.int32(), pa.string()))
-    names = np.asarray(enc.dictionary.to_pylist(), dtype=object)
-    return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(_I64), names
+    return np.asarray(enc.indices.fill_null(-1).to_numpy(zero_copy_only=False), _I64), enc.dictionary
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 code per row, -1 for null; names as an object array) of a string column."""
+    codes, values = _encode(column)
+    return codes, np.asarray(values.to_pylist(), dtype=object)
+
+
+def _parents(parent_ids: pa.ChunkedArray, span_ids: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(parent code per span, -1 for none; the first row with each parent id, -1 when none is
+    loaded, one more entry -1 for code -1): `first[code]` is each span's parent row.
+
+    Parents are few (a rollout over thousands of generate spans): the distinct parent ids make a
+    small hash table that every span id is looked up in, instead of hashing a million span ids.
+    """
+    index, ids = _encode(parent_ids)
+    which = np.asarray(pc.index_in(span_ids, value_set=ids).fill_null(-1).to_numpy(zero_copy_only=False), _I64)
+    rows = np.flatnonzero(which >= 0)
+    found, at = np.unique(which[rows], return_index=True)  # the first span with each parent id
+    first = np.full(len(ids) + 1, -1, _I64)  # the last entry: no parent
+    first[found] = rows[at]
+    return index, first
 
 
 @dataclass
@@ -94,14 +115,14 @@ class Spans:
         """From columns span_id, parent_span_id, phase, name, step, process_id, thread_id,
         start_ns, end_ns, waiting_for, sync_bytes, sync_method."""
         def ints(name, fill):
-            return table[name].fill_null(fill).to_numpy().astype(_I64)
+            return np.asarray(table[name].fill_null(fill).to_numpy(), _I64)
 
         start = ints("start_ns", 0)
         order = np.argsort(start, kind="stable")
         inverse = np.empty(len(order), _I64)
         inverse[order] = np.arange(len(order), dtype=_I64)
-        parent = pc.index_in(table["parent_span_id"], value_set=table["span_id"]).fill_null(-1)
-        parent = parent.to_numpy().astype(_I64)[order]
+        parent, first = _parents(table["parent_span_id"], table["span_id"])
+        first = np.where(first >= 0, inverse[np.maximum(first, 0)], -1)  # each parent id's row, in start order
         phase, phase_names = _codes(table["phase"])
         proc, proc_names = _codes(table["process_id"])
         return cls(
@@ -116,7 +137,7 @@ class Spans:
             thread=ints("thread_id", -1)[order],
             start=start[order],
             end=ints("end_ns", 0)[order],
-            prow=np.where(parent >= 0, inverse[np.maximum(parent, 0)], -1),
+            prow=first[parent[order]],
             sync_bytes=table["sync_bytes"].cast(pa.float64()).fill_null(np.nan).to_numpy()[order],
         )
 
@@ -147,10 +168,9 @@ def _group(*columns: tuple[np.ndarray, int]) -> tuple[np.ndarray, int, list[np.n
     Returns (group id per row, number of groups, each column's value per group), groups in
     ascending key order.
     """
-    key = np.zeros(len(columns[0][0]), _I64)
+    key = _key(list(columns))
     product = 1
-    for values, size in columns:
-        key = key * max(int(size), 1) + values
+    for _, size in columns:
         product *= max(int(size), 1)
     if product <= _DENSE:  # few possible keys: count them instead of hashing every row
         present = np.bincount(key, minlength=product) > 0
@@ -163,12 +183,13 @@ def _group(*columns: tuple[np.ndarray, int]) -> tuple[np.ndarray, int, list[np.n
     for _, size in reversed(columns):
         out.append(rest % max(int(size), 1))
         rest = rest // max(int(size), 1)
-    return gid.astype(_I64), len(uniq), out[::-1]
+    return np.asarray(gid, _I64), len(uniq), out[::-1]
 
 
 def _key(columns: list[tuple[np.ndarray, int]]) -> np.ndarray:
-    key = np.zeros(len(columns[0][0]), _I64)
-    for values, size in columns:
+    """One int64 per row that orders rows as the columns ((values, size) pairs) do."""
+    key = np.asarray(columns[0][0], _I64)
+    for values, size in columns[1:]:
         key = key * max(int(size), 1) + values
     return key
 
@@ -213,10 +234,13 @@ class _Batch:
         n = len(s)
         prow = s.prow
         has_parent = prow >= 0
+        # every (parent phase, child phase) seen, as codes (counted, not sorted: phases are few)
         width = len(s.phase_names) + 1
-        pairs = np.unique(s.phase[prow[has_parent]] * width + s.phase[has_parent])
+        seen = np.bincount((s.phase[prow[has_parent]] + 1) * width + s.phase[has_parent] + 1, minlength=width * width)
+        pairs = np.flatnonzero(seen)
+        self.parent_phase, self.child_phase = pairs // width - 1, pairs % width - 1
         names = np.append(s.phase_names, None)
-        self.container_phases = containers(zip(names[pairs // width], names[pairs % width]))
+        self.container_phases = containers(zip(names[self.parent_phase], names[self.child_phase]))
         # per phase code (the last entry for code -1)
         self.busy_phase = ~s.by_phase(dict.fromkeys(self.container_phases | {WAIT}, True), False)
         self.busy = self.busy_phase[s.phase]
@@ -566,7 +590,6 @@ def _attribute(pieces: pd.DataFrame, x: _Batch) -> pd.DataFrame:
     """
     s = x.s
     codes, names = s.phase, s.phase_names
-    prow = s.prow
     # each busy phase's self time merged once (whole spans, and the parents' pieces)
     _, _, mph, ma, me = x.m
     pr, pa_, pb_ = x.self_pieces
@@ -574,13 +597,11 @@ def _attribute(pieces: pd.DataFrame, x: _Batch) -> pd.DataFrame:
     busy_p = x.busy[pr]
     (pg,), ps, pe = _union_by([(np.concatenate([mph[busy_m] - 1, codes[pr][busy_p]]), len(names))],
                               np.concatenate([ma[busy_m], pa_[busy_p]]), np.concatenate([me[busy_m], pb_[busy_p]]))
-    busy = x.busy
     width = len(names) + 1
     busy_codes = np.flatnonzero((np.bincount(codes + 1, minlength=width) > 0) & x.busy_phase[np.arange(-1, width - 1)]) - 1
-    nested = np.flatnonzero(busy & (prow >= 0))
-    nested = nested[busy[prow[nested]] & (codes[prow[nested]] != codes[nested])]
-    link = np.flatnonzero(np.bincount((codes[prow[nested]] + 1) * width + codes[nested] + 1, minlength=width * width))
-    children = _descendants(link // width - 1, link % width - 1)
+    up, down = x.parent_phase, x.child_phase
+    link = x.busy_phase[up] & x.busy_phase[down] & (up != down)  # a busy phase directly inside another
+    children = _descendants(up[link], down[link])
     # coverage groups: each busy phase; each parent phase with its descendants; the descendants alone; all busy
     groups: list[tuple[object, set[int]]] = [(int(c), {int(c)}) for c in busy_codes]
     groups += [((c, "+"), {c} | kids) for c, kids in children.items()]
