@@ -23,6 +23,8 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,16 +197,36 @@ def _fill(con, steps: Steps) -> None:
     stored = missing_of(missing)
     cached = _reuse_cached(con, stored) if not stored.empty else _Cached()
     todo = missing_of(stored)
-    for computed in _computed(con, list(_batches(todo))):
+    batches = list(_batches(todo))
+    tell = _PROGRESS.get()
+    done = 0
+    for batch, computed in zip(batches, _computed(con, batches)):
         con.register("_rltrace_computed", computed)
         try:
             con.execute(f"INSERT INTO {_CACHE} BY NAME SELECT * FROM _rltrace_computed")
         finally:
             con.unregister("_rltrace_computed")
+        done += len(batch)
+        if tell is not None:
+            tell(done, len(todo))
     # every step is in the connection's cache: it goes to the run's summary cache, unless the
     # cache files already held exactly these steps of exactly these parts
     if steps is None and not (cached.exact and len(cached.steps) == len(missing)):
         _save_cache(con, cached)
+
+
+_PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("rltrace_summary_progress", default=None)
+
+
+@contextlib.contextmanager
+def progress(callback: Callable[[int, int], None]):
+    """Within this block, `callback(steps computed, steps to compute)` is called after each batch
+    of summaries computed from spans: the first report on a big run spends most of its time there."""
+    token = _PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 def _done(con) -> set:

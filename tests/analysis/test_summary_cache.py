@@ -256,3 +256,19 @@ def test_a_step_recomputed_into_an_addition_wins_over_the_full_file(tmp_path, mo
     assert _answer(b.run_dir) == want and computed == []  # step 1 from the addition, the rest from the full file
     waits = analysis.waits(store.open(b.run_dir))
     assert "reward" in set(waits[waits["step"] == 1]["waited_for"].dropna())
+
+
+def test_progress_is_told_after_each_batch_of_computed_steps(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(summary, "BATCH_SPANS", (3, 3))  # one step a batch
+    b, _, _ = _run(tmp_path)
+    told = []
+    with summary.progress(lambda done, total: told.append((done, total))):
+        summary.rows(store.open(b.run_dir))
+    assert told == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    told.clear()
+    with summary.progress(lambda done, total: told.append((done, total))):
+        summary.rows(store.open(b.run_dir))
+    assert told == []  # every step from the cache: nothing computed, nothing to tell
+    summary.rows(store.open(b.run_dir))  # outside the block nobody is told
+    assert told == []
