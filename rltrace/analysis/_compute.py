@@ -270,10 +270,13 @@ class _Batch:
         self.own_pieces = _minus(staged_parents, self.outer, s.start[self.inner], s.end[self.inner], s.start, s.end)
         self.has_child = has_child
 
-        simple = np.flatnonzero(~has_child)
-        # the one pass over (nearly) every span
-        (mb, mp, mph), ma, me = _union_by(self._cols(simple), s.start[simple], s.end[simple])
-        self.m = (mb, mp, mph, ma, me)
+        # the one pass over every span; parents go to a bucket of their own, dropped (they are in pieces)
+        aside = self.nb + 1
+        sizes = [(np.where(has_child, aside, self.bucket), self.nb + 2), (self.proc1, self.nproc), (self.phase1, self.nphase)]
+        (mb, mp, mph), ma, me = _union_by(sizes, s.start, s.end)
+        kept = mb != aside
+        self.m = (mb[kept], mp[kept], mph[kept], ma[kept], me[kept])
+        mb, mp, mph, ma, me = self.m
         raw = (np.concatenate([mb, self.bucket[parents]]), np.concatenate([mp, self.proc1[parents]]),
                np.concatenate([mph, self.phase1[parents]]))
         (rb, rp, rph), ra, re = _union_by(
@@ -285,13 +288,12 @@ class _Batch:
         """Per (step, process, phase) of the batch: keys (bucket, process + 1, phase + 1), span
         count and summed durations; computed once (phase rows and wait attribution use it)."""
         if not hasattr(self, "_per_phase"):
-            rows = np.flatnonzero(self.in_batch)
-            dur = (self.s.end - self.s.start)[rows].astype(np.float64)
-            self._per_phase = _sum_by(self._cols(rows), dur)
+            dur = (self.s.end - self.s.start).astype(np.float64)
+            (kb, kp, kph), count, total = _sum_by(
+                [(self.bucket, self.nb + 1), (self.proc1, self.nproc), (self.phase1, self.nphase)], dur)
+            mine = kb < self.nb  # bucket nb: spans of other steps, or of none
+            self._per_phase = (kb[mine], kp[mine], kph[mine]), count[mine], total[mine]
         return self._per_phase
-
-    def _cols(self, rows: np.ndarray) -> list[tuple[np.ndarray, int]]:
-        return [(self.bucket[rows], self.nb + 1), (self.proc1[rows], self.nproc), (self.phase1[rows], self.nphase)]
 
     def own(self):
         """Own-time intervals of staged spans: (bucket, phase code + 1, start, end), merged or pieces."""
