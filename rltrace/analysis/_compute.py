@@ -197,6 +197,11 @@ def _group(*columns: tuple[np.ndarray, int]) -> tuple[np.ndarray, int, list[np.n
     return np.asarray(gid, _I64), len(uniq), out[::-1]
 
 
+def _distinct(key: np.ndarray, size: int) -> np.ndarray:
+    """The distinct values of `key` (in 0..size-1), ascending; counted when size allows."""
+    return np.flatnonzero(np.bincount(key, minlength=size)) if size <= _DENSE else np.unique(key)
+
+
 def _key(columns: list[tuple[np.ndarray, int]]) -> np.ndarray:
     """One int64 per row that orders rows as the columns ((values, size) pairs) do."""
     key = np.asarray(columns[0][0], _I64)
@@ -247,8 +252,7 @@ class _Batch:
         has_parent = prow >= 0
         # every (parent phase, child phase) seen, as codes (counted, not sorted: phases are few)
         width = len(s.phase_names) + 1
-        seen = np.bincount((s.phase[prow[has_parent]] + 1) * width + s.phase[has_parent] + 1, minlength=width * width)
-        pairs = np.flatnonzero(seen)
+        pairs = _distinct((s.phase[prow[has_parent]] + 1) * width + s.phase[has_parent] + 1, width * width)
         self.parent_phase, self.child_phase = pairs // width - 1, pairs % width - 1
         names = np.append(s.phase_names, None)
         self.container_phases = containers(zip(names[self.parent_phase], names[self.child_phase]))
@@ -283,8 +287,9 @@ class _Batch:
 
         # the one pass over every span; parents go to a bucket of their own, dropped (they are in pieces)
         aside = self.nb + 1
-        sizes = [(np.where(has_child, aside, self.bucket), self.nb + 2), (self.proc1, self.nproc), (self.phase1, self.nphase)]
-        (mb, mp, mph), ma, me = _union_by(sizes, s.start, s.end)
+        columns = [(np.where(has_child, aside, self.bucket), self.nb + 2), (self.proc1, self.nproc),
+                   (self.phase1, self.nphase)]
+        (mb, mp, mph), ma, me = _union_by(columns, s.start, s.end)
         kept = mb != aside
         self.m = (mb[kept], mp[kept], mph[kept], ma[kept], me[kept])
         mb, mp, mph, ma, me = self.m
