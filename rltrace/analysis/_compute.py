@@ -60,13 +60,34 @@ _I64 = np.int64
 _DENSE = 1 << 22  # group keys up to this many possible values are counted, not hashed
 
 
-def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 code per row, -1 for null; names as an object array) of a string column."""
+def _encode(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """(int64 code per row, -1 for null; the distinct values) of a string column."""
     enc = pc.dictionary_encode(column)
     if isinstance(enc, pa.ChunkedArray):
         enc = enc.combine_chunks() if enc.num_chunks else pa.array([], pa.dictionary(pa.int32(), pa.string()))
-    names = np.asarray(enc.dictionary.to_pylist(), dtype=object)
-    return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(_I64), names
+    return np.asarray(enc.indices.fill_null(-1).to_numpy(zero_copy_only=False), _I64), enc.dictionary
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 code per row, -1 for null; names as an object array) of a string column."""
+    codes, values = _encode(column)
+    return codes, np.asarray(values.to_pylist(), dtype=object)
+
+
+def _parents(parent_ids: pa.ChunkedArray, span_ids: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(parent code per span, -1 for none; the first row with each parent id, -1 when none is
+    loaded, one more entry -1 for code -1): `first[code]` is each span's parent row.
+
+    Parents are few (a rollout over thousands of generate spans): the distinct parent ids make a
+    small hash table that every span id is looked up in, instead of hashing a million span ids.
+    """
+    index, ids = _encode(parent_ids)
+    which = np.asarray(pc.index_in(span_ids, value_set=ids).fill_null(-1).to_numpy(zero_copy_only=False), _I64)
+    rows = np.flatnonzero(which >= 0)
+    found, at = np.unique(which[rows], return_index=True)  # the first span with each parent id
+    first = np.full(len(ids) + 1, -1, _I64)  # the last entry: no parent
+    first[found] = rows[at]
+    return index, first
 
 
 @dataclass
@@ -96,14 +117,14 @@ class Spans:
         """From columns span_id, parent_span_id, phase, name, step, process_id, thread_id,
         start_ns, end_ns, waiting_for, sync_bytes, sync_method."""
         def ints(name, fill):
-            return table[name].fill_null(fill).to_numpy().astype(_I64)
+            return np.asarray(table[name].fill_null(fill).to_numpy(), _I64)
 
         start = ints("start_ns", 0)
         order = np.argsort(start, kind="stable")
         inverse = np.empty(len(order), _I64)
         inverse[order] = np.arange(len(order), dtype=_I64)
-        parent = pc.index_in(table["parent_span_id"], value_set=table["span_id"]).fill_null(-1)
-        parent = parent.to_numpy().astype(_I64)[order]
+        parent, first = _parents(table["parent_span_id"], table["span_id"])
+        first = np.where(first >= 0, inverse[np.maximum(first, 0)], -1)  # each parent id's row, in start order
         phase, phase_names = _codes(table["phase"])
         proc, proc_names = _codes(table["process_id"])
         return cls(
@@ -118,7 +139,7 @@ class Spans:
             thread=ints("thread_id", -1)[order],
             start=start[order],
             end=ints("end_ns", 0)[order],
-            prow=np.where(parent >= 0, inverse[np.maximum(parent, 0)], -1),
+            prow=first[parent[order]],
             sync_bytes=table["sync_bytes"].cast(pa.float64()).fill_null(np.nan).to_numpy()[order],
         )
 
@@ -126,8 +147,19 @@ class Spans:
         return len(self.start)
 
     def strings(self, column: str, rows: np.ndarray) -> np.ndarray:
-        """Values of a string column for some rows (in this order), None for null."""
-        return np.asarray(self.table[column].take(pa.array(self.row[rows])).to_pylist(), dtype=object)
+        """Values of a string column for some rows (in this order), None for null.
+
+        Taken chunk by chunk: DuckDB hands over a million rows as ~500 chunks, and a take from
+        the whole chunked column costs milliseconds however few rows are asked for."""
+        chunks = self.table[column].chunks
+        at = self.row[rows]
+        starts = np.cumsum([0] + [len(c) for c in chunks])
+        which = np.searchsorted(starts, at, side="right") - 1
+        out = np.empty(len(at), dtype=object)
+        for c in np.unique(which).tolist():
+            mine = which == c
+            out[mine] = chunks[c].take(pa.array(at[mine] - starts[c])).to_pylist()
+        return out
 
     def by_phase(self, table: dict, default) -> np.ndarray:
         """`table[phase]` for each phase code, the default last (what code -1, no phase, indexes)."""
@@ -149,10 +181,9 @@ def _group(*columns: tuple[np.ndarray, int]) -> tuple[np.ndarray, int, list[np.n
     Returns (group id per row, number of groups, each column's value per group), groups in
     ascending key order.
     """
-    key = np.zeros(len(columns[0][0]), _I64)
+    key = _key(list(columns))
     product = 1
-    for values, size in columns:
-        key = key * max(int(size), 1) + values
+    for _, size in columns:
         product *= max(int(size), 1)
     if product <= _DENSE:  # few possible keys: count them instead of hashing every row
         present = np.bincount(key, minlength=product) > 0
@@ -165,12 +196,18 @@ def _group(*columns: tuple[np.ndarray, int]) -> tuple[np.ndarray, int, list[np.n
     for _, size in reversed(columns):
         out.append(rest % max(int(size), 1))
         rest = rest // max(int(size), 1)
-    return gid.astype(_I64), len(uniq), out[::-1]
+    return np.asarray(gid, _I64), len(uniq), out[::-1]
+
+
+def _distinct(key: np.ndarray, size: int) -> np.ndarray:
+    """The distinct values of `key` (in 0..size-1), ascending; counted when size allows."""
+    return np.flatnonzero(np.bincount(key, minlength=size)) if size <= _DENSE else np.unique(key)
 
 
 def _key(columns: list[tuple[np.ndarray, int]]) -> np.ndarray:
-    key = np.zeros(len(columns[0][0]), _I64)
-    for values, size in columns:
+    """One int64 per row that orders rows as the columns ((values, size) pairs) do."""
+    key = np.asarray(columns[0][0], _I64)
+    for values, size in columns[1:]:
         key = key * max(int(size), 1) + values
     return key
 
@@ -215,10 +252,12 @@ class _Batch:
         n = len(s)
         prow = s.prow
         has_parent = prow >= 0
+        # every (parent phase, child phase) seen, as codes (counted, not sorted: phases are few)
         width = len(s.phase_names) + 1
-        pairs = np.unique(s.phase[prow[has_parent]] * width + s.phase[has_parent])
+        pairs = _distinct((s.phase[prow[has_parent]] + 1) * width + s.phase[has_parent] + 1, width * width)
+        self.parent_phase, self.child_phase = pairs // width - 1, pairs % width - 1
         names = np.append(s.phase_names, None)
-        self.container_phases = containers(zip(names[pairs // width], names[pairs % width]))
+        self.container_phases = containers(zip(names[self.parent_phase], names[self.child_phase]))
         # per phase code (the last entry for code -1)
         self.busy_phase = ~s.by_phase(dict.fromkeys(self.container_phases | {WAIT}, True), False)
         self.busy = self.busy_phase[s.phase]
@@ -248,10 +287,14 @@ class _Batch:
         self.own_pieces = _minus(staged_parents, self.outer, s.start[self.inner], s.end[self.inner], s.start, s.end)
         self.has_child = has_child
 
-        simple = np.flatnonzero(~has_child)
-        # the one pass over (nearly) every span
-        (mb, mp, mph), ma, me = _union_by(self._cols(simple), s.start[simple], s.end[simple])
-        self.m = (mb, mp, mph, ma, me)
+        # the one pass over every span; parents go to a bucket of their own, dropped (they are in pieces)
+        aside = self.nb + 1
+        columns = [(np.where(has_child, aside, self.bucket), self.nb + 2), (self.proc1, self.nproc),
+                   (self.phase1, self.nphase)]
+        (mb, mp, mph), ma, me = _union_by(columns, s.start, s.end)
+        kept = mb != aside
+        self.m = (mb[kept], mp[kept], mph[kept], ma[kept], me[kept])
+        mb, mp, mph, ma, me = self.m
         raw = (np.concatenate([mb, self.bucket[parents]]), np.concatenate([mp, self.proc1[parents]]),
                np.concatenate([mph, self.phase1[parents]]))
         (rb, rp, rph), ra, re = _union_by(
@@ -263,13 +306,12 @@ class _Batch:
         """Per (step, process, phase) of the batch: keys (bucket, process + 1, phase + 1), span
         count and summed durations; computed once (phase rows and wait attribution use it)."""
         if not hasattr(self, "_per_phase"):
-            rows = np.flatnonzero(self.in_batch)
-            dur = (self.s.end - self.s.start)[rows].astype(np.float64)
-            self._per_phase = _sum_by(self._cols(rows), dur)
+            dur = (self.s.end - self.s.start).astype(np.float64)
+            (kb, kp, kph), count, total = _sum_by(
+                [(self.bucket, self.nb + 1), (self.proc1, self.nproc), (self.phase1, self.nphase)], dur)
+            mine = kb < self.nb  # bucket nb: spans of other steps, or of none
+            self._per_phase = (kb[mine], kp[mine], kph[mine]), count[mine], total[mine]
         return self._per_phase
-
-    def _cols(self, rows: np.ndarray) -> list[tuple[np.ndarray, int]]:
-        return [(self.bucket[rows], self.nb + 1), (self.proc1[rows], self.nproc), (self.phase1[rows], self.nphase)]
 
     def own(self):
         """Own-time intervals of staged spans: (bucket, phase code + 1, start, end), merged or pieces."""
@@ -497,7 +539,9 @@ def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
     active = x.busy_phase[rph - 1] | x.wait_phase[rph - 1]
     idle_g, idle_s, idle_e = iv.complement(rp[active], ra[active], re[active], lo, hi)
     batch = x.in_batch
-    (pb, pp), _, _ = _sum_by([(x.bucket[batch], x.nb + 1), (x.proc1[batch], x.nproc)])
+    (kb, kp, _), _, _ = x.per_phase()
+    pair = np.unique(kb * x.nproc + kp)  # each (step, process) with spans in the batch
+    pb, pp = pair // x.nproc, pair % x.nproc
     cstep = checks.set_index("step")
     wstart = cstep.loc[x.steps[pb], "start_ns"].to_numpy(_I64)
     wend = cstep.loc[x.steps[pb], "end_ns"].to_numpy(_I64)
@@ -573,7 +617,6 @@ def _attribute(pieces: pd.DataFrame, x: _Batch) -> pd.DataFrame:
     """
     s = x.s
     codes, names = s.phase, s.phase_names
-    prow = s.prow
     # each busy phase's self time merged once (whole spans, and the parents' pieces)
     _, _, mph, ma, me = x.m
     pr, pa_, pb_ = x.self_pieces
@@ -581,13 +624,11 @@ def _attribute(pieces: pd.DataFrame, x: _Batch) -> pd.DataFrame:
     busy_p = x.busy[pr]
     (pg,), ps, pe = _union_by([(np.concatenate([mph[busy_m] - 1, codes[pr][busy_p]]), len(names))],
                               np.concatenate([ma[busy_m], pa_[busy_p]]), np.concatenate([me[busy_m], pb_[busy_p]]))
-    busy = x.busy
     width = len(names) + 1
     busy_codes = np.flatnonzero((np.bincount(codes + 1, minlength=width) > 0) & x.busy_phase[np.arange(-1, width - 1)]) - 1
-    nested = np.flatnonzero(busy & (prow >= 0))
-    nested = nested[busy[prow[nested]] & (codes[prow[nested]] != codes[nested])]
-    link = np.flatnonzero(np.bincount((codes[prow[nested]] + 1) * width + codes[nested] + 1, minlength=width * width))
-    children = _descendants(link // width - 1, link % width - 1)
+    up, down = x.parent_phase, x.child_phase
+    link = x.busy_phase[up] & x.busy_phase[down] & (up != down)  # a busy phase directly inside another
+    children = _descendants(up[link], down[link])
     # coverage groups: each busy phase; each parent phase with its descendants; the descendants alone; all busy
     groups: list[tuple[object, set[int]]] = [(int(c), {int(c)}) for c in busy_codes]
     groups += [((c, "+"), {c} | kids) for c, kids in children.items()]

@@ -44,16 +44,15 @@ def union(group, start, end) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     group, start, end = np.asarray(group, _I64), np.asarray(start, _I64), np.asarray(end, _I64)
     if len(group) == 0:
         return _empty()
-    keys = _band_keys(group, start, end)
     if len(start) < 2 or bool(np.all(start[1:] >= start[:-1])):
         # already by start (spans are loaded so): a stable sort of the small group codes keeps
         # that order within each group, and numpy sorts 16-bit keys by radix, in linear time
         small = group.astype(np.uint16) if int(group.max()) < 2**16 else group
         order = np.argsort(small, kind="stable")
     else:
-        order = np.argsort(keys[0], kind="stable")  # one int64 key per interval: one argsort beats a lexsort
-    ks, ke = keys[0][order], keys[1][order]
+        order = np.argsort(_band_keys(group, start)[0], kind="stable")  # one int64 key beats a lexsort
     g, s, e = group[order], start[order], end[order]
+    ks, ke = _band_keys(g, s, e)  # banded: one cumulative maximum never reaches into the next group
     reach = np.maximum.accumulate(ke)
     opens = np.ones(len(g), bool)
     opens[1:] = ks[1:] > reach[:-1]

@@ -9,8 +9,8 @@ change its waits too (a reward server that never received the step, an overlappi
 flushed late). Steps that changed, and runs never compacted, are recomputed from the spans.
 Results are cached in temporary tables of the connection (a connection is a snapshot, so they
 never go stale), and a report over every step leaves them in a local summary cache
-(`RLTRACE_SUMMARY_CACHE_DIR`, one Parquet file per run id) with the list of span parts they were
-computed from. The next report reuses every cached step whose own fingerprint still holds and
+(`RLTRACE_SUMMARY_CACHE_DIR`: a Parquet file per run id, plus small additions holding a live
+run's newest steps) with the list of span parts they were computed from. The next report reuses every cached step whose own fingerprint still holds and
 whose time range no new span part touches, so a report on a live run computes only the new
 steps, with no `rltrace compact`. When parts were merged or removed since, the cache is not
 trusted and its steps are computed again (`rltrace compact` stores summaries of its own).
@@ -18,9 +18,14 @@ trusted and its steps are computed again (`rltrace compact` stores summaries of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +102,7 @@ def _part_steps(con) -> None:
         _write_cache(sidecar, lambda: con.sql(f"SELECT * FROM {_PART_STEPS}").to_arrow_table().cast(_PART_STEPS_SCHEMA))
 
 
-def _write_cache(path: Path, table) -> None:
+def _write_cache(path: Path, table) -> bool:
     """Replace a cache file at once (readers see the old file or the new one); a cache that cannot
     be written never fails a report. `table` builds the Arrow table to write."""
     try:
@@ -105,8 +110,10 @@ def _write_cache(path: Path, table) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         pq.write_table(table(), tmp)
         os.replace(tmp, path)
+        return True
     except (OSError, pa.ArrowException) as exc:
         logger.debug("rltrace: could not write the cache file %s: %s", path, exc)
+        return False
 
 
 _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
@@ -205,8 +212,7 @@ def _fill(con, steps: Steps) -> None:
         con.execute(f"CREATE TEMP TABLE {_CACHE} AS SELECT * FROM step_summary LIMIT 0")
 
     def missing_of(frame: pd.DataFrame) -> pd.DataFrame:
-        done = {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
-        return frame[~frame["step"].isin(done)]
+        return frame[~frame["step"].isin(_done(con))]
 
     wanted = checks(con, steps)
     missing = missing_of(wanted)
@@ -216,20 +222,44 @@ def _fill(con, steps: Steps) -> None:
         return
     _reuse_stored(con, missing)
     stored = missing_of(missing)
-    cache_current = not stored.empty and _reuse_cached(con, stored) and len(stored) == len(missing)
+    cached = _reuse_cached(con, stored) if not stored.empty else _Cached()
     todo = missing_of(stored)
-    for computed in _computed(con, list(_batches(todo))):
+    batches = list(_batches(todo))
+    tell = _PROGRESS.get()
+    done = 0
+    for batch, computed in zip(batches, _computed(con, batches)):
         con.register("_rltrace_computed", computed)
         try:
             con.execute(f"INSERT INTO {_CACHE} BY NAME SELECT * FROM _rltrace_computed")
         finally:
             con.unregister("_rltrace_computed")
-    # every step is in the connection's cache: it becomes the run's summary cache, unless the
-    # cache already held exactly these steps of exactly these parts
-    if steps is None and not (cache_current and todo.empty):
-        _save_cache(con)
+        done += len(batch)
+        if tell is not None:
+            tell(done, len(todo))
+    # every step is in the connection's cache: it goes to the run's summary cache, unless the
+    # cache files already held exactly these steps of exactly these parts
+    if steps is None and not (cached.exact and len(cached.steps) == len(missing)):
+        _save_cache(con, cached)
     if steps is None:
         con.execute(f"CREATE TEMP TABLE {_FILLED} AS SELECT 1 AS filled").fetchall()
+
+
+_PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("rltrace_summary_progress", default=None)
+
+
+@contextlib.contextmanager
+def progress(callback: Callable[[int, int], None]):
+    """Within this block, `callback(steps computed, steps to compute)` is called after each batch
+    of summaries computed from spans: the first report on a big run spends most of its time there."""
+    token = _PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def _done(con) -> set:
+    return {r[0] for r in con.execute(f"SELECT DISTINCT step FROM {_CACHE}").fetchall()}
 
 
 def _computed(con, batches: list[pd.DataFrame]):
@@ -263,32 +293,59 @@ def _parts_now(con) -> set[tuple[str, int, int]]:
     return {(n, r, z) for n, r, z in con.execute("SELECT name, rows, size FROM _rltrace_span_parts").fetchall()}
 
 
-def _reuse_cached(con, missing: pd.DataFrame) -> bool:
-    """Copy the cached rows of the `missing` steps that still hold into the connection's cache.
-    True when the cache was made from exactly the parts read now (no need to write it again)."""
-    path = _cache_file(con)
-    if path is None or not path.is_file():
-        return False
-    try:
-        cached = pq.read_table(path)
-        then = {tuple(p) for p in json.loads((cached.schema.metadata or {})[_CACHE_PARTS])}
-        cached = cached.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
-    except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
-        logger.debug("rltrace: ignoring the summary cache %s: %s", path, exc)
-        return False
+@dataclass
+class _Cached:
+    """What the run's summary cache files gave this connection."""
+
+    steps: set = field(default_factory=set)  # steps copied from them
+    exact: bool = False  # the newest file was computed from exactly the span parts read now
+    full_rows: int | None = None  # rows of the full file, when its parts still hold
+    additions: list[Path] = field(default_factory=list)  # the addition files read
+
+
+def _cache_files(con) -> tuple[Path | None, list[Path]]:
+    """(the full cache file, the additions written beside it, newest first). A report that
+    computed few new steps writes only those, as an addition, instead of rewriting every step."""
+    full = _cache_file(con)
+    if full is None:
+        return None, []
+    return full, sorted(full.parent.glob(f"{full.stem}.new-*.parquet"), reverse=True)
+
+
+def _reuse_cached(con, missing: pd.DataFrame) -> _Cached:
+    """Copy the cached rows of the `missing` steps that still hold into the connection's cache,
+    from the newest cache file to the oldest (a step recomputed later is in a newer file)."""
+    full, additions = _cache_files(con)
+    out = _Cached(additions=additions)
+    if full is None:
+        return out
     now = _parts_now(con)
-    if not then <= now:  # parts were merged or removed since (compact stores its own summaries)
-        return False
-    # only new parts since: a cached step holds unless a new part reaches into its window
-    candidates = missing[~_touched(con, [n for n, _, _ in now - then], missing)]
-    if candidates.empty:
-        return False
-    con.register("_rltrace_cached_file", cached)
-    try:
-        _copy_matching(con, "_rltrace_cached_file", candidates, windows_too=False)
-    finally:
-        con.unregister("_rltrace_cached_file")
-    return then == now
+    for i, path in enumerate([*additions, full]):
+        try:
+            cached = pq.read_table(path)
+            then = {tuple(p) for p in json.loads((cached.schema.metadata or {})[_CACHE_PARTS])}
+            cached = cached.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
+        except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
+            logger.debug("rltrace: ignoring the summary cache %s: %s", path, exc)
+            continue
+        if not then <= now:  # parts were merged or removed since (compact stores its own summaries)
+            continue
+        out.exact |= i == 0 and then == now
+        if path == full:
+            out.full_rows = len(cached)
+        left = missing[~missing["step"].isin(_done(con))]
+        # only new parts since: a cached step holds unless a new part reaches into its window
+        candidates = left[~_touched(con, [n for n, _, _ in now - then], left)]
+        if candidates.empty:
+            continue
+        before = _done(con)
+        con.register("_rltrace_cached_file", cached)
+        try:
+            _copy_matching(con, "_rltrace_cached_file", candidates, windows_too=False)
+        finally:
+            con.unregister("_rltrace_cached_file")
+        out.steps |= _done(con) - before
+    return out
 
 
 def _touched(con, names: list[str], steps: pd.DataFrame) -> np.ndarray:
@@ -307,20 +364,42 @@ def _touched(con, names: list[str], steps: pd.DataFrame) -> np.ndarray:
     return hit
 
 
-def _save_cache(con) -> None:
-    """Write the connection's summaries (every step) as the run's summary cache; never fails a report."""
-    path = _cache_file(con)
-    if path is None:
+_ADDITIONS = 16  # addition files kept beside the full cache file before they are folded into it
+
+
+def _save_cache(con, cached: _Cached) -> None:
+    """Leave the connection's summaries (every step) in the run's summary cache; never fails a report.
+
+    When the full file still holds and the steps not taken from the cache are few (a live run's
+    new steps), only those are written, as an addition: on a run of 10,000 steps that is a few
+    kB instead of a million rows. Otherwise, or once there are `_ADDITIONS` additions, every step
+    is written to the full file and the additions are removed.
+    """
+    full, _ = _cache_files(con)
+    if full is None:
         return
+    con.register("_rltrace_from_cache", pd.DataFrame({"step": sorted(cached.steps)}, dtype="Int64"))
+    try:
+        new = f"SELECT * FROM {_CACHE} WHERE step NOT IN (SELECT step FROM _rltrace_from_cache)"
+        new_rows = con.execute(f"SELECT count(*) FROM ({new})").fetchall()[0][0]
+        addition = (cached.full_rows is not None and len(cached.additions) < _ADDITIONS
+                    and 4 * new_rows < cached.full_rows)
 
-    def build() -> pa.Table:
-        table = con.sql(f"SELECT * FROM {_CACHE} ORDER BY step, kind, seq").to_arrow_table()
-        table = table.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
-        meta = dict(table.schema.metadata or {})
-        meta[_CACHE_PARTS] = json.dumps(sorted(_parts_now(con))).encode()
-        return table.replace_schema_metadata(meta)
+        def build() -> pa.Table:
+            table = con.sql(f"{new if addition else f'SELECT * FROM {_CACHE}'} ORDER BY step, kind, seq").to_arrow_table()
+            table = table.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
+            meta = dict(table.schema.metadata or {})
+            meta[_CACHE_PARTS] = json.dumps(sorted(_parts_now(con))).encode()
+            return table.replace_schema_metadata(meta)
 
-    _write_cache(path, build)
+        if addition:
+            _write_cache(full.with_name(f"{full.stem}.new-{time.time_ns():020d}-{os.getpid()}.parquet"), build)
+        elif _write_cache(full, build):
+            for path in cached.additions:  # folded into the full file
+                with contextlib.suppress(OSError):
+                    path.unlink()
+    finally:
+        con.unregister("_rltrace_from_cache")
 
 
 def _reuse_stored(con, missing: pd.DataFrame) -> None:

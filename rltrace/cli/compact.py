@@ -10,6 +10,7 @@ from rich.progress import Progress
 
 from rltrace import _names, analysis, store
 from rltrace.analysis import summary
+from rltrace.cli._progress import analysing
 from rltrace.store.compact import GRACE_S, TARGET_ROWS
 from rltrace.store.writer import write_part
 
@@ -40,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
         results = store.compact(args.run_dir, target_rows=args.target_rows, grace_s=args.grace, progress=progress)
     for r in results:
         console.print(f"{r.table}: {r.parts_before} parts -> {r.parts_after} ({r.rows} rows)")
-    with console.status("precomputing per-step summaries…"):
+    with analysing(console, "precomputing per-step summaries…"):
         rows = write_summaries(args.run_dir)
     console.print(f"step_summary: {rows} rows (reports reuse them while the steps are unchanged)")
     return 0

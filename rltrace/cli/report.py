@@ -8,6 +8,7 @@ from rich.console import Console
 
 from rltrace import _json, report, store
 from rltrace.analysis import parse_steps
+from rltrace.cli._progress import analysing
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +40,7 @@ def collect(run_dir: str, *, steps=None, skip_corrupt: bool = False) -> dict:
 def main(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps)
     console = Console()
-    with console.status("analysing run…", spinner="dots") if not args.json else _nothing():
+    with analysing(console, "analysing run…") if not args.json else _nothing():
         data = collect(args.run_dir, steps=steps, skip_corrupt=args.skip_corrupt)
         if args.compare:
             other = collect(args.compare, steps=steps, skip_corrupt=args.skip_corrupt)

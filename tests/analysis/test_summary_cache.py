@@ -193,3 +193,82 @@ def test_a_part_removed_after_it_was_cached(tmp_path, monkeypatch, computed):
     computed.clear()
     assert _answer(b.run_dir) == _fresh(b.run_dir, tmp_path, monkeypatch)
     assert summary.checks(store.open(b.run_dir))["step"].tolist() == [0, 1, 2, 3]
+
+
+def _files(cache_dir):
+    """(the full cache file, the additions) in a cache folder."""
+    summaries = [p for p in cache_dir.glob("*.parquet") if not p.name.endswith(".steps.parquet")]
+    additions = sorted(p for p in summaries if ".new-" in p.name)
+    (full,) = [p for p in summaries if p not in additions]
+    return full, additions
+
+
+def test_a_live_run_adds_its_new_steps_beside_the_cache_and_folds_them_in_later(tmp_path, monkeypatch, computed):
+    """A live run of many steps: each report writes only its new steps (an addition), not every
+    step again; later reports read the full file and the additions; after `_ADDITIONS` of them,
+    everything is folded into the full file."""
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(summary, "_ADDITIONS", 2)
+    b, trainer, worker = _run(tmp_path, steps=12)
+    _answer(b.run_dir)
+    full, additions = _files(tmp_path / "cache")
+    assert additions == []
+    written = full.stat().st_mtime_ns
+
+    for step, n_additions in ((12, 1), (13, 2)):
+        _step(trainer, worker, step)
+        b.write()
+        computed.clear()
+        got = _answer(b.run_dir)
+        assert computed == [1]  # only the new step: the earlier ones come from the full file and the additions
+        assert full.stat().st_mtime_ns == written  # the full file was not rewritten
+        assert len(_files(tmp_path / "cache")[1]) == n_additions
+        assert got == _fresh(b.run_dir, tmp_path, monkeypatch)
+    computed.clear()
+    _answer(b.run_dir)
+    assert computed == [] and len(_files(tmp_path / "cache")[1]) == 2  # nothing new: nothing written
+
+    _step(trainer, worker, 14)  # a third addition would pass the limit: every step goes to the full file
+    b.write()
+    computed.clear()
+    got = _answer(b.run_dir)
+    assert computed == [1]
+    assert full.stat().st_mtime_ns != written and _files(tmp_path / "cache")[1] == []
+    assert got == _fresh(b.run_dir, tmp_path, monkeypatch)
+    computed.clear()
+    _answer(b.run_dir)
+    assert computed == []
+
+
+def test_a_step_recomputed_into_an_addition_wins_over_the_full_file(tmp_path, monkeypatch, computed):
+    """A late stepless span touches a step of the full file: the recomputed step goes to an
+    addition, and later reports use that version (the full file's one no longer holds)."""
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    b, trainer, worker = _run(tmp_path, steps=12)
+    _answer(b.run_dir)
+    b.process("reward").span("reward", 10.5, 12.5)  # inside step 1's wait
+    b.write()
+    want = _fresh(b.run_dir, tmp_path, monkeypatch)
+    computed.clear()
+    assert _answer(b.run_dir) == want and computed == [1]
+    assert len(_files(tmp_path / "cache")[1]) == 1
+    computed.clear()
+    assert _answer(b.run_dir) == want and computed == []  # step 1 from the addition, the rest from the full file
+    waits = analysis.waits(store.open(b.run_dir))
+    assert "reward" in set(waits[waits["step"] == 1]["waited_for"].dropna())
+
+
+def test_progress_is_told_after_each_batch_of_computed_steps(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(summary, "BATCH_SPANS", (3, 3))  # one step a batch
+    b, _, _ = _run(tmp_path)
+    told = []
+    with summary.progress(lambda done, total: told.append((done, total))):
+        summary.rows(store.open(b.run_dir))
+    assert told == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    told.clear()
+    with summary.progress(lambda done, total: told.append((done, total))):
+        summary.rows(store.open(b.run_dir))
+    assert told == []  # every step from the cache: nothing computed, nothing to tell
+    summary.rows(store.open(b.run_dir))  # outside the block nobody is told
+    assert told == []

@@ -294,3 +294,25 @@ def test_a_cached_step_is_reused_only_while_it_holds(specs, split):
         pd.testing.assert_frame_equal(cached, _summaries(run_dir, root / "fresh", big))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_many_distinct_phases_take_the_hashed_path(tmp_path, monkeypatch):
+    """Spans without `rl.phase` take their name as phase, and some instrumentations put ids in
+    names: with many distinct phases the (parent phase, child phase) pairs and group keys are
+    hashed, not counted in a table sized by every possible pair (100,000 phases would need 10^10
+    counters). Forced here with a small limit; the results equal the reference's."""
+    monkeypatch.setattr(_compute, "_DENSE", 64)
+    b = RunBuilder(tmp_path / "run")
+    p, other = b.process("service"), b.process("trainer")
+    for i in range(300):
+        o, step = 0.01 * i, i // 100
+        outer = p.span(f"request-{i}", o, o + 0.008, step=step)  # groups a rollout and a train: a container
+        p.span("rollout", o + 0.001, o + 0.003, step=step, parent=outer)
+        p.span("train", o + 0.004, o + 0.006, step=step, parent=outer)
+        p.span(f"handler-{i}", o + 0.0065, o + 0.0075, step=step, parent=outer)
+        other.span("wait", o, o + 0.009, step=step)
+    b.write()
+    rows = summary.rows(store.open(b.run_dir))  # the autouse fixture compares them with the reference's
+    assert rows[rows["kind"] == "phase"]["phase"].nunique() == 603  # 300 requests, 300 handlers, rollout, train, wait
+    waited = set(rows[rows["kind"] == "wait"]["other"].dropna())
+    assert {"rollout", "train"} <= waited and not any(w.startswith("request-") for w in waited)  # containers are not work
