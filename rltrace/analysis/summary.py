@@ -172,9 +172,9 @@ def rows(con, steps: Steps = None, kinds: tuple[str, ...] | None = None,
 
 
 def frame(table: pa.Table) -> pd.DataFrame:
-    """A query's Arrow result as the frame DuckDB's `.df()` gives (an integer column holding a null
-    is Int64, a text column without a value is object), several times faster: `.df()` makes
-    Python strings of every text cell first."""
+    """A summary query's Arrow result (integer, float and text columns) as the frame DuckDB's
+    `.df()` gives (an integer column holding a null is Int64, a text column without a value is
+    object), several times faster: `.df()` makes a Python string of every text cell first."""
     columns = {}
     for name, column in zip(table.column_names, table.columns):
         if column.null_count and pa.types.is_integer(column.type):
