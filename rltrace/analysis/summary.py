@@ -218,7 +218,7 @@ def _fill(con, steps: Steps) -> None:
     missing = missing_of(wanted)
     if missing.empty:
         if steps is None:
-            con.execute(f"CREATE TEMP TABLE {_FILLED} AS SELECT 1 AS filled").fetchall()
+            con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_FILLED} AS SELECT 1 AS filled").fetchall()
         return
     _reuse_stored(con, missing)
     stored = missing_of(missing)
@@ -241,7 +241,7 @@ def _fill(con, steps: Steps) -> None:
     if steps is None and not (cached.exact and len(cached.steps) == len(missing)):
         _save_cache(con, cached)
     if steps is None:
-        con.execute(f"CREATE TEMP TABLE {_FILLED} AS SELECT 1 AS filled").fetchall()
+        con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_FILLED} AS SELECT 1 AS filled").fetchall()
 
 
 _PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("rltrace_summary_progress", default=None)
