@@ -7,6 +7,8 @@
 every summary computed from the spans, empty summary cache) against a DuckDB `GROUP BY step,
 phase` over the same spans (open + query), its peak memory (a child process), and a live run's
 second report after one more step was flushed (the summary cache computes only that step).
+`--engine-meta`: generate spans carry attributes as a traced run's do (a sample id, ~80 bytes; one
+in 30 SGLang's request meta, ~190 bytes), so reading attribute text costs what it does there.
 
 Targets: one step's timeline query < 0.3 s; the full report < 10 s on 2 cores.
 Baselines measured in the same run: the timeline query on the run before compaction (many
@@ -82,7 +84,21 @@ def _ids(values: np.ndarray, width: int) -> pa.Array:
     return pc.utf8_lpad(pc.cast(pa.array(values), pa.string()), width, "0")
 
 
-def _batch(tpl: dict, steps: range, rng) -> pa.Table:
+def _meta(rng, n: int) -> pa.Array:
+    """SGLang's meta on a request span, as a traced engine records it (~150 bytes of JSON)."""
+    def num(values) -> pa.Array:
+        return pc.cast(pa.array(values), pa.string())
+
+    prompt = rng.integers(200, 2000, n)
+    pieces = ['{"e2e_latency": ', num(np.round(rng.uniform(0.5, 30, n), 6)), ', "queue_time": ',
+              num(np.round(rng.uniform(0, 2, n), 6)), ', "decode_throughput": ', num(np.round(rng.uniform(20, 200, n), 3)),
+              ', "prompt_tokens": ', num(prompt), ', "cached_tokens": ', num(rng.integers(0, 200, n)),
+              ', "completion_tokens": ', num(rng.integers(50, 4000, n)), ', "rid": "', _ids(rng.integers(0, 2**62, n), 32),
+              '"}']
+    return pc.binary_join_element_wise(*pieces, "")
+
+
+def _batch(tpl: dict, steps: range, rng, meta: bool = False) -> pa.Table:
     n, k = len(tpl["start"]), len(steps)
     step = np.repeat(np.asarray(steps, np.int64), n)
     base = np.tile(np.arange(n, dtype=np.int64), k) + (step * n)
@@ -98,7 +114,16 @@ def _batch(tpl: dict, steps: range, rng) -> pa.Table:
     roles = [r for r, _ in PROCS]
     process_ids = [f"{r}{rank}-bench-{4000 + i}" for i, (r, rank) in enumerate(PROCS)]
     phase_names = pa.DictionaryArray.from_arrays(pa.array(phase.astype(np.int32)), pa.array(PHASES)).cast(pa.string())
-    attributes = np.where(phase == PHASES.index("weight_sync"), json.dumps({"rl.bytes": 2_000_000_000, "rl.method": "nccl"}), "{}")
+    attributes = pa.array(np.where(phase == PHASES.index("weight_sync"),
+                                   json.dumps({"rl.bytes": 2_000_000_000, "rl.method": "nccl"}), "{}"))
+    if meta:  # generate spans carry a sample id; one in 30 (256 a step, one per sample) SGLang's meta too
+        generate = phase == PHASES.index("generate")
+        sample = pc.binary_join_element_wise('{"rl.sample_id": ', pc.cast(pa.array(base), pa.string()),
+                                             ', "rl.group_id": "g-', pc.cast(pa.array(base // 8), pa.string()),
+                                             '", "thread.name": "rollout-worker"}', "")
+        request = generate & (np.tile(np.arange(n), k) % 30 == 0)
+        attributes = pc.if_else(pa.array(generate), sample, attributes)
+        attributes = pc.if_else(pa.array(request), _meta(rng, len(phase)), attributes)
     thread = np.tile(tpl["thread"], k)
     cols = {
         "trace_id": _ids(step + 1, 32),
@@ -121,14 +146,14 @@ def _batch(tpl: dict, steps: range, rng) -> pa.Table:
         "host": pa.array(["bench"] * len(step)),
         "pid": pa.array(4000 + proc),
         "service_name": pa.array(["rltrace-bench"] * len(step)),
-        "attributes": pa.array(attributes),
+        "attributes": attributes,
         "events": pa.nulls(len(step), pa.string()),
         "links": pa.nulls(len(step), pa.string()),
     }
     return pa.table(cols, schema=_names.SPANS_SCHEMA)
 
 
-def generate(run_dir: Path, spans: int, seed: int = 0) -> int:
+def generate(run_dir: Path, spans: int, seed: int = 0, meta: bool = False) -> int:
     rng = np.random.default_rng(seed)
     layout.create_or_join(run_dir, run_name="bench", config={"spans": spans})
     tpl = _template(rng)
@@ -137,7 +162,7 @@ def generate(run_dir: Path, spans: int, seed: int = 0) -> int:
     written = 0
     for first in range(0, n_steps, per_part):
         steps = range(first, min(first + per_part, n_steps))
-        table = _batch(tpl, steps, rng)
+        table = _batch(tpl, steps, rng, meta)
         write_part(run_dir / "spans", f"bench-{first:08d}.parquet", table, _names.SPANS)
         written += table.num_rows
         samples = {
@@ -208,7 +233,7 @@ def _child(body: str, cache: Path) -> dict:
     return json.loads(out.stdout.rsplit("RESULT", 1)[1])
 
 
-def _raw(run_dir: Path, written: int, rows: list) -> None:
+def _raw(run_dir: Path, written: int, rows: list, meta: bool = False) -> None:
     """The report on a never-compacted run against a GROUP BY; then a live run's second report."""
     cache = run_dir.parent / f"{run_dir.name}-summaries"
     group_by = ("con = store.open({d!r})\n"
@@ -225,7 +250,7 @@ def _raw(run_dir: Path, written: int, rows: list) -> None:
     # one more step flushed by the live run; the summary cache holds every earlier step
     tpl = _template(np.random.default_rng(0))
     n_steps = written // len(tpl["start"])
-    table = _batch(tpl, range(n_steps, n_steps + 1), np.random.default_rng(1))
+    table = _batch(tpl, range(n_steps, n_steps + 1), np.random.default_rng(1), meta)
     write_part(run_dir / "spans", f"bench-live-{n_steps:08d}.parquet", table, _names.SPANS)
     try:
         second = _child(build, cache)
@@ -242,18 +267,20 @@ def main() -> None:
     p.add_argument("--reuse", action="store_true", help="reuse a run generated before (skips the uncompacted baseline)")
     p.add_argument("--skip-raw", action="store_true", help="skip the report baseline without summaries (minutes at 10M)")
     p.add_argument("--raw", action="store_true", help="only the never-compacted report against a GROUP BY, and a live run")
+    p.add_argument("--engine-meta", action="store_true",
+                   help="generate spans carry attributes (a sample id; one in 30 SGLang's request meta), as a traced run's do")
     args = p.parse_args()
-    run_dir = Path(args.dir) / f"run-{args.spans}"
+    run_dir = Path(args.dir) / f"run-{args.spans}{'-meta' if args.engine_meta else ''}"
     rows = []
     before = None
     if not (args.reuse and run_dir.exists()):
         shutil.rmtree(run_dir, ignore_errors=True)
         t = time.perf_counter()
-        generate(run_dir, args.spans)
+        generate(run_dir, args.spans, meta=args.engine_meta)
         rows.append(("generate run", "", f"{time.perf_counter() - t:.1f} s", "", ""))
     written = store.open(run_dir).execute("SELECT count(*) FROM spans").fetchone()[0]
     if args.raw:
-        _raw(run_dir, written, rows)
+        _raw(run_dir, written, rows, meta=args.engine_meta)
         return _print(rows, written)
     step = written // 10_000 // 2
     if not args.reuse:

@@ -19,7 +19,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from rltrace.analysis import _groups
+import pyarrow as pa
+
+from rltrace.analysis import _groups, _parts
 from rltrace.analysis._steps import Steps, step_filter
 
 #: SGLang request fields slime summarises (`_SGLANG_REQUEST_PERF_FIELDS`): output name, span attribute.
@@ -181,6 +183,37 @@ def _zero_groups_column(counts: np.ndarray, complete: np.ndarray):
     return _groups.column(counts.astype(float), complete)
 
 
+#: every request field the engine tables read: slime's three, and the prefix cache's two
+_REQUEST_COLUMNS = (*(n for n, _ in REQUEST_FIELDS), "cached_tokens", "prompt_tokens")
+_REQUESTS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
+                              ("start_ns", pa.int64()), ("timed", pa.bool_()),
+                              *((c, pa.float64()) for c in _REQUEST_COLUMNS)])
+
+
+def _requests(con, steps: Steps) -> pd.DataFrame:
+    """The spans that carry SGLang's meta (one of `REQUEST_FIELDS`), with a step: step, start_ns,
+    timed (an e2e_latency or decode_throughput attribute is there, numeric or not) and the request
+    fields, by step and start.
+
+    Finding them means reading every span's attribute text, which at 100M spans costs more than
+    the rest of a report, so finished spans are read once per part (`_parts`); open spans now."""
+    fields = ", ".join(f"TRY_CAST(attr(attributes, '{a}') AS DOUBLE) AS {c}"
+                       for c, a in (*REQUEST_FIELDS, ("cached_tokens", "cached_tokens"), ("prompt_tokens", "prompt_tokens")))
+    carried = " OR ".join(f"attr(attributes, '{a}') IS NOT NULL" for _, a in REQUEST_FIELDS)
+    timed = "attr(attributes, 'e2e_latency') IS NOT NULL OR attr(attributes, 'decode_throughput') IS NOT NULL"
+    picked = f"step, start_ns, ({timed}) AS timed, {fields}"
+    if not _parts.has_table(con, "_rltrace_requests"):  # once per connection (two tables read it)
+        finished = _parts.table(con, "requests", _REQUESTS_SCHEMA, f"""
+            SELECT filename, {picked} FROM part_spans WHERE step IS NOT NULL AND ({_MENTIONS}) AND ({carried})""")
+        columns = ", ".join(("step", "start_ns", "timed", *_REQUEST_COLUMNS))
+        con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS _rltrace_requests AS
+            SELECT {columns} FROM {finished}
+            UNION ALL
+            SELECT {picked} FROM spans WHERE is_open AND step IS NOT NULL AND ({_MENTIONS}) AND ({carried})""")
+    where, params = step_filter(steps)
+    return con.execute(f"SELECT * FROM _rltrace_requests WHERE {where} ORDER BY step, start_ns", params).df()
+
+
 def engine(con, steps: Steps = None) -> pd.DataFrame:
     """Per step, slime's SGLang request statistics (`_compute_sglang_request_perf_metrics`) over the
     spans that carry SGLang's meta (`e2e_latency`, `queue_time`, `decode_throughput` attributes;
@@ -191,13 +224,7 @@ def engine(con, steps: Steps = None) -> pd.DataFrame:
     """
     if not _columns(con, "spans"):
         return pd.DataFrame(columns=["step", "requests"])
-    where, params = step_filter(steps)
-    sel = ", ".join(f"TRY_CAST(attr(attributes, '{a}') AS DOUBLE) AS {n}" for n, a in REQUEST_FIELDS)
-    any_attr = " OR ".join(f"attr(attributes, '{a}') IS NOT NULL" for _, a in REQUEST_FIELDS)
-    frame = con.execute(
-        f"SELECT step, {sel} FROM spans WHERE {where} AND step IS NOT NULL AND ({_MENTIONS}) AND ({any_attr}) ORDER BY step, start_ns",
-        params,
-    ).df()
+    frame = _requests(con, steps)
     if frame.empty:
         return pd.DataFrame(columns=["step", "requests"])
     group, keys = _groups.codes(frame["step"].to_numpy())
@@ -221,23 +248,14 @@ def engine_summary(con, steps: Steps = None, *, rollout_table: pd.DataFrame | No
     (tokens/s per request), spec_accept_rate (mean over samples, when speculative decoding ran).
     `rollout_table`: the `rollout()` table of the same steps, when the caller has it already.
     """
-    where, params = step_filter(steps)
     steps_seen, cols = [np.zeros(0, np.int64)], {}
     if _columns(con, "spans"):
-        req = con.execute(
-            f"""SELECT step, TRY_CAST(attr(attributes, 'queue_time') AS DOUBLE) AS q,
-                       TRY_CAST(attr(attributes, 'e2e_latency') AS DOUBLE) AS e,
-                       TRY_CAST(attr(attributes, 'decode_throughput') AS DOUBLE) AS t,
-                       TRY_CAST(attr(attributes, 'cached_tokens') AS DOUBLE) AS c,
-                       TRY_CAST(attr(attributes, 'prompt_tokens') AS DOUBLE) AS p
-                FROM spans WHERE {where} AND step IS NOT NULL AND ({_MENTIONS})
-                AND (attr(attributes, 'e2e_latency') IS NOT NULL OR attr(attributes, 'decode_throughput') IS NOT NULL)""",
-            params,
-        ).df()
-        order = np.argsort(req["step"].to_numpy(), kind="stable")  # each step's requests in the order read
-        group, keys = _groups.codes(req["step"].to_numpy()[order])
+        req = _requests(con, steps)
+        req = req[req["timed"].to_numpy(bool)]
+        group, keys = _groups.codes(req["step"].to_numpy())
         n = len(keys)
-        q, e, t, c, p = (req[k].to_numpy(float, na_value=np.nan)[order] for k in "qetcp")
+        q, e, t, c, p = (req[k].to_numpy(float, na_value=np.nan)
+                         for k in ("queue_time", "e2e_latency", "decode_throughput", "cached_tokens", "prompt_tokens"))
         total = {"sum": lambda b: b.sum(axis=1)}
         both = ~np.isnan(q) & ~np.isnan(e)
         qs, es = (_groups.reduce(x, group, n, total, keep=both)["sum"] for x in (q, e))

@@ -19,7 +19,6 @@ trusted and its steps are computed again (`rltrace compact` stores summaries of 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -34,29 +33,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rltrace import _names
-from rltrace.analysis import _compute
-from rltrace._config import resolve
+from rltrace.analysis import _compute, _parts
 from rltrace.analysis._steps import Steps, step_filter
-from rltrace.store import views
-from rltrace.store.writer import safe_name
 
 _CACHE = "_rltrace_summary"
 _CHECKS = "_rltrace_checks"
 _FILLED = "_rltrace_filled"  # exists once the connection's cache holds every step
 _WINDOWS = "_rltrace_windows"
 _PART_STEPS = "_rltrace_part_steps"  # per span part and step (NULL too): count, first start, last end, summed ns
-_CACHE_PARTS = b"rltrace.span_parts"  # cache file footer: JSON [[name, rows, size], ...] of the span parts used
 logger = logging.getLogger("rltrace")
 BATCH_SPANS = (250_000, 1_000_000)  # spans loaded at once: a quarter of the run, within these bounds
 
 
-def _has_table(con, name: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()[0][0])
-
-
 def checks(con, steps: Steps = None) -> pd.DataFrame:
     """Per step: step, count (finished spans), start_ns, end_ns, total_ns (summed durations)."""
-    if not _has_table(con, _CHECKS):
+    if not _parts.has_table(con, _CHECKS):
         _part_steps(con)
         con.execute(
             f"""CREATE TEMP TABLE {_CHECKS} AS
@@ -69,60 +60,16 @@ def checks(con, steps: Steps = None) -> pd.DataFrame:
 
 
 def _part_steps(con) -> None:
-    """Fill `_PART_STEPS`: each span part's per-step aggregates, read from the summary cache's
-    sidecar for parts seen before (parts never change once written) and from the new parts only.
-    A report on a live run of 100M spans thus scans the last flushes, not the whole run."""
-    sidecar = _cache_file(con, "steps")
-    known = None
-    if sidecar is not None and sidecar.is_file():
-        try:
-            known = pq.read_table(sidecar, schema=_PART_STEPS_SCHEMA)
-        except (OSError, ValueError, pa.ArrowException) as exc:
-            logger.debug("rltrace: ignoring the step cache %s: %s", sidecar, exc)
-    con.register("_rltrace_part_steps_schema", _PART_STEPS_SCHEMA.empty_table())
-    con.execute(f"CREATE TEMP TABLE {_PART_STEPS} AS SELECT * FROM _rltrace_part_steps_schema")
-    con.unregister("_rltrace_part_steps_schema")
-    if known is not None:
-        con.register("_rltrace_known", known)
-        con.execute(f"""INSERT INTO {_PART_STEPS} SELECT k.* FROM _rltrace_known k
-                        SEMI JOIN _rltrace_span_parts p ON k.part = p.name AND k.rows = p.rows AND k.size = p.size""")
-        con.unregister("_rltrace_known")
-    new = con.execute(f"""SELECT name, path FROM _rltrace_span_parts p
-                          WHERE NOT EXISTS (SELECT 1 FROM {_PART_STEPS} k
-                                            WHERE k.part = p.name AND k.rows = p.rows AND k.size = p.size)""").fetchall()
-    if new:
-        files = views.sql_paths([Path(path) for _, path in new])
-        con.execute(f"""INSERT INTO {_PART_STEPS}
-            SELECT p.name, p.rows, p.size, f.step, f.count, f.start_ns, f.end_ns, f.total_ns
-            FROM (SELECT filename, step, count(*) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
-                         CAST(sum(end_ns - start_ns) AS BIGINT) AS total_ns
-                  FROM read_parquet({files}, filename = true, union_by_name = true) GROUP BY filename, step) f
-            JOIN _rltrace_span_parts p ON parse_filename(f.filename) = p.name""")
-    if sidecar is not None and (new or known is None or len(known) != _count(con, _PART_STEPS)):
-        _write_cache(sidecar, lambda: con.sql(f"SELECT * FROM {_PART_STEPS}").to_arrow_table().cast(_PART_STEPS_SCHEMA))
-
-
-def _write_cache(path: Path, table) -> bool:
-    """Replace a cache file at once (readers see the old file or the new one); a cache that cannot
-    be written never fails a report. `table` builds the Arrow table to write."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        pq.write_table(table(), tmp)
-        os.replace(tmp, path)
-        return True
-    except (OSError, pa.ArrowException) as exc:
-        logger.debug("rltrace: could not write the cache file %s: %s", path, exc)
-        return False
+    """Fill `_PART_STEPS`: each span part's per-step aggregates (`_parts`: computed once per part)."""
+    _parts.table(con, "steps", _PART_STEPS_SCHEMA, """
+        SELECT filename, step, count(*) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+               CAST(sum(end_ns - start_ns) AS BIGINT) AS total_ns
+        FROM part_spans GROUP BY filename, step""")
 
 
 _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
                                 ("count", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
                                 ("total_ns", pa.int64())])
-
-
-def _count(con, table: str) -> int:
-    return con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
 
 
 def windows(con, steps: pd.DataFrame) -> pd.DataFrame:
@@ -144,14 +91,7 @@ def windows(con, steps: pd.DataFrame) -> pd.DataFrame:
 
 def parts_digest(con) -> str | None:
     """Digest of the span parts this connection reads (stored with a summary by `rltrace compact`)."""
-    return _meta(con, "spans_digest")
-
-
-def _meta(con, key: str) -> str | None:
-    if not _has_table(con, "_rltrace_meta"):
-        return None
-    rows = con.execute("SELECT value FROM _rltrace_meta WHERE key = ?", [key]).fetchall()
-    return rows[0][0] if rows else None
+    return _parts.meta(con, "spans_digest")
 
 
 def rows(con, steps: Steps = None, kinds: tuple[str, ...] | None = None,
@@ -206,9 +146,9 @@ def table(con) -> pa.Table:
 
 
 def _fill(con, steps: Steps) -> None:
-    if _has_table(con, _FILLED):  # every step is in the cache already (a connection is a snapshot)
+    if _parts.has_table(con, _FILLED):  # every step is in the cache already (a connection is a snapshot)
         return
-    if not _has_table(con, _CACHE):
+    if not _parts.has_table(con, _CACHE):
         con.execute(f"CREATE TEMP TABLE {_CACHE} AS SELECT * FROM step_summary LIMIT 0")
 
     def missing_of(frame: pd.DataFrame) -> pd.DataFrame:
@@ -278,21 +218,6 @@ def _computed(con, batches: list[pd.DataFrame]):
         yield from pool.map(work, batches)
 
 
-def _cache_file(con, kind: str = "summary") -> Path | None:
-    """The run's cache file of that kind (`summary`: per-step summaries; `steps`: per-part step
-    aggregates), or None when the run has no id."""
-    run_id = _meta(con, "run_id")
-    if not run_id:
-        return None
-    root = resolve("summary_cache_dir")
-    root = Path(root) if root else Path(os.path.expanduser("~/.cache/rltrace/summaries"))
-    return root / f"{safe_name(run_id)}{'' if kind == 'summary' else '.' + kind}.parquet"
-
-
-def _parts_now(con) -> set[tuple[str, int, int]]:
-    return {(n, r, z) for n, r, z in con.execute("SELECT name, rows, size FROM _rltrace_span_parts").fetchall()}
-
-
 @dataclass
 class _Cached:
     """What the run's summary cache files gave this connection."""
@@ -306,7 +231,7 @@ class _Cached:
 def _cache_files(con) -> tuple[Path | None, list[Path]]:
     """(the full cache file, the additions written beside it, newest first). A report that
     computed few new steps writes only those, as an addition, instead of rewriting every step."""
-    full = _cache_file(con)
+    full = _parts.cache_file(con)
     if full is None:
         return None, []
     return full, sorted(full.parent.glob(f"{full.stem}.new-*.parquet"), reverse=True)
@@ -319,11 +244,11 @@ def _reuse_cached(con, missing: pd.DataFrame) -> _Cached:
     out = _Cached(additions=additions)
     if full is None:
         return out
-    now = _parts_now(con)
+    now = _parts.parts_now(con)
     for i, path in enumerate([*additions, full]):
         try:
             cached = pq.read_table(path)
-            then = {tuple(p) for p in json.loads((cached.schema.metadata or {})[_CACHE_PARTS])}
+            then = _parts.listed_parts(cached.schema)
             cached = cached.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
         except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
             logger.debug("rltrace: ignoring the summary cache %s: %s", path, exc)
@@ -388,13 +313,11 @@ def _save_cache(con, cached: _Cached) -> None:
         def build() -> pa.Table:
             table = con.sql(f"{new if addition else f'SELECT * FROM {_CACHE}'} ORDER BY step, kind, seq").to_arrow_table()
             table = table.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
-            meta = dict(table.schema.metadata or {})
-            meta[_CACHE_PARTS] = json.dumps(sorted(_parts_now(con))).encode()
-            return table.replace_schema_metadata(meta)
+            return _parts.with_parts(table, _parts.parts_now(con))
 
         if addition:
-            _write_cache(full.with_name(f"{full.stem}.new-{time.time_ns():020d}-{os.getpid()}.parquet"), build)
-        elif _write_cache(full, build):
+            _parts.write_cache(full.with_name(f"{full.stem}.new-{time.time_ns():020d}-{os.getpid()}.parquet"), build)
+        elif _parts.write_cache(full, build):
             for path in cached.additions:  # folded into the full file
                 with contextlib.suppress(OSError):
                     path.unlink()
@@ -407,7 +330,7 @@ def _reuse_stored(con, missing: pd.DataFrame) -> None:
     if not con.execute("SELECT count(*) FROM step_summary WHERE kind = 'step'").fetchall()[0][0]:
         return
     digest = parts_digest(con)
-    same_parts = digest is not None and digest == _meta(con, "summary_of")
+    same_parts = digest is not None and digest == _parts.meta(con, "summary_of")
     candidates = missing
     if not same_parts:  # spans arrived (or parts changed) since compact: check each step's window too
         candidates = missing.merge(windows(con, missing), on="step")

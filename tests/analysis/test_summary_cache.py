@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from rltrace import _names, analysis, report, store
-from rltrace.analysis import _compute, summary
+from rltrace.analysis import _compute, _parts, summary
 from rltrace.cli import main
 from rltrace.testing import RunBuilder
 
@@ -66,7 +66,7 @@ def test_a_second_report_computes_nothing_and_a_live_run_only_its_new_step(tmp_p
     assert computed == [4]
     assert list((tmp_path / "cache").glob("*.parquet")), "the report left its summaries in the cache"
     computed.clear()
-    (cache,) = (tmp_path / "cache").glob("*[0-9a-f].parquet")
+    cache, _ = _files(tmp_path / "cache")
     written = cache.stat().st_mtime_ns
     assert report.build(store.open(b.run_dir))["waits"] == first["waits"]
     assert computed == []
@@ -99,7 +99,7 @@ def test_merged_parts_are_not_trusted_and_a_damaged_cache_is_ignored(tmp_path, m
     monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
     b, _, _ = _run(tmp_path)
     want = _answer(b.run_dir)
-    (cache,) = [p for p in (tmp_path / "cache").glob("*.parquet") if not p.name.endswith(".steps.parquet")]
+    cache, _ = _files(tmp_path / "cache")
 
     cache.write_bytes(b"not parquet")
     computed.clear()
@@ -121,7 +121,7 @@ def test_a_cache_that_cannot_be_written_never_fails_a_report(tmp_path, monkeypat
     b, _, _ = _run(tmp_path)
     assert report.build(store.open(b.run_dir))["t_sync"]
     assert not os.path.isdir(blocked)
-    assert summary._cache_file(store.open(b.run_dir)).parent == blocked / "summaries"
+    assert _parts.cache_file(store.open(b.run_dir)).parent == blocked / "summaries"
 
 
 def test_steps_computed_in_many_batches_on_threads_equal_one_batch(tmp_path, monkeypatch):
@@ -197,9 +197,8 @@ def test_a_part_removed_after_it_was_cached(tmp_path, monkeypatch, computed):
 
 def _files(cache_dir):
     """(the full cache file, the additions) in a cache folder."""
-    summaries = [p for p in cache_dir.glob("*.parquet") if not p.name.endswith(".steps.parquet")]
-    additions = sorted(p for p in summaries if ".new-" in p.name)
-    (full,) = [p for p in summaries if p not in additions]
+    additions = sorted(p for p in cache_dir.glob("*.new-*.parquet") if p.name.split(".")[1].startswith("new-"))
+    (full,) = [p for p in cache_dir.glob("*.parquet") if p.name.count(".") == 1]  # not a per-part sidecar
     return full, additions
 
 

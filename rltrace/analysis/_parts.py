@@ -1,0 +1,183 @@
+"""What reports need from every span, computed once per span part and kept on this machine.
+
+A span part never changes once written, so each thing a report would otherwise scan every span
+for (per-step counts, engine request fields and imported spans out of the attribute text) is
+kept per part in a sidecar file beside the summary cache (`<run id>.<kind>.parquet`, listing
+the parts it covers). A report reads the sidecar for the parts it lists and scans only the
+others: on a live run of 100M spans, the last flushes. A sidecar that cannot be read or written
+never fails a report; it is computed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rltrace._config import resolve
+from rltrace.store import views
+from rltrace.store.writer import safe_name
+
+logger = logging.getLogger("rltrace")
+PARTS_KEY = b"rltrace.span_parts"  # footer of a cache file: JSON [[name, rows, size], ...] of the span parts it covers
+_PARTS = "_rltrace_span_parts"  # the connection's span parts: name, rows, size, path (`store.views.connect`)
+
+
+def has_table(con, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()[0][0])
+
+
+def meta(con, key: str) -> str | None:
+    """A fact about the connection's snapshot (`store.views.connect`): run_id, spans_digest, summary_of."""
+    if not has_table(con, "_rltrace_meta"):
+        return None
+    rows = con.execute("SELECT value FROM _rltrace_meta WHERE key = ?", [key]).fetchall()
+    return rows[0][0] if rows else None
+
+
+def cache_file(con, kind: str = "summary") -> Path | None:
+    """The run's cache file of that kind (`summary`: per-step summaries; other kinds: per-part
+    sidecars), or None when the run has no id."""
+    rid = meta(con, "run_id")
+    if not rid:
+        return None
+    root = resolve("summary_cache_dir")
+    root = Path(root) if root else Path(os.path.expanduser("~/.cache/rltrace/summaries"))
+    return root / f"{safe_name(rid)}{'' if kind == 'summary' else '.' + kind}.parquet"
+
+
+def write_cache(path: Path, table: Callable[[], pa.Table]) -> bool:
+    """Replace a cache file at once (readers see the old file or the new one); a cache that cannot
+    be written never fails a report. `table` builds the Arrow table to write."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table(), tmp)
+        os.replace(tmp, path)
+        return True
+    except (OSError, pa.ArrowException) as exc:
+        logger.debug("rltrace: could not write the cache file %s: %s", path, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return False
+
+
+def parts_now(con) -> set[tuple[str, int, int]]:
+    return {(n, r, z) for n, r, z in con.execute(f"SELECT name, rows, size FROM {_PARTS}").fetchall()}
+
+
+def with_parts(table: pa.Table, parts: set[tuple[str, int, int]]) -> pa.Table:
+    """`table` with the list of span parts it covers in its footer."""
+    meta = dict(table.schema.metadata or {})
+    meta[PARTS_KEY] = json.dumps(sorted(parts)).encode()
+    return table.replace_schema_metadata(meta)
+
+
+def listed_parts(schema: pa.Schema) -> set[tuple[str, int, int]]:
+    """The span parts a cache file's footer lists (KeyError/ValueError when it lists none)."""
+    return {tuple(p) for p in json.loads((schema.metadata or {})[PARTS_KEY])}
+
+
+ADDITIONS = 16  # sidecar files of new parts kept before they are folded into one
+
+
+def table(con, kind: str, schema: pa.Schema, select: str) -> str:
+    """The name of a temporary table holding, for every span part of the connection, the rows
+    `select` gives for it; computed once per connection, from the sidecar and the new parts.
+
+    `schema` starts with part, rows, size (the part's name, rows and bytes: a part rewritten under
+    the same name is another part). `select` is SQL over `part_spans` (the finished spans of the
+    parts to scan, with their file in `filename`) returning `filename` and the other columns.
+    The sidecar is a file per report that met new parts (a live run's report writes only its
+    new parts' rows), folded into one file after `ADDITIONS` of them.
+    """
+    name = f"_rltrace_part_{kind}"
+    if has_table(con, name):
+        return name
+    con.register("_rltrace_schema", schema.empty_table())
+    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {name} AS SELECT * FROM _rltrace_schema")
+    con.unregister("_rltrace_schema")
+    main = cache_file(con, kind)
+    files = [] if main is None else [*sorted(main.parent.glob(f"{main.stem}.new-*.parquet"), reverse=True), main]
+    now, taken, main_read = parts_now(con), set(), False
+    for path in files:  # newest first; each part's rows from one file
+        if not path.is_file():
+            continue
+        try:
+            mine = (listed_parts(pq.read_schema(path)) & now) - taken
+            if mine:
+                _insert(con, name, pq.read_table(path, schema=schema), mine)
+        except (OSError, KeyError, ValueError, TypeError, pa.ArrowException, duckdb.Error) as exc:
+            logger.debug("rltrace: ignoring the cache file %s: %s", path, exc)
+            continue
+        taken |= mine
+        main_read |= path == main
+    new = now - taken
+    if new:
+        _scan(con, name, schema, select, new)
+        if main is not None:
+            _save(con, name, schema, main, [f for f in files if f != main], main_read, new)
+    return name
+
+
+def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]]) -> None:
+    """Insert the `rows` of these parts (a sidecar file may also hold parts gone since)."""
+    con.register("_rltrace_known", rows)
+    con.register("_rltrace_parts", _parts_table(parts))
+    try:
+        con.execute(f"INSERT INTO {name} SELECT k.* FROM _rltrace_known k SEMI JOIN _rltrace_parts p "
+                    "ON k.part = p.part AND k.rows = p.rows AND k.size = p.size")
+    finally:
+        con.unregister("_rltrace_known")
+        con.unregister("_rltrace_parts")
+
+
+def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]]) -> None:
+    con.register("_rltrace_parts", _parts_table(parts))
+    try:
+        paths = [Path(p) for (p,) in con.execute(
+            f"SELECT path FROM {_PARTS} s SEMI JOIN _rltrace_parts p ON s.name = p.part AND s.rows = p.rows "
+            "AND s.size = p.size").fetchall()]
+    finally:
+        con.unregister("_rltrace_parts")
+    rest = ", ".join(f"f.{c}" for c in schema.names[3:])
+    con.execute(f"""INSERT INTO {name}
+        WITH part_spans AS (SELECT * FROM read_parquet({views.sql_paths(paths)}, filename = true, union_by_name = true))
+        SELECT p.name, p.rows, p.size, {rest} FROM ({select}) f
+        JOIN {_PARTS} p ON parse_filename(f.filename) = p.name""")
+
+
+def _save(con, name: str, schema: pa.Schema, main: Path, additions: list[Path], main_read: bool, new: set) -> None:
+    """Write the new parts' rows as an addition to the main file, or everything into the main
+    file when it could not be read or there are `ADDITIONS` additions (then removed)."""
+    additions = [f for f in additions if f.is_file()]
+    if main_read and len(additions) < ADDITIONS:
+        con.register("_rltrace_parts", _parts_table(new))
+        try:
+            rows = con.sql(f"SELECT t.* FROM {name} t SEMI JOIN _rltrace_parts p ON t.part = p.part "
+                           "AND t.rows = p.rows AND t.size = p.size").to_arrow_table().cast(schema)
+        finally:
+            con.unregister("_rltrace_parts")
+        write_cache(main.with_name(f"{main.stem}.new-{time.time_ns():020d}-{os.getpid()}.parquet"),
+                    lambda: with_parts(rows, new))
+        return
+    now = parts_now(con)
+    if write_cache(main, lambda: with_parts(con.sql(f"SELECT * FROM {name}").to_arrow_table().cast(schema), now)):
+        for path in additions:  # folded into the main file
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _parts_table(parts: set[tuple[str, int, int]]) -> pa.Table:
+    ordered = sorted(parts)
+    return pa.table({"part": pa.array([p[0] for p in ordered], pa.string()),
+                     "rows": pa.array([p[1] for p in ordered], pa.int64()),
+                     "size": pa.array([p[2] for p in ordered], pa.int64())})
