@@ -85,7 +85,7 @@ def _ids(values: np.ndarray, width: int) -> pa.Array:
 
 
 def _meta(rng, n: int) -> pa.Array:
-    """SGLang's meta on a request span, as a traced engine records it (~150 bytes of JSON)."""
+    """SGLang's meta on a request span, as a traced engine records it (~190 bytes of JSON)."""
     def num(values) -> pa.Array:
         return pc.cast(pa.array(values), pa.string())
 
@@ -116,7 +116,7 @@ def _batch(tpl: dict, steps: range, rng, meta: bool = False) -> pa.Table:
     phase_names = pa.DictionaryArray.from_arrays(pa.array(phase.astype(np.int32)), pa.array(PHASES)).cast(pa.string())
     attributes = pa.array(np.where(phase == PHASES.index("weight_sync"),
                                    json.dumps({"rl.bytes": 2_000_000_000, "rl.method": "nccl"}), "{}"))
-    if meta:  # generate spans carry a sample id; one in 30 (256 a step, one per sample) SGLang's meta too
+    if meta:  # generate spans carry a sample id; one in 30 (about 300 a step: one per request) SGLang's meta too
         generate = phase == PHASES.index("generate")
         sample = pc.binary_join_element_wise('{"rl.sample_id": ', pc.cast(pa.array(base), pa.string()),
                                              ', "rl.group_id": "g-', pc.cast(pa.array(base // 8), pa.string()),
