@@ -86,7 +86,16 @@ def listed_parts(schema: pa.Schema) -> set[tuple[str, int, int]]:
     return {tuple(p) for p in json.loads((schema.metadata or {})[PARTS_KEY])}
 
 
-ADDITIONS = 16  # sidecar files of new parts kept before they are folded into one
+ADDITIONS = 16  # cache files of new rows kept beside a main one before they are folded into it
+
+
+def cache_files(con, kind: str = "summary") -> tuple[Path | None, list[Path]]:
+    """(the main cache file of that kind, the additions written beside it, newest first): a
+    report that met little that is new writes only that, as an addition."""
+    main = cache_file(con, kind)
+    if main is None:
+        return None, []
+    return main, sorted(main.parent.glob(f"{main.stem}.new-*.parquet"), reverse=True)
 
 
 def table(con, kind: str, schema: pa.Schema, select: str) -> str:
@@ -105,8 +114,8 @@ def table(con, kind: str, schema: pa.Schema, select: str) -> str:
     con.register("_rltrace_schema", schema.empty_table())
     con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {name} AS SELECT * FROM _rltrace_schema")
     con.unregister("_rltrace_schema")
-    main = cache_file(con, kind)
-    files = [] if main is None else [*sorted(main.parent.glob(f"{main.stem}.new-*.parquet"), reverse=True), main]
+    main, additions = cache_files(con, kind)
+    files = [] if main is None else [*additions, main]
     now, taken, main_read = parts_now(con), set(), False
     for path in files:  # newest first; each part's rows from one file
         if not path.is_file():

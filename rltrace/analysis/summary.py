@@ -228,19 +228,10 @@ class _Cached:
     additions: list[Path] = field(default_factory=list)  # the addition files read
 
 
-def _cache_files(con) -> tuple[Path | None, list[Path]]:
-    """(the full cache file, the additions written beside it, newest first). A report that
-    computed few new steps writes only those, as an addition, instead of rewriting every step."""
-    full = _parts.cache_file(con)
-    if full is None:
-        return None, []
-    return full, sorted(full.parent.glob(f"{full.stem}.new-*.parquet"), reverse=True)
-
-
 def _reuse_cached(con, missing: pd.DataFrame) -> _Cached:
     """Copy the cached rows of the `missing` steps that still hold into the connection's cache,
     from the newest cache file to the oldest (a step recomputed later is in a newer file)."""
-    full, additions = _cache_files(con)
+    full, additions = _parts.cache_files(con)
     out = _Cached(additions=additions)
     if full is None:
         return out
@@ -289,25 +280,22 @@ def _touched(con, names: list[str], steps: pd.DataFrame) -> np.ndarray:
     return hit
 
 
-_ADDITIONS = 16  # addition files kept beside the full cache file before they are folded into it
-
-
 def _save_cache(con, cached: _Cached) -> None:
     """Leave the connection's summaries (every step) in the run's summary cache; never fails a report.
 
     When the full file still holds and the steps not taken from the cache are few (a live run's
     new steps), only those are written, as an addition: on a run of 10,000 steps that is a few
-    kB instead of a million rows. Otherwise, or once there are `_ADDITIONS` additions, every step
+    kB instead of a million rows. Otherwise, or once there are `_parts.ADDITIONS` additions, every step
     is written to the full file and the additions are removed.
     """
-    full, _ = _cache_files(con)
+    full, _ = _parts.cache_files(con)
     if full is None:
         return
     con.register("_rltrace_from_cache", pd.DataFrame({"step": sorted(cached.steps)}, dtype="Int64"))
     try:
         new = f"SELECT * FROM {_CACHE} WHERE step NOT IN (SELECT step FROM _rltrace_from_cache)"
         new_rows = con.execute(f"SELECT count(*) FROM ({new})").fetchall()[0][0]
-        addition = (cached.full_rows is not None and len(cached.additions) < _ADDITIONS
+        addition = (cached.full_rows is not None and len(cached.additions) < _parts.ADDITIONS
                     and 4 * new_rows < cached.full_rows)
 
         def build() -> pa.Table:

@@ -204,10 +204,10 @@ def _files(cache_dir):
 
 def test_a_live_run_adds_its_new_steps_beside_the_cache_and_folds_them_in_later(tmp_path, monkeypatch, computed):
     """A live run of many steps: each report writes only its new steps (an addition), not every
-    step again; later reports read the full file and the additions; after `_ADDITIONS` of them,
+    step again; later reports read the full file and the additions; after `_parts.ADDITIONS` of them,
     everything is folded into the full file."""
     monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(summary, "_ADDITIONS", 2)
+    monkeypatch.setattr(_parts, "ADDITIONS", 2)
     b, trainer, worker = _run(tmp_path, steps=12)
     _answer(b.run_dir)
     full, additions = _files(tmp_path / "cache")
