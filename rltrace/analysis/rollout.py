@@ -18,7 +18,6 @@ import math
 
 import numpy as np
 import pandas as pd
-
 import pyarrow as pa
 
 from rltrace.analysis import _groups, _parts
