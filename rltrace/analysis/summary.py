@@ -157,8 +157,7 @@ def _fill(con, steps: Steps) -> None:
     wanted = checks(con, steps)
     missing = missing_of(wanted)
     if missing.empty:
-        if steps is None:
-            con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_FILLED} AS SELECT 1 AS filled").fetchall()
+        _filled(con, steps)
         return
     _reuse_stored(con, missing)
     stored = missing_of(missing)
@@ -180,6 +179,11 @@ def _fill(con, steps: Steps) -> None:
     # cache files already held exactly these steps of exactly these parts
     if steps is None and not (cached.exact and len(cached.steps) == len(missing)):
         _save_cache(con, cached)
+    _filled(con, steps)
+
+
+def _filled(con, steps: Steps) -> None:
+    """Mark a connection whose cache holds every step: later calls skip the check."""
     if steps is None:
         con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {_FILLED} AS SELECT 1 AS filled").fetchall()
 
