@@ -135,7 +135,7 @@ def test_a_phase_ending_before_sampling_starts_is_no_samples(tmp_path):
             time.sleep(0.005)  # the phase ends as soon as py-spy is launched
     rltrace.shutdown()
     [profile] = profiles(tmp_path / "run")
-    assert profile["status"] == "no_samples", profile
+    assert profile["status"] == "no_samples", f"{profile['status']}: {profile['message']} ({profile['command']})"
 
 
 def test_dump_stacks_attaches_a_manual_dump_to_the_running_phase(tmp_path):
