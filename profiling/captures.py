@@ -62,6 +62,11 @@ class Capturer:
         path = self.run_dir / capture.path
         if returncode == -signal.SIGINT:  # stopped before py-spy had set up its Control-C handler
             capture.end("no_samples", "the phase ended before py-spy started sampling")
+        elif returncode is None and not pyspy.started_sampling(output):
+            # still attaching (py-spy reads the process's memory maps first, slow in a large
+            # process), where it does not answer Control-C: it was killed, and nothing was sampled
+            capture.end("no_samples", "the phase ended while py-spy was still attaching to the process "
+                                      "(it did not stop when asked and was killed)")
         elif returncode != 0 or not path.is_file():
             capture.end(*pyspy.classify(returncode, output, os.getpid()))
         else:

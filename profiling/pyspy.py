@@ -91,15 +91,22 @@ class Recording:
         self.interrupt()
         try:
             self.proc.wait(timeout=_STOP_TIMEOUT_S)
+            returncode = self.proc.returncode
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            self.output.close()
-            return None, f"py-spy did not stop within {_STOP_TIMEOUT_S:.0f} s after SIGINT and was killed"
+            returncode = None
         self.output.seek(0)
         text = self.output.read().decode(errors="replace")
         self.output.close()
-        return self.proc.returncode, text
+        if returncode is None:
+            text += f"\npy-spy did not stop within {_STOP_TIMEOUT_S:.0f} s after SIGINT and was killed"
+        return returncode, text
+
+
+def started_sampling(output: str) -> bool:
+    """Whether py-spy got as far as sampling (it says so once attached: "Sampling process ...")."""
+    return "Sampling process" in output
 
 
 def record_command(

@@ -15,6 +15,7 @@ import pytest
 import rltrace
 from rltrace import store
 from rltrace.profiling import artefact_path, profiles_for_spans, watchdog_of
+from rltrace.profiling import pyspy as pyspy_mod
 
 from .conftest import PYSPY, frames, kill_program, profiles, run_program, start_program, wait_for, wait_for_profiles
 
@@ -136,6 +137,31 @@ def test_a_phase_ending_before_sampling_starts_is_no_samples(tmp_path):
     rltrace.shutdown()
     [profile] = profiles(tmp_path / "run")
     assert profile["status"] == "no_samples", f"{profile['status']}: {profile['message']} ({profile['command']})"
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_a_py_spy_that_does_not_answer_control_c(tmp_path, monkeypatch, sampling):
+    """py-spy reads the process's memory maps before it samples, and does not answer Control-C
+    meanwhile (slow in a large process): killed before it said it was sampling, the phase simply
+    got no samples; killed while sampling, the capture failed. A stand-in that ignores SIGINT."""
+    monkeypatch.setattr(pyspy_mod, "_STOP_TIMEOUT_S", 0.5)
+    script = tmp_path / "py-spy-stuck"
+    said = 'echo "py-spy> Sampling process 100 times a second. Press Control-C to exit."\n' if sampling else ""
+    script.write_text(f"#!/bin/sh\ntrap '' INT\n{said}sleep 30\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    rltrace.init(tmp_path / "run", profile={"after": 0.05, "pyspy": str(script)})
+    watchdog = watchdog_of(rltrace.current_run())
+    with rltrace.phase("reward", step=0):
+        deadline = time.monotonic() + 10
+        while watchdog._recording is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.2)  # the stand-in has printed what it prints
+    rltrace.shutdown()
+    [profile] = profiles(tmp_path / "run")
+    if sampling:
+        assert profile["status"] == "failed" and "did not stop within" in profile["message"], profile["message"]
+    else:
+        assert profile["status"] == "no_samples" and "still attaching" in profile["message"], profile["message"]
 
 
 def test_dump_stacks_attaches_a_manual_dump_to_the_running_phase(tmp_path):
