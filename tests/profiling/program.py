@@ -3,6 +3,7 @@
     python program.py RUN_DIR slow    # reward phases; step 6 runs slow_verifier for 1.5 s
     python program.py RUN_DIR hang    # a rollout-worker thread blocks in its generate phase
     python program.py RUN_DIR torch   # train phases doing tensor work (for torch.profiler windows)
+    python program.py RUN_DIR brief   # a reward phase that ends the moment its py-spy capture starts
 
 Profiling is configured by the environment (RLTRACE_PROFILE_SLOW, RLTRACE_HANG_TIMEOUT, ...).
 """
@@ -64,8 +65,18 @@ def torch_loop(steps: int = 5) -> None:
                 x = torch.tanh(x @ x)
 
 
+def brief() -> None:
+    from rltrace.profiling import watchdog_of
+
+    watchdog = watchdog_of(rltrace.current_run())
+    with rltrace.phase("reward", step=0):
+        deadline = time.monotonic() + 10
+        while watchdog._recording is None and time.monotonic() < deadline:
+            time.sleep(0.005)  # the phase ends as soon as py-spy is launched
+
+
 if __name__ == "__main__":
     rltrace.init(sys.argv[1], role="trainer")
-    {"slow": slow, "hang": hang, "torch": torch_loop}[sys.argv[2]]()
+    {"slow": slow, "hang": hang, "torch": torch_loop, "brief": brief}[sys.argv[2]]()
     rltrace.shutdown()
     print("loop finished", flush=True)
