@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sysconfig
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NamedTuple
@@ -24,6 +25,7 @@ from typing import IO, NamedTuple
 _THREAD = re.compile(r"Thread (\d+)")
 _PROCESS = re.compile(r"Process (\d+)")
 _STOP_TIMEOUT_S = 10.0
+_RESEND_S = 0.05  # SIGINT again this often until py-spy stops (see Recording.stop)
 _DUMP_TIMEOUT_S = 20.0
 MAX_CHILDREN = 16  # descendants dumped on a hang
 
@@ -87,15 +89,25 @@ class Recording:
             self.proc.send_signal(signal.SIGINT)  # does nothing once py-spy has exited
 
     def stop(self) -> tuple[int | None, str]:
-        """Interrupt py-spy and wait for its file; kill it if it does not stop."""
+        """Interrupt py-spy and wait for its file; kill it if it does not stop.
+
+        SIGINT is sent again every `_RESEND_S`: a process started with SIGINT ignored (under
+        nohup, or as a background job of a script) passes that on to py-spy, which then loses a
+        SIGINT that comes before it sets up its Control-C handler."""
         self.interrupt()
-        try:
-            self.proc.wait(timeout=_STOP_TIMEOUT_S)
-            returncode = self.proc.returncode
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            returncode = None
+        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        while True:
+            try:
+                self.proc.wait(timeout=_RESEND_S)
+                returncode = self.proc.returncode
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    self.proc.kill()
+                    self.proc.wait()
+                    returncode = None
+                    break
+                self.proc.send_signal(signal.SIGINT)
         self.output.seek(0)
         text = self.output.read().decode(errors="replace")
         self.output.close()

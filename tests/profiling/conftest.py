@@ -19,13 +19,19 @@ PROGRAM = Path(__file__).with_name("program.py")
 PYSPY = str(Path(sys.executable).parent / "py-spy")
 
 
+#: the test program with SIGINT at its default, whatever this runner inherited (under nohup, or as a
+#: script's background job, it is ignored, and the program's py-spy would inherit that)
+_DEFAULT_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                   "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"]
+
+
 def program_env(**settings: str) -> dict[str, str]:
     return python_env(**{"RLTRACE_PYSPY": PYSPY, **settings})
 
 
 def run_program(run_dir: Path, mode: str, timeout: float = 120, **settings: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(PROGRAM), str(run_dir), mode],
+        [*_DEFAULT_SIGINT, str(PROGRAM), str(run_dir), mode],
         env=program_env(**settings),
         capture_output=True,
         text=True,
@@ -37,7 +43,7 @@ def run_program(run_dir: Path, mode: str, timeout: float = 120, **settings: str)
 def start_program(run_dir: Path, mode: str, **settings: str) -> subprocess.Popen:
     """The test program in its own process group, so `kill_program` also ends its children."""
     return subprocess.Popen(
-        [sys.executable, str(PROGRAM), str(run_dir), mode],
+        [*_DEFAULT_SIGINT, str(PROGRAM), str(run_dir), mode],
         env=program_env(**settings),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

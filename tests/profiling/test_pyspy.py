@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -159,6 +161,22 @@ def test_a_py_spy_that_does_not_answer_control_c(tmp_path, monkeypatch, sampling
         assert profile["status"] == "failed" and "did not stop within" in profile["message"], profile["message"]
     else:
         assert profile["status"] == "no_samples" and "still attaching" in profile["message"], profile["message"]
+
+
+def test_a_sigint_lost_before_py_spy_listens_is_sent_again(tmp_path):
+    """A process started with SIGINT ignored passes that on to py-spy, which then loses a SIGINT
+    that comes before it sets up its Control-C handler: stopping it asks again until it listens.
+    A stand-in started with SIGINT ignored that sets up its handler after 0.3 s and exits on it."""
+    late = ("import signal, sys, time; time.sleep(0.3); "
+            "signal.signal(signal.SIGINT, lambda *_: sys.exit(0)); time.sleep(30)")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under nohup: the child inherits it
+    try:
+        recording = pyspy_mod.start_record([sys.executable, "-c", late])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    started = time.monotonic()
+    returncode, _ = recording.stop()
+    assert returncode == 0 and time.monotonic() - started < 5  # not killed after the 10 s limit
 
 
 def test_dump_stacks_attaches_a_manual_dump_to_the_running_phase(tmp_path):
