@@ -121,9 +121,10 @@ def table(con, kind: str, schema: pa.Schema, select: str) -> str:
         if not path.is_file():
             continue
         try:
-            mine = (listed_parts(pq.read_schema(path)) & now) - taken
+            table = views.read_whole(path)  # one read: a concurrent report may replace the file
+            mine = (listed_parts(table.schema) & now) - taken
             if mine:
-                _insert(con, name, pq.read_table(path, schema=schema), mine)
+                _insert(con, name, table.select(schema.names).cast(schema), mine)
         except (OSError, KeyError, ValueError, TypeError, pa.ArrowException, duckdb.Error) as exc:
             logger.debug("rltrace: ignoring the cache file %s: %s", path, exc)
             continue

@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rltrace import _names
 from rltrace.analysis import _compute, _parts
 from rltrace.analysis._steps import Steps, step_filter
+from rltrace.store import views
 
 _CACHE = "_rltrace_summary"
 _CHECKS = "_rltrace_checks"
@@ -242,7 +242,7 @@ def _reuse_cached(con, missing: pd.DataFrame) -> _Cached:
     now = _parts.parts_now(con)
     for i, path in enumerate([*additions, full]):
         try:
-            cached = pq.read_table(path)
+            cached = views.read_whole(path)
             then = _parts.listed_parts(cached.schema)
             cached = cached.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
         except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:

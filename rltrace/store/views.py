@@ -28,6 +28,15 @@ class CorruptPartError(StoreError):
     """A part file cannot be used: truncated, foreign, missing columns or from a newer rltrace."""
 
 
+def read_whole(path: str | Path, **kwargs) -> pa.Table:
+    """A Parquet file read through one open file handle, so a file that its writer replaces
+    (`os.replace`) meanwhile is read as its old or its new version whole. `pq.read_table(path)`
+    opens the path more than once and can mix the two ("Column cannot have more than one
+    dictionary"). Keyword arguments go to `pq.read_table`."""
+    with pa.OSFile(str(path)) as handle:
+        return pq.read_table(handle, **kwargs)
+
+
 @dataclass
 class Part:
     path: Path
@@ -282,7 +291,7 @@ def _read_now(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[P
     tables = []
     for part in parts:
         try:
-            tables.append(pq.read_table(part.path))
+            tables.append(read_whole(part.path))
         except FileNotFoundError:
             continue  # removed since the scan: its writer finished (open spans all ended)
         except (OSError, pa.ArrowException) as exc:

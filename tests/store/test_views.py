@@ -157,3 +157,43 @@ def test_records_rewritten_in_place_while_a_report_reads_them(tmp_path):
     for part in (run / "open_spans").glob("*.parquet"):
         part.unlink()  # the process ended between the scan and the read
     assert store.connect(snap).execute("SELECT count(*) FROM spans WHERE is_open").fetchone()[0] == 0
+
+
+def test_open_spans_rewritten_while_a_reader_opens_the_run_are_read_whole(recorded):
+    """A process rewrites its open-spans record (`os.replace`) every few milliseconds; a reader
+    opening the run meanwhile (the live watcher, a report) sees one version or the other, never a
+    mix of two files that fails as a corrupt part."""
+    import threading
+    import time
+
+    from rltrace import _names
+    from rltrace.store.writer import write_part
+
+    spans = pq.read_table(first_part(recorded)).cast(_names.SPANS_SCHEMA)
+    spans = pa.concat_tables([spans] * 4)
+    stop = threading.Event()
+
+    def rewrite():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            size = 1 + n % spans.num_rows
+            # dictionary columns whose dictionaries change with every version
+            part = spans.slice(0, size).set_column(
+                spans.schema.get_field_index("name"), "name", pa.array([f"phase-{n}-{i}" for i in range(size)]).dictionary_encode()
+            )
+            write_part(recorded / _names.OPEN_SPANS.folder, "trainer-1.parquet", part, _names.OPEN_SPANS)
+
+    writer = threading.Thread(target=rewrite, daemon=True)
+    writer.start()
+    opened, deadline = 0, time.monotonic() + 3
+    try:
+        while time.monotonic() < deadline:
+            con = store.open(recorded)
+            counted = con.execute("SELECT count(*) FROM spans WHERE is_open").fetchone()[0]
+            assert 0 <= counted <= spans.num_rows
+            opened += 1
+    finally:
+        stop.set()
+        writer.join()
+    assert opened > 20
