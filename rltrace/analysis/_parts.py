@@ -1,7 +1,7 @@
 """What reports need from every span, computed once per span part and kept on this machine.
 
 A span part never changes once written, so each thing a report would otherwise scan every span
-for (per-step counts, engine request fields and imported spans out of the attribute text) is
+for (per-step counts, engine request fields out of the attribute text) is
 kept per part in a sidecar file beside the summary cache (`<run id>.<kind>.parquet`, listing
 the parts it covers). A report reads the sidecar for the parts it lists and scans only the
 others: on a live run of 100M spans, the last flushes. A sidecar that cannot be read or written

@@ -26,8 +26,10 @@ from rltrace.analysis._steps import Steps, step_filter
 #: SGLang request fields slime summarises (`_SGLANG_REQUEST_PERF_FIELDS`): output name, span attribute.
 REQUEST_FIELDS = (("e2e_latency", "e2e_latency"), ("queue_time", "queue_time"), ("decode_throughput", "decode_throughput"))
 STATS = ("mean", "median", "max", "min")
-#: a cheap text test that skips the JSON parse of spans that cannot hold SGLang's meta
-_MENTIONS = " OR ".join(f"contains(attributes, '\"{a}\"')" for _, a in REQUEST_FIELDS)
+#: a cheap text test that skips the JSON parse of spans that cannot hold SGLang's meta. Without
+#: the key's opening quote: a search whose first character is `"`, the commonest in JSON, stops
+#: at every key (at 10M spans 0.80 s against 0.44 s).
+_MENTIONS = " OR ".join(f"contains(attributes, '{a}\"')" for _, a in REQUEST_FIELDS)
 TRAIN_MEANS = (("log_probs", "train_log_probs"), ("rollout_log_probs", "rollout_log_probs"), ("ref_log_probs", "train_ref_log_probs"))
 
 

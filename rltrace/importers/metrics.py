@@ -40,6 +40,9 @@ from rltrace.importers.readers import MetricsImportError, Scalars
 
 SOURCE = "metrics"  # rl.source of imported spans
 SOURCE_ATTR = "rl.source"
+#: the service of the process that writes imported spans: how a report counts them (a dictionary
+#: column, where the `rl.source` attribute would mean reading every span's attribute text)
+SERVICE_NAME = "rltrace-import"
 METRIC_ATTR = "rl.metric"
 _PART_ROWS = 1_000_000  # metrics rows per part file
 _MAX_SECONDS = 1e8  # about three years: a longer stage timing is not one (and its nanoseconds must fit int64)
@@ -97,7 +100,7 @@ def _import(paths, out, framework: str, progress) -> dict:
     times = pa.array(times_ns, pa.int64(), mask=~known)
     manifest = create_or_join(Path(out), run_name=None, config={"imported_from": "metrics", "framework": framework,
                                                                "paths": [str(f) for f in files]})
-    process = ProcessInfo(run_id=manifest["run_id"], role=f"{framework}-import", rank=None, service_name="rltrace-import")
+    process = ProcessInfo(run_id=manifest["run_id"], role=f"{framework}-import", rank=None, service_name=SERVICE_NAME)
 
     # metrics: every scalar as logged, then the rltrace names of the mapped ones
     canonical = [_names.canonical_metric(m) for m in mapped]

@@ -11,14 +11,12 @@ import time
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from rltrace import analysis
-from rltrace.analysis import _parts
 from rltrace._phases import COST_COLUMN, phases_of
 from rltrace.analysis._steps import Steps
 from rltrace.analysis.steps import PHASE_COLUMNS
-from rltrace.importers.metrics import SOURCE, SOURCE_ATTR
+from rltrace.importers.metrics import SERVICE_NAME as IMPORTER
 from rltrace.report import findings
 
 WAITS_PER_STEP = 3
@@ -216,20 +214,12 @@ def _reward(con, steps: Steps, ro: pd.DataFrame) -> dict:
                   "per_step": r[["step", "value"]]})
 
 
-_IMPORTED_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("imported", pa.int64())])
-
-
 def _imported_spans(con) -> dict:
-    """How many finished spans were synthesized from imported metric logs (`rl.source` = metrics).
-
-    That is in each span's attribute text, which at 100M spans costs more to read than the rest
-    of the report: counted once per span part (`analysis._parts`)."""
-    counts = _parts.table(con, "imported", _IMPORTED_SCHEMA, f"""
-        SELECT filename, count(*) FILTER (WHERE contains(attributes, '"{SOURCE_ATTR}"')
-                                           AND attr(attributes, '{SOURCE_ATTR}') = '{SOURCE}') AS imported
-        FROM part_spans GROUP BY filename""")
+    """How many finished spans were synthesized from imported metric logs (`rltrace import
+    metrics` writes them, with `rl.source` = metrics, as the service `IMPORTER`)."""
     imported, total = con.execute(
-        f"SELECT (SELECT sum(imported) FROM {counts}), (SELECT sum(rows) FROM _rltrace_span_parts)").fetchall()[0]
+        "SELECT (SELECT count(*) FROM spans WHERE NOT is_open AND service_name = $importer), "
+        "(SELECT sum(rows) FROM _rltrace_span_parts)", {"importer": IMPORTER}).fetchall()[0]
     return {"metrics": int(imported or 0), "total": int(total or 0)}
 
 

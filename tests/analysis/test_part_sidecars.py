@@ -1,4 +1,4 @@
-"""What a report reads out of every span's attribute text (engine request fields, imported spans)
+"""What a report reads out of every span's attribute text (engine request fields)
 is read once per span part: later reports take it from a sidecar for the parts seen before and
 read only the new parts, so a report on a live run of 100M spans does not parse 100M attribute
 texts each time."""
@@ -7,7 +7,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from rltrace import analysis, report, store
+from rltrace import analysis, store
 from rltrace.analysis import _parts
 from rltrace.store import rows as store_rows
 from rltrace.testing import RunBuilder
@@ -89,20 +89,6 @@ def test_open_spans_with_request_fields_count_without_a_sidecar_row(tmp_path, ca
     table = analysis.engine(con).set_index("step")
     assert (table.loc[3, "requests"], table.loc[3, "e2e_latency_mean"]) == (1, 4.0)
     assert len(pq.read_table(_sidecar(cache, "requests"))) == 6  # finished spans only
-
-
-def test_imported_spans_are_counted_once_per_part(tmp_path, cache):
-    b, trainer, _ = _run(tmp_path)
-    trainer.span("weight_sync", 9.0, 9.5, step=0, source="metrics")  # what `rltrace import metrics` writes
-    b.write()
-    assert report.build(store.open(b.run_dir))["imported_spans"] == {"metrics": 1, "total": 10}
-    trainer.span("weight_sync", 19.0, 19.5, step=1, source="metrics")
-    trainer.span("train", 25.0, 28.0, step=2)
-    b.write()
-    assert report.build(store.open(b.run_dir))["imported_spans"] == {"metrics": 2, "total": 12}
-    (added,) = _additions(cache, "imported")  # the second report wrote only its new parts
-    assert sorted(pq.read_table(_sidecar(cache, "imported"))["imported"].to_pylist()) == [0, 0, 1]
-    assert pq.read_table(added)["imported"].to_pylist() == [1]
 
 
 def test_a_sidecar_that_cannot_be_read_is_computed_again(tmp_path, cache):

@@ -261,3 +261,21 @@ def test_tensor_scalars_and_histograms_from_tensorboards_own_writer(tmp_path):
     rows = con.execute("SELECT step, name, value FROM metrics ORDER BY name, step").fetchall()
     assert rows == [(0, "timing_s/gen", 1.5), (1, "timing_s/gen", 3.0), (0, "timing_s/update_actor", 0.0),
                     (1, "timing_s/update_actor", 0.0)]
+
+
+def test_imported_spans_beside_traced_ones_are_counted_by_their_writer(verl_logs, tmp_path):
+    """Metrics imported into a traced run: the report counts the spans the importer wrote, not a
+    traced span that happens to carry the same `rl.source` attribute."""
+    from rltrace.testing import RunBuilder
+
+    run = tmp_path / "run"
+    b = RunBuilder(run)
+    trainer = b.process("trainer")
+    for step in range(3):
+        trainer.span("train", 10.0 * step, 10.0 * step + 4, step=step)
+    trainer.span("train", 40.0, 41.0, step=4, source="metrics")  # a user's own attribute
+    b.write()
+    result = import_metrics([verl_logs / "log.jsonl"], run)
+    imported = build(store.open(run))["imported_spans"]
+    assert imported == {"metrics": result["spans"], "total": result["spans"] + 4}
+    assert result["spans"] > 0
