@@ -191,6 +191,20 @@ _REQUESTS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("siz
                               *((c, pa.float64()) for c in _REQUEST_COLUMNS)])
 
 
+def _requests_sql(keep: str, source: str, where: str) -> str:
+    """SQL for the request rows of `source`: each span's attribute text parsed once for every field."""
+    keys = (*(a for _, a in REQUEST_FIELDS), "cached_tokens", "prompt_tokens")
+    at = {key: f"v[{i + 1}]" for i, key in enumerate(keys)}
+    paths = ", ".join(f"'$.\"{key}\"'" for key in keys)
+    fields = ", ".join(f"TRY_CAST({at[a]} AS DOUBLE) AS {c}" for c, a in zip(_REQUEST_COLUMNS, keys))
+    carried = " OR ".join(f"{at[a]} IS NOT NULL" for _, a in REQUEST_FIELDS)
+    return f"""SELECT {keep}step, start_ns, ({at["e2e_latency"]} IS NOT NULL OR {at["decode_throughput"]} IS NOT NULL) AS timed,
+               {fields}
+        FROM (SELECT {keep}step, start_ns, json_extract_string(attributes, [{paths}]) AS v
+              FROM {source} WHERE {where} AND step IS NOT NULL AND ({_MENTIONS}))
+        WHERE {carried}"""
+
+
 def _requests(con, steps: Steps) -> pd.DataFrame:
     """The spans that carry SGLang's meta (one of `REQUEST_FIELDS`), with a step: step, start_ns,
     timed (an e2e_latency or decode_throughput attribute is there, numeric or not) and the request
@@ -198,20 +212,12 @@ def _requests(con, steps: Steps) -> pd.DataFrame:
 
     Finding them means reading every span's attribute text, which at 100M spans costs more than
     the rest of a report, so finished spans are read once per part (`_parts`); open spans now."""
-    fields = ", ".join(f"TRY_CAST(attr(attributes, '{a}') AS DOUBLE) AS {c}"
-                       for c, a in (*REQUEST_FIELDS, ("cached_tokens", "cached_tokens"), ("prompt_tokens", "prompt_tokens")))
-    carried = " OR ".join(f"attr(attributes, '{a}') IS NOT NULL" for _, a in REQUEST_FIELDS)
-    timed = "attr(attributes, 'e2e_latency') IS NOT NULL OR attr(attributes, 'decode_throughput') IS NOT NULL"
-    picked = f"step, start_ns, ({timed}) AS timed, {fields}"
     if not _parts.has_table(con, "_rltrace_requests"):  # once per connection (two tables read it)
-        finished = _parts.table(con, "requests", _REQUESTS_SCHEMA, f"""
-            SELECT filename, {picked} FROM part_spans WHERE step IS NOT NULL AND ({_MENTIONS}) AND ({carried})""")
+        finished = _parts.table(con, "requests", _REQUESTS_SCHEMA, _requests_sql("filename, ", "part_spans", "true"))
         columns = ", ".join(("step", "start_ns", "timed", *_REQUEST_COLUMNS))
         con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS _rltrace_requests AS
             SELECT * FROM (SELECT {columns} FROM {finished}
-                           UNION ALL
-                           SELECT {picked} FROM spans
-                           WHERE is_open AND step IS NOT NULL AND ({_MENTIONS}) AND ({carried}))
+                           UNION ALL {_requests_sql("", "spans", "is_open")})
             ORDER BY step, start_ns""")
     where, params = step_filter(steps)
     # stored in order, and a scan keeps it; numbers straight from Arrow (millions of requests at 100M spans)
