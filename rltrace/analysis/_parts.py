@@ -32,7 +32,13 @@ _PARTS = "_rltrace_span_parts"  # the connection's span parts: name, rows, size,
 
 
 def has_table(con, name: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchall()[0][0])
+    """Whether the connection has that table or view (a report asks ~20 times: a catalog lookup
+    costs a third of a `duckdb_tables()` query)."""
+    try:
+        con.execute(f'SELECT 1 FROM "{name}" LIMIT 0')
+    except duckdb.CatalogException:
+        return False
+    return True
 
 
 def meta(con, key: str) -> str | None:
