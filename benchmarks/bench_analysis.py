@@ -2,11 +2,15 @@
 
     python benchmarks/bench_analysis.py [--spans 10000000] [--dir /tmp/rltrace-bench]
     python benchmarks/bench_analysis.py --raw --spans 100000000   # a run never compacted
+    python benchmarks/bench_analysis.py --names 20000             # span names that carry ids
 
 `--raw` measures what a user meets on a run nobody compacted: `rltrace report` (open + build,
 every summary computed from the spans, empty summary cache) against a DuckDB `GROUP BY step,
 phase` over the same spans (open + query), its peak memory (a child process), and a live run's
 second report after one more step was flushed (the summary cache computes only that step).
+`--names N`: a service whose N request spans each have their own name (`Req <id>`, with a
+`decode` child), as instrumentations that put ids in span names give, against the same run with
+one name for all: the report should cost about the same.
 `--engine-meta`: generate spans carry attributes as a traced run's do (a sample id, ~80 bytes; one
 in 30 SGLang's request meta, ~190 bytes), so reading attribute text costs what it does there.
 
@@ -260,6 +264,38 @@ def _raw(run_dir: Path, written: int, rows: list, meta: bool = False) -> None:
                  f"{first['seconds']:.2f} s first", f"{100 * second['seconds'] / first['seconds']:.0f}%"))
 
 
+def _names(root: Path, n: int) -> None:
+    """The report on a run whose engine spans are named per request, against one name for all."""
+    from rltrace.testing import RunBuilder
+
+    rows, seconds = [], {}
+    for label, distinct in (("one name", False), (f"{n:,} names", True)):
+        run_dir = root / f"names-{n}-{int(distinct)}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        b = RunBuilder(run_dir)
+        trainer, engine = b.process("trainer"), b.process("engine", rank=None)
+        rng = np.random.default_rng(0)
+        steps = 20
+        for step in range(steps):
+            t = 100.0 * step
+            trainer.span("wait", t, t + 61, step=step, waiting_for="rollout")
+            trainer.span("train", t + 61, t + 95, step=step)
+            for i in range(n // steps):
+                a, d = t + rng.uniform(0, 90), rng.uniform(0.01, 5)
+                name = f"Req {step:04d}{i:08x}" if distinct else "Req"
+                request = engine.span(None, a, a + d, step=step, name=name)
+                engine.span(None, a + d / 3, a + d / 2, step=step, name="decode", parent=request)
+        b.write()
+        cache = root / f"names-{n}-{int(distinct)}-summaries"
+        shutil.rmtree(cache, ignore_errors=True)
+        seconds[label] = _child(f"report.build(store.open({str(run_dir)!r}))", cache)["seconds"]
+    base, many = seconds["one name"], seconds[f"{n:,} names"]
+    rows.append(("report, every request span named alike (baseline)", "", f"{base:.2f} s", "", ""))
+    rows.append((f"report, {n:,} distinct request names", "about the baseline", f"{many:.2f} s",
+                 f"{base:.2f} s one name", f"{many / base:.1f}x"))
+    _print(rows, 2 * n + 40)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--spans", type=int, default=10_000_000)
@@ -269,7 +305,10 @@ def main() -> None:
     p.add_argument("--raw", action="store_true", help="only the never-compacted report against a GROUP BY, and a live run")
     p.add_argument("--engine-meta", action="store_true",
                    help="generate spans carry attributes (a sample id; one in 30 SGLang's request meta), as a traced run's do")
+    p.add_argument("--names", type=int, default=0, help="only the report on N distinct request names against one name")
     args = p.parse_args()
+    if args.names:
+        return _names(Path(args.dir), args.names)
     run_dir = Path(args.dir) / f"run-{args.spans}{'-meta' if args.engine_meta else ''}"
     rows = []
     before = None

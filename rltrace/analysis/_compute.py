@@ -609,6 +609,82 @@ def _descendants(parent: np.ndarray, child: np.ndarray) -> dict[int, set[int]]:
     return out
 
 
+_PAIRS = 20_000_000  # (piece, segment) pairs enumerated at once; beyond, pieces x phases are queried in chunks
+
+
+def _own_segments(pg, ps, pe, children: dict[int, set[int]]):
+    """Each busy phase's merged time minus its busy descendants' (the time it ran as itself):
+    (phase, start, end), disjoint within a phase. `pg, ps, pe`: merged time per phase, sorted by
+    (phase, start). Each parent interval is cut only by the descendants' intervals inside it, so
+    a phase shared by many parents (one child name under thousands of request names) costs what
+    it overlaps, not a copy per parent."""
+    parent = np.flatnonzero(np.isin(pg, np.fromiter(children, _I64, len(children)))) if children else np.empty(0, _I64)
+    if not len(parent):
+        return pg, ps, pe
+    link_parent = np.fromiter((p for p, kids in children.items() for _ in kids), _I64)
+    link_kid = np.fromiter((k for kids in children.values() for k in kids), _I64)
+    order = np.argsort(link_parent, kind="stable")
+    link_parent, link_kid = link_parent[order], link_kid[order]
+    lo = np.searchsorted(link_parent, pg[parent], "left")
+    counts = np.searchsorted(link_parent, pg[parent], "right") - lo
+    window = np.repeat(np.arange(len(parent), dtype=_I64), counts)  # each parent interval once per descendant
+    kid = link_kid[iv.ranges(lo, counts)]
+    w, cs, ce = iv.clip(pg, ps, pe, kid, ps[parent][window], pe[parent][window])
+    g, own_s, own_e = iv.complement(window[w], cs, ce, ps[parent], pe[parent], ordered=False)
+    alone = np.ones(len(pg), bool)
+    alone[parent] = False
+    return (np.concatenate([pg[alone], pg[parent][g]]), np.concatenate([ps[alone], own_s]),
+            np.concatenate([pe[alone], own_e]))
+
+
+def _overlap_by_phase(g, start, end, a, b, pieces: np.ndarray):
+    """(piece, phase, ns) for each of the `pieces` (indices into a, b) and each phase g whose
+    intervals (disjoint within a phase) overlap it, ns > 0.
+
+    The overlapping (piece, interval) pairs are listed when there are fewer of them than pieces x
+    phases (the usual case: a wait overlaps a few stages); otherwise, or past `_PAIRS`, every
+    piece asks every phase, in chunks (many concurrent waits over a finely cut phase)."""
+    a, b = a[pieces], b[pieces]
+    empty = (np.empty(0, _I64),) * 3
+    if not len(pieces) or not len(g):
+        return empty
+    by_start = np.argsort(start, kind="stable")
+    # intervals that start inside a piece
+    lo1 = np.searchsorted(start[by_start], a, "left")
+    n1 = np.searchsorted(start[by_start], b, "left") - lo1
+    # intervals that start before a piece and are still running at its start
+    by_a = np.argsort(a, kind="stable")
+    lo2 = np.searchsorted(a[by_a], start, "right")
+    n2 = np.maximum(np.searchsorted(a[by_a], end, "left") - lo2, 0)
+    phases = np.unique(g)
+    pairs = int(n1.sum() + n2.sum())
+    if pairs <= min(len(a) * len(phases), _PAIRS):
+        q = np.concatenate([np.repeat(np.arange(len(a), dtype=_I64), n1), by_a[iv.ranges(lo2, n2)]])
+        i = np.concatenate([by_start[iv.ranges(lo1, n1)], np.repeat(np.arange(len(g), dtype=_I64), n2)])
+        ns = np.minimum(end[i], b[q]) - np.maximum(start[i], a[q])
+        keep = ns > 0
+        base = int(phases[-1]) + 1
+        key = q[keep] * base + g[i[keep]]
+        order = np.argsort(key, kind="stable")
+        key, ns = key[order], ns[keep][order]
+        if not len(key):
+            return empty
+        first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+        total = np.add.reduceat(ns, first)  # a phase's intervals overlapping one piece, summed
+        q, c = np.divmod(key[first], base)
+        return pieces[q], c, total
+    cov = iv.Coverage(g, start, end)
+    out = []
+    step = max(1, _PAIRS // len(phases))
+    for lo in range(0, len(a), step):
+        q = np.repeat(np.arange(lo, min(lo + step, len(a)), dtype=_I64), len(phases))
+        c = np.tile(phases, len(q) // len(phases))
+        ns = cov.between(c, a[q], b[q])
+        keep = ns > 0
+        out.append((pieces[q[keep]], c[keep], ns[keep]))
+    return tuple(np.concatenate(col) for col in zip(*out))
+
+
 def _attribute(pieces: pd.DataFrame, x: _Batch) -> pd.DataFrame:
     """One row per (piece, phase waited for) with the overlapping ns; waited_for None = nothing ran.
 
@@ -624,44 +700,28 @@ def _attribute(pieces: pd.DataFrame, x: _Batch) -> pd.DataFrame:
     busy_p = x.busy[pr]
     (pg,), ps, pe = _union_by([(np.concatenate([mph[busy_m] - 1, codes[pr][busy_p]]), len(names))],
                               np.concatenate([ma[busy_m], pa_[busy_p]]), np.concatenate([me[busy_m], pb_[busy_p]]))
-    width = len(names) + 1
-    busy_codes = np.flatnonzero((np.bincount(codes + 1, minlength=width) > 0) & x.busy_phase[np.arange(-1, width - 1)]) - 1
     up, down = x.parent_phase, x.child_phase
     link = x.busy_phase[up] & x.busy_phase[down] & (up != down)  # a busy phase directly inside another
-    children = _descendants(up[link], down[link])
-    # coverage groups: each busy phase; each parent phase with its descendants; the descendants alone; all busy
-    groups: list[tuple[object, set[int]]] = [(int(c), {int(c)}) for c in busy_codes]
-    groups += [((c, "+"), {c} | kids) for c, kids in children.items()]
-    groups += [((c, ":"), kids) for c, kids in children.items()]
-    groups.append(("*", {int(c) for c in busy_codes}))
-    index = {key: k for k, (key, _) in enumerate(groups)}
-    g_list, s_list, e_list = [], [], []
-    for k, (_, members) in enumerate(groups):
-        mask = np.isin(pg, list(members))
-        g_list.append(np.full(mask.sum(), k, _I64))
-        s_list.append(ps[mask])
-        e_list.append(pe[mask])
-    cov = iv.Coverage(np.concatenate(g_list), np.concatenate(s_list), np.concatenate(e_list))
+    og, os_, oe = _own_segments(pg, ps, pe, _descendants(up[link], down[link]))
     a, b = pieces["a"].to_numpy(_I64), pieces["b"].to_numpy(_I64)
-    n = len(pieces)
-
-    def covered(key) -> np.ndarray:
-        return cov.between(np.full(n, index[key], _I64), a, b)
-
-    # one column per busy phase, one for "nothing ran", one for the declared target
     measured = pieces["declared"].isna().to_numpy()
-    cols = [covered((int(c), "+")) - covered((int(c), ":")) if int(c) in children else covered(int(c))
-            for c in busy_codes]
-    cols.append((b - a) - covered("*"))
-    ns = np.column_stack(cols + [b - a]) if n else np.zeros((0, len(cols) + 1), _I64)
-    ns[:, :-1] *= measured[:, None]
-    ns[:, -1] *= ~measured
-    row, col = np.nonzero(ns > 0)
-    targets = np.array([names[int(c)] for c in busy_codes] + [None, None], object)[col]
+    # what ran meanwhile: (piece, phase, ns) for every phase that ran as itself during a measured piece
+    q, c, ns = _overlap_by_phase(og, os_, oe, a, b, np.flatnonzero(measured))
+    width = len(names)
+    nothing = (b - a) - iv.Coverage(np.zeros(len(pg), _I64), ps, pe).between(np.zeros(len(a), _I64), a, b)
+    whole = b - a
+    # then "nothing ran" for measured pieces, the declared target for the others
+    q = np.concatenate([q, np.flatnonzero(measured), np.flatnonzero(~measured)])
+    c = np.concatenate([c, np.full(int(measured.sum()), width, _I64), np.full(int((~measured).sum()), width + 1, _I64)])
+    ns = np.concatenate([ns, nothing[measured], whole[~measured]])
+    keep = ns > 0
+    order = np.lexsort((c[keep], q[keep]))  # piece by piece, phases in code order, as a table would list them
+    row, col, ns = q[keep][order], c[keep][order], ns[keep][order]
     declared = pieces["declared"].to_numpy(object)
-    targets = np.where(col == len(cols), declared[row], targets)
+    targets = np.append(np.asarray(names, object), [None, None])[col]
+    targets = np.where(col == width + 1, declared[row], targets)
     out = pieces.iloc[row].reset_index(drop=True)
-    return out.assign(waited_for=targets, ns=ns[row, col])
+    return out.assign(waited_for=targets, ns=ns)
 
 
 def _who_ran(x: _Batch, waits: pd.DataFrame) -> np.ndarray:

@@ -137,6 +137,12 @@ class Coverage:
         return np.where(mine, before + inside, 0)
 
 
+def ranges(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """lo[0] .. lo[0]+counts[0]-1, then lo[1] .. : consecutive index ranges, concatenated."""
+    counts = np.asarray(counts, _I64)
+    return np.repeat(np.asarray(lo, _I64) - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()), dtype=_I64)
+
+
 def clip(group, start, end, win_group, win_start, win_end):
     """Intersections of intervals with windows of the same group.
 
@@ -158,8 +164,7 @@ def clip(group, start, end, win_group, win_start, win_end):
     stop = np.searchsorted(ks, we, side="left")  # intervals starting before the window ends
     counts = np.maximum(stop - first, 0)
     win = np.repeat(np.arange(len(win_group), dtype=_I64), counts)
-    offsets = np.arange(counts.sum(), dtype=_I64) - np.repeat(np.cumsum(counts) - counts, counts)
-    idx = np.repeat(first, counts) + offsets
+    idx = ranges(first, counts)
     s = np.maximum(start[idx], win_start[win])
     e = np.minimum(end[idx], win_end[win])
     keep = e > s
