@@ -264,7 +264,7 @@ def _raw(run_dir: Path, written: int, rows: list, meta: bool = False) -> None:
                  f"{first['seconds']:.2f} s first", f"{100 * second['seconds'] / first['seconds']:.0f}%"))
 
 
-def _names(root: Path, n: int) -> None:
+def _many_names(root: Path, n: int) -> None:
     """The report on a run whose engine spans are named per request, against one name for all."""
     from rltrace.testing import RunBuilder
 
@@ -308,7 +308,7 @@ def main() -> None:
     p.add_argument("--names", type=int, default=0, help="only the report on N distinct request names against one name")
     args = p.parse_args()
     if args.names:
-        return _names(Path(args.dir), args.names)
+        return _many_names(Path(args.dir), args.names)
     run_dir = Path(args.dir) / f"run-{args.spans}{'-meta' if args.engine_meta else ''}"
     rows = []
     before = None
