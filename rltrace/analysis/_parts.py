@@ -128,9 +128,10 @@ def table(con, kind: str, schema: pa.Schema, select: str) -> str:
             continue
         try:
             table = views.read_whole(path)  # one read: a concurrent report may replace the file
-            mine = (listed_parts(table.schema) & now) - taken
+            listed = listed_parts(table.schema)
+            mine = (listed & now) - taken
             if mine:
-                _insert(con, name, table.select(schema.names).cast(schema), mine)
+                _insert(con, name, table.select(schema.names).cast(schema), None if mine == listed else mine)
         except (OSError, KeyError, ValueError, TypeError, pa.ArrowException, duckdb.Error) as exc:
             logger.debug("rltrace: ignoring the cache file %s: %s", path, exc)
             continue
@@ -144,8 +145,16 @@ def table(con, kind: str, schema: pa.Schema, select: str) -> str:
     return name
 
 
-def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]]) -> None:
-    """Insert the `rows` of these parts (a sidecar file may also hold parts gone since)."""
+def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]] | None) -> None:
+    """Insert the `rows` of these parts (a sidecar file may also hold parts gone since), or all
+    of them (`parts` None: every part the file lists is wanted)."""
+    if parts is None:
+        con.register("_rltrace_known", rows)
+        try:
+            con.execute(f"INSERT INTO {name} SELECT * FROM _rltrace_known")
+        finally:
+            con.unregister("_rltrace_known")
+        return
     con.register("_rltrace_known", rows)
     con.register("_rltrace_parts", _parts_table(parts))
     try:

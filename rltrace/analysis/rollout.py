@@ -15,6 +15,7 @@ loss mask), `cached_tokens` / `total_prompt_tokens` (prefix cache), `non_generat
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import pandas as pd
@@ -205,6 +206,10 @@ def _requests_sql(keep: str, source: str, where: str) -> str:
         WHERE {carried}"""
 
 
+#: the last `_requests` frame of each connection (the engine tables both read it: 3M rows at 100M spans)
+_LAST_REQUESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _requests(con, steps: Steps) -> pd.DataFrame:
     """The spans that carry SGLang's meta (one of `REQUEST_FIELDS`), with a step: step, start_ns,
     timed (an e2e_latency or decode_throughput attribute is there, numeric or not) and the request
@@ -220,11 +225,16 @@ def _requests(con, steps: Steps) -> pd.DataFrame:
                            UNION ALL {_requests_sql("", "spans", "is_open")})
             ORDER BY step, start_ns""")
     where, params = step_filter(steps)
+    last = _LAST_REQUESTS.get(con)
+    if last is not None and last[0] == (where, params):
+        return last[1]  # callers read it, never change it
     # stored in order, and a scan keeps it; numbers straight from Arrow (millions of requests at 100M spans)
     table = con.sql(f"SELECT * FROM _rltrace_requests WHERE {where}", params=params).to_arrow_table()
-    return pd.DataFrame({name: column.to_numpy(zero_copy_only=False) if name != "timed"
-                         else column.fill_null(False).to_numpy(zero_copy_only=False)
-                         for name, column in zip(table.column_names, table.columns)})
+    frame = pd.DataFrame({name: column.to_numpy(zero_copy_only=False) if name != "timed"
+                          else column.fill_null(False).to_numpy(zero_copy_only=False)
+                          for name, column in zip(table.column_names, table.columns)})
+    _LAST_REQUESTS[con] = ((where, params), frame)
+    return frame
 
 
 def engine(con, steps: Steps = None) -> pd.DataFrame:

@@ -45,6 +45,13 @@ logger = logging.getLogger("rltrace")
 BATCH_SPANS = (250_000, 1_000_000)  # spans loaded at once: a quarter of the run, within these bounds
 
 
+def _order(alias: str = "") -> str:
+    """Summary rows in one order whatever order they were computed or cached in: by step, kind
+    and critical-path position, then every other column (a "first" pick among ties is then the
+    same in every report)."""
+    return "ORDER BY " + ", ".join(alias + name for name in _names.STEP_SUMMARY_SCHEMA.names)
+
+
 def checks(con, steps: Steps = None) -> pd.DataFrame:
     """Per step: step, count (finished spans), start_ns, end_ns, total_ns (summed durations)."""
     if not _parts.has_table(con, _CHECKS):
@@ -107,7 +114,7 @@ def rows(con, steps: Steps = None, kinds: tuple[str, ...] | None = None,
     if unknown:
         raise ValueError(f"no such summary column: {', '.join(sorted(unknown))}")
     select = ", ".join(columns) if columns else "*"
-    query = f"SELECT {select} FROM {_CACHE} WHERE {where} ORDER BY step, kind, seq"
+    query = f"SELECT {select} FROM {_CACHE} WHERE {where} {_order()}"
     return frame(con.sql(query, params=params).to_arrow_table())
 
 
@@ -138,7 +145,7 @@ def table(con) -> pa.Table:
                       CASE WHEN c.kind = 'step' THEN w.window_count END AS window_count,
                       CASE WHEN c.kind = 'step' THEN w.window_ns END AS window_ns)
                 FROM {_CACHE} c LEFT JOIN _rltrace_wins w USING (step)
-                ORDER BY step, kind, seq"""
+                {_order("c.")}"""
         ).to_arrow_table()
     finally:
         con.unregister("_rltrace_wins")
@@ -303,7 +310,7 @@ def _save_cache(con, cached: _Cached) -> None:
                     and 4 * new_rows < cached.full_rows)
 
         def build() -> pa.Table:
-            table = con.sql(f"{new if addition else f'SELECT * FROM {_CACHE}'} ORDER BY step, kind, seq").to_arrow_table()
+            table = con.sql(f"{new if addition else f'SELECT * FROM {_CACHE}'} {_order()}").to_arrow_table()
             table = table.select(_names.STEP_SUMMARY_SCHEMA.names).cast(_names.STEP_SUMMARY_SCHEMA)
             return _parts.with_parts(table, _parts.parts_now(con))
 

@@ -71,7 +71,7 @@ def test_summary_rows_have_the_types_duckdb_gives(tmp_path):
         where = "true" if kind is None else f"kind = '{kind}'"
         if steps:
             where += f" AND step BETWEEN {steps[0]} AND {steps[1]}"
-        want = con.execute(f"SELECT * FROM {summary._CACHE} WHERE {where} ORDER BY step, kind, seq").df()
+        want = con.execute(f"SELECT * FROM {summary._CACHE} WHERE {where} {summary._order()}").df()
         got = summary.rows(con, steps, kinds=None if kind is None else (kind,))
         pd.testing.assert_frame_equal(got, want, check_exact=True)
         assert [str(t) for t in got.dtypes] == [str(t) for t in want.dtypes]

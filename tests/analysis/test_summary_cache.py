@@ -271,3 +271,28 @@ def test_progress_is_told_after_each_batch_of_computed_steps(tmp_path, monkeypat
     assert told == []  # every step from the cache: nothing computed, nothing to tell
     summary.rows(store.open(b.run_dir))  # outside the block nobody is told
     assert told == []
+
+
+def test_summary_rows_come_in_one_order_whatever_order_they_were_stored_in(tmp_path, monkeypatch):
+    """Rows that tie on step and kind (a step's waits, its phases) come in the same order from a
+    cache filled in another order: what the report picks "first" among them does not change
+    between reports."""
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    b = RunBuilder(tmp_path / "run")
+    trainer, workers = b.process("trainer"), [b.process("rollout", rank=r) for r in range(3)]
+    for step in range(3):
+        o = 10.0 * step
+        for r, worker in enumerate(workers):
+            worker.span("rollout", o, o + 3 + r, step=step)
+            worker.span("reward", o + 3 + r, o + 4 + r, step=step)
+        trainer.span("wait", o, o + 6, step=step)
+        trainer.span("train", o + 6, o + 8, step=step)
+    b.write()
+    con = store.open(b.run_dir)
+    first = summary.rows(con)
+    assert first.duplicated(["step", "kind"]).any()  # there are ties to order
+    for seed in (1, 2, 3):
+        con.execute(f"SELECT setseed(0.{seed})")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {summary._CACHE} AS SELECT * FROM {summary._CACHE} ORDER BY random()")
+        shuffled = summary.rows(con)
+        assert shuffled.equals(first)
