@@ -147,22 +147,20 @@ def table(con, kind: str, schema: pa.Schema, select: str) -> str:
 
 def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]] | None) -> None:
     """Insert the `rows` of these parts (a sidecar file may also hold parts gone since), or all
-    of them (`parts` None: every part the file lists is wanted)."""
-    if parts is None:
-        con.register("_rltrace_known", rows)
-        try:
-            con.execute(f"INSERT INTO {name} SELECT * FROM _rltrace_known")
-        finally:
-            con.unregister("_rltrace_known")
-        return
+    of them (`parts` None: every part the file lists is wanted, no join needed)."""
     con.register("_rltrace_known", rows)
-    con.register("_rltrace_parts", _parts_table(parts))
     try:
-        con.execute(f"INSERT INTO {name} SELECT k.* FROM _rltrace_known k SEMI JOIN _rltrace_parts p "
-                    "ON k.part = p.part AND k.rows = p.rows AND k.size = p.size")
+        if parts is None:
+            con.execute(f"INSERT INTO {name} SELECT * FROM _rltrace_known")
+            return
+        con.register("_rltrace_parts", _parts_table(parts))
+        try:
+            con.execute(f"INSERT INTO {name} SELECT k.* FROM _rltrace_known k SEMI JOIN _rltrace_parts p "
+                        "ON k.part = p.part AND k.rows = p.rows AND k.size = p.size")
+        finally:
+            con.unregister("_rltrace_parts")
     finally:
         con.unregister("_rltrace_known")
-        con.unregister("_rltrace_parts")
 
 
 def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]]) -> None:
