@@ -55,6 +55,7 @@ class Snapshot:
     parts: dict[str, list[Part]] = field(default_factory=dict)
     replaced: list[Path] = field(default_factory=list)  # parts a compacted part supersedes
     skipped: list[str] = field(default_factory=list)  # "path: why" for parts skipped as corrupt
+    skip_corrupt: bool = False  # a part found unreadable later (when read at open) is skipped too
 
 
 #: Tables whose parts rltrace writes with a fixed schema: a documented column of another type is refused.
@@ -155,7 +156,7 @@ def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _
     from rltrace.store import objstore
 
     run_dir = objstore.mirror(run_dir) if objstore.is_uri(run_dir) else Path(run_dir)
-    snap = Snapshot(run_dir=run_dir, manifest=read_manifest(run_dir))
+    snap = Snapshot(run_dir=run_dir, manifest=read_manifest(run_dir), skip_corrupt=skip_corrupt)
     for table in (tables or _names.TABLES).values():
         for attempt in range(5):
             try:
@@ -285,8 +286,10 @@ def _source(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Par
 _READ_AT_OPEN = frozenset({"open_spans", "processes", "profiles"})
 
 
-def _read_now(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Part]) -> str:
-    """SQL for all rows of a table whose parts are rewritten in place: read now into a table."""
+def _read_now(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Part], snap: Snapshot) -> str:
+    """SQL for all rows of a table whose parts are rewritten in place: read now into a table.
+    A part whose footer was sound but whose data is not is a `CorruptPartError`, or, when the
+    snapshot skips corrupt parts (the live watcher's), skipped with a warning like any other."""
     empty_sql = _source(con, table, [])
     tables = []
     for part in parts:
@@ -295,7 +298,11 @@ def _read_now(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[P
         except FileNotFoundError:
             continue  # removed since the scan: its writer finished (open spans all ended)
         except (OSError, pa.ArrowException) as exc:
-            raise CorruptPartError(f"{part.path}: unreadable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+            why = f"{part.path}: unreadable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+            if not snap.skip_corrupt:
+                raise CorruptPartError(why) from None
+            logger.warning("rltrace: skipping %s", why)
+            snap.skipped.append(why)
     name = f"_read_{table.name}"
     if not tables:
         return empty_sql
@@ -318,7 +325,7 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
     done = set()
     if "spans" in snap.parts:
         finished = _source(con, _names.SPANS, snap.parts["spans"])
-        still_open = _read_now(con, _names.OPEN_SPANS, snap.parts.get("open_spans", []))
+        still_open = _read_now(con, _names.OPEN_SPANS, snap.parts.get("open_spans", []), snap)
         con.execute(
             f"""CREATE VIEW spans AS
             SELECT *, (end_ns - start_ns) / 1e9 AS duration_s, false AS is_open FROM ({finished})
@@ -334,8 +341,9 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
         done.add("samples")
     for name, parts in snap.parts.items():
         if name not in done:
-            source = _read_now if name in _READ_AT_OPEN else _source
-            con.execute(f"CREATE VIEW {name} AS {source(con, _names.TABLES[name], parts)}")
+            table = _names.TABLES[name]
+            source = _read_now(con, table, parts, snap) if name in _READ_AT_OPEN else _source(con, table, parts)
+            con.execute(f"CREATE VIEW {name} AS {source}")
     summary_of = [p.summary_of for p in snap.parts.get("step_summary", [])]
     con.execute("CREATE TABLE _rltrace_meta (key VARCHAR, value VARCHAR)")
     con.execute(

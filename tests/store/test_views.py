@@ -197,3 +197,29 @@ def test_open_spans_rewritten_while_a_reader_opens_the_run_are_read_whole(record
         stop.set()
         writer.join()
     assert opened > 20
+
+
+def test_an_open_spans_file_damaged_past_its_footer_costs_only_that_file_when_skipping(tmp_path):
+    """A process's open-spans record with a sound footer and damaged data: a plain open says
+    which file; the live watcher's open (`skip_corrupt=True`) skips it with the reason and still
+    reads every other process's spans."""
+    from rltrace.testing import RunBuilder
+
+    b = RunBuilder(tmp_path / "run")
+    trainer, worker = b.process("trainer"), b.process("rollout")
+    trainer.span("train", 0.0, 1.0, step=0)
+    trainer.span("train", 2.0, None, step=1)  # still open
+    worker.span("rollout", 2.0, None, step=1)  # still open
+    b.write()
+    damaged = tmp_path / "run" / "open_spans" / f"{worker.process_id}.parquet"
+    data = bytearray(damaged.read_bytes())
+    footer = int.from_bytes(data[-8:-4], "little")
+    for i in range(4, len(data) - footer - 8):  # every data page, not the footer
+        data[i] = 0xFF
+    damaged.write_bytes(bytes(data))
+    pq.read_metadata(damaged)  # the footer still reads: the scan's check passes
+    with pytest.raises(StoreError, match=f"{worker.process_id}.parquet: unreadable"):
+        store.open(b.run_dir)
+    con = store.open(b.run_dir, skip_corrupt=True)
+    assert con.execute("SELECT process_id FROM spans WHERE is_open").fetchall() == [(trainer.process_id,)]
+    assert con.execute("SELECT count(*) FROM spans WHERE NOT is_open").fetchone()[0] == 1
