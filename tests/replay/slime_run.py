@@ -33,10 +33,12 @@ from pathlib import Path
 import torch
 
 #: A checkout of slime (THUDM/slime, tested at commit 624b824a). slime is not on PyPI and its code is
-#: not ours to commit: point RLTRACE_SLIME_SRC at a checkout, or place one at tests/replay/slime_src.
-SRC = Path(os.environ.get("RLTRACE_SLIME_SRC") or Path(__file__).parent / "slime_src")
-MISSING = ("needs slime's own rollout code: set RLTRACE_SLIME_SRC to a checkout of THUDM/slime "
-           "(tested at 624b824a) or place one at tests/replay/slime_src")
+#: not ours to commit: the pinned copy beside the checkout (`../shared/slime_src`, as in CI), or the
+#: checkout named by RLTRACE_SLIME_SRC, which wins.
+_BESIDE = Path(__file__).resolve().parents[3] / "shared" / "slime_src"
+SRC = Path(os.environ.get("RLTRACE_SLIME_SRC") or _BESIDE)
+MISSING = (f"needs slime's own rollout code: no checkout of THUDM/slime (tested at 624b824a) at {SRC}; "
+           "place the pinned copy at ../shared/slime_src beside this checkout or set RLTRACE_SLIME_SRC")
 
 
 def available() -> bool:
