@@ -317,7 +317,7 @@ def main() -> None:
         t = time.perf_counter()
         generate(run_dir, args.spans, meta=args.engine_meta)
         rows.append(("generate run", "", f"{time.perf_counter() - t:.1f} s", "", ""))
-    written = store.open(run_dir).execute("SELECT count(*) FROM spans").fetchone()[0]
+    written = store.open(run_dir).execute("SELECT count(*) FROM spans").fetchall()[0][0]
     if args.raw:
         _raw(run_dir, written, rows, meta=args.engine_meta)
         return _print(rows, written)

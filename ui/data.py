@@ -48,7 +48,7 @@ def _views(con) -> set[str]:
 
 
 def _count(con, view: str) -> int:
-    return int(con.execute(f"SELECT count(*) FROM {view}").fetchone()[0]) if view in _views(con) else 0
+    return int(con.execute(f"SELECT count(*) FROM {view}").fetchall()[0][0]) if view in _views(con) else 0
 
 
 # --- the run itself ------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def _info(con, path: str) -> dict:
     first, last, steps, spans, still_open = con.execute(
         """SELECT min(step), max(step), count(DISTINCT step), count(*) FILTER (WHERE NOT is_open),
                   count(*) FILTER (WHERE is_open) FROM spans"""
-    ).fetchone()
+    ).fetchall()[0]
     procs = analysis.processes(con)
     manifest = read_manifest(path)
     return {

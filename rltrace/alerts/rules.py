@@ -214,11 +214,11 @@ def starved(con, s: Settings, now_ns: int, open_spans: pd.DataFrame) -> list[Ale
         if target is not None:  # something of that phase running, or ended since the wait began
             busy = con.execute(
                 """SELECT count(*) FROM spans WHERE coalesce(phase, name) = ? AND span_id <> ?
-                   AND (is_open OR end_ns >= ?)""", [target, w["span_id"], int(w["start_ns"])]).fetchone()[0]
+                   AND (is_open OR end_ns >= ?)""", [target, w["span_id"], int(w["start_ns"])]).fetchall()[0][0]
         else:  # any work on another process
             busy = con.execute(
                 """SELECT count(*) FROM spans WHERE process_id <> ? AND coalesce(phase, name) NOT IN ('wait', 'step')
-                   AND (is_open OR end_ns >= ?)""", [w["process_id"], int(w["start_ns"])]).fetchone()[0]
+                   AND (is_open OR end_ns >= ?)""", [w["process_id"], int(w["start_ns"])]).fetchall()[0][0]
         if busy:
             continue
         what = target or "another process"

@@ -51,7 +51,7 @@ class Watcher:
             self._known.update(k for (k,) in con.execute("SELECT DISTINCT key FROM alerts").fetchall())
             firing = evaluate(con, self.settings, now_ns)
             ended = con.execute("SELECT count(*), count(*) FILTER (ended) FROM (SELECT bool_or(ended_ns IS NOT NULL) AS "
-                                "ended FROM processes GROUP BY process_id)").fetchone()
+                                "ended FROM processes GROUP BY process_id)").fetchall()[0]
             self.run_ended = bool(ended[0]) and ended[0] == ended[1]
         finally:
             con.close()

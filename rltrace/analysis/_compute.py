@@ -45,6 +45,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rltrace import _names
 from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
@@ -168,11 +169,26 @@ class Spans:
 
 
 def _rows(kind: str, **cols) -> pd.DataFrame:
+    """Summary rows of one kind, every column typed as the summary schema types it (nullable
+    Int64, float64, text as object): a column a kind leaves empty is a typed null column, never
+    an object column of None that DuckDB would type from a sample of its values."""
     n = len(next(iter(cols.values())))
-    frame = pd.DataFrame({c: cols.get(c, [None] * n) for c in _COLUMNS if c != "kind"})
+    frame = pd.DataFrame({c: _typed(c, cols.get(c), n) for c in _COLUMNS if c != "kind"})
     frame.insert(1, "kind", kind)
     frame["version"] = VERSION
     return frame
+
+
+_INTEGER = frozenset(f.name for f in _names.STEP_SUMMARY_SCHEMA if pa.types.is_integer(f.type))
+_FLOAT = frozenset(f.name for f in _names.STEP_SUMMARY_SCHEMA if pa.types.is_floating(f.type))
+
+
+def _typed(column: str, values, n: int):
+    if column in _INTEGER:
+        return pd.array(np.full(n, None, object) if values is None else values, dtype="Int64")
+    if column in _FLOAT:
+        return np.full(n, np.nan) if values is None else np.asarray(values, np.float64)
+    return np.full(n, None, object) if values is None else values
 
 
 def _group(*columns: tuple[np.ndarray, int]) -> tuple[np.ndarray, int, list[np.ndarray]]:

@@ -10,7 +10,7 @@ _COLS = ["trace_id", "span_id", "profile_id", "kind", "path"]
 
 
 def has_profiles(con) -> bool:
-    found = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'profiles'").fetchone()[0]
+    found = con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'profiles'").fetchall()[0][0]
     return bool(found)
 
 
@@ -44,9 +44,9 @@ _PROFILED = "_rltrace_profiled"
 def _profiled(con) -> str:
     """The profiled spans with their phase, step and duration, joined once per connection (a
     snapshot): a report asks for several phases, and each join reads every span."""
-    found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [_PROFILED]).fetchone()[0]
+    found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [_PROFILED]).fetchall()[0][0]
     if not found:
-        any_profile = con.execute("SELECT count(*) FROM (SELECT 1 FROM profiles LIMIT 1)").fetchone()[0]
+        any_profile = con.execute("SELECT count(*) FROM (SELECT 1 FROM profiles LIMIT 1)").fetchall()[0][0]
         con.execute(
             f"""CREATE TEMP TABLE {_PROFILED} AS
                 SELECT {', '.join('p.' + c for c in _COLS)}, s.duration_s, s.step, coalesce(s.phase, s.name) AS phase

@@ -32,7 +32,7 @@ def phase_resources(con, steps: Steps = None) -> pd.DataFrame:
     where, params = step_filter(steps, "s.step")
     sampled = con.execute("SELECT count(*) FROM (SELECT 1 FROM resources WHERE note IS NULL AND util_pct IS NOT NULL LIMIT 1)")
     # no samples (most runs): the same query on no spans, so the empty frame keeps its columns' types
-    spans = "spans" if sampled.fetchone()[0] else "(SELECT * FROM spans LIMIT 0)"
+    spans = "spans" if sampled.fetchall()[0][0] else "(SELECT * FROM spans LIMIT 0)"
     return con.execute(
         f"""WITH r AS (SELECT *, time_ns - CAST(coalesce(interval_s, 0) * 5e8 AS BIGINT) AS mid_ns
                        FROM resources WHERE note IS NULL AND util_pct IS NOT NULL)

@@ -30,8 +30,8 @@ def sync_children(con, steps: Steps = None) -> pd.DataFrame:
     marks = ", ".join("?" for _ in WEIGHT_SYNC_CHILDREN)
     # coalesce(phase, name) spelled out: the name column is then read only where phase is null
     any_child = con.execute(f"SELECT 1 FROM spans WHERE phase IN ({marks}) OR (phase IS NULL AND name IN ({marks})) LIMIT 1",
-                            [*WEIGHT_SYNC_CHILDREN, *WEIGHT_SYNC_CHILDREN]).fetchone()
-    if any_child is None:  # most runs: no broken-down syncs; skip the recursive walk over every span
+                            [*WEIGHT_SYNC_CHILDREN, *WEIGHT_SYNC_CHILDREN]).fetchall()
+    if not any_child:  # most runs: no broken-down syncs; skip the recursive walk over every span
         return pd.DataFrame(columns=["sync_span_id", "step", "start_ns", "sync_s", "child", "seconds", "bytes",
                                      "processes"])
     return con.execute(

@@ -36,7 +36,7 @@ def sample_timeline(con, first: int, last: int) -> pd.DataFrame:
     sid = "coalesce(" + ", ".join(f"attr(s.attributes, '{a}')" for a in SAMPLE_ATTRS) + ")"
     gid = "coalesce(" + ", ".join(f"attr(s.attributes, '{a}')" for a in GROUP_ATTRS) + ")"
     has_samples = "reward" in {r[0] for r in con.execute("SELECT column_name FROM (DESCRIBE samples)").fetchall()} \
-        if con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'samples'").fetchone()[0] else False
+        if con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'samples'").fetchall()[0][0] else False
     rewards = ("LEFT JOIN (SELECT step, CAST(sample_id AS VARCHAR) AS sid, max(reward) AS reward FROM samples "
                f"WHERE step BETWEEN ? AND ? GROUP BY ALL) r ON r.step = s.step AND r.sid = {sid}") if has_samples else ""
     frame = con.execute(

@@ -114,13 +114,14 @@ def replay(con, endpoint: str, *, steps: Steps = None, progress: Callable[[int, 
         raise RltraceConfigError("OTLP replay needs the OTLP exporter: pip install 'rltrace[otlp]'") from None
     url = otlp_traces_url(endpoint)
     where, params = step_filter(steps)
-    open_count = con.execute(f"SELECT count(*) FROM spans WHERE is_open AND {where}", params).fetchone()[0]
-    total = con.execute(f"SELECT count(*) FROM spans WHERE NOT is_open AND {where}", params).fetchone()[0]
+    open_count = con.execute(f"SELECT count(*) FROM spans WHERE is_open AND {where}", params).fetchall()[0][0]
+    total = con.execute(f"SELECT count(*) FROM spans WHERE NOT is_open AND {where}", params).fetchall()[0][0]
     resources = _resources(con)
     exporter = OTLPSpanExporter(endpoint=url, timeout=timeout_s)
     sent = 0
     try:
-        cursor = con.execute(f"SELECT * FROM spans WHERE NOT is_open AND {where} ORDER BY start_ns", params)
+        cursor = con.cursor()  # streamed in chunks: on a connection of its own, so an error leaves the caller's free
+        cursor.execute(f"SELECT * FROM spans WHERE NOT is_open AND {where} ORDER BY start_ns", params)
         while True:
             frame = cursor.fetch_df_chunk()
             if frame.empty:

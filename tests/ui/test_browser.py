@@ -27,13 +27,14 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 ARTIFACTS = REPO / "test-artifacts" / "ui"
 START_TIMEOUT_S = 90
 PAGE_TIMEOUT_MS = 90_000
-#: url path -> (title shown, text the page must show) for the colocated run (named "colocated")
+#: url path -> (title shown, text the page must show) for the colocated run (named "colocated"),
+#: in the order visited: the fresh server's first page is not the Overview (a bookmark, a link)
 PAGES = {
+    "reward": ("Reward & mismatch", "Samples of colocated"),
     "": ("colocated", "Cost model (median seconds per step)"),
     "timeline": ("Timeline", "Chrome trace (Perfetto)"),
     "waits": ("Waiting stages", "Weight sync: t_W ≈ S_W / B_W + t_0"),
     "profiles": ("Profiles", "pyspy_record of reward"),
-    "reward": ("Reward & mismatch", "Samples of colocated"),
     "batches": ("Batches", "Per-token log-prob difference"),
     "compare": ("Compare", "Timelines on one time scale"),
 }
