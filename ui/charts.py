@@ -162,8 +162,10 @@ def metric_lines(frames: dict[str, pd.DataFrame], *, title: str, y: str, height:
 
 
 def merge_phases(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """`phase_totals` of A and B on one row per phase: mean_s_a, mean_s_b and diff (B − A), for drawing."""
-    merged = a[["phase", "mean_s"]].merge(b[["phase", "mean_s"]], on="phase", how="outer", suffixes=("_a", "_b"))
+    """The report's phases of A and B on one row per phase: their time per step (`per_step_s`, as
+    mean_s_a and mean_s_b) and diff (B − A), for drawing."""
+    a, b = (f[["phase", "per_step_s"]].rename(columns={"per_step_s": "mean_s"}) for f in (a, b))
+    merged = a.merge(b, on="phase", how="outer", suffixes=("_a", "_b"))
     merged = merged.fillna({"mean_s_a": 0.0, "mean_s_b": 0.0})
     merged["diff"] = merged["mean_s_b"] - merged["mean_s_a"]
     return merged.sort_values(["mean_s_a", "mean_s_b"], ascending=True, ignore_index=True)

@@ -1,8 +1,11 @@
 """Every query the dashboard makes, cached per run version (see `runs.RunRef`).
 
-Figures come from `rltrace.analysis` and `rltrace.report`, so a page and `rltrace report` never
-disagree; the few raw reads here (run info, a span's attributes, per-sample rows) are plain
-SELECTs with parameters. Pages call these functions and never write SQL.
+Every figure a page shows comes from one place: `report()`, the dict `rltrace report --json`
+prints, built once per run version and step range; `table()` turns one of its sections into a
+frame. No page computes a figure again, so a page and `rltrace report` cannot disagree. The rest
+are records and drill-downs (run info, the spans and critical path of the steps on screen, a
+span's attributes, per-sample rows, frozen batches, profiles), read with parameters. Pages call
+these functions and never write SQL.
 
 Each function takes a `RunRef` (path + file fingerprint) first, so a new version of a live run
 is a new cache key; `ttl` and `max_entries` bound what a long-running server keeps.
@@ -100,102 +103,33 @@ def report(run: RunRef, steps: Steps) -> dict:
     return report_mod.plain(_with(run, report_mod.build, steps=steps))
 
 
-@st.cache_data(**CACHE)
-def open_spans(run: RunRef) -> pd.DataFrame:
-    """Spans that started and never ended, with how long they had been open at the run's last write."""
-    return _with(run, analysis.open_spans)
-
-
 def compare(this: dict, other: dict) -> pd.DataFrame:
     """Rows of `rltrace report --compare`: what, unit, this, other, ratio."""
     return pd.DataFrame(report_mod.compare(this, other), columns=["what", "unit", "this", "other", "ratio"])
 
 
-# --- step time, waits, critical path -------------------------------------------------------------
-@st.cache_data(**CACHE)
-def step_breakdown(run: RunRef, steps: Steps) -> pd.DataFrame:
-    return _with(run, analysis.step_breakdown, steps)
+def table(report_: dict, key: str, columns: list[str] | None = None) -> pd.DataFrame:
+    """A list section of a report (`report["steps"]`, `report["waits"]`, ...) as a frame; with
+    `columns`, an empty section still has them."""
+    frame = pd.DataFrame(report_.get(key) or [])
+    if columns is not None:
+        for column in columns:
+            if column not in frame:
+                frame[column] = pd.Series(dtype=object)
+    return frame
 
 
-@st.cache_data(**CACHE)
-def cost_model(run: RunRef, steps: Steps) -> pd.DataFrame:
-    return _with(run, analysis.cost_model, steps)
-
-
-@st.cache_data(**CACHE)
-def cost_summary(run: RunRef, steps: Steps) -> dict:
-    return _with(run, analysis.cost_summary, steps)
-
-
-@st.cache_data(**CACHE)
-def phase_totals(run: RunRef, steps: Steps) -> pd.DataFrame:
-    return _with(run, analysis.phase_totals, steps)
-
-
-@st.cache_data(**CACHE)
-def waits(run: RunRef, steps: Steps) -> pd.DataFrame:
-    return _with(run, analysis.waits, steps)
-
-
-@st.cache_data(**CACHE)
-def top_waits(run: RunRef, steps: Steps, n: int = 3) -> pd.DataFrame:
-    return _with(run, analysis.top_waits, steps, n=n)
-
-
+# --- drill-downs: one step's detail, per-sample rows ---------------------------------------------
 @st.cache_data(**CACHE)
 def critical_path(run: RunRef, steps: Steps) -> pd.DataFrame:
+    """The spans on each step's critical path (to draw on the timeline)."""
     return _with(run, analysis.critical_path, steps)
-
-
-@st.cache_data(**CACHE)
-def common_paths(run: RunRef, steps: Steps) -> pd.DataFrame:
-    return _with(run, analysis.common_paths, steps)
-
-
-@st.cache_data(**CACHE)
-def long_tail(run: RunRef, steps: Steps) -> pd.DataFrame:
-    return _with(run, analysis.long_tail, steps)
-
-
-@st.cache_data(**CACHE)
-def stragglers(run: RunRef, steps: Steps) -> pd.DataFrame:
-    return _with(run, analysis.stragglers, steps)
-
-
-@st.cache_data(**CACHE)
-def weight_sync(run: RunRef, steps: Steps) -> tuple[pd.DataFrame, dict]:
-    """The weight_sync spans with a payload size, and the fit seconds ≈ bytes / B_W + t_0."""
-    return _with(run, analysis.weight_sync_points, steps), _with(run, analysis.weight_sync_fit, steps)
-
-
-# --- reward, mismatch, staleness, samples --------------------------------------------------------
-@st.cache_data(**CACHE)
-def step_metrics(run: RunRef, names: tuple[str, ...], steps: Steps) -> pd.DataFrame:
-    return _with(run, analysis.step_metrics, names, steps)
-
-
-@st.cache_data(**CACHE)
-def mismatch(run: RunRef, steps: Steps) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per-step mismatch values (step, metric, value, source) and their trends."""
-    values = _with(run, analysis.mismatch, steps)
-    return values, analysis.trends(values)
-
-
-@st.cache_data(**CACHE)
-def rollout(run: RunRef, steps: Steps) -> pd.DataFrame:
-    """Per step, what slime computes from a rollout's samples (`analysis.rollout`)."""
-    return _with(run, analysis.rollout, steps)
 
 
 @st.cache_data(**CACHE)
 def batch_mismatch(run: RunRef, steps: Steps) -> pd.DataFrame:
     """Per-sample mismatch of frozen batches holding both engines' log-probs."""
     return _with(run, analysis.batch_mismatch, steps)
-
-
-@st.cache_data(**CACHE)
-def staleness(run: RunRef, steps: Steps) -> pd.DataFrame:
-    return _with(run, analysis.staleness, steps)
 
 
 def _samples(con, first: int, last: int, limit: int) -> pd.DataFrame:

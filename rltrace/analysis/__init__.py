@@ -29,7 +29,7 @@ from rltrace.analysis.resources import notes as resource_notes
 from rltrace.analysis.resources import samples as resource_samples
 from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
-from rltrace.analysis.steps import phase_breakdown, phase_rows, phase_totals, step_breakdown
+from rltrace.analysis.steps import phase_breakdown, phase_rows, phase_totals, stage_children, step_breakdown
 from rltrace.analysis.summary import table as summary_table
 from rltrace.analysis.sync import sync_children, sync_growth
 from rltrace.analysis.timeline import sample_timeline, step_timeline
@@ -42,6 +42,7 @@ __all__ = [
     "phase_breakdown",
     "phase_totals",
     "phase_rows",
+    "stage_children",
     "cost_model",
     "cost_summary",
     "nested_stages",

@@ -50,8 +50,9 @@ from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
 
-VERSION = 5  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 6  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
+# 6: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -361,8 +362,29 @@ def compute(spans: Spans, checks: pd.DataFrame) -> pd.DataFrame:
         _wait_rows(x, checks),
         _path_rows(x),
         _sync_rows(x),
+        _child_rows(x),
     ]
     return pd.concat([f for f in frames if len(f)], ignore_index=True)
+
+
+def _child_rows(x: _Batch) -> pd.DataFrame:
+    """Per step, (stage phase, phase of a span directly inside one of its spans): seconds = union
+    of the child spans across processes, count = child spans. What names the culprit inside a
+    stage: the reward function, tool call or engine that holds most of its time."""
+    s = x.s
+    kid = np.flatnonzero(x.in_batch & (s.prow >= 0))
+    parent = s.phase[s.prow[kid]]
+    keep = (x.stage_phase[parent] >= 0) & (s.phase[kid] != parent)
+    kid, parent = kid[keep], parent[keep]
+    if not len(kid):
+        return pd.DataFrame()
+    columns = [(x.bucket[kid], x.nb + 1), (parent + 1, x.nphase), (x.phase1[kid], x.nphase)]
+    (kb, kp, kc), count, _ = _sum_by(columns)
+    (mb, mp, mc), ma, me = _union_by(columns, s.start[kid], s.end[kid])
+    _, _, covered = _sum_by([(mb, x.nb + 1), (mp, x.nphase), (mc, x.nphase)], (me - ma).astype(np.float64))
+    names = np.append(s.phase_names, None)
+    return _rows("child", step=x.steps[kb], phase=names[kp - 1], other=names[kc - 1], seconds=covered / 1e9,
+                 count=count)
 
 
 def _sync_rows(x: _Batch) -> pd.DataFrame:

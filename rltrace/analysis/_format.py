@@ -114,3 +114,20 @@ def term(text) -> str:
 def md(text) -> str:
     """Stored text for page markdown (st.markdown, captions, titles, labels): shown literally."""
     return _MD_PUNCT.sub(r"\\\1", shown(text))
+
+
+#: Where a mismatch value comes from (`rltrace.analysis.mismatch` sources), in words.
+MISMATCH_SOURCES = {"metrics": "logged", "batches": "frozen batches", "samples": "per-sample mean"}
+
+
+def mismatch_label(trend: dict) -> str:
+    """What to add to a mismatch metric's name so the reader knows which computation it shows and
+    whether the others agree: "", " (frozen batches)", " (logged; frozen batches agree)"."""
+    sources = trend.get("sources") or [trend.get("source")]
+    if sources == ["metrics"]:
+        return ""
+    parts = [MISMATCH_SOURCES.get(sources[0], sources[0])]
+    for c in trend.get("computations") or []:
+        verdict = {True: "agree", False: "differ", None: "on other steps"}[c.get("agree")]
+        parts.append(f"{MISMATCH_SOURCES.get(c['source'], c['source'])} {verdict}")
+    return f" ({'; '.join(parts)})"

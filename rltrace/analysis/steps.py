@@ -73,21 +73,37 @@ def phase_totals(con, steps: Steps = None, *, rows: pd.DataFrame | None = None) 
     """Each phase over the selected steps.
 
     Returns:
-        phase, stage; steps (steps where it ran); spans; total_s (sum over steps of the phase's
-        union time across all processes); mean_s (total_s / steps); share (total_s / summed step
-        wall time); span_s (summed span durations, counts concurrent spans separately).
+        phase, stage; steps (steps where it ran: its runs); spans; total_s (sum over steps of the
+        phase's union time across all processes); per_step_s (total_s / every step of the range:
+        per step, amortised); per_run_s (total_s / steps where it ran: per run of the phase);
+        mean_s (= per_run_s, the older name); share (total_s / summed step wall time, in [0, 1]);
+        span_s (summed span durations, counts concurrent spans separately).
     `rows`: `phase_rows()` of the same steps, when the caller has them.
     """
     rows = phase_rows(con, steps) if rows is None else rows
-    wall = rows.loc[rows["kind"] == "step", "seconds"].sum()
+    walls = rows.loc[rows["kind"] == "step", "seconds"]
+    wall, in_range = walls.sum(), len(walls)
     phases = rows[(rows["kind"] == "phase") & rows["process_id"].isna()]
     out = phases.groupby("phase").agg(
         steps=("step", "nunique"), spans=("count", "sum"), total_s=("seconds", "sum"), span_ns=("total_ns", "sum")
     )
     out = out.reset_index()
     out["stage"] = out["phase"].map(stage)
-    out["mean_s"] = out["total_s"] / out["steps"]
+    out["per_step_s"] = out["total_s"] / in_range if in_range else float("nan")
+    out["per_run_s"] = out["total_s"] / out["steps"]
+    out["mean_s"] = out["per_run_s"]
     out["share"] = out["total_s"] / wall if wall > 0 else float("nan")
     out["span_s"] = out["span_ns"] / 1e9
-    cols = ["phase", "stage", "steps", "spans", "total_s", "mean_s", "share", "span_s"]
+    cols = ["phase", "stage", "steps", "spans", "total_s", "per_step_s", "per_run_s", "mean_s", "share", "span_s"]
     return out[cols].sort_values("total_s", ascending=False, ignore_index=True)
+
+
+def stage_children(con, steps: Steps = None) -> pd.DataFrame:
+    """The phases directly inside each stage phase's spans (reward functions, tool calls, engine
+    requests), per step.
+
+    Returns:
+        step, phase (the stage's phase, e.g. reward), other (the child's phase), seconds (union
+        of the child's spans across processes in that step), count (child spans).
+    """
+    return summary.rows(con, steps, kinds=("child",), columns=("step", "phase", "other", "seconds", "count"))

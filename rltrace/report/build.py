@@ -13,11 +13,13 @@ import numpy as np
 import pandas as pd
 
 from rltrace import analysis
+from rltrace import _names
 from rltrace._phases import COST_COLUMN, phases_of
 from rltrace.analysis._steps import Steps
 from rltrace.analysis.steps import PHASE_COLUMNS
 from rltrace.importers.metrics import SERVICE_NAME as IMPORTER
 from rltrace.report import findings
+from rltrace.report import stages as stage_figures
 
 WAITS_PER_STEP = 3
 SPIKE_RATIO = 3.0  # an outlier step: a stage took at least this multiple of its median ...
@@ -80,26 +82,31 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     phase_rows = analysis.phase_rows(con, steps, columns=PHASE_COLUMNS)  # read once: totals and the bottleneck's breakdown
     phases = analysis.phase_totals(con, steps, rows=phase_rows)
     rollout = analysis.rollout(con, steps)
+    stage_list = stage_figures.stage_rows(costs, analysis.stage_children(con, steps))
     step_rows = plain(step_rows)
     report = {
         "steps": step_rows,
         "phases": plain(phases),
-        **{k: plain(summary.get(k)) for k in ("t_R", "t_T", "t_W", "t_reward", "t_rollout", "t_sync",
+        **{k: plain(summary.get(k)) for k in ("wall_s", "t_R", "t_T", "t_W", "t_reward", "t_rollout", "t_sync",
                                                "async_bound", "async_speedup_bound", "recorded", "amortised")},
         "async": plain({k: summary.get(k) for k in ("period_s", "stage_s", "concurrent_s", "achieved_speedup",
                                                     "achieved_fraction", "overlapping")}),
         "nested": plain(analysis.nested_stages(con, steps)),
-        "bottleneck": _bottleneck(con, steps, summary, costs, phase_rows),
+        "stages": plain(stage_list),
+        "bottleneck": _bottleneck(con, steps, stage_list, phase_rows),
         "outliers": _outliers(con, step_rows),
         "critical_path": plain(analysis.common_paths(con, steps)),
         "waits": plain(analysis.top_waits(con, steps, n=WAITS_PER_STEP)),
+        "waits_by_step": _waits_by_step(con, steps),
         "long_tail": plain(tail),
         "stragglers": plain(analysis.stragglers(con, steps, table=generation)),
         "weight_sync_fit": plain(analysis.weight_sync_fit(con, steps)),
+        "weight_sync_points": plain(analysis.weight_sync_points(con, steps)),
         "weight_sync_children": plain(analysis.sync_growth(con, steps)),
         "staleness": _staleness(con, steps),
         "mismatch": _mismatch(con, steps),
         "reward": _reward(con, steps, rollout),
+        "metrics": plain(analysis.step_metrics(con, _names.METRICS, steps)),
         "rollout": plain(rollout),
         "engine": plain(analysis.engine_summary(con, steps, rollout_table=rollout)),
         "crashes": plain(analysis.crashes(con)),
@@ -112,40 +119,13 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     return report
 
 
-def _bottleneck(con, steps: Steps, summary: dict, costs: pd.DataFrame, phase_rows: pd.DataFrame) -> dict | None:
-    """The stage with the longest median time per step (amortised), where it ran, what to open
-    next, and the runner-up: when their interquartile ranges overlap the two are within noise."""
-    per_step = {stage: costs[col + "_amortised"].dropna() for stage, col in COST_COLUMN.items()}
-    medians = {k: float(v.median()) for k, v in per_step.items() if len(v) and v.median() > 0}
-    if not medians:
+def _bottleneck(con, steps: Steps, stages: list[dict], phase_rows: pd.DataFrame) -> dict | None:
+    """`stages.bottleneck`, with the profiles attached to its largest phase's longest spans."""
+    b = stage_figures.bottleneck(stages, analysis.phase_breakdown(con, steps, rows=phase_rows))
+    if b is None:
         return None
-    ranked = sorted(medians, key=medians.get, reverse=True)
-    stage = ranked[0]
-    iqr = {k: [float(per_step[k].quantile(0.25)), float(per_step[k].quantile(0.75))] for k in ranked[:2]}
-    runner_up = ranked[1] if len(ranked) > 1 else None
-    breakdown = analysis.phase_breakdown(con, steps, rows=phase_rows)
-    mine = breakdown[breakdown["phase"].isin(phases_of(stage))]
-    by_process = mine.groupby("process_id")["seconds"].sum().sort_values(ascending=False)
-    by_phase = mine.groupby("phase")["seconds"].sum().sort_values(ascending=False)
-    process_id = by_process.index[0] if len(by_process) else None
-    who = mine[mine["process_id"] == process_id].iloc[0] if process_id else None
-    wall = summary.get("wall_s") or 0
-    out = {
-        "stage": stage,
-        "median_s": medians[stage],
-        "share": medians[stage] / wall if wall else None,
-        "iqr_s": iqr[stage],
-        "runner_up": runner_up,
-        "runner_up_median_s": medians.get(runner_up),
-        "runner_up_iqr_s": iqr.get(runner_up),
-        "within_noise": bool(runner_up and iqr[runner_up][1] >= iqr[stage][0]),
-        "phase": by_phase.index[0] if len(by_phase) else stage,
-        "process_id": process_id,
-        "role": None if who is None else who["role"],
-        "rank": None if who is None else who["rank"],
-        "profiles": plain(analysis.for_phase(con, by_phase.index[0], steps) if len(by_phase) else []),
-    }
-    return plain(out)
+    b["profiles"] = plain(analysis.for_phase(con, b["phase"], steps))
+    return plain(b)
 
 
 def _outliers(con, step_rows: list[dict]) -> list[dict]:
@@ -166,6 +146,14 @@ def _outliers(con, step_rows: list[dict]) -> list[dict]:
         out.append({"stage": stage, "step": step, "seconds": values[worst], "median_s": median,
                     "steps_over": int((values >= SPIKE_RATIO * median).sum()), "profiles": profiles})
     return plain(out)
+
+
+def _waits_by_step(con, steps: Steps) -> list[dict]:
+    """Per step, process and awaited stage (`waited_for_group`): seconds waited (every wait of
+    the step, for the chart of who waits for what; `waits` keeps the longest few, with sentences)."""
+    w = analysis.waits(con, steps)
+    keys = ["step", "process_id", "role", "rank", "waited_for_group"]
+    return plain(w.groupby(keys, dropna=False, sort=True)["seconds"].sum().reset_index())
 
 
 def _open_spans(con, now_ns: int) -> list[dict]:
@@ -193,9 +181,47 @@ def _staleness(con, steps: Steps) -> dict:
     }
 
 
+#: Which computation of a mismatch metric leads when there are several: the run's own logged
+#: value, then the one computed from frozen batches, then the mean of per-sample columns.
+MISMATCH_SOURCES = ("metrics", "batches", "samples")
+AGREE_ABS, AGREE_REL = 1e-7, 1e-4  # float precision: below the 1e-6 alignment gate; float32 accumulation
+
+
 def _mismatch(con, steps: Steps) -> dict:
+    """One row per mismatch metric in `trends` (its leading computation), with every other
+    computation of the same quantity compared with it on the steps both hold."""
     values = analysis.mismatch(con, steps)
-    return {"trends": plain(analysis.trends(values)), "per_step": plain(values)}
+    trends = analysis.trends(values)
+    rows = []
+    for metric, group in trends.groupby("metric", sort=True):
+        ranked = sorted(group.to_dict("records"), key=lambda t: _source_rank(t["source"]))
+        lead = ranked[0]
+        lead["sources"] = [t["source"] for t in ranked]
+        lead["computations"] = [_agreement(values, metric, lead["source"], t["source"]) for t in ranked[1:]]
+        rows.append(lead)
+    return {"trends": plain(rows), "per_step": plain(values)}
+
+
+def _source_rank(source: str) -> int:
+    return MISMATCH_SOURCES.index(source) if source in MISMATCH_SOURCES else len(MISMATCH_SOURCES)
+
+
+def _agreement(values: pd.DataFrame, metric: str, lead: str, other: str) -> dict:
+    """How a second computation of `metric` compares with the leading one on their common steps:
+    source, steps (compared), max_abs_diff, at_step (where it is largest), agree (within float
+    precision: AGREE_ABS, or AGREE_REL of the larger value)."""
+    mine = values[values["metric"] == metric]
+    a = mine[mine["source"] == lead].set_index("step")["value"]
+    b = mine[mine["source"] == other].set_index("step")["value"]
+    common = a.index.intersection(b.index)
+    out = {"source": other, "steps": int(len(common)), "max_abs_diff": None, "at_step": None, "agree": None}
+    if len(common):
+        diff = (a[common] - b[common]).abs()
+        worst = diff.idxmax()
+        scale = max(abs(a[worst]), abs(b[worst]))
+        out |= {"max_abs_diff": float(diff[worst]), "at_step": int(worst), "lead_value": float(a[worst]),
+                "other_value": float(b[worst]), "agree": bool(diff[worst] <= max(AGREE_ABS, AGREE_REL * scale))}
+    return out
 
 
 def _reward(con, steps: Steps, ro: pd.DataFrame) -> dict:

@@ -20,8 +20,8 @@ def compare(this: dict, other: dict) -> list[dict]:
         add(key, "s/step (median)", this[key], other[key])
     add("step period", "s (median)", this["async"]["period_s"], other["async"]["period_s"])
     add("measured overlap", "x", this["async"]["achieved_speedup"], other["async"]["achieved_speedup"])
-    phases_a = {p["phase"]: p["mean_s"] for p in this["phases"]}
-    phases_b = {p["phase"]: p["mean_s"] for p in other["phases"]}
+    phases_a = {p["phase"]: p["per_step_s"] for p in this["phases"]}
+    phases_b = {p["phase"]: p["per_step_s"] for p in other["phases"]}
     for phase in sorted(set(phases_a) | set(phases_b), key=lambda p: -max(phases_a.get(p) or 0, phases_b.get(p) or 0)):
         add(f"phase {phase}", "s/step (mean)", phases_a.get(phase), phases_b.get(phase))
     children_a = {c["child"]: c["median_s"] for c in (this.get("weight_sync_children") or {}).get("children", [])}

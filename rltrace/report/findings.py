@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from rltrace.analysis._format import MISMATCH_SOURCES, mismatch_label
 from rltrace.analysis._format import number_text as num
 from rltrace.analysis._format import process_name as _who
 from rltrace.analysis._format import rate_text
@@ -27,8 +28,6 @@ MISMATCH_SCALE = {
     "tis_clipfrac": (0.0, 0.01),
 }
 MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest distance from neutral
-#: Where a mismatch value comes from (rltrace.analysis.mismatch sources), when not logged by the run.
-MISMATCH_SOURCE = {"samples": " (mean of per-sample values)", "batches": " (from frozen batches)"}
 
 
 def sentences(r: dict) -> list[str]:
@@ -59,13 +58,17 @@ def _bottleneck(r: dict) -> list[str]:
     if not b:
         return ["No step has rollout, reward, train or weight_sync spans: nothing to model."]
     where = f" on {_who(b['role'], b['rank'])}" if b.get("role") else ""
-    share = f" ({b['share']:.0%} of a step)" if b.get("share") is not None else ""
+    every = (f" (runs every {b['serves_steps']} steps: {sec(b['per_run_s'])} per run)"
+             if (b.get("serves_steps") or 1) > 1 else "")
+    share = f", {b['share']:.0%} of step time" if b.get("share") is not None else ""
+    culprit = b.get("culprit")
+    inside = f"; most of it in {culprit['phase']} ({culprit['share']:.0%})" if culprit else ""
     rollout = "" if r.get("t_R") is None else f" (rollout {sec(r['t_rollout'])} + reward {sec(r['t_reward'])})"
     text = (
-        f"Bottleneck: {b['stage']}{where}, median {sec(b['median_s'])} per step{share}; "
+        f"Bottleneck: {b['stage']}{where}, median {sec(b['median_s'])} per step{every}{share}{inside}; "
         f"t_R = {_term(r, 't_R')}{rollout}, t_T = {_term(r, 't_T')}, t_W = {_term(r, 't_W')}."
     )
-    if b.get("phase") and b["phase"] != b["stage"]:
+    if b.get("phase") and b["phase"] != b["stage"] and not culprit:
         text += f" Its largest phase is {b['phase']}."
     out = [text]
     if b.get("within_noise"):
@@ -308,8 +311,15 @@ def _staleness(r: dict) -> list[str]:
 def _mismatch(r: dict) -> list[str]:
     out = []
     for t in r["mismatch"]["trends"]:
+        for c in t.get("computations") or []:
+            if c.get("agree") is False:
+                out.append(
+                    f"{t['metric']} computed two ways disagrees: {num(c['lead_value'])} ({MISMATCH_SOURCES[t['source']]}) "
+                    f"against {num(c['other_value'])} ({MISMATCH_SOURCES[c['source']]}) at step {c['at_step']} "
+                    f"(largest of {c['steps']} steps compared): one of them is not computing what it says."
+                )
         neutral, floor = MISMATCH_SCALE.get(t["metric"], (0.0, 0.0))
-        source = MISMATCH_SOURCE.get(t["source"], "")
+        source = mismatch_label(t)
         change = abs(t["slope_per_step"] or 0.0) * (t["steps"] - 1)
         reach = max(abs(t["max"] - neutral), abs(t["min"] - neutral))
         if t["steps"] > 1 and change > 0 and change >= max(floor, MATERIAL_CHANGE * reach):

@@ -15,7 +15,7 @@ from rltrace.analysis._format import number_text as num
 from rltrace.analysis._format import process_name as _who
 from rltrace.analysis._format import seconds_text as sec
 from rltrace.analysis._format import share_text as _pct
-from rltrace.analysis._format import term
+from rltrace.analysis._format import mismatch_label, term
 
 MAX_STEP_ROWS = 30
 MAX_WAIT_ROWS = 10
@@ -98,8 +98,7 @@ def _quality(r: dict) -> Table | None:
     if w.get("first") is not None:
         t.add_row("reward", num(w["first"]), num(w["last"]), num(w["best"]), str(w["best_step"]))
     for m in r["mismatch"]["trends"]:
-        where = "" if m["source"] == "metrics" else f" ({m['source']})"  # computed from samples or frozen batches
-        t.add_row(term(m["metric"] + where), num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
+        t.add_row(term(m["metric"] + mismatch_label(m)), num(m["first"]), num(m["last"]), num(m["max"]), str(m["max_step"]))
     s = r["staleness"]
     if s.get("max") is not None:
         t.add_row("staleness", "", f"mean {num(s['mean'])}", num(s["max"]), "")
@@ -107,9 +106,11 @@ def _quality(r: dict) -> Table | None:
 
 
 def _phases(r: dict) -> Table:
-    t = _table("Phases (union time across processes)", ["phase", "stage", "total", "per step", "share", "spans"])
+    t = _table("Phases (union time across processes)", ["phase", "total", "per step", "per run", "share", "runs"])
     for p in r["phases"]:
-        t.add_row(term(p["phase"]), term(p["stage"] or ""), sec(p["total_s"]), sec(p["mean_s"]), _pct(p["share"]), str(p["spans"]))
+        t.add_row(term(p["phase"]), sec(p["total_s"]), sec(p["per_step_s"]), sec(p["per_run_s"]), _pct(p["share"]),
+                  str(p["steps"]))
+    t.caption = "per step: over every step (amortised); per run: over the steps that ran it"
     return t
 
 

@@ -46,7 +46,7 @@ from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
 
-VERSION = 5  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 6  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
@@ -97,8 +97,27 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
         _wait_rows(spans, checks, prow, busy, in_batch),
         _path_rows(spans, prow, busy, in_batch, phases, own[1]),
         _sync_rows(spans[in_batch]),
+        _child_rows(spans, prow, in_batch),
     ]
     return pd.concat([f for f in frames if len(f)], ignore_index=True)
+
+
+def _child_rows(spans: pd.DataFrame, prow: np.ndarray, in_batch: np.ndarray) -> pd.DataFrame:
+    """Per step, (stage phase, phase of a span directly inside one of its spans): union seconds, spans."""
+    kid = np.flatnonzero(in_batch & (prow >= 0))
+    phase = spans["phase"].to_numpy(object)
+    parent, child = phase[prow[kid]], phase[kid]
+    keep = np.isin(parent, list(STAGE_OF)) & (child != parent)
+    kid, parent, child = kid[keep], parent[keep], child[keep]
+    if not len(kid):
+        return pd.DataFrame()
+    frame = pd.DataFrame({"step": spans["step"].to_numpy()[kid], "parent": parent, "child": child,
+                          "a": spans["start_ns"].to_numpy(np.int64)[kid], "b": spans["end_ns"].to_numpy(np.int64)[kid]})
+    groups = frame.groupby(["step", "parent", "child"], sort=True)
+    covered = iv.total(groups.ngroup().to_numpy(), frame["a"].to_numpy(), frame["b"].to_numpy(), groups.ngroups)
+    keys = groups.size().reset_index()
+    return _rows("child", step=keys["step"].to_numpy(), phase=keys["parent"].to_numpy(object),
+                 other=keys["child"].to_numpy(object), seconds=covered / 1e9, count=keys[0].to_numpy())
 
 
 def _sync_rows(spans: pd.DataFrame) -> pd.DataFrame:

@@ -18,5 +18,5 @@ def test_reward_page_shows_mismatch_from_batches(slime_run, app):  # noqa: F811
     titles = [s["layout"].get("title", {}).get("text") for s in specs]
     abs_diff = specs[titles.index("train_rollout_logprob_abs_diff")]
     (line,) = [t for t in abs_diff["data"] if t.get("name")]
-    assert line["name"].endswith("· batches")  # the source is named
+    assert line["name"].endswith("(frozen batches)")  # the source is named
     assert at.selectbox(key="batch_mismatch_metric").value == "train_rollout_logprob_abs_diff"

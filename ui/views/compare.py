@@ -22,35 +22,41 @@ WAITS_SHOWN = 5
 
 @dataclass
 class Side:
-    """One side of the comparison: a run over some steps, and what the analyses say about it."""
+    """One side of the comparison: a run over some steps, and its report over them (a single step's
+    report holds that step's own times; a range's, the medians per step the cost model uses)."""
 
     ref: RunRef
     steps: Steps
     label: str
-    costs: pd.DataFrame  # analysis.cost_model rows of these steps
-    phases: pd.DataFrame  # analysis.phase_totals
-    waits: pd.DataFrame  # analysis.top_waits rows of these steps
+    report: dict
 
-    def cost(self, column: str):
-        values = self.costs[column].dropna()
-        return float(values.median()) if len(values) else None
+    @property
+    def costs(self) -> pd.DataFrame:
+        return data.table(self.report, "steps", ["step", "wall_s"])
+
+    @property
+    def phases(self) -> pd.DataFrame:
+        return data.table(self.report, "phases", ["phase", "per_step_s"])
+
+    @property
+    def waits(self) -> pd.DataFrame:
+        return data.table(self.report, "waits", ["step", "seconds", "text"])
+
+    def cost(self, key: str):
+        return self.report.get(key)
 
 
-def _side(ref: RunRef, steps: Steps, label: str, rng: Steps) -> Side:
-    """`steps` of `ref`; `rng` is the sidebar range the cached range-wide queries use."""
-    in_steps = lambda f: f[f["step"].between(*steps)]  # noqa: E731
-    return Side(ref, steps, label, in_steps(data.cost_model(ref, rng)), data.phase_totals(ref, steps),
-                in_steps(data.top_waits(ref, rng)))
+def _side(ref: RunRef, steps: Steps, label: str) -> Side:
+    return Side(ref, steps, label, data.report(ref, steps))
 
 
-def _step_table(a: Side, b: Side, rng: Steps) -> pd.DataFrame:
+def _step_table(a: Side, b: Side) -> pd.DataFrame:
     """Two steps of one run: the cost model, each phase, and every step scalar, A next to B."""
     rows = [(name, "s", a.cost(col), b.cost(col)) for name, col in COSTS[1:]] + [
         ("async_bound", "s", a.cost("async_bound"), b.cost("async_bound"))]
-    pa_, pb_ = (s.phases.set_index("phase")["mean_s"] for s in (a, b))
+    pa_, pb_ = (s.phases.set_index("phase")["per_step_s"] for s in (a, b))
     rows += [(f"phase {p}", "s", pa_.get(p), pb_.get(p)) for p in sorted(set(pa_.index) | set(pb_.index)) if p != CONTAINER]
-    scalars = data.step_metrics(a.ref, _names.METRICS, rng)
-    va, vb = (scalars[scalars["step"] == s.steps[0]].set_index("name")["value"] for s in (a, b))
+    va, vb = (data.table(s.report, "metrics", ["name", "value"]).set_index("name")["value"] for s in (a, b))
     rows += [(m, "step scalar", va.get(m), vb.get(m)) for m in _names.METRICS if m in va.index or m in vb.index]
     table = pd.DataFrame(rows, columns=["what", "unit", "A", "B"])
     table["ratio"] = table["A"] / table["B"].where(table["B"] != 0)
@@ -70,7 +76,7 @@ mode = st.segmented_control("Compare", modes, key="compare_mode", persist_state=
 if not other:
     st.caption("Start `rltrace ui` with two run dirs and pick one under *Compare with* to compare runs.")
 
-walls = data.step_breakdown(run, steps)
+walls = data.table(data.report(run, steps), "steps", ["step", "wall_s"])
 if walls.empty:
     st.info("No finished steps in this range.")
     st.stop()
@@ -86,19 +92,21 @@ if mode == STEPS_MODE:
     a = c1.selectbox("A (default: a typical step)", choices, key="compare_a", format_func=step_text, persist_state="session")
     b = c2.selectbox("B (default: the slowest step)", choices, key="compare_b", format_func=step_text, persist_state="session")
     labels = (f"step {a}", f"step {b}") if a != b else (f"step {a} (A)", f"step {b} (B)")
-    A, B = _side(run, (a, a), labels[0], steps), _side(run, (b, b), labels[1], steps)
-    table = _step_table(A, B, steps)
+    A, B = _side(run, (a, a), labels[0]), _side(run, (b, b), labels[1])
+    table = _step_table(A, B)
+    per = "B's time in its step"
 else:
     names = (data.info(run)["name"], data.info(other)["name"])
     labels = names if names[0] != names[1] else (f"{names[0]} (A)", f"{names[1]} (B)")
-    A, B = _side(run, steps, labels[0], steps), _side(other, steps, labels[1], steps)
+    A, B = _side(run, steps, labels[0]), _side(other, steps, labels[1])
     st.caption(f"Steps {steps[0]}–{steps[1]} of both runs; the table is `rltrace report --compare`.")
-    table = data.compare(data.report(run, steps), data.report(other, steps)).rename(columns={"this": "A", "other": "B"})
+    table = data.compare(A.report, B.report).rename(columns={"this": "A", "other": "B"})
+    per = "B's median per step"
 if B.costs.empty:
     st.warning(f"{fmt.md(B.label)} has no finished steps in {steps[0]}–{steps[1]}.")
     st.stop()
 
-st.markdown(f":blue-badge[A] **{fmt.md(A.label)}** &nbsp; vs &nbsp; :orange-badge[B] **{fmt.md(B.label)}** — B's median per step, "
+st.markdown(f":blue-badge[A] **{fmt.md(A.label)}** &nbsp; vs &nbsp; :orange-badge[B] **{fmt.md(B.label)}** — {per}, "
             "and how far it is from A's (red: B is slower)")
 for col, (title, key) in zip(st.columns(len(COSTS)), COSTS):
     va, vb = A.cost(key), B.cost(key)

@@ -35,23 +35,19 @@ st.caption("Throughput alone is not the goal: watch reward and mismatch move tog
            + ("Overlaid runs are shown over all their steps." if overlay else f"Steps {steps[0]}–{steps[1]}." if steps else ""))
 
 
-def _series(frame: pd.DataFrame, name: str, column: str = "name") -> pd.DataFrame:
-    return frame.loc[frame[column] == name, ["step", "value"]]
-
-
-reward, reward_std, mism, stale = {}, {}, {}, {}
+reward, reward_std, mism, stale, trends = {}, {}, {}, {}, []
 for ref in chosen_refs:
     label = labels[ref.path]
-    m = data.step_metrics(ref, ("reward_mean", "reward_std"), rng)
-    reward[label], reward_std[label] = _series(m, "reward_mean"), _series(m, "reward_std")
-    if reward[label].empty:  # no reward_mean logged: the mean of the samples' rewards
-        ro = data.rollout(ref, rng)
-        if "reward_mean" in ro:
-            reward[label] = ro.loc[ro["reward_mean"].notna(), ["step", "reward_mean"]].rename(columns={"reward_mean": "value"})
-    values, _ = data.mismatch(ref, rng)
-    for source, by_source in values.groupby("source"):  # logged, per-sample columns, frozen batches: named apart
-        mism[f"{label} · {source}"] = by_source
-    stale[label] = data.staleness(ref, rng)
+    r = data.report(ref, rng)
+    reward[label] = data.table(r["reward"], "per_step", ["step", "value"])
+    scalars = data.table(r, "metrics", ["step", "name", "value"])
+    reward_std[label] = scalars.loc[scalars["name"] == "reward_std", ["step", "value"]]
+    values = data.table(r["mismatch"], "per_step", ["step", "metric", "value", "source"])
+    for t in r["mismatch"]["trends"]:  # one series per metric: its leading computation, the others compared in its name
+        mine = values[(values["metric"] == t["metric"]) & (values["source"] == t["source"])]
+        mism.setdefault(t["metric"], {})[f"{label}{fmt.mismatch_label(t)}"] = mine[["step", "value"]]
+        trends.append(t | {"run": label, "computed": fmt.mismatch_label(t).strip(" ()") or "logged"})
+    stale[label] = data.table(r["staleness"], "per_step", ["step", "mean", "max"])
 
 left, right = st.columns(2)
 with left:
@@ -71,28 +67,26 @@ with right:
 
 cols = st.columns(2)
 for i, (metric, title, unit, log) in enumerate(PANELS):
-    frames = {k: _series(v, metric, "metric") for k, v in mism.items()}
+    frames = mism.get(metric, {})
     with cols[i % 2]:
         if any(len(f) for f in frames.values()):
             st.plotly_chart(charts.metric_lines(frames, title=title, y=unit, log=log), key=f"reward_{metric}")
         else:
-            st.caption(f"`{metric}` not logged.")
+            st.caption(f"`{metric}` not recorded.")
 
-trend_rows = []
-for ref in chosen_refs:
-    _, trends = data.mismatch(ref, rng)
-    trend_rows.append(trends.assign(run=labels[ref.path]))
-trends = pd.concat(trend_rows, ignore_index=True)
-if len(trends):
+if trends:
     with st.expander("Trends (first, last, mean, max, slope per step)"):
-        st.dataframe(trends[["run", "metric", "source", "steps", "first", "last", "mean", "max", "slope_per_step"]],
+        st.caption("One row per quantity: when a metric is both logged and computed from frozen batches or samples, "
+                   "the row shows the logged one and says whether the other computations agree.")
+        st.dataframe(pd.DataFrame(trends)[["run", "metric", "computed", "steps", "first", "last", "mean", "max",
+                                           "slope_per_step"]],
                      hide_index=True, width="stretch",
                      column_config={c: st.column_config.NumberColumn(c, format="%.4g")
                                     for c in ("first", "last", "mean", "max", "slope_per_step")})
 
-per_rollout = data.rollout(run, rng)
+per_rollout = data.table(data.report(run, rng), "rollout")
 if len(per_rollout) and len(per_rollout.columns) > 2:
-    with st.expander(f"Rollout numbers of {fmt.md(labels[run.path])} per step, computed as slime computes them", expanded=True):
+    with st.expander(f"Rollout numbers of {fmt.md(labels[run.path])} per step, from its samples", expanded=True):
         shown = per_rollout.copy()
         if "pass_at_k" in shown:
             ks = sorted({k for d in shown["pass_at_k"] if isinstance(d, dict) for k in d}, key=int)
@@ -105,7 +99,7 @@ if len(per_rollout) and len(per_rollout.columns) > 2:
                      column_config={c: st.column_config.NumberColumn(c, format="%.4g")
                                     for c in shown.columns if c != "step" and shown[c].dtype.kind == "f"})
         st.caption("Response lengths count trained tokens (loss mask 1); pass@k counts a reward of 1 as a pass; "
-                   "engine columns summarise SGLang's per-request meta. See docs/analysis.md.")
+                   "engine columns summarise the engine's per-request numbers. See docs/analysis.md.")
 per_sample = data.batch_mismatch(run, steps)
 if len(per_sample):
     with st.expander(f"Per-sample mismatch from frozen batches ({len(per_sample):,} samples)"):

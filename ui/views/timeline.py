@@ -20,8 +20,9 @@ if steps is None:
     st.info("This run has no spans with a step yet. Phases recorded with `rltrace.phase(..., step=N)` appear here.")
     st.stop()
 
-walls = data.step_breakdown(run, steps)
-hung = data.open_spans(run)
+report = data.report(run, steps)
+walls = data.table(report, "steps", ["step", "start_ns", "end_ns", "wall_s"])
+hung = data.table(report, "open_spans", ["span_id", "step", "name", "role", "rank", "start_ns", "stalled_s"])
 hung = hung[hung["step"].between(*steps)]
 choices = sorted(set(walls["step"].astype(int)) | set(hung["step"].dropna().astype(int)))
 if not choices:
@@ -73,7 +74,8 @@ if flt:
     spans = spans[hay.str.contains(flt, case=False, regex=False)]
 
 span_label = f"step {step}" if last == step else f"steps {step}–{last}"
-waits = data.top_waits(run, shown, n=3)
+waits = data.table(report, "waits", ["step", "seconds", "text"])
+waits = waits[waits["step"].between(step, last)]
 m = st.columns(5)
 m[0].metric("Wall time", fmt.seconds_text(walls.loc[walls["step"].between(step, last), "wall_s"].sum()),
             help="first span start to last span end, summed over the steps shown")

@@ -16,8 +16,9 @@ if steps is None:
     st.info("This run has no steps yet.")
     st.stop()
 
-costs = data.cost_model(run, steps)
-summary = data.cost_summary(run, steps)
+report = data.report(run, steps)
+costs = data.table(report, "steps")
+overlap = report["async"]
 st.caption(f"Steps {steps[0]}–{steps[1]}. Stage times are unions of each stage's spans across processes; "
            "waits are time a process spent idle or inside `wait` spans, attributed to what ran elsewhere meanwhile.")
 
@@ -26,18 +27,18 @@ if costs.empty:
     st.info("No finished steps in this range.")
 else:
     st.plotly_chart(charts.stage_times(costs), key="waits_stages")
-    if summary.get("overlapping"):
-        st.caption(f"Stages ran at once for {fmt.seconds_text(summary['concurrent_s'])} of {fmt.seconds_text(summary['stage_s'])} "
-                   f"of stage time ({summary['achieved_speedup']:.2f}× measured overlap), so stacked stage times exceed "
+    if overlap.get("overlapping"):
+        st.caption(f"Stages ran at once for {fmt.seconds_text(overlap['concurrent_s'])} of {fmt.seconds_text(overlap['stage_s'])} "
+                   f"of stage time ({overlap['achieved_speedup']:.2f}× measured overlap), so stacked stage times exceed "
                    "the time a step really adds.")
 
 st.subheader("Who waits for what")
-waits = data.waits(run, steps)
+waits = data.table(report, "waits_by_step")
 if waits.empty:
     st.info("No waiting recorded: every process was busy throughout each step's window.")
 else:
     st.plotly_chart(charts.waits_by_step(waits), key="waits_by_step")
-    top = data.top_waits(run, steps, n=3)
+    top = data.table(report, "waits")
     worst = top.sort_values("seconds", ascending=False).head(10).reset_index(drop=True)
     st.markdown("**Longest waits** — select one to open its step on the Timeline")
     picked = st.dataframe(
@@ -51,7 +52,7 @@ else:
         state.open_timeline(int(worst.iloc[picked.selection.rows[0]]["step"]))
 
 st.subheader("Critical path")
-paths = data.common_paths(run, steps)
+paths = data.table(report, "critical_path")
 if paths.empty:
     st.info("No critical path: the steps have no busy spans.")
 else:
@@ -70,12 +71,13 @@ else:
             state.open_timeline(s)
 
 st.subheader("Rollout long tail")
-tail = data.long_tail(run, steps)
+tail = data.table(report, "long_tail", ["step", "tail_s", "tail_share"])
+tail = tail[tail["tail_s"].notna()]
 if tail.empty:
     st.info("No per-sample generation times: log `gen_start` and `gen_end` with rltrace.log_samples to see the tail.")
 else:
     st.plotly_chart(charts.tail(tail), key="waits_tail")
-    strag = data.stragglers(run, steps)
+    strag = data.table(report, "stragglers")
     if len(strag):
         st.markdown(f"**Stragglers** ({len(strag)}: finished after the median and took ≥ 2× its time or length)")
         st.dataframe(strag, hide_index=True, width="stretch",
@@ -83,8 +85,8 @@ else:
                                     for c in ("len_ratio", "gen_s", "time_ratio", "after_median_s")})
 
 st.subheader("Weight sync: t_W ≈ S_W / B_W + t_0")
-points, fit = data.weight_sync(run, steps)
-if summary.get("t_W") is None:
+points, fit = data.table(report, "weight_sync_points"), report["weight_sync_fit"]
+if report.get("t_W") is None:
     st.info("No weight sync recorded: nothing to fit (a run that generates with the trained module itself has none).")
 elif points.empty:
     st.info("No `weight_sync` span carries a payload size: record it with `rltrace.phase('weight_sync', bytes=n)`.")
