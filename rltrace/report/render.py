@@ -76,10 +76,12 @@ def _cost_model(r: dict) -> Table:
     t = _table("Cost model (median per step)", ["", "time", "what"])
     every = r.get("amortised") or {}
     note = {k: f", runs every {v} steps (spread)" for k, v in every.items()}
-    rollout = "" if r.get("t_R") is None else f"rollout {sec(r['t_rollout'])} + reward {sec(r['t_reward'])}"
+    inside = {s["stage"]: f" (most in {term(s['culprit']['phase'])})" for s in r.get("stages") or [] if s.get("culprit")}
+    rollout = ("" if r.get("t_R") is None else f"rollout {sec(r['t_rollout'])}{inside.get('rollout', '')} + "
+               f"reward {sec(r['t_reward'])}{inside.get('reward', '')}")
     t.add_row("t_R", _term(r, "t_R"), rollout + note.get("t_R", ""))
-    t.add_row("t_T", _term(r, "t_T"), "train" + note.get("t_T", ""))
-    t.add_row("t_W", _term(r, "t_W"), "weight sync" + note.get("t_W", ""))
+    t.add_row("t_T", _term(r, "t_T"), "train" + inside.get("train", "") + note.get("t_T", ""))
+    t.add_row("t_W", _term(r, "t_W"), "weight sync" + inside.get("weight_sync", "") + note.get("t_W", ""))
     t.add_row("t_sync", sec(r["t_sync"]), "t_R + t_T + t_W: one synchronous step")
     bound = r["async_speedup_bound"]
     t.add_row("async bound", sec(r["async_bound"]),
