@@ -6,6 +6,9 @@ row of the `crashes` table: type, message, the innermost frames, and the phases 
 through (innermost first; `phase` blocks note themselves on the exception as it passes). Phases
 opened with `start_phase` and still open in the dying thread (or process) are ended with that
 error. `init` installs the hooks; so does every process that `rltrace run` starts.
+
+This module writes the record; what is running and which phases to end is the API's to know: it
+hands its `crashed` function to `set_recorder` when it loads (this module never imports the API).
 """
 
 from __future__ import annotations
@@ -25,6 +28,13 @@ MAX_TEXT = 4000  # characters kept of a message or traceback
 _installed = False
 _previous_sys = None
 _previous_threading = None
+_recorder = None  # the API's `crashed(exc, thread=..., kind=...) -> bool`, set when it loads
+
+
+def set_recorder(recorder) -> None:
+    """What the hooks call with an uncaught exception (the API: it knows the run and its phases)."""
+    global _recorder
+    _recorder = recorder
 
 
 def install() -> None:
@@ -50,8 +60,10 @@ def _threading_hook(args) -> None:
 
 
 def _safely(exc: BaseException, thread, kind: str) -> None:
+    if _recorder is None:  # rltrace's API never loaded: no run to record into
+        return
     try:
-        record(exc, thread=thread, kind=kind)
+        _recorder(exc, thread=thread, kind=kind)
     except Exception:
         logger.exception("rltrace: could not record the crash; the traceback below is the program's own")
 
@@ -65,20 +77,13 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 
 
-def record(exc: BaseException, *, thread: threading.Thread | None = None, kind: str = "process") -> bool:
-    """Store `exc` as a crash of this process (`kind` "process") or of `thread` ("thread").
+def record(run, exc: BaseException, phases: list, *, thread: threading.Thread, kind: str = "process") -> None:
+    """Store `exc` in `run` as a crash of this process (`kind` "process") or of `thread` ("thread").
 
-    Returns False when this process records nothing: a process that never started recording (a
-    helper probing `python -c "import apex"` under `rltrace run`, say) is not one of the run's.
+    `phases`: the (phase, step, span id) it escaped through, innermost first.
     """
-    from rltrace import _names, api
+    from rltrace import _names
 
-    run = api.current_run()  # never starts one
-    if run is None:
-        return False
-    thread = thread or threading.current_thread()
-    api.end_open_phases(exc, thread=None if kind == "process" else thread.ident)
-    phases = list(getattr(exc, api.ESCAPED_PHASES, None) or [])
     phase, step, span_id = phases[0] if phases else (None, None, None)
     row = {
         **{k: v[0] for k, v in ((k, a.to_pylist()) for k, a in run.process.columns(1).items())},
@@ -100,4 +105,3 @@ def record(exc: BaseException, *, thread: threading.Thread | None = None, kind: 
     run.submit_rows(_names.CRASHES, 1, table)
     if kind == "process":
         run.flush()  # the interpreter is about to exit; atexit shutdown follows
-    return True

@@ -611,6 +611,23 @@ def start_phase(name: str, *, step: int | None = None, weight_version: int | Non
     return handle
 
 
+def _crashed(exc: BaseException, *, thread: threading.Thread | None = None, kind: str = "process") -> bool:
+    """Record an uncaught exception as a crash (rltrace._crash's hooks call this): the phases still
+    open in the dying thread (or process) end with it. False when this process records nothing: a
+    process that never started recording (a helper probing `python -c "import apex"` under
+    `rltrace run`, say) is not one of the run's."""
+    run = current_run()  # never starts one
+    if run is None:
+        return False
+    thread = thread or threading.current_thread()
+    end_open_phases(exc, thread=None if kind == "process" else thread.ident)
+    _crash.record(run, exc, list(getattr(exc, ESCAPED_PHASES, None) or []), thread=thread, kind=kind)
+    return True
+
+
+_crash.set_recorder(_crashed)
+
+
 def end_open_phases(error: BaseException | str, *, thread: int | None = None) -> list[PhaseHandle]:
     """End every handle still open (in `thread` only, if given) with `error`; innermost first.
 

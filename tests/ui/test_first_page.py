@@ -14,12 +14,11 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from rltrace._config import paths_value
-from rltrace.replay.slime import import_slime
 from tests.report.test_stalls import stalled_run
-from tests.replay.slime_dumps import rollout_dump
 
 from .conftest import APP, RUN_TIMEOUT_S, no_exceptions
 from .test_pages import PAGES
+from .test_sample_lanes import written_dir  # noqa: F401  (fixture: an imported slime rollout dump)
 
 
 def fresh(monkeypatch, run_dir) -> AppTest:
@@ -37,21 +36,12 @@ def visit(at: AppTest, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def slime_run(tmp_path_factory):
-    """An imported slime rollout (a dump in slime's format, two groups of four)."""
-    root = tmp_path_factory.mktemp("slime_first")
-    rollout_dump(root / "dump" / "rollout_0.pt", 0, n=8)
-    import_slime([root / "dump"], root / "run")
-    return root / "run"
-
-
-@pytest.fixture(scope="module")
 def stalls(tmp_path_factory):
     return stalled_run(tmp_path_factory.mktemp("stalls_ui") / "stalls")
 
 
 @pytest.mark.parametrize("name", PAGES)
-@pytest.mark.parametrize("which", ["colocated_run", "slime_run", "stalls"])
+@pytest.mark.parametrize("which", ["colocated_run", "written_dir", "stalls"])  # the demo, an imported slime dump
 def test_each_page_opens_first_on_a_fresh_dashboard(which, name, request, monkeypatch):
     at = fresh(monkeypatch, request.getfixturevalue(which))
     visit(at, name)
