@@ -139,8 +139,8 @@ def render(data: dict, console: Console) -> None:
         )
     console.print(t)
 
-    t = Table(title="Phases", title_justify="left")
-    for col in ("phase", "spans", "total", "mean", "max"):
+    t = Table(title="Phases (span durations)", title_justify="left")
+    for col in ("phase", "spans", "total", "per span", "longest"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     for ph in data["phases"]:
         t.add_row(term(ph["phase"]), str(ph["spans"]), seconds_text(ph["total_s"]), seconds_text(ph["mean_s"]),

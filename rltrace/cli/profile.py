@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import sys
 
 from rich import box
@@ -29,9 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=main_show)
 
 
+WIDE = 110  # columns from which `profile list` shows every column
+
+
 def _console() -> Console:
-    """A terminal's own width; piped output is not squeezed to 80 columns (ids stay whole for grep)."""
-    return Console(soft_wrap=True) if sys.stdout.isatty() else Console(width=200, soft_wrap=True)
+    """A terminal's own width; piped output is not squeezed to 80 columns (ids stay whole for grep)
+    unless COLUMNS says how wide to be."""
+    if sys.stdout.isatty():
+        return Console(soft_wrap=True)
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() else 200, soft_wrap=True)
 
 
 def _status(status: str) -> str:
@@ -54,25 +62,26 @@ def main_list(args: argparse.Namespace) -> int:
         )
         return 0
     t = Table(title=f"Profiles of {term(args.run_dir)}", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("id", "step", "phase", "process", "kind", "trigger", "status", "size", "top frame"):
-        t.add_column(
-            col, justify="right" if col in ("step", "size") else "left", no_wrap=col not in ("process", "top frame")
-        )
+    wide = console.width >= WIDE  # narrower: the trigger is left out and a status other than ok joins the kind
+    columns = ("id", "step", "phase", "process", "kind", *(("trigger", "status") if wide else ()), "size", "top frame")
+    for col in columns:
+        t.add_column(col, justify="right" if col in ("step", "size") else "left", no_wrap=col != "top frame",
+                     overflow="fold")
     for r in rows:
         top = "-" if r["top_frame"] is None else f"{term(r['top_frame'])} ({share_text(r['top_self_share'])})"
+        kind = term(r["kind"]) + ("" if wide or r["status"] == "ok" else f" ({_status(r['status'])})")
         t.add_row(
             term(r["profile_id"][:8]),
             "" if r["step"] is None else str(r["step"]),
             term(r["phase"] or "-"),
             term(process_name(r["role"], r["rank"])),
-            term(r["kind"]),
-            term(r["trigger"]),
-            _status(r["status"]),
+            kind,
+            *((term(r["trigger"]), _status(r["status"])) if wide else ()),
             size_text(r["size_bytes"]),
             top,
         )
     console.print(t)
-    console.print("Details: rltrace profile show RUN_DIR ID (the first characters of the id are enough)")
+    console.print("Details: rltrace profile show RUN_DIR ID (the first characters of the id are enough)", soft_wrap=False)
     return 0
 
 

@@ -34,21 +34,31 @@ def _num(value, fmt: str = ".4g") -> str:
     return "-" if value is None else format(value, fmt)
 
 
+WIDE = 140  # columns from which `replay list` also shows the tokenizer and when each batch was frozen
+
+
 def batches(console: Console, run_dir: str, rows: list[dict], skipped: list[str]) -> None:
     if not rows:
         console.print(term(f"no frozen batches in {run_dir} (freeze with rltrace.replay.freeze or a Freezer)"))
     t = Table(title=term(f"Frozen batches in {run_dir}"), title_justify="left")
-    for col in ("step", "batch", "samples", "trigger", "reason", "v_t", "tokenizer", "frozen", "size", "replays"):
-        t.add_column(col, justify="right" if col in ("step", "samples", "v_t", "size", "replays") else "left")
+    wide = console.width >= WIDE  # narrower (an 80-column terminal): each batch's reason on a line below the table
+    for col in ("step", "batch", "samples", "v_t", "trigger", "size", "replays", *(("tokenizer", "frozen", "reason")
+                                                                                  if wide else ())):
+        t.add_column(col, justify="right" if col in ("step", "samples", "v_t", "size", "replays") else "left",
+                     no_wrap=col != "reason")
     for r in rows:
         frozen = dt.datetime.fromtimestamp(r["frozen_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S") if r.get("frozen_ns") else "-"
         t.add_row(
-            str(r.get("step")), term(r.get("batch_id") or "-"), str(r.get("n_samples")), term(r.get("trigger") or "-"),
-            term((r.get("reason") or "")[:60]), _num(r.get("train_version"), "d"), term(r.get("tokenizer_name") or "-"), frozen,
-            size_text(r["bytes"]), str(r["replays"]),
+            str(r.get("step")), term(r.get("batch_id") or "-"), str(r.get("n_samples")),
+            _num(r.get("train_version"), "d"), term(r.get("trigger") or "-"), size_text(r["bytes"]), str(r["replays"]),
+            *((term(r.get("tokenizer_name") or "-"), frozen, term((r.get("reason") or "")[:60])) if wide else ()),
         )
     if rows:
         console.print(t)
+    if rows and not wide:
+        for r in rows:
+            if r.get("reason"):
+                console.print(f"  step {r.get('step')}: {term((r.get('reason') or '')[:200])}")
     for s in skipped:
         console.print(f"[yellow]unreadable part skipped:[/] {term(s)}")
 

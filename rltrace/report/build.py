@@ -85,6 +85,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
     stage_list = stage_figures.stage_rows(costs, analysis.stage_children(con, steps))
     step_rows = plain(step_rows)
     report = {
+        "step_range": _step_range(con, steps),
         "steps": step_rows,
         "phases": plain(phases),
         **{k: plain(summary.get(k)) for k in ("wall_s", "t_R", "t_T", "t_W", "t_reward", "t_rollout", "t_sync",
@@ -146,6 +147,15 @@ def _outliers(con, step_rows: list[dict]) -> list[dict]:
         out.append({"stage": stage, "step": step, "seconds": values[worst], "median_s": median,
                     "steps_over": int((values >= SPIKE_RATIO * median).sum()), "profiles": profiles})
     return plain(out)
+
+
+def _step_range(con, steps: Steps) -> dict:
+    """The steps asked for (`selected`: [first, last], None for all) and the run's own: first,
+    last and how many hold a finished span, so an empty selection can say where the steps are."""
+    every = analysis.step_breakdown(con)
+    first, last = (int(every["step"].min()), int(every["step"].max())) if len(every) else (None, None)
+    return {"selected": None if steps is None else list(steps), "run_first": first, "run_last": last,
+            "run_steps": int(len(every))}
 
 
 def _waits_by_step(con, steps: Steps) -> list[dict]:

@@ -55,6 +55,8 @@ def _term(r: dict, key: str) -> str:
 
 def _bottleneck(r: dict) -> list[str]:
     b = r.get("bottleneck")
+    if not r["steps"]:
+        return [no_steps_sentence(r.get("step_range") or {})]
     if not b:
         return ["No step has rollout, reward, train or weight_sync spans: nothing to model."]
     where = f" on {_who(b['role'], b['rank'])}" if b.get("role") else ""
@@ -81,6 +83,17 @@ def _bottleneck(r: dict) -> list[str]:
     for p in b.get("profiles") or []:
         out.append(f"Profile of a slow {b['phase']} span (step {p['step']}): {p['kind']} {p['profile_id']} at {p['path']}.")
     return out
+
+
+def no_steps_sentence(rng: dict) -> str:
+    """Why a report has no step: the run has none yet, or the selected range misses them."""
+    if not rng.get("run_steps"):
+        return "The run has no finished span with a step yet: nothing to report (rltrace info lists what it holds)."
+    have = f"the run has steps {rng['run_first']}–{rng['run_last']} ({rng['run_steps']})"
+    a, b = rng.get("selected") or (None, None)
+    asked = (f"steps {a}–{b}" if a is not None and b is not None and a != b else f"step {a}" if a == b and a is not None
+             else f"steps from {a}" if a is not None else f"steps up to {b}" if b is not None else "the steps asked for")
+    return f"No finished step in {asked}: {have}; pick steps within it with --steps."
 
 
 def _nested(r: dict) -> list[str]:

@@ -44,11 +44,11 @@ def render(r: dict, console: Console, *, full: bool = False) -> None:
     stragglers, open spans); `full=True` adds every table (phases, steps, critical paths)."""
     run = r.get("run", {})
     steps = r["steps"]
-    span = f"steps {steps[0]['step']}–{steps[-1]['step']} ({len(steps)})" if steps else "no steps"
+    span = f"steps {steps[0]['step']}–{steps[-1]['step']} ({len(steps)})" if steps else "no finished step in range"
     console.print(f"[bold]{term(run.get('name', ''))}[/]  {term(run.get('run_dir', ''))}  ·  {span}")
     findings = Table.grid(padding=(0, 1))
     findings.add_column(no_wrap=True)
-    findings.add_column()
+    findings.add_column(overflow="fold")  # a long path (a profile's file) folds instead of being cut
     for sentence in r["findings"]:
         findings.add_row(" •", _keep_units(term(sentence)))
     console.print(findings)
