@@ -31,9 +31,8 @@ from rltrace.replay import codec
 from rltrace.replay.batch import RESERVED, new_batch_id
 from rltrace.replay.errors import SlimeDumpError
 from rltrace.replay.safe_torch import safe_torch
+from rltrace.replay.slime_trace import STATUS_TO_FINISH
 
-STATUS_TO_FINISH = {"completed": "stop", "truncated": "length", "aborted": "abort", "failed": "failed", "pending": "pending"}
-FINISH_TO_STATUS = {v: k for k, v in STATUS_TO_FINISH.items()}
 #: slime Sample fields stored under rltrace's names (import renames them, export renames them back)
 RENAMED = {"index": "sample_id", "group_index": "group_id", "response": "response_text", "status": "finish_reason"}
 #: train-dump fields that repeat the rollout sample (checked against it, not stored twice)

@@ -38,10 +38,12 @@ from typing import Any
 import pyarrow as pa
 
 from rltrace import _names
-from rltrace.replay.slime import STATUS_TO_FINISH
 from rltrace.store import rows as store_rows
 from rltrace.store.writer import ProcessInfo, write_part
 
+#: slime's `Sample.Status` values -> rltrace's `finish_reason` (import), and back (export)
+STATUS_TO_FINISH = {"completed": "stop", "truncated": "length", "aborted": "abort", "failed": "failed", "pending": "pending"}
+FINISH_TO_STATUS = {v: k for k, v in STATUS_TO_FINISH.items()}
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _PHASES = {
     "sglang_generate": "generate",
