@@ -32,6 +32,8 @@ from rltrace.store.convert import (  # noqa: F401 - re-exported: producers need 
     dumps,
     fits_int64,
     is_id_column,
+    plain,
+    plain_values,
     show,
     text,
     text_column,
