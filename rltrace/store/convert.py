@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -60,6 +61,36 @@ def plain(value: Any) -> Any:
         return item()
     except Exception:  # noqa: BLE001 - a tensor without data (meta device): stored or dropped as it is
         return value
+
+
+class Later:
+    """A 0-d CUDA tensor read on the writer thread: a copy taken on the caller's stream (no device
+    sync there) and an event recorded after it, which the writer waits for before `.item()`."""
+
+    __slots__ = ("copy", "ready")
+
+    def __init__(self, copy: Any, ready: Any):
+        self.copy, self.ready = copy, ready
+
+    def read(self) -> Any:
+        self.ready.synchronize()
+        return self.copy.item()
+
+
+def later(value: Any) -> Later | None:
+    """A `Later` for a 0-d CUDA tensor (any dtype, with or without grad), so that reading its value
+    does not make the training thread wait for the device; None for anything else (read it now)."""
+    device = getattr(value, "device", None)
+    if getattr(device, "type", None) != "cuda" or getattr(value, "ndim", None) != 0:
+        return None
+    torch = sys.modules.get("torch")  # loaded: the value is one of its tensors
+    try:
+        copy = value.detach().clone()  # the caller may change the tensor in place after the call
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(copy.device))
+    except Exception:  # noqa: BLE001 - a tensor that cannot be copied this way is read now
+        return None
+    return Later(copy, ready)
 
 
 def plain_values(rows: list) -> list:
