@@ -11,9 +11,10 @@ the command names twice, is skipped. The parts made from the rest are written un
 names (`stage`), then renamed into place together with the importing process's row, and the
 ledger record is written last (`commit`). A failure before the commit (a full disk, an error)
 leaves nothing, and an error during the renames takes back the ones done. Only a kill in the
-middle of the renames (milliseconds) can leave part of an import visible, without its ledger
-record: running the same import again writes the same part names (they come from the files'
-hashes), so it replaces those parts instead of adding to them.
+middle of the renames (milliseconds) can leave part of an import visible without its ledger
+record; the commit lists the parts it renames in a hidden `imports/.pending-<import id>.json`
+first, and the next import into the run removes the parts of a pending commit whose process is
+gone (then the retry stores each row once).
 
 `Refused` counts what an import leaves out (a line, record, sample or field), per file and
 reason with the first positions, and puts it into the run's drop counts (`rltrace info`).
@@ -26,6 +27,7 @@ import hashlib
 import itertools
 import json
 import os
+import socket
 import sys
 import time
 import uuid
@@ -52,6 +54,52 @@ def file_hash(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+_PENDING = ".pending-"  # imports/.pending-<import id>.json: the parts a commit is renaming into place
+_STALE_S = 600  # a pending commit this old is dead whatever its host (a commit takes milliseconds)
+
+
+def _alive(record: dict) -> bool:
+    """Whether the process of a pending commit may still be committing."""
+    if time.time_ns() - int(record.get("time_ns") or 0) > _STALE_S * 1e9:
+        return False
+    if record.get("host") != socket.gethostname():
+        return True  # another machine's process: wait until it is stale
+    try:
+        os.kill(int(record.get("pid")), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, TypeError, ValueError, OverflowError):
+        return True
+    return True
+
+
+def heal(run_dir: str | Path) -> list[str]:
+    """Remove what a commit killed in the middle left visible (its process gone, no ledger record):
+    the parts it had renamed, the temp files it had not. Returns the paths removed."""
+    folder = Path(run_dir) / IMPORTS_FOLDER
+    try:
+        pending = [Path(e.path) for e in os.scandir(folder) if e.name.startswith(_PENDING) and e.name.endswith(".json")]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    for path in pending:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        done = (folder / f"{record.get('import')}.json").exists()
+        if not done and _alive(record):
+            continue
+        if not done:
+            for name in [*record.get("parts", []), *record.get("temps", [])]:
+                target = Path(run_dir) / str(name)
+                if ".." not in Path(str(name)).parts and target.parent.parent == Path(run_dir) and target.is_file():  # parts of this run's tables only
+                    target.unlink(missing_ok=True)
+                    removed.append(str(target))
+        path.unlink(missing_ok=True)
+    return removed
 
 
 def imported(run_dir: str | Path) -> dict[str, dict]:
@@ -153,6 +201,7 @@ class Import:
     def __init__(self, run_dir: str | Path, kind: str, paths: Iterable[Path]):
         self.run_dir = Path(run_dir)
         self.kind = kind
+        heal(self.run_dir)  # an import killed while committing: its parts go, so this one stores them once
         known = imported(self.run_dir)
         self.files: list[tuple[Path, str]] = []  # (path, sha256) of the files to import
         self.skipped: list[str] = []  # "path: why" for files already in the run
@@ -223,17 +272,23 @@ class Import:
             "left_out": self.refused.records() + [{"kind": r["table"], "reason": r["reason"], "count": r["count"]}
                                                   for r in self.drops.records()],
         }
+        folder = self.run_dir / IMPORTS_FOLDER
+        pending = folder / f"{_PENDING}{self.process.process_id}.json"
+        relative = [(str(tmp.relative_to(self.run_dir)), str(final.relative_to(self.run_dir))) for tmp, final in self._staged]
+        _write_record(pending, {"import": self.process.process_id, "host": socket.gethostname(), "pid": os.getpid(),
+                                "time_ns": time.time_ns(), "parts": [f for _, f in relative], "temps": [t for t, _ in relative]})
         done: list[Path] = []
         try:
             for tmp, final in self._staged:
                 os.replace(tmp, final)
                 done.append(final)
-            _write_record(self.run_dir / IMPORTS_FOLDER / f"{self.process.process_id}.json", record)
+            _write_record(folder / f"{self.process.process_id}.json", record)
         except BaseException:
             for final in done:  # take back what this commit made visible: all or nothing
                 final.unlink(missing_ok=True)
             raise
         finally:
+            pending.unlink(missing_ok=True)
             self.abort()
 
     def abort(self) -> None:
