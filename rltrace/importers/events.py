@@ -28,6 +28,7 @@ import numpy as np
 from rltrace.importers.scalars import RECORDS, VALUES, MetricsImportError, Scalars, bad_times, time_reason
 from rltrace.store.imports import Refused
 
+TRUNCATED = "truncated record at the end of the file"
 _EVENTS_CLASS = None
 
 
@@ -141,25 +142,27 @@ def _header_ok(u8: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.nd
     return _at(u8, np.uint32)[starts + 8] == crcs[np.searchsorted(distinct, lengths)]
 
 
-def _resync(data: memoryview, u8: np.ndarray, start: int) -> int | None:
-    """The first offset from `start` holding a whole record whose header and payload checksums hold."""
-    room = len(data) - start - 16  # payload bytes available at `start`
+def _resync(data: memoryview, u8: np.ndarray, start: int) -> tuple[int | None, bool]:
+    """The first record from `start` whose header checksum holds: (its offset, True) when it is
+    whole and its payload checksum holds too, (its offset, False) when it runs past the end of the
+    file (a record cut off by a killed writer); (None, False) when there is none."""
+    room = len(data) - start - 12  # bytes after a header at `start`
     if room < 0:
-        return None
-    words = _at(u8[start : len(data) - 8], np.uint64) if len(data) - 8 - start >= 8 else np.zeros(0, np.uint64)
-    n = min(len(words), room + 1)
-    lengths = words[:n]
-    fits = lengths <= (room - np.arange(n)).astype(np.uint64)
-    offsets = np.flatnonzero(fits)
-    if not len(offsets):
-        return None
-    good = _header_ok(u8, offsets + start, lengths[offsets].astype(np.int64))
+        return None, False
+    words = _at(u8[start : len(data) - 4], np.uint64)  # the length at each offset where a header fits
+    lengths = words[: room + 1]
+    plausible = np.flatnonzero(lengths < (1 << 31))
+    if not len(plausible):
+        return None, False
+    sizes = lengths[plausible].astype(np.int64)
+    good = _header_ok(u8, plausible + start, sizes)
     crc = _crc()
-    for p in (offsets[good] + start).tolist():
-        size = int(struct.unpack_from("<Q", data, p)[0])
+    for p, size in zip((plausible[good] + start).tolist(), sizes[good].tolist()):
+        if p + 16 + size > len(data):
+            return p, False
         if struct.unpack_from("<I", data, p + 12 + size)[0] == crc(bytes(data[p + 12 : p + 12 + size])):
-            return p
-    return None
+            return p, True
+    return None, False
 
 
 def _frames(path: Path, data: memoryview, refused: Refused) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -180,15 +183,19 @@ def _frames(path: Path, data: memoryview, refused: Refused) -> tuple[np.ndarray,
         if tail >= len(data):
             break
         if bad is None and (len(data) - tail < 12 or struct.unpack_from("<I", data, tail + 8)[0] == _crc()(bytes(data[tail:tail + 8]))):
-            refused.add(RECORDS, path, "truncated record at the end of the file", ("byte", tail))  # a writer still running, or killed
+            refused.add(RECORDS, path, TRUNCATED, ("byte", tail))  # a writer still running, or killed
             break
-        pos = _resync(data, u8, tail + 1)
-        if pos is None:
+        nxt, whole = _resync(data, u8, tail + 1)
+        if nxt is None:
             refused.add(RECORDS, path, f"damaged record header (fails its checksum); the rest of the file "
                                        f"({len(data) - tail:,} bytes) holds no whole record", ("byte", tail))
             break
-        refused.add(RECORDS, path, f"damaged record header (fails its checksum); {pos - tail:,} bytes skipped "
-                                   "to the next whole record", ("byte", tail))
+        refused.add(RECORDS, path, f"damaged record header (fails its checksum); {nxt - tail:,} bytes skipped "
+                                   "to the next record", ("byte", tail))
+        if not whole:
+            refused.add(RECORDS, path, TRUNCATED, ("byte", nxt))
+            break
+        pos = nxt
     return np.concatenate(starts_all), np.concatenate(lengths_all), len(starts_all) == 1
 
 

@@ -210,7 +210,7 @@ def test_a_damaged_record_header_costs_that_record_not_the_rest_of_the_file(verl
     records = _records(event)
     assert _stored(tmp_path / "run") == sorted(p for start, _, pairs in records if start != pos for p in pairs), why
     (line,) = result["dropped"]
-    assert line.startswith(f"{damaged}, byte {pos}: damaged record header (fails its checksum)"), line
+    assert line == f"{damaged}, byte {pos}: damaged record header (fails its checksum); {records[5][1] - pos:,} bytes skipped to the next record", line
 
 
 def test_truncated_tail_is_counted_not_fatal(verl_logs, tmp_path):
