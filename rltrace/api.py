@@ -634,17 +634,24 @@ def end_open_phases(error: BaseException | str, *, thread: int | None = None) ->
 
 # --- metrics and samples -----------------------------------------------------------------------
 def _as_float(name: str, value: Any) -> float:
-    try:
-        return float(store_rows.plain(value))  # a tensor's number by .item(): no warning for one that needs grad
+    try:  # a tensor's number by .item() (store_rows.plain): float() warns for one that needs grad
+        return float(value if type(value) in (int, bool) else store_rows.plain(value))
     except (TypeError, ValueError, OverflowError):
         raise TypeError(f"log_metrics: {name}={store_rows.show(value)} is not a number a float can hold") from None
 
 
+_LATER = store_rows.later
+
+
 def _metric_value(name: str, value: Any) -> Any:
-    if type(value) is float:
+    kind = type(value)
+    if kind is float:
         return value
-    deferred = store_rows.later(value)  # a 0-d CUDA tensor: copied now, read on the writer thread
-    return deferred if deferred is not None else _as_float(name, value)
+    if kind is not int and kind is not bool:
+        deferred = _LATER(value)  # a 0-d CUDA tensor: copied now, read on the writer thread
+        if deferred is not None:
+            return deferred
+    return _as_float(name, value)
 
 
 def log_metrics(step: int, **scalars: Any) -> None:
