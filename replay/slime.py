@@ -61,9 +61,10 @@ def import_slime(
                               "already": imp.skipped, "failed": [], "dropped": []}
     rollouts: dict[int, tuple[Path, list]] = {}
     trains: dict[int, list[tuple[Path, list]]] = {}
-    for k, (path, _) in enumerate(list(imp.files)):
+    given = list(imp.files)
+    for k, (path, _) in enumerate(given):
         if progress:
-            progress("reading", k, len(imp.files))
+            progress("reading", k, len(given))
         if path.name.startswith("eval_"):
             result["skipped"].append(f"{path}: evaluation dump, not a training batch")
             imp.leave_out(path)
