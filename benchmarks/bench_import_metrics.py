@@ -69,16 +69,16 @@ def baseline_tensorboard(tb: Path, limit: int, records: int) -> tuple[float, str
 
 def baseline_jsonl(path: Path, out: Path) -> tuple[float, str]:
     """The same import with every record read by Python's `json` (the importer's route for JSONL holding text values)."""
-    from rltrace.importers import readers
+    from rltrace.importers import textlogs
     from rltrace.importers.metrics import import_metrics
 
-    columns, readers._columns = readers._columns, lambda table: None  # Arrow's tables refused: record by record
+    columns, textlogs._columns = textlogs._columns, lambda table: None  # Arrow's tables refused: record by record
     try:
         started = time.perf_counter()
         import_metrics([path], out)
         return time.perf_counter() - started, "the same import, records read one by one by Python's `json`"
     finally:
-        readers._columns = columns
+        textlogs._columns = columns
 
 
 def main() -> None:

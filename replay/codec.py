@@ -141,15 +141,21 @@ def encode_batched(name: str, value: Any, n: int) -> tuple[dict[str, pa.Array], 
     values, storage = _storage_values(flat, storage)
     spec = {"kind": kind, "dtype": dtype, "layout": "batched", "shape": list(shape), "storage": storage}
     if len(shape) == 1:
+        values, spec["storage"] = _canonical_scalar(name, values, storage)
         spec["scalar"] = True
-        return {name: _canonical_scalar(name, values)}, spec
+        return {name: values}, spec
     row = math.prod(shape[1:])
     return {name: _list_array(values, np.full(n, row, dtype=np.int64), None)}, spec
 
 
-def _canonical_scalar(name: str, values: pa.Array) -> pa.Array:
+def _canonical_scalar(name: str, values: pa.Array, storage: str) -> tuple[pa.Array, str]:
+    """One number per sample in a column with a fixed type (`reward` DOUBLE, `sample_id` BIGINT, ...):
+    stored as that type, so queries read it as a number; the spec's storage then names that type
+    (decoding casts back to the dtype given, bf16 included). Raw bits keep their own storage."""
     canonical = _names.BATCH_SAMPLE_COLUMNS.get(name)
-    return values.cast(canonical) if canonical is not None and values.type != canonical else values
+    if canonical is None or values.type == canonical or storage == "bits":
+        return values, storage
+    return values.cast(canonical), canonical.to_pandas_dtype().__name__
 
 
 def _encode_array_rows(name: str, column: Sequence[Any], kind: str) -> tuple[dict[str, pa.Array], dict]:
@@ -176,8 +182,8 @@ def _encode_array_rows(name: str, column: Sequence[Any], kind: str) -> tuple[dic
     if ndims == {0}:
         filler = np.zeros(1, dtype=present[0].dtype)
         values, storage = _storage_values(np.concatenate([filler if p is None else p for p in parts]), storage)
+        arr, storage = _canonical_scalar(name, values, storage)
         spec.update(storage=storage, scalar=True)
-        arr = _canonical_scalar(name, values)
         return {name: arr if nulls is None else pa.array(arr.to_numpy(zero_copy_only=False), arr.type, mask=nulls)}, spec
     if 0 in ndims:
         raise ValueError(f"column {name!r}: mixes 0-d and n-d arrays across samples")
@@ -226,6 +232,25 @@ def _encode_lists(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array]
     else:
         values, storage = _storage_values(flat, "native")
     return {name: _list_array(values, lengths, nulls)}, {"kind": "list", "dtype": dtype, "layout": "rows", "storage": storage}
+
+
+def _number(value: Any) -> Any:
+    """The Python number a 0-d tensor or numpy scalar holds (copied to the host)."""
+    return value.item()
+
+
+def _mixed_numbers(column: Sequence[Any], kinds: set) -> bool:
+    """Whether a column holds only single numbers (0-d tensors or arrays, numpy or Python scalars)
+    of more than one kind or dtype: such a column is stored as numbers. One kind and dtype of 0-d
+    tensors keeps its dtype instead (given back as tensors)."""
+    dtypes = set()
+    for v in column:
+        if v is None or type(v) in (bool, int, float):
+            continue
+        if isinstance(v, str) or getattr(v, "ndim", None) != 0:
+            return False
+        dtypes.add(str(v.dtype))
+    return len(kinds) > 1 or len(dtypes) > 1
 
 
 def json_default(value: Any) -> Any:
@@ -277,6 +302,9 @@ def encode_rows(name: str, column: Sequence[Any]) -> tuple[dict[str, pa.Array], 
     if not kinds:
         typ = _names.BATCH_SAMPLE_COLUMNS.get(name, pa.null())
         return {name: pa.nulls(len(column), typ)}, {"kind": "none", "layout": "rows"}
+    if kinds != {"scalar"} and kinds <= {"scalar", *ARRAY_KINDS} and _mixed_numbers(column, kinds):
+        # numbers given as 0-d tensors or numpy scalars of several kinds or dtypes: a column of numbers
+        return _encode_scalars(name, [v if v is None or type(v) in (bool, int, float, str) else _number(v) for v in column])
     if len(kinds) == 1 and kinds <= set(ARRAY_KINDS):
         return _encode_array_rows(name, column, kinds.pop())
     if kinds <= {"list", "json"}:
@@ -297,8 +325,8 @@ def _check_storage(values: np.ndarray, storage: str) -> None:
         ok = values.dtype.kind == "u"
     elif storage == "native":
         ok = True
-    else:
-        ok = values.dtype.name == (expected or storage)
+    else:  # float64: a bf16 or narrowed value cast to its column's fixed type by an earlier rltrace (still exact)
+        ok = values.dtype.name in (expected or storage, "float64" if storage == "bf16" else None, "int64" if values.dtype.kind == "i" else None)
     if not ok:
         raise ValueError(f"stored as {values.dtype}, but its codec says {storage}")
 
@@ -311,10 +339,14 @@ def _restore(values: np.ndarray, spec: dict):
         torch = _torch()
         target = getattr(torch, dtype)
         if storage == "bf16":
-            bits = (values.view(np.uint32) >> 16).astype(np.uint16)
+            bits = (values.astype(np.float32, copy=False).view(np.uint32) >> 16).astype(np.uint16)
             return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
         if storage == "bits":
             return torch.from_numpy(np.ascontiguousarray(values).view(np.uint8)).view(target)
+        if dtype not in _NUMPY_NATIVE:  # bf16 stored in its column's fixed type: exact, cast back by torch
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.from_numpy(np.ascontiguousarray(values)).to(target)
         if values.dtype.name != dtype:
             values = values.astype(dtype)
         with warnings.catch_warnings():

@@ -1,249 +1,43 @@
-"""slime's debug dumps into a run: `rltrace import slime PATH... --out RUN_DIR` (export: slime_export.py).
+"""`rltrace import slime PATH... --out RUN_DIR`: slime's debug dumps into a run (reading them:
+slime_dump.py; traces: slime_trace.py; export: slime_export.py).
 
-slime (THUDM/slime) writes, per rollout id, with `torch.save`:
-  --save-debug-rollout-data  {"rollout_id": id, "samples": [Sample.to_dict(), ...]}
-                             (each sample may carry a `trace` carrier: {"trace_id", "events": [...]})
-  --save-debug-train-data    format_version 2: {"format_version": 2, "rollout_id", "samples": [one dict per
-                             trained sample: sample_index, rollout_position, log_probs, advantages, ...],
-                             "dp_shards", "raw_reward"}; older dumps: {"rollout_id", "rank", "rollout_data"}
-Import makes one frozen batch per rollout id (step = rollout id), joins each train sample to its
-rollout sample (train `sample_index` = rollout `index`; else `rollout_position`), and turns the
-traces into spans and `samples` rows (`rltrace.replay.slime_trace`).
+One frozen batch per rollout id (step = rollout id), with the train dumps of that rollout joined
+to it, and the samples' traces as spans and `samples` rows (`rltrace.replay.slime_trace`).
 
-Dumps are pickles: they are read with torch's restricted unpickler (`weights_only=True`: containers,
-numbers, strings and tensors). A dump that needs more (custom classes, images) is refused unless
-the user passes `--trust-pickle`, which runs the full unpickler: only for files you trust.
+What cannot be imported costs only itself, and is counted with file, position and reason (as the
+live write path counts its drops; `rltrace info` shows them): a sample that cannot be read (a
+`response_length` that is not 0..len(tokens), a missing field), a train sample that matches no
+rollout sample, a field the store cannot hold (left out of that sample, with the `--drop-field`
+that leaves it out of every one), a span or `samples` row the store refuses. A file that is not
+a slime dump costs only itself too: it is named, and the other files are imported. Text is made
+valid UTF-8 as everywhere in the store. Everything one command imports becomes visible together,
+and a dump imported before (same content) is skipped, so a retry never stores a sample twice
+(`rltrace.store.imports`).
 """
 
 from __future__ import annotations
 
-import json
-import re
+import hashlib
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import pyarrow as pa
 
-from rltrace import _paths
-from rltrace.replay import codec
-from rltrace.replay.batch import RESERVED, new_batch_id
+from rltrace import _names
+from rltrace.replay import codec, slime_trace
+from rltrace.replay.batch import batch_fields, build_table, part_name, write_options
 from rltrace.replay.errors import SlimeDumpError
-from rltrace.replay.safe_torch import safe_torch
+from rltrace.replay.slime_dump import (SampleError, dump_kind, find_dumps, join_train, read_dump, rollout_id,
+                                       rollout_row, train_samples, unstorable_fields)
+from rltrace.store import imports
+from rltrace.store import rows as store_rows
+from rltrace.store.convert import show, text
 
-STATUS_TO_FINISH = {"completed": "stop", "truncated": "length", "aborted": "abort", "failed": "failed", "pending": "pending"}
-FINISH_TO_STATUS = {v: k for k, v in STATUS_TO_FINISH.items()}
-#: slime Sample fields stored under rltrace's names (import renames them, export renames them back)
-RENAMED = {"index": "sample_id", "group_index": "group_id", "response": "response_text", "status": "finish_reason"}
-#: train-dump fields that repeat the rollout sample (checked against it, not stored twice)
-_TRAIN_DUPLICATES = {"tokens", "response_lengths", "loss_masks", "rollout_log_probs", "total_lengths", "sample_index", "rollout_position"}
-_TRAIN_RENAMED = {"log_probs": "train_log_probs", "advantages": "advantages"}
+__all__ = ["import_slime", "import_command", "read_dump"]  # read_dump: for callers that read one dump
 
-
-# --- reading -----------------------------------------------------------------------------------
-def read_dump(path: Path, *, trust_pickle: bool = False) -> Any:
-    """torch.load with the restricted unpickler; the full one only with `trust_pickle`."""
-    torch = safe_torch()  # torch <= 2.5.1: weights_only=True can be bypassed
-
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError, ... : say which file and why
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "weights only" not in str(exc).lower() and "weights_only" not in str(exc).lower():
-            raise SlimeDumpError(f"{path}: not a readable torch.save file, truncated or damaged ({reason[:200]})") from None
-        if not trust_pickle:
-            found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-            what = f" (it needs {found.group(1)})" if found else ""
-            raise SlimeDumpError(
-                f"{path}: holds objects the safe loader refuses{what}; loading it would run the full pickle "
-                "unpickler, which can execute code from the file: pass --trust-pickle only if you trust it"
-            ) from None
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:
-        raise SlimeDumpError(f"{path}: cannot be loaded even with --trust-pickle ({str(exc)[:200]})") from None
-
-
-def dump_kind(data: Any, path: Path) -> str:
-    """'rollout', 'train' or 'train_v1' (a clear error naming the missing field otherwise)."""
-    if not isinstance(data, dict):
-        raise SlimeDumpError(f"{path}: expected a dict with 'rollout_id' and 'samples' (a slime debug dump), got {type(data).__name__}")
-    if "rollout_data" in data and "samples" not in data:
-        return "train_v1"
-    for key in ("rollout_id", "samples"):
-        if key not in data:
-            raise SlimeDumpError(f"{path}: field {key!r} is missing; not a slime debug dump")
-    if not isinstance(data["samples"], list):
-        raise SlimeDumpError(f"{path}: field 'samples' is {type(data['samples']).__name__}, expected a list")
-    if "format_version" in data:
-        if data["format_version"] != 2:
-            raise SlimeDumpError(f"{path}: train dump format_version {data['format_version']!r} is not supported (only 2)")
-        return "train"
-    return "rollout"
-
-
-def _rollout_id(data: dict, path: Path) -> int:
-    value = data.get("rollout_id")
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise SlimeDumpError(f"{path}: field 'rollout_id' is {value!r}, expected an integer") from None
-
-
-def _ints(value: Any, where: str) -> np.ndarray:
-    arr = np.asarray(value.tolist() if hasattr(value, "tolist") and not isinstance(value, np.ndarray) else value)
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise SlimeDumpError(f"{where}: expected a list of token ids")
-    return arr.astype(np.int64)
-
-
-def _split_tokens(tokens: Any, response_length: Any, where: str) -> tuple[Any, Any]:
-    """slime keeps prompt + response in `tokens`; the last `response_length` are the response."""
-    ids = _ints(tokens, f"{where}, field 'tokens'")
-    if not isinstance(response_length, (int, np.integer)) or not 0 <= response_length <= len(ids):
-        raise SlimeDumpError(f"{where}: field 'response_length' is {response_length!r}, expected 0..{len(ids)} (len(tokens))")
-    cut = len(ids) - int(response_length)
-    return tokens[:cut], tokens[cut:]
-
-
-def rollout_row(sample: Any, where: str, drop: frozenset[str]) -> dict[str, Any]:
-    """One frozen-batch row from a `Sample.to_dict()` dict; remaining fields go to the `slime` JSON column."""
-    if not isinstance(sample, dict):
-        raise SlimeDumpError(f"{where}: expected a dict (Sample.to_dict()), got {type(sample).__name__}")
-    for key in ("tokens", "response_length", "status"):
-        if key not in sample:
-            raise SlimeDumpError(f"{where}: field {key!r} is missing")
-    row: dict[str, Any] = {}
-    row["prompt_tokens"], row["response_tokens"] = _split_tokens(sample["tokens"], sample["response_length"], where)
-    status = sample["status"]
-    if not isinstance(status, str):
-        raise SlimeDumpError(f"{where}: field 'status' is {status!r}, expected one of {sorted(STATUS_TO_FINISH)}")
-    extra: dict[str, Any] = {}
-    for key, value in sample.items():
-        if key in ("tokens", "response_length") or key in drop:
-            continue
-        if key == "status":
-            row["finish_reason"] = STATUS_TO_FINISH.get(status, status)
-        elif key in RENAMED:
-            row[RENAMED[key]] = value
-        elif key == "reward":
-            if isinstance(value, dict):
-                row["reward_components"] = value
-            elif value is not None:
-                row["reward"] = value
-        elif key == "weight_versions":
-            extra[key] = value
-            try:
-                versions = [int(v) for v in value or ()]
-                row["weight_versions"], row["weight_version"] = versions, (min(versions) if versions else None)
-            except (TypeError, ValueError):
-                pass
-        elif key in ("loss_mask", "rollout_log_probs", "metadata"):
-            row[key] = value
-        elif codec.kind_of(value) in (*codec.ARRAY_KINDS, "list") and key not in RESERVED and key not in row:
-            row[key] = value
-        else:
-            extra[key] = value
-    if "prompt" in extra and isinstance(extra["prompt"], str):
-        row["prompt_text"] = extra.pop("prompt")
-    row["slime"] = extra
-    return row
-
-
-def _check_json(row: dict, where: str) -> None:
-    for key, value in row["slime"].items():
-        try:
-            json.dumps(value, default=codec.json_default)
-        except (TypeError, ValueError):
-            raise SlimeDumpError(
-                f"{where}: field {key!r} holds {type(value).__name__}, which cannot be stored; drop it with --drop-field {key}"
-            ) from None
-
-
-def _per_sample(value: Any, n: int) -> bool:
-    if hasattr(value, "dim") and hasattr(value, "size"):
-        return value.dim() >= 1 and value.size(0) == n
-    return isinstance(value, (list, tuple)) and len(value) == n
-
-
-def train_samples(data: dict, kind: str, path: Path) -> list[dict]:
-    """The per-sample dicts of a train dump (format 2 as is; format 1 transposed like slime does)."""
-    if kind == "train":
-        samples = data["samples"]
-    else:
-        shard = data["rollout_data"]
-        if not isinstance(shard, dict) or "response_lengths" not in shard:
-            raise SlimeDumpError(f"{path}: field 'rollout_data.response_lengths' is missing")
-        n = len(shard["response_lengths"])
-        columns = {k: v for k, v in shard.items() if _per_sample(v, n)}
-        samples = [{k: v[i] for k, v in columns.items()} for i in range(n)]
-        for sample, position in zip(samples, shard.get("partition") or [None] * n):
-            sample["rollout_position"] = position
-            if "sample_indices" in sample:
-                sample["sample_index"] = sample.pop("sample_indices")
-    for i, sample in enumerate(samples):
-        if not isinstance(sample, dict):
-            raise SlimeDumpError(f"{path}, train sample {i}: expected a dict, got {type(sample).__name__}")
-    return samples
-
-
-def join_train(rows: list[dict], rollout: list[dict] | None, train: list[dict], path: Path, drop: frozenset[str]) -> list[dict]:
-    """Add train fields to rollout rows: train `sample_index` = rollout `index`, else `rollout_position`."""
-    if rollout is None:
-        return rows + [_train_only_row(t, f"{path}, train sample {i}", drop) for i, t in enumerate(train)]
-    by_index = {_int_or_none(s.get("index")): i for i, s in enumerate(rollout)}
-    use_index = len(by_index) == len(rollout) and None not in by_index and all(_int_or_none(t.get("sample_index")) in by_index for t in train)
-    for j, t in enumerate(train):
-        where = f"{path}, train sample {j}"
-        position = _int_or_none(t.get("rollout_position"))
-        if use_index:
-            i = by_index[_int_or_none(t["sample_index"])]
-        elif position is not None and 0 <= position < len(rows):
-            i = position
-        else:
-            raise SlimeDumpError(
-                f"{where}: cannot be matched to a rollout sample: field 'sample_index' does not match a rollout "
-                f"'index' and field 'rollout_position' is {t.get('rollout_position')!r}"
-            )
-        if "tokens" in t and not np.array_equal(_ints(t["tokens"], f"{where}, field 'tokens'"), _ints(rollout[i]["tokens"], where)):
-            raise SlimeDumpError(f"{where}: field 'tokens' differs from rollout sample {i}'s; the two dumps are not of the same rollout")
-        rows[i].update(_train_fields(t, drop))
-    return rows
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return int(value.item() if hasattr(value, "item") else value)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
-def _train_fields(t: dict, drop: frozenset[str] = frozenset()) -> dict[str, Any]:
-    return {_TRAIN_RENAMED.get(k, f"train_{k}"): v for k, v in t.items() if k not in _TRAIN_DUPLICATES and k not in drop}
-
-
-def _train_only_row(t: dict, where: str, drop: frozenset[str]) -> dict[str, Any]:
-    if "tokens" not in t or "response_lengths" not in t:
-        raise SlimeDumpError(f"{where}: fields 'tokens' and 'response_lengths' are needed without a rollout dump")
-    length = t["response_lengths"]
-    length = int(length.item()) if hasattr(length, "item") else length
-    row: dict[str, Any] = {}
-    row["prompt_tokens"], row["response_tokens"] = _split_tokens(t["tokens"], length, where)
-    if "loss_masks" in t:
-        row["loss_mask"] = t["loss_masks"]
-    if "rollout_log_probs" in t:
-        row["rollout_log_probs"] = t["rollout_log_probs"]
-    if "sample_index" in t and t["sample_index"] is not None:
-        row["sample_id"] = _int_or_none(t["sample_index"])
-    row.update(_train_fields(t, drop))
-    return row
-
-
-# --- import ------------------------------------------------------------------------------------
-def find_dumps(paths: Iterable[str | Path]) -> list[Path]:
-    """The .pt files named, and those under the directories named (slime's dump_details layout)."""
-    return _paths.expand(paths, lambda p: p.suffix == ".pt", SlimeDumpError, "no .pt files")
+SAMPLES, FIELDS = "slime samples", "slime fields"  # what is counted when left out (drop-count tables)
 
 
 def import_slime(
@@ -254,73 +48,168 @@ def import_slime(
     drop: Iterable[str] = (),
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Convert slime dumps into frozen batches (+ spans and samples from traces) in run dir `out`."""
-    from rltrace.replay import slime_trace
-    from rltrace.store import rows as store_rows
-    from rltrace.replay.batch import batch_fields, build_table, write_batch
-    from rltrace.store.layout import create_or_join
-    from rltrace.store.writer import ProcessInfo
+    """Convert slime dumps into frozen batches (+ spans and samples from traces) in run dir `out`.
 
+    Returns a dict: batches ({step, batch_id, samples, files} each), spans, samples (rows),
+    unmatched_ends, carried, skipped (evaluation dumps), already (dumps imported before: nothing
+    added), failed (files that are not slime dumps), dropped (one line per file and reason:
+    samples and fields left out, with positions).
+    """
     drop = frozenset(drop)
-    files = find_dumps(paths)
-    rollouts: dict[int, tuple[Path, dict]] = {}
-    trains: dict[int, list[tuple[Path, list[dict]]]] = {}
-    skipped: list[str] = []
-    for k, path in enumerate(files):
+    imp = imports.Import(out, "slime", find_dumps(paths))
+    result: dict[str, Any] = {"batches": [], "spans": 0, "samples": 0, "unmatched_ends": 0, "carried": 0, "skipped": [],
+                              "already": imp.skipped, "failed": [], "dropped": []}
+    rollouts: dict[int, tuple[Path, list]] = {}
+    trains: dict[int, list[tuple[Path, list]]] = {}
+    given = list(imp.files)
+    for k, (path, _) in enumerate(given):
         if progress:
-            progress("reading", k, len(files))
+            progress("reading", k, len(given))
         if path.name.startswith("eval_"):
-            skipped.append(f"{path}: evaluation dump, not a training batch")
+            result["skipped"].append(f"{path}: evaluation dump, not a training batch")
+            imp.leave_out(path)
             continue
-        data = read_dump(path, trust_pickle=trust_pickle)
-        kind = dump_kind(data, path)
-        rid = _rollout_id(data, path)
-        if kind == "rollout":
-            if rid in rollouts:
-                raise SlimeDumpError(f"{path}: rollout_id {rid} also comes from {rollouts[rid][0]}; import one of them")
-            rollouts[rid] = (path, data)
-        else:
-            trains.setdefault(rid, []).append((path, train_samples(data, kind, path)))
-    manifest = create_or_join(Path(out), run_name=None, config={"imported_from": "slime", "paths": [str(p) for p in files]})
-    process = ProcessInfo(run_id=manifest["run_id"], role="slime-import", rank=None, service_name="rltrace-import")
-    result = {"batches": [], "spans": 0, "samples": 0, "unmatched_ends": 0, "carried": 0, "skipped": skipped}
-    steps = sorted(set(rollouts) | set(trains))
-    starts = {rid: slime_trace.own_start(data["samples"], rid) for rid, (_, data) in rollouts.items()}
-    drops = store_rows.Drops()
-    for k, rid in enumerate(steps):
-        if progress:
-            progress("converting", k, len(steps))
-        sources = ([rollouts[rid][0]] if rid in rollouts else []) + [p for p, _ in trains.get(rid, [])]
-        rollout = rollouts[rid][1]["samples"] if rid in rollouts else None
-        rows = [rollout_row(s, f"{rollouts[rid][0]}, sample {i}", drop) for i, s in enumerate(rollout)] if rollout else []
-        for i, row in enumerate(rows):
-            _check_json(row, f"{rollouts[rid][0]}, sample {i}")
-        for path, samples in trains.get(rid, []):
-            rows = join_train(rows, rollout, samples, path, drop)
-        meta = {"source": "slime", "files": [str(p) for p in sources]}
-        if rollout:
-            meta["slime_fields"] = list(dict.fromkeys(k for s in rollout if isinstance(s, dict) for k in s if k not in drop))
-        batch_id = new_batch_id()
         try:
-            table = build_table(rid, batch_id, "rows", rows, len(rows), fields=batch_fields(meta), trigger="import",
-                                reason="slime " + ", ".join(f"{p.parent.name}/{p.name}" for p in sources), frozen_ns=time.time_ns(), process=process)
-        except (TypeError, ValueError) as exc:
-            raise SlimeDumpError(f"{sources[0]}: {exc}; drop the field with --drop-field NAME") from None
-        write_batch(Path(out), table, rid, batch_id)
-        if rollout:
-            counts = slime_trace.write(Path(out), rid, rollout, process, starts)
-            for key in ("spans", "samples", "unmatched_ends", "carried"):
-                result[key] += counts[key]
-            for record in counts["drops"].records():
-                drops.add(record["table"], record["count"], record["reason"], record.get("column"))
-        result["batches"].append({"step": rid, "batch_id": batch_id, "samples": len(rows), "files": [str(p) for p in sources]})
-    slime_trace.write_process(Path(out), process, manifest["run_id"], rows=result["samples"], spans=result["spans"], drops=drops)
+            data = read_dump(path, trust_pickle=trust_pickle)
+            kind = dump_kind(data, path)
+            rid = rollout_id(data, path)
+            if kind == "rollout" and rid in rollouts:
+                raise SlimeDumpError(f"{path}: rollout_id {rid} also comes from {rollouts[rid][0]}; import one of them")
+            if kind == "rollout":
+                rollouts[rid] = (path, data["samples"])
+            else:
+                trains.setdefault(rid, []).append((path, train_samples(data, kind, path)))
+        except SlimeDumpError as exc:
+            result["failed"].append(str(exc))
+            imp.leave_out(path)
+    if not rollouts and not trains:
+        if result["failed"]:
+            more = len(result["failed"]) - 1
+            raise SlimeDumpError(result["failed"][0] + (f" (and {more} more file(s) that are not slime dumps)" if more else ""))
+        return result
+    with imp:
+        process = imp.begin("slime-import", {"imported_from": "slime", "paths": [str(p) for p, _ in imp.files]})
+        read = {rid: _read_samples(imp, path, samples, drop) for rid, (path, samples) in rollouts.items()}
+        starts = {rid: slime_trace.own_start(kept, rid) for rid, (_, kept) in read.items()}
+        steps = sorted(set(rollouts) | set(trains))
+        frozen = 0
+        for k, rid in enumerate(steps):
+            if progress:
+                progress("converting", k, len(steps))
+            frozen += _step(imp, process, rid, rollouts.get(rid), read.get(rid), trains.get(rid, []), drop, starts, result)
+        imp.commit(rows_written=result["samples"] + frozen, spans_written=result["spans"],
+                   summary={"batches": len(result["batches"]), "samples": result["samples"]})
+    result["dropped"] = imp.refused.sentences() + [f"{r['reason']} ({r['count']} {r['table']})" for r in imp.drops.records()]
     return result
+
+
+def _read_samples(imp: imports.Import, path: Path, samples: list, drop: frozenset[str]) -> tuple[dict[int, dict], list]:
+    """The rows of a rollout dump's samples that can be read ({position: row}), and the samples
+    with None in place of each one that cannot (counted with its position and reason)."""
+    rows, kept = {}, []
+    for i, sample in enumerate(samples):
+        try:
+            row = rollout_row(sample, drop)
+        except SampleError as exc:
+            imp.refused.add(SAMPLES, path, str(exc), ("sample", i))
+            kept.append(None)
+            continue
+        for _, why in unstorable_fields(row):
+            imp.refused.add(FIELDS, path, why, ("sample", i))
+        rows[i] = row
+        kept.append(sample)
+    return rows, kept
+
+
+def _step(imp: imports.Import, process, rid: int, rollout: tuple[Path, list] | None, read: tuple[dict, list] | None,
+          trains: list[tuple[Path, list]], drop: frozenset[str], starts: dict, result: dict) -> int:
+    """Stage the batch, spans and samples of one rollout id; returns the frozen samples."""
+    rows, kept = read if read is not None else ({}, None)
+    rows = dict(rows)
+    origin = {i: (rollout[0], i) for i in rows} if rollout else {}
+    for path, samples in trains:
+        base = max(rows, default=-1) + 1  # where join_train puts the rows of a train dump without its rollout dump
+        for j, why in join_train(rows, rollout[1] if rollout else None, samples, drop):
+            imp.refused.add(SAMPLES, path, why, ("train sample", j))
+        origin.update({i: (path, i - base) for i in rows if i not in origin})
+    sources = ([rollout[0]] if rollout else []) + [p for p, _ in trains]
+    order = sorted(rows)
+    batch_rows = [rows[i] for i in order]
+    if batch_rows:
+        meta = {"source": "slime", "files": [text(str(p)) for p in sources]}
+        if rollout:
+            meta["slime_fields"] = list(dict.fromkeys(k for s in rollout[1] if isinstance(s, dict) for k in s if k not in drop))
+        batch_id = hashlib.sha256(f"{imp.key}:{rid}".encode()).hexdigest()[:12]  # the same on a retry
+        table = _batch_table(imp, rid, batch_id, batch_rows, [origin[i] for i in order], meta, sources, process)
+        imp.stage(_names.BATCHES, table, name=part_name(rid, batch_id), write_options=write_options(table))
+        result["batches"].append({"step": rid, "batch_id": batch_id, "samples": len(batch_rows), "files": [str(p) for p in sources]})
+    if rollout and any(s is not None for s in kept):
+        drops = store_rows.Drops()
+        tables, counts = slime_trace.rollout_tables(rid, kept, process, starts, drops=drops)
+        for spec, table in tables:
+            imp.stage(spec, table, name=imp.part_name(spec.name))
+        for r in drops.records():  # rows the store refused (an int past int64, ...), named by their dump
+            imp.drops.add(r["table"], r["count"], f"{text(str(rollout[0]))}: {r['reason']}", r.get("column"))
+        for key in ("spans", "samples", "unmatched_ends", "carried"):
+            result[key] += counts[key]
+    return len(batch_rows)
+
+
+def _batch_table(imp, rid, batch_id, batch_rows, origins, meta, sources, process) -> pa.Table:
+    """The frozen batch; a field the store cannot hold (a value of another kind than the rest of its
+    column, an integer past int64) is left out of the samples that hold it, each counted."""
+    reason = text("slime " + ", ".join(f"{p.parent.name}/{p.name}" for p in sources))
+
+    def build() -> pa.Table:
+        return build_table(rid, batch_id, "rows", batch_rows, len(batch_rows), fields=batch_fields(meta), trigger="import",
+                           reason=reason, frozen_ns=time.time_ns(), process=process)
+
+    try:
+        return build()
+    except (TypeError, ValueError, OverflowError, pa.ArrowException):
+        pass
+    for name in list(dict.fromkeys(k for r in batch_rows for k in r)):
+        for k, why in _unstorable(name, [r.get(name) for r in batch_rows]):
+            batch_rows[k].pop(name, None)
+            path, position = origins[k]
+            imp.refused.add(FIELDS, path, f"field {name!r} {why}; leave it out with --drop-field {name}", ("sample", position))
+    return build()
+
+
+def _unstorable(name: str, column: list) -> list[tuple[int, str]]:
+    """(row, why) for each value of a batch column that keeps the column from being stored: values
+    that cannot be stored alone, then values of another kind (or dtype) than most samples hold."""
+    def fails(values: list) -> bool:
+        try:
+            codec.encode_rows(name, values)
+        except (TypeError, ValueError, OverflowError, pa.ArrowException):
+            return True
+        return False
+
+    if not fails(column):
+        return []
+    out = {k: f"holds {show(v)}, which cannot be stored" for k, v in enumerate(column) if v is not None and fails([v])}
+    rest = [None if k in out else v for k, v in enumerate(column)]
+    if not fails(rest):
+        return list(out.items())
+    kinds = [None if v is None else (codec.kind_of(v), str(getattr(v, "dtype", "")) or type(v).__name__) for v in rest]
+    counts: dict = {}
+    for kind in kinds:
+        if kind is not None:
+            counts[kind] = counts.get(kind, 0) + 1
+    common = max(counts, key=counts.get)  # what most samples hold stays
+    for k, kind in enumerate(kinds):
+        if kind is not None and kind != common:
+            out[k] = f"holds {kind[1]} where most samples hold {common[1]}"
+    if fails([None if k in out else v for k, v in enumerate(column)]):
+        out.update({k: "cannot be stored beside the other samples' values" for k, v in enumerate(column) if v is not None and k not in out})
+    return sorted(out.items())
 
 
 def import_command(args) -> int:
     """`rltrace import slime PATH... --out RUN_DIR`."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import Progress
 
     console = Console()
@@ -333,14 +222,23 @@ def import_command(args) -> int:
             bar.update(tasks[stage], completed=done + 1)
 
         result = import_slime(args.paths, args.out, trust_pickle=args.trust_pickle, drop=args.drop_field, progress=progress)
+    for line in result["already"]:
+        console.print(f"[yellow]skipped[/] {escape(line)}")
+    for line in result["failed"]:
+        console.print(f"[red]not imported[/] {escape(line)}")
     for b in result["batches"]:
-        console.print(f"step {b['step']}: {b['samples']} samples from {', '.join(b['files'])}")
-    console.print(f"{len(result['batches'])} batches, {result['samples']} sample rows and {result['spans']} spans from traces -> {args.out}")
+        console.print(f"step {b['step']}: {b['samples']} samples from {escape(', '.join(b['files']))}")
+    console.print(f"{len(result['batches'])} batches, {result['samples']} sample rows and {result['spans']} spans from traces "
+                  f"-> {escape(str(args.out))}")
     if result["carried"]:
         console.print(f"{result['carried']} sample(s) of a partial rollout also ran in an earlier step: "
                       "a row there too (in_batch false), with the spans that ran then")
     if result["unmatched_ends"]:
         console.print(f"[yellow]{result['unmatched_ends']} span end(s) without a start[/] kept as zero-length spans marked slime.unmatched_end")
     for s in result["skipped"]:
-        console.print(f"[yellow]skipped[/] {s}")
-    return 0
+        console.print(f"[yellow]skipped[/] {escape(s)}")
+    for line in result["dropped"]:
+        console.print(f"[yellow]left out[/] {escape(line)}")
+    if result["dropped"]:
+        console.print("(counted in the run: rltrace info shows them)")
+    return 1 if result["failed"] else 0

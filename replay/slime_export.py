@@ -19,7 +19,7 @@ import numpy as np
 
 from rltrace.replay.batch import FrozenBatch, batch_parts, load
 from rltrace.replay.errors import SlimeDumpError
-from rltrace.replay.slime import FINISH_TO_STATUS
+from rltrace.replay.slime_trace import FINISH_TO_STATUS
 
 
 def _plain(value: Any) -> Any:

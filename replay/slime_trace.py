@@ -30,18 +30,18 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from rltrace import _names
-from rltrace.replay.slime import STATUS_TO_FINISH
 from rltrace.store import rows as store_rows
-from rltrace.store.writer import ProcessInfo, write_part
+from rltrace.store.writer import ProcessInfo
 
+#: slime's `Sample.Status` values -> rltrace's `finish_reason` (import), and back (export)
+STATUS_TO_FINISH = {"completed": "stop", "truncated": "length", "aborted": "abort", "failed": "failed", "pending": "pending"}
+FINISH_TO_STATUS = {v: k for k, v in STATUS_TO_FINISH.items()}
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _PHASES = {
     "sglang_generate": "generate",
@@ -279,27 +279,45 @@ def has_repetition(text: Any) -> bool:
     return len(raw) / len(zlib.compress(raw, 9)) > 10
 
 
+def _float(value: Any) -> float | None:
+    """A number from a dump as a float (0-d tensors too); None for anything else (a bool, text, an
+    int past float's range)."""
+    value = store_rows.plain(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def _share(part: Any, whole: Any, present: bool) -> float | None:
+    """part / whole as slime's SpecInfo computes it (0.0 when whole is 0); None when not numbers."""
+    part, whole = _float(part or 0), _float(whole or 0)
+    if part is None or whole is None:
+        return None
+    return part / whole if whole > 0 else (0.0 if present else None)
+
+
 def _extras(sample: dict) -> dict[str, Any]:
     mask = sample.get("loss_mask")
     length = int(sample.get("response_length") or 0)
     try:
         effective = int(sum(int(m) for m in mask)) if mask is not None else length
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         effective = None
     cache = sample.get("prefix_cache_info") if isinstance(sample.get("prefix_cache_info"), dict) else {}
     spec = sample.get("spec_info") if isinstance(sample.get("spec_info"), dict) else {}
-    ngt = sample.get("non_generation_time")
-    draft, verify = spec.get("spec_draft_token_num") or 0, spec.get("spec_verify_ct") or 0
     return {
         "in_batch": True,
         "effective_response_len": effective,
         "cached_tokens": cache.get("cached_tokens"),
         "total_prompt_tokens": cache.get("total_prompt_tokens"),
-        "non_generation_time": float(ngt) if isinstance(ngt, (int, float)) else None,
+        "non_generation_time": _float(sample.get("non_generation_time")),
         "repetition": has_repetition(sample.get("response")),
         # slime's Sample.SpecInfo.spec_accept_rate / spec_accept_length
-        "spec_accept_rate": (spec.get("spec_accept_token_num") or 0) / draft if draft > 0 else (0.0 if spec else None),
-        "spec_accept_length": (spec.get("completion_token_num") or 0) / verify if verify > 0 else (0.0 if spec else None),
+        "spec_accept_rate": _share(spec.get("spec_accept_token_num"), spec.get("spec_draft_token_num"), bool(spec)),
+        "spec_accept_length": _share(spec.get("completion_token_num"), spec.get("spec_verify_ct"), bool(spec)),
     }
 
 
@@ -328,7 +346,7 @@ def sample_rows(sample: dict, index: int, rollout_id: int, spans: list[dict], tr
                 prompt_len=None if tokens is None else len(tokens) - int(sample.get("response_length") or 0),
                 response_len=int(sample.get("response_length") or 0),
                 finish_reason=STATUS_TO_FINISH.get(status, status) if isinstance(status, str) else None,
-                reward=float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None,
+                reward=_float(reward),
                 weight_versions=versions or None, weight_version=min(versions) if versions else None,
                 train_version=train_version, **_extras(sample),
             )
@@ -414,38 +432,26 @@ def rollout_rows(rollout_id: int, samples: list, starts: dict[int, int] | None =
     return _dedupe_groups(spans), rows, unmatched
 
 
-def write(run_dir: Path, rollout_id: int, samples: list, process: ProcessInfo, starts: dict[int, int] | None = None,
-          extra: dict[int, dict] | None = None) -> dict[str, int]:
-    """Write the spans (finished and open) and `samples` rows of one rollout dump (see `rollout_rows`)."""
+def rollout_tables(rollout_id: int, samples: list, process: ProcessInfo, starts: dict[int, int] | None = None,
+                   extra: dict[int, dict] | None = None, *, drops: store_rows.Drops) -> tuple[list[tuple[Any, pa.Table]], dict[str, int]]:
+    """The spans (finished and open) and `samples` rows of one rollout dump (see `rollout_rows`), as
+    (store table, Arrow table) pairs for the caller to write, and counts (spans, samples,
+    unmatched_ends, carried). Rows the store cannot hold are dropped and counted in `drops`."""
     spans, rows, unmatched = rollout_rows(rollout_id, samples, starts, extra)
     spans = [finish(s) for s in spans]
-    drops = store_rows.Drops()
-    name = f"{process.process_id}-{rollout_id:010d}.parquet"
+    out: list[tuple[Any, pa.Table]] = []
+    before = drops.total("spans"), drops.total("samples")
     for table, part in ((_names.SPANS, [s for s in spans if s["end_ns"] is not None]),
                         (_names.OPEN_SPANS, [s for s in spans if s["end_ns"] is None])):
         built = store_rows.span_rows_table(part, process, "slime-rollout", drops=drops) if part else None
         if built is not None and built.num_rows:
-            write_part(Path(run_dir) / table.folder, name, built, table)
+            out.append((table, built))
     now = time.time_ns()
     for step in sorted({r["step"] for r in rows}):
         mine = [{k: v for k, v in r.items() if k != "step"} for r in rows if r["step"] == step]
         built = store_rows.samples_table(step, mine, now, process, drops=drops)
         if built is not None and built.num_rows:
-            write_part(Path(run_dir) / _names.SAMPLES.folder, f"{process.process_id}-{rollout_id:010d}-{step:010d}.parquet",
-                       built, _names.SAMPLES)
+            out.append((_names.SAMPLES, built))
     carried = sum(1 for r in rows if r.get("in_batch") is False)
-    return {"spans": len(spans) - drops.total("spans"), "samples": len(rows) - drops.total("samples"),
-            "unmatched_ends": unmatched, "carried": carried, "drops": drops}
-
-
-def write_process(run_dir: Path, process: ProcessInfo, run_id: str, *, rows: int, spans: int,
-                  drops: store_rows.Drops | None = None) -> None:
-    """The importing process's row in `processes`, so `rltrace info` says where the data came from."""
-    now = time.time_ns()
-    table = store_rows.process_table(
-        process, run_id=run_id, service_name=process.service_name, started_ns=now, heartbeat_ns=now, ended_ns=now,
-        spans_written=spans, spans_dropped=drops.total("spans") if drops else 0, rows_written=rows,
-        rows_dropped=drops.total("samples") if drops else 0, drop_reasons=drops.to_json() if drops else None,
-        argv=sys.argv, resource={"service.name": process.service_name},
-    )
-    write_part(Path(run_dir) / _names.PROCESSES.folder, f"{process.process_id}.parquet", table, _names.PROCESSES)
+    return out, {"spans": len(spans) - (drops.total("spans") - before[0]), "samples": len(rows) - (drops.total("samples") - before[1]),
+                 "unmatched_ends": unmatched, "carried": carried}

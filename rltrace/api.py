@@ -259,11 +259,13 @@ def _as_int(name: str, value: Any) -> int:
 
 
 def _attr_value(value: Any):
+    """An attribute value OpenTelemetry holds: 0-d tensors and numpy scalars as their numbers (read
+    here: OpenTelemetry keeps plain values only, so a device tensor syncs its device at this point)."""
     if isinstance(value, (str, bool, int, float)):
         return value
-    item = getattr(value, "item", None)
-    if item is not None and getattr(value, "ndim", 0) == 0:
-        return item()
+    number = store_rows.plain(value)
+    if number is not value and isinstance(number, (str, bool, int, float)):
+        return number
     if isinstance(value, (list, tuple)):
         return [_attr_value(v) for v in value]
     return str(value)
@@ -649,23 +651,39 @@ def end_open_phases(error: BaseException | str, *, thread: int | None = None) ->
 
 # --- metrics and samples -----------------------------------------------------------------------
 def _as_float(name: str, value: Any) -> float:
-    try:
-        return float(value)
+    try:  # a tensor's number by .item() (store_rows.plain): float() warns for one that needs grad
+        return float(value if type(value) in (int, bool) else store_rows.plain(value))
     except (TypeError, ValueError, OverflowError):
         raise TypeError(f"log_metrics: {name}={store_rows.show(value)} is not a number a float can hold") from None
+
+
+_LATER = store_rows.later
+
+
+def _metric_value(name: str, value: Any) -> Any:
+    kind = type(value)
+    if kind is float:
+        return value
+    if kind is not int and kind is not bool:
+        deferred = _LATER(value)  # a 0-d CUDA tensor: copied now, read on the writer thread
+        if deferred is not None:
+            return deferred
+    return _as_float(name, value)
 
 
 def log_metrics(step: int, **scalars: Any) -> None:
     """Record step-level scalars: `rltrace.log_metrics(step, reward_mean=0.4, loss=1.2)`.
 
-    Values are converted with `float()` here (a 1-element tensor syncs its device: log after
-    the step's own sync). Writing happens on a background thread.
+    Values are numbers: Python or numpy numbers, 0-d tensors of any dtype (bf16 too), with or
+    without grad. A 0-d CUDA tensor is copied here (no device sync on this thread) and read on the
+    writer thread once the copy is done; any other value is converted with `float()` here (a
+    1-element tensor of more dimensions syncs its device). Writing happens on a background thread.
     """
     run = _run if _run is not None else recording_run()
     if run is None or not scalars:
         return
     step = _as_int("step", step)
-    values = {name: _as_float(name, value) for name, value in scalars.items()}
+    values = {name: _metric_value(name, value) for name, value in scalars.items()}
     now = time.time_ns()
     process, drops = run.process, run.drops
     build = lambda: store_rows.metrics_table(step, values, now, process, drops=drops)  # noqa: E731
@@ -679,8 +697,11 @@ def log_samples(step: int, rows: Iterable[Mapping[str, Any]] | pa.Table | Any) -
     `finish_reason`, `reward`, `weight_version`, `train_version`, `gen_start`, `gen_end`) are
     stored with fixed types; ids (`sample_id`, `group_id`, any `*_id`) as text, so integer and
     string ids both work; any other column is kept as it comes. A row with a value its column
-    cannot hold is dropped alone and counted with the reason (`rltrace info`). The caller pays
-    only for a shallow copy; conversion to Arrow and the write happen on the background writer.
+    cannot hold is dropped alone and counted with the reason (`rltrace info`). Values that are 0-d
+    tensors (any dtype, any device, with or without grad) or numpy scalars are stored as the numbers
+    they hold. The caller pays only for a shallow copy; conversion to Arrow and the write happen on
+    the background writer, so do not change the rows or their tensors in place after the call
+    (CUDA tensors are read there on the default stream: made on a side stream, synchronise it first).
     """
     run = _run if _run is not None else recording_run()
     if run is None:

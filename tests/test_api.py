@@ -15,6 +15,7 @@ import pytest
 import rltrace
 from rltrace import api, store
 from rltrace._config import RltraceConfigError
+from rltrace.cli.info import collect
 
 from .conftest import PYTHON, python_env
 
@@ -130,6 +131,157 @@ def test_numpy_and_torch_scalars_are_accepted(run_dir):
                                                                 "rl.operation.name": "rl.train"}
     metrics = dict(store.open(run_dir).execute("SELECT name, value FROM metrics WHERE step = 4").fetchall())
     assert metrics == {"loss": 0.25, "grad_norm": 1.5}
+
+
+def _zero_d_values():
+    """0-d tensors of every kind a training loop has at hand, and numpy scalars: (name, value, number)."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    grad = torch.tensor(0.75, requires_grad=True) * 2  # a loss: part of a graph
+    return [
+        ("reward", torch.tensor(0.5), 0.5),
+        ("bf16", torch.tensor(0.25, dtype=torch.bfloat16), 0.25),
+        ("fp16", torch.tensor(1.5, dtype=torch.float16), 1.5),
+        ("grad", grad, 1.5),
+        ("leaf", torch.tensor(2.0, requires_grad=True), 2.0),
+        ("int32", torch.tensor(7, dtype=torch.int32), 7),
+        ("np32", np.float32(0.125), 0.125),
+        ("np0d", np.array(3.5), 3.5),
+        ("npint", np.int64(9), 9),
+    ]
+
+
+def test_zero_d_tensors_and_numpy_scalars_are_numbers_in_log_samples(run_dir):
+    """A tensor reward is what most loops have at hand: stored as the number it holds, never dropped."""
+    values = _zero_d_values()
+    rltrace.init(run_dir)
+    rltrace.log_samples(0, [{"sample_id": i, **{name: v for name, v, _ in values}} for i in range(2)])
+    rltrace.log_samples(1, {name: [v, v] for name, v, _ in values})  # a dict of columns
+    rltrace.log_samples(2, [{"reward": values[0][1]}, {"reward": 0.25}])  # tensors and floats in one column
+    rltrace.shutdown()
+    con = store.open(run_dir)
+    names = [name for name, _, _ in values]
+    rows = con.execute(f"SELECT step, {', '.join(names)} FROM samples WHERE step < 2 ORDER BY step").fetchall()
+    assert rows == [(step, *(number for _, _, number in values)) for step in (0, 0, 1, 1)]
+    assert con.execute("SELECT reward FROM samples WHERE step = 2").fetchall() == [(0.5,), (0.25,)]
+    assert {str(t) for (t,) in con.execute("SELECT DISTINCT typeof(reward) FROM samples").fetchall()} == {"DOUBLE"}
+    assert collect(str(run_dir))["drop_reasons"] == []
+
+
+def test_zero_d_tensors_are_numbers_in_log_metrics_phases_and_freeze(run_dir):
+    from rltrace import replay
+
+    values = _zero_d_values()
+    rltrace.init(run_dir)
+    rltrace.log_metrics(0, **{name: v for name, v, _ in values})
+    with rltrace.phase("train", step=0, **{name: v for name, v, _ in values}) as p:
+        p.set(later=values[1][1])
+    replay.freeze(0, [{"reward": v, "tag": name} for name, v, _ in values])  # one column, many kinds of number
+    replay.flush()  # the replay writer holds two batches at a time
+    replay.freeze(1, [{"reward": values[1][1], "sample_id": values[5][1]}, {"reward": values[1][1], "sample_id": values[5][1]}])
+    replay.freeze(2, [{"adv": values[0][1]}, {"adv": values[1][1]}, {"adv": values[3][1]}])  # torch only, three dtypes
+    replay.flush()
+    rltrace.shutdown()
+    con = store.open(run_dir)
+    assert dict(con.execute("SELECT name, value FROM metrics WHERE step = 0 AND name NOT LIKE 'replay_%'").fetchall()) == \
+        {name: number for name, _, number in values}
+    (span,) = spans(run_dir)
+    attrs = json.loads(span["attributes"])
+    assert {name: attrs[f"rl.{name}"] for name, _, _ in values} == {name: number for name, _, number in values}
+    assert attrs["rl.later"] == 0.25
+    assert [r for (r,) in con.execute("SELECT reward FROM batches WHERE step = 0 ORDER BY sample_index").fetchall()] == \
+        [number for _, _, number in values]
+    batch = replay.load(run_dir, 1)  # all bf16: stored as numbers, given back as the tensors frozen
+    assert [str(r.dtype) for r in batch["reward"]] == ["torch.bfloat16"] * 2 and float(batch["reward"][0]) == 0.25
+    assert [int(i) for i in batch["sample_id"]] == [7, 7]
+    assert con.execute("SELECT DISTINCT reward, sample_id FROM batches WHERE step = 1").fetchall() == [(0.25, 7)]
+    assert replay.load(run_dir, 2)["adv"] == [0.5, 0.25, 1.5]
+    assert collect(str(run_dir))["drop_reasons"] == []
+
+
+class _CudaScalar:
+    """Stands in for a 0-d CUDA tensor (no GPU on the test machines): it records the thread that reads it."""
+
+    ndim = 0
+    device = type("device", (), {"type": "cuda"})()
+
+    def __init__(self, value, log):
+        self.value, self.log = value, log
+
+    def detach(self):
+        return self
+
+    def clone(self):
+        self.log.append(("clone", threading.get_ident()))
+        return _CudaScalar(self.value, self.log)
+
+    def item(self):
+        self.log.append(("item", threading.get_ident()))
+        return self.value
+
+    def __float__(self):
+        self.log.append(("float", threading.get_ident()))
+        return float(self.value)
+
+
+def test_a_cuda_scalar_metric_is_read_on_the_writer_thread_after_its_copy(run_dir, monkeypatch):
+    """No device sync on the training thread: the value is copied there (an async kernel) and an
+    event recorded after the copy; the writer thread waits for the event, then reads the copy."""
+    torch = pytest.importorskip("torch")
+    log = []
+
+    class Event:
+        def record(self, stream):
+            log.append(("record", threading.get_ident()))
+
+        def synchronize(self):
+            log.append(("synchronize", threading.get_ident()))
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "stream")
+    rltrace.init(run_dir)
+    caller = threading.get_ident()
+    rltrace.log_metrics(0, loss=_CudaScalar(0.5, log))
+    assert log == [("clone", caller), ("record", caller)]  # nothing read yet
+    rltrace.shutdown()
+    assert [what for what, _ in log] == ["clone", "record", "synchronize", "item"]
+    assert all(thread != caller for what, thread in log[2:])
+    assert store.open(run_dir).execute("SELECT value FROM metrics WHERE name = 'loss'").fetchall() == [(0.5,)]
+
+
+def test_numbers_cost_no_torch_import(tmp_path):
+    """Users who do not use torch never pay for it: numpy values through every API that takes values."""
+    code = (
+        "import sys, numpy as np, rltrace\n"
+        f"rltrace.init({str(tmp_path / 'run')!r})\n"
+        "rltrace.log_samples(0, [{'reward': np.float32(0.5)}, {'reward': 1.0, 'x': np.array(2.0)}])\n"
+        "rltrace.log_metrics(0, loss=np.float32(0.25))\n"
+        "with rltrace.phase('train', step=np.int64(0), n=np.int32(3)):\n"
+        "    pass\n"
+        "rltrace.shutdown()\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([PYTHON, "-c", code], env=python_env(), check=True, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False"
+    rows = store.open(tmp_path / "run").execute("SELECT reward, x FROM samples ORDER BY reward").fetchall()
+    assert rows == [(0.5, None), (1.0, 2.0)]
+
+
+def test_a_column_without_a_name_is_refused_with_a_reason_not_renamed(run_dir):
+    """DuckDB would show a column named "" as C7: no query could rely on that name."""
+    pa = pytest.importorskip("pyarrow")
+    rltrace.init(run_dir)
+    rltrace.log_samples(0, [{"": 1.0, "x": 2}, {"x": 3}])
+    rltrace.log_samples(1, {"": [1.0], "x": [4]})
+    rltrace.log_samples(2, pa.table({"": [1.0], "x": [5]}))
+    rltrace.shutdown()
+    con = store.open(run_dir)
+    columns = [c for (c,) in con.execute("SELECT column_name FROM (DESCRIBE samples)").fetchall()]
+    assert not [c for c in columns if c == "" or (c.startswith("C") and c[1:].isdigit())]
+    assert con.execute("SELECT step, x FROM samples ORDER BY step, x").fetchall() == [(0, 2), (0, 3), (1, 4), (2, 5)]
+    (reason,) = collect(str(run_dir))["drop_reasons"]
+    assert reason["table"] == "sample values" and reason["column"] == "" and reason["count"] == 3
+    assert "cannot be queried by name" in reason["reason"]
 
 
 def test_log_metrics_and_samples_land_in_their_views(run_dir):

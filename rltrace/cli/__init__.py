@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from rltrace._config import RltraceError
@@ -35,8 +36,32 @@ def _version() -> str:
     return __version__
 
 
+#: a step range that starts with a minus (`-1:2`, `-3:`, `-5:-1`): argparse would take it for an option
+_NEGATIVE_RANGE = re.compile(r"^-\d")
+_STEP_RANGE_COMMANDS = ("report", "export")  # the commands with --steps A:B
+
+
+def step_range_args(argv: list[str]) -> list[str]:
+    """`--steps -1:2` as `--steps=-1:2`, which argparse reads as the option's value (it reads only
+    plain negative numbers so). Only for the commands that take --steps, and never after `--`."""
+    if not argv or argv[0] not in _STEP_RANGE_COMMANDS:
+        return argv
+    out = list(argv[:1])
+    i = 1
+    while i < len(argv):
+        if argv[i] == "--":
+            return out + argv[i:]
+        if argv[i] == "--steps" and i + 1 < len(argv) and _NEGATIVE_RANGE.match(argv[i + 1]):
+            out.append(f"--steps={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(step_range_args(list(sys.argv[1:] if argv is None else argv)))
     try:
         try:
             code = args.func(args) or 0

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Where a run's step time goes (docs/analysis.md lists every --json key).",
     )
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--steps", metavar="A:B", help="only steps A to B inclusive (A:, :B or one step also work)")
+    p.add_argument("--steps", metavar="A:B", help="only steps A to B inclusive (A:, :B or one step also work; negative steps too: -1:2)")
     p.add_argument("--json", action="store_true", help="print the report as JSON with stable keys")
     p.add_argument("--full", action="store_true", help="print every table (phases, steps, critical paths), not one screen")
     p.add_argument("--compare", metavar="OTHER_RUN", help="put another run side by side")

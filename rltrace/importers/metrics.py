@@ -16,7 +16,13 @@ gaps, stragglers and critical paths need traced spans. Every span carries `rl.so
 and `rl.metric` (the timing it came from). A step ends at the time its timings were logged
 (TensorBoard wall time, a JSONL `_timestamp`); without one, steps follow each other. A stage
 timing that is negative, not a number or over `_MAX_SECONDS` makes no span (its scalar is still stored).
-Step numbers are shifted so rltrace's first step is 0 (verl, OpenRLHF and TRL count from 1).
+Step numbers are shifted so rltrace's first step is 0 when the log counts from 1 as verl, OpenRLHF
+and TRL do (its first timed step is 1 or later); a log with a timed step 0 is kept as logged, and
+the result says which (`step_shift`, `steps_note`).
+
+A line, record or value that cannot be read is left out and counted with its file, position and
+reason (`rltrace info`); a file that is not a log costs only itself (`failed`). What one import
+adds becomes visible together, and a file imported before is skipped (`rltrace.store.imports`).
 """
 
 from __future__ import annotations
@@ -26,7 +32,6 @@ import hashlib
 import json
 import os
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -34,15 +39,15 @@ import numpy as np
 import pyarrow as pa
 
 from rltrace import _names
-from rltrace.store import rows
+from rltrace.store import imports, rows
 from rltrace.importers import frameworks, readers
-from rltrace.importers.readers import MetricsImportError, Scalars
+from rltrace.importers.scalars import RECORDS, MetricsImportError, Scalars
 
 SOURCE = "metrics"  # rl.source of imported spans
 SOURCE_ATTR = "rl.source"
 #: the service of the process that writes imported spans: how a report counts them (a dictionary
 #: column, where the `rl.source` attribute would mean reading every span's attribute text)
-SERVICE_NAME = "rltrace-import"
+SERVICE_NAME = imports.SERVICE_NAME
 METRIC_ATTR = "rl.metric"
 _PART_ROWS = 1_000_000  # metrics rows per part file
 _MAX_SECONDS = 1e8  # about three years: a longer stage timing is not one (and its nanoseconds must fit int64)
@@ -52,9 +57,11 @@ def import_metrics(paths, out, *, framework: str = "auto",
                    progress: Callable[[str, float, float], None] | None = None) -> dict:
     """Read the logs, map names, write metrics rows and synthesized spans to run dir `out`.
 
-    Returns a dict: framework, files, steps, metrics (rows written, aliases included), spans,
-    aliases (rows added under rltrace names), skipped (reason -> count), unmapped (metric names
-    that no map knows, kept as they are).
+    Returns a dict: framework, files (imported), steps, metrics (rows written, aliases included),
+    spans, aliases (rows added under rltrace names), step_shift and steps_note (how steps were
+    numbered), skipped (reason -> count of lines, records and values left out), dropped (one line
+    per file and reason, with positions), already (files imported before: nothing added), failed
+    (files that are not logs), unmapped (metric names that no map knows, kept as they are).
     """
     was_enabled = gc.isenabled()
     gc.disable()  # the record-by-record readers make millions of small objects: the cyclic collector would re-scan them again and again
@@ -65,24 +72,58 @@ def import_metrics(paths, out, *, framework: str = "auto",
             gc.enable()
 
 
-def _import(paths, out, framework: str, progress) -> dict:
-    from rltrace.replay.slime_trace import write_process
-    from rltrace.store.layout import create_or_join
-    from rltrace.store.writer import ProcessInfo, write_part
-
-    files = readers.find_logs(paths)
+def _read(files: list[Path], progress) -> tuple[list[Scalars], dict[Path, str]]:
+    """The scalars of each file that reads, and "why" for each that does not (it costs only itself)."""
     total = sum(f.stat().st_size for f in files)
-    parts, done = [], 0
+    parts, failed, done = [], {}, 0
     for f in files:
         base = done
-        parts.append(readers.read(f, (lambda n, base=base: progress("reading", base + n, total)) if progress else None))
+        try:
+            parts.append(readers.read(f, (lambda n, base=base: progress("reading", base + n, total)) if progress else None))
+        except MetricsImportError as exc:
+            failed[f] = str(exc)
         done += f.stat().st_size
         if progress:
             progress("reading", done, total)
+    return parts, failed
+
+
+def step_shift(fw: frameworks.Framework, steps: np.ndarray, codes: np.ndarray, names: list) -> tuple[int, str | None]:
+    """How much to subtract from the logged steps, and a sentence saying why.
+
+    verl, OpenRLHF and TRL count steps from 1: their logs are shifted so rltrace's first step is 0,
+    unless this log holds a stage timing (else any scalar) at a step below the framework's first.
+    """
+    if not fw.step_offset or not len(steps):
+        return 0, None
+    timing = set(fw.stages) | ({fw.wall} if fw.wall else set())
+    timed = np.array([frameworks.strip(fw, n) in timing for n in names] + [False], bool)[codes]
+    first = int(steps[timed].min()) if timed.any() else int(steps.min())
+    what = "timed step" if timed.any() else "step"
+    if first >= fw.step_offset:
+        return fw.step_offset, (f"steps shifted by -{fw.step_offset} so the first step is 0: {fw.name} counts from "
+                                f"{fw.step_offset} (this log's first {what} is {first})")
+    return 0, (f"steps kept as logged: {fw.name} counts from {fw.step_offset}, but this log's first {what} is {first}")
+
+
+def _import(paths, out, framework: str, progress) -> dict:
+    files = readers.find_logs(paths)
+    imp = imports.Import(out, "metrics", files)
+    result = {"framework": framework, "files": [str(f) for f, _ in imp.files], "steps": 0, "metrics": 0, "aliases": 0,
+              "spans": 0, "step_shift": 0, "steps_note": None, "skipped": {}, "dropped": [], "already": imp.skipped,
+              "failed": [], "unmapped": []}
+    if not imp.files:
+        return result
+    parts, failed = _read([f for f, _ in imp.files], progress)
+    for f in failed:
+        imp.leave_out(f)  # not recorded as imported: once it reads, it can be
+    result["failed"] = list(failed.values())
     scalars = Scalars.concat(parts)
     if not len(scalars):
-        raise MetricsImportError(f"no scalars in {', '.join(map(str, files))}")
-    names = scalars.names  # distinct, as logged; scalars.code indexes them
+        why = result["failed"] + scalars.refused.sentences()
+        raise MetricsImportError(f"no scalars in {', '.join(str(f) for f, _ in imp.files)}"
+                                 + (f" ({why[0]}{f'; and {len(why) - 1} more' if len(why) > 1 else ''})" if why else ""))
+    names = [rows.text(n) for n in scalars.names]  # distinct, as logged (text made valid UTF-8); scalars.code indexes them
     if framework == "auto":
         framework = frameworks.detect(names)
         if framework is None:
@@ -94,13 +135,17 @@ def _import(paths, out, framework: str, progress) -> dict:
     fw = frameworks.FRAMEWORKS[framework]
     mapped = [frameworks.strip(fw, n) for n in names]
 
-    steps = scalars.step - fw.step_offset
+    shift, note = step_shift(fw, scalars.step, scalars.code, names)
+    if shift:  # a step that cannot be shifted (the smallest int64) is refused, never wrapped
+        low = scalars.step < rows.INT64_MIN + shift
+        if low.any():
+            scalars.refused.add(RECORDS, "+".join(result["files"]), f"step {rows.INT64_MIN} cannot be shifted by -{shift}",
+                                count=int(low.sum()))
+            scalars = scalars.take(~low)
+    steps = scalars.step - shift
     known = ~np.isnan(scalars.time_s)
     times_ns = np.where(known, scalars.time_s * 1e9, 0).astype(np.int64)
     times = pa.array(times_ns, pa.int64(), mask=~known)
-    manifest = create_or_join(Path(out), run_name=None, config={"imported_from": "metrics", "framework": framework,
-                                                               "paths": [str(f) for f in files]})
-    process = ProcessInfo(run_id=manifest["run_id"], role=f"{framework}-import", rank=None, service_name=SERVICE_NAME)
 
     # metrics: every scalar as logged, then the rltrace names of the mapped ones
     canonical = [_names.canonical_metric(m) for m in mapped]
@@ -108,33 +153,36 @@ def _import(paths, out, framework: str, progress) -> dict:
     alias_code = np.array([alias_names.index(c) if c is not None and c != n else -1 for n, c in zip(names, canonical)], np.int32)
     alias_rows = alias_code[scalars.code]
     alias_mask = alias_rows >= 0
-    tables = [_metrics_table(steps, scalars.code, names, scalars.value, times, process),
-              _metrics_table(steps[alias_mask], alias_rows[alias_mask], alias_names, scalars.value[alias_mask],
-                             times.filter(pa.array(alias_mask)), process)]
-    table = pa.concat_tables([t for t in tables if t.num_rows])
-    folder = Path(out) / _names.METRICS_TABLE.folder
-    namer = iter(range(10**8))
-    for start in range(0, table.num_rows, _PART_ROWS):
-        write_part(folder, f"{process.process_id}-{next(namer):08d}.parquet", table.slice(start, _PART_ROWS), _names.METRICS_TABLE)
-        if progress:
-            progress("writing", min(start + _PART_ROWS, table.num_rows), table.num_rows)
-
-    spans, n_spans = step_spans(fw, steps, scalars.code, names, scalars.value, np.where(known, times_ns, -1), manifest["run_id"])
-    if n_spans:
-        write_part(Path(out) / _names.SPANS.folder, f"{process.process_id}-spans.parquet",
-                   rows.span_columns_table(spans, n_spans, process, process.service_name), _names.SPANS)
-    write_process(Path(out), process, manifest["run_id"], rows=table.num_rows, spans=n_spans)
+    with imp:
+        process = imp.begin(f"{framework}-import", {"imported_from": "metrics", "framework": framework,
+                                                     "paths": [str(f) for f in files]})
+        tables = [_metrics_table(steps, scalars.code, names, scalars.value, times, process),
+                  _metrics_table(steps[alias_mask], alias_rows[alias_mask], alias_names, scalars.value[alias_mask],
+                                 times.filter(pa.array(alias_mask)), process)]
+        table = pa.concat_tables([t for t in tables if t.num_rows])
+        for start in range(0, table.num_rows, _PART_ROWS):
+            imp.stage(_names.METRICS_TABLE, table.slice(start, _PART_ROWS))
+            if progress:
+                progress("writing", min(start + _PART_ROWS, table.num_rows), table.num_rows)
+        spans, n_spans = step_spans(fw, steps, scalars.code, names, scalars.value, np.where(known, times_ns, -1), process.run_id)
+        if n_spans:
+            imp.stage(_names.SPANS, rows.span_columns_table(spans, n_spans, process, process.service_name))
+        imp.refused.update(scalars.refused)
+        imp.commit(rows_written=table.num_rows, spans_written=n_spans, summary={"framework": framework, "step_shift": shift})
     known_names = set(fw.stages) | {m for m, c in zip(mapped, canonical) if c} | set(fw.bytes) | {fw.wall}
-    return {
+    result.update({
         "framework": framework,
-        "files": [str(f) for f in files],
         "steps": int(len(np.unique(steps))),
         "metrics": int(table.num_rows),
         "aliases": int(alias_mask.sum()),
         "spans": n_spans,
-        "skipped": dict(scalars.skipped),
+        "step_shift": shift,
+        "steps_note": note,
+        "skipped": dict(scalars.skipped()),
+        "dropped": scalars.refused.sentences(),
         "unmapped": sorted(n for n, m in zip(names, mapped) if m not in known_names),
-    }
+    })
+    return result
 
 
 def _metrics_table(steps, codes, names, values, times, process) -> pa.Table:
@@ -197,7 +245,14 @@ def step_spans(fw: frameworks.Framework, steps, codes, names: list, values, time
             if t < 0:
                 starts[k] = prev_end if prev_end is not None else 0
             prev_end = starts[k] + span
+        fits = np.array([s + n <= rows.INT64_MAX for s, n in zip(starts, length.tolist())], bool)
+        if not fits.all():  # timings that add up past year 2262: those steps get no spans (their scalars stay)
+            step_of, ok, durations, length, latest, has_wall, value, logged = (
+                a[fits] for a in (step_of, ok, durations, length, latest, has_wall, value, logged))
+            starts = [s for s, f in zip(starts, fits.tolist()) if f]
         start = np.array(starts, np.int64)
+        if not len(step_of):
+            return {}, 0
 
     # the spans, step by step: the step span, then its stages in the framework's order
     grid = np.concatenate([np.ones((len(step_of), 1), bool), ok], axis=1)
@@ -267,12 +322,23 @@ def command(args) -> int:
 
         result = import_metrics(args.paths, args.out, framework=args.framework, progress=progress)
     took = time.perf_counter() - started
+    for line in result["already"]:
+        console.print(f"[yellow]skipped[/] {escape(line)}")
+    for line in result["failed"]:
+        console.print(f"[red]not imported[/] {escape(line)}")
+    if not result["files"]:
+        console.print(f"nothing new to import into {escape(str(args.out))}")
+        return 0
     console.print(
         f"{result['framework']}: {result['metrics']:,} metric rows ({result['aliases']:,} under rltrace names) and "
-        f"{result['spans']:,} spans over {result['steps']:,} steps from {len(result['files'])} file(s) in {took:.1f} s "
-        f"-> {escape(str(args.out))}")
+        f"{result['spans']:,} spans over {result['steps']:,} steps from {len(result['files']) - len(result['failed'])} "
+        f"file(s) in {took:.1f} s -> {escape(str(args.out))}")
+    if result["steps_note"]:
+        console.print(escape(result["steps_note"][0].upper() + result["steps_note"][1:]) + ".")
     console.print("Stage spans are synthesized from logged timings (rl.source=metrics): their durations are "
                   "measured, their placement within a step is not.")
-    for reason, n in Counter(result["skipped"]).most_common():
-        console.print(f"[yellow]skipped[/] {n:,} {escape(reason)}")
-    return 0
+    for line in result["dropped"]:
+        console.print(f"[yellow]left out[/] {escape(line)}")
+    if result["dropped"]:
+        console.print("(counted in the run: rltrace info shows them)")
+    return 1 if result["failed"] else 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -42,6 +43,65 @@ def clean(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [clean(v) for v in value]
     return value
+
+
+_PLAIN = frozenset((int, float, bool, str, bytes, type(None)))
+
+
+def plain(value: Any) -> Any:
+    """A 0-d tensor or numpy scalar (any dtype, any device, with or without grad) as the Python
+    number it holds (`.item()`, which copies a device value to the host); anything else as it is.
+    Duck-typed: torch is never imported here."""
+    if type(value) in _PLAIN:
+        return value
+    item = getattr(value, "item", None)
+    if item is None or getattr(value, "ndim", None) != 0:
+        return value
+    try:
+        return item()
+    except Exception:  # noqa: BLE001 - a tensor without data (meta device): stored or dropped as it is
+        return value
+
+
+class Later:
+    """A 0-d CUDA tensor read on the writer thread: a copy taken on the caller's stream (no device
+    sync there) and an event recorded after it, which the writer waits for before `.item()`."""
+
+    __slots__ = ("copy", "ready")
+
+    def __init__(self, copy: Any, ready: Any):
+        self.copy, self.ready = copy, ready
+
+    def read(self) -> Any:
+        self.ready.synchronize()
+        return self.copy.item()
+
+
+def later(value: Any) -> Later | None:
+    """A `Later` for a 0-d CUDA tensor (any dtype, with or without grad), so that reading its value
+    does not make the training thread wait for the device; None for anything else (read it now)."""
+    device = getattr(value, "device", None)
+    if getattr(device, "type", None) != "cuda" or getattr(value, "ndim", None) != 0:
+        return None
+    torch = sys.modules.get("torch")  # loaded: the value is one of its tensors
+    try:
+        copy = value.detach().clone()  # the caller may change the tensor in place after the call
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(copy.device))
+    except Exception:  # noqa: BLE001 - a tensor that cannot be copied this way is read now
+        return None
+    return Later(copy, ready)
+
+
+def plain_values(rows: list) -> list:
+    """Rows (dicts) with 0-d tensors and numpy scalars turned into numbers (`plain`), at the top
+    level and inside lists; rows without any are returned as they are (no copy)."""
+    out = []
+    for row in rows:
+        if isinstance(row, Mapping) and any(type(v) not in _PLAIN for v in row.values()):
+            row = {k: [plain(x) for x in v] if isinstance(v, list) else plain(v) for k, v in row.items()}
+        out.append(row)
+    return out
 
 
 def fits_int64(value: int) -> bool:
@@ -120,7 +180,10 @@ def describe(records: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 _UNITS = {"sample values": "sample value", "spans": "span", "samples": "sample row", "metrics": "metric row", "attributes": "span attribute", "batches": "frozen sample",
-          "requests": "rejected OTLP request", "refused spans": "refused span", "refused requests": "refused OTLP request"}
+          "requests": "rejected OTLP request", "refused spans": "refused span", "refused requests": "refused OTLP request",
+          # left out by `rltrace import` (rltrace.store.imports.Refused)
+          "metric log records": "metric log record", "metric log values": "metric log value",
+          "slime samples": "slime dump sample", "slime fields": "slime sample field"}
 
 
 def _diagnose(row: Mapping[str, Any], schema: pa.Schema | None, exc: Exception) -> tuple[str | None, str]:

@@ -24,6 +24,7 @@ from rltrace.store.convert import (  # noqa: F401 - re-exported: producers need 
     INT64_MIN,
     MAX_REASONS,
     Drops,
+    Later,
     _diagnose,
     clean,
     concat,
@@ -32,6 +33,9 @@ from rltrace.store.convert import (  # noqa: F401 - re-exported: producers need 
     dumps,
     fits_int64,
     is_id_column,
+    later,
+    plain,
+    plain_values,
     show,
     text,
     text_column,
@@ -313,8 +317,20 @@ def spans_table(
 
 
 # --- metrics --------------------------------------------------------------------------------------
-def metrics_table(step: int, values: Mapping[str, float], time_ns: int, process, *, drops: Drops | None = None) -> pa.Table | None:
-    """`log_metrics` scalars of one step as `metrics` rows (long format: one row per name)."""
+def metrics_table(step: int, values: Mapping[str, Any], time_ns: int, process, *, drops: Drops | None = None) -> pa.Table | None:
+    """`log_metrics` scalars of one step as `metrics` rows (long format: one row per name). A value
+    may be a `Later` (a device tensor read here, on the writer thread); one that cannot be read is
+    dropped and counted."""
+    drops = drops if drops is not None else Drops()
+    if any(type(v) is Later for v in values.values()):
+        values = dict(values)
+        for name, value in list(values.items()):
+            if type(value) is Later:
+                try:
+                    values[name] = float(value.read())
+                except Exception as exc:  # noqa: BLE001 - the caller is gone: count it
+                    del values[name]
+                    drops.add("metrics", 1, f"its tensor could not be read ({type(exc).__name__}: {text(str(exc))[:120]})", text(str(name)))
 
     def build(items, cleaned):
         n = len(items)
@@ -330,7 +346,7 @@ def metrics_table(step: int, values: Mapping[str, float], time_ns: int, process,
         )
 
     return convert(
-        list(values.items()), build, table="metrics", drops=drops if drops is not None else Drops(),
+        list(values.items()), build, table="metrics", drops=drops,
         why=lambda item, exc: (text(str(item[0])), f"{show(item[1])} cannot be stored as a float"),
     )
 
@@ -409,17 +425,45 @@ def _typed(user: pa.Table) -> dict[str, pa.ChunkedArray | pa.Array]:
 RESERVED_SAMPLE_COLUMNS = frozenset(("step", "logged_ns", "process_id", "role", "rank", "host", "pid"))
 
 
+#: Why a column named "" is refused: DuckDB would show it as `C<n>`, a name no query can rely on.
+UNNAMED = "a column without a name (the empty string) cannot be queried by name; name it (the rest of the row is kept)"
+_REFUSED_NAMES = RESERVED_SAMPLE_COLUMNS | {""}
+
+
 def _checked_rows(rows: Sequence[Any], drops: Drops) -> list[Mapping[str, Any]]:
-    """Rows that are dicts, without columns rltrace sets itself (each refusal counted)."""
+    """Rows that are dicts, without columns rltrace sets itself or without a name (each refusal counted)."""
     good = [r for r in rows if isinstance(r, Mapping)]
     if len(good) < len(rows):
         drops.add("samples", len(rows) - len(good), "not a dict (log_samples takes one dict per sample)")
-    if any(not RESERVED_SAMPLE_COLUMNS.isdisjoint(r) for r in good):
-        for name in RESERVED_SAMPLE_COLUMNS:
+    if any(not _REFUSED_NAMES.isdisjoint(r) for r in good):
+        for name in _REFUSED_NAMES:
             n = sum(1 for r in good if name in r)
-            drops.add("sample values", n, "set by rltrace itself; rename yours (the rest of the row is kept)", name)
-        good = [{k: v for k, v in r.items() if k not in RESERVED_SAMPLE_COLUMNS} for r in good]
+            drops.add("sample values", n, UNNAMED if name == "" else "set by rltrace itself; rename yours (the rest of the row is kept)", name)
+        good = [{k: v for k, v in r.items() if k not in _REFUSED_NAMES} for r in good]
     return good
+
+
+def _named(payload: Any, drops: Drops) -> Any:
+    """A dict of columns, an Arrow table or a DataFrame without a column named "" (its values counted)."""
+    if isinstance(payload, Mapping):
+        names = list(payload)
+    elif isinstance(payload, pa.Table):
+        names = payload.column_names
+    else:
+        names = [str(c) for c in getattr(payload, "columns", ())]
+    if "" not in names:
+        return payload
+    if isinstance(payload, Mapping):
+        drops.add("sample values", sum(1 for v in payload[""] if v is not None), UNNAMED, "")
+        return {k: v for k, v in payload.items() if k != ""}
+    if isinstance(payload, pa.Table):
+        i = payload.column_names.index("")
+        drops.add("sample values", payload.num_rows - payload.column(i).null_count, UNNAMED, "")
+        return payload.remove_column(i)
+    if hasattr(payload, "drop"):  # a DataFrame
+        drops.add("sample values", int(payload[""].notna().sum()), UNNAMED, "")
+        return payload.drop(columns=[""])
+    return payload
 
 
 def samples_table(step: int, payload: Any, logged_ns: int, process, *, drops: Drops | None = None) -> pa.Table | None:
@@ -429,6 +473,8 @@ def samples_table(step: int, payload: Any, logged_ns: int, process, *, drops: Dr
     drops = drops if drops is not None else Drops()
     if isinstance(payload, (list, tuple)):  # the caller checked only the first row: check the rest here
         payload = _checked_rows(payload, drops)
+    else:
+        payload = _named(payload, drops)
 
     def finish(user: pa.Table) -> pa.Table:
         n = user.num_rows
@@ -444,7 +490,7 @@ def samples_table(step: int, payload: Any, logged_ns: int, process, *, drops: Dr
         return finish(_user_table(payload))
     except Exception:  # noqa: BLE001 - converted again row by row below
         pass
-    rows = sample_rows(payload)
+    rows = plain_values(sample_rows(payload))  # 0-d tensors and numpy scalars as the numbers they hold, once
     schema = pa.schema([pa.field(n, pa.string() if is_id_column(n) else t) for n, t in _names.SAMPLE_COLUMNS.items()])
     return convert(
         rows,

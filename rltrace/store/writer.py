@@ -81,6 +81,25 @@ def write_part(
 
     `write_options` go to `pyarrow.parquet.write_table` (e.g. per-column compression); zstd by default.
     """
+    tmp = stage_part(folder, name, table, spec, extra_metadata, write_options)
+    final = folder / name
+    try:
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+def stage_part(
+    folder: Path,
+    name: str,
+    table: pa.Table,
+    spec: _names.Table,
+    extra_metadata: dict | None = None,
+    write_options: dict | None = None,
+) -> Path:
+    """Write `table` under a hidden temp name beside `folder/name` (readers skip it) and return
+    that path: `os.replace` it onto `folder/name` to make the part visible whole."""
     folder.mkdir(parents=True, exist_ok=True)
     metadata = dict(table.schema.metadata or {})
     metadata[_names.META_TABLE] = spec.name.encode()
@@ -90,14 +109,13 @@ def write_part(
         metadata[_names.META_RUN_ID] = run_id.encode()
     metadata.update(extra_metadata or {})
     table = table.replace_schema_metadata(metadata)
-    final = folder / name
     tmp = folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         pq.write_table(table, tmp, **{"compression": "zstd", **(write_options or {})})
-        os.replace(tmp, final)
-    finally:
+    except BaseException:
         tmp.unlink(missing_ok=True)
-    return final
+        raise
+    return tmp
 
 
 class PartNamer:

@@ -11,6 +11,7 @@ import pytest
 
 from rltrace import store
 from rltrace.cli import main as cli
+from rltrace.cli.info import collect
 from rltrace.importers import frameworks
 from rltrace.importers.metrics import import_metrics
 from rltrace.importers.readers import MetricsImportError
@@ -132,26 +133,68 @@ def test_cli_prints_summary(verl_logs, tmp_path, capsys):
     assert "verl:" in out and "spans over 6 steps" in out and "rl.source=metrics" in out
 
 
-def test_damaged_and_foreign_event_files_name_the_file(verl_logs, tmp_path, capsys):
+def _records(path) -> list[tuple[int, int, list]]:
+    """(start byte, end byte, [(step, tag), ...]) of every record of an event file, by tensorboard's own parser."""
+    import struct
+
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    data, pos, out = path.read_bytes(), 0, []
+    while pos + 12 <= len(data):
+        n = struct.unpack_from("<Q", data, pos)[0]
+        event = Event.FromString(data[pos + 12 : pos + 12 + n])
+        out.append((pos, pos + 16 + n, [(event.step, v.tag) for v in event.summary.value]))
+        pos += 16 + n
+    return out
+
+
+def _stored(run) -> list[tuple[int, str]]:
+    """(logged step, name) of every scalar imported as logged (rltrace's alias rows left out)."""
+    from rltrace import _names
+
+    added = sorted({c for n in _record(1) if (c := _names.canonical_metric(n)) and c != n})
+    con = store.open(run)
+    return sorted(con.execute("SELECT step + 1, name FROM metrics WHERE NOT list_contains(?, name)", [added]).fetchall())
+
+
+def test_a_damaged_event_file_loses_only_the_damaged_records(verl_logs, tmp_path):
+    """40 bytes overwritten mid-file: the records they touch are counted with the byte where the
+    damage starts; every record before and after is imported."""
     (event,) = (verl_logs / "tb").glob("*tfevents*")
     data = bytearray(event.read_bytes())
     damaged = tmp_path / "bad" / event.name
     damaged.parent.mkdir()
-    data[len(data) // 2 : len(data) // 2 + 40] = b"\xff" * 40
+    lo, hi = len(data) // 2, len(data) // 2 + 40
+    data[lo:hi] = b"\xff" * 40
     damaged.write_bytes(bytes(data))
-    with pytest.raises(MetricsImportError, match="damaged TensorBoard event file") as exc:
-        import_metrics([damaged], tmp_path / "run1")
-    assert str(damaged) in str(exc.value) and "\n" not in str(exc.value)
+    result = import_metrics([damaged], tmp_path / "run", framework="verl")
+    records = _records(event)
+    kept = sorted(pair for start, end, pairs in records if end <= lo or start >= hi for pair in pairs)
+    assert _stored(tmp_path / "run") == kept
+    hit = [start for start, end, _ in records if start < hi and end > lo]
+    assert len(result["dropped"]) == 1 and str(damaged) in result["dropped"][0] and f"byte {hit[0]}" in result["dropped"][0]
+    info = collect(str(tmp_path / "run"))
+    assert [r["table"] for r in info["drop_reasons"]] == ["metric log records"] and info["rows_dropped"] >= 1
+    assert str(damaged) in info["drop_reasons"][0]["reason"]
+
+
+def test_a_foreign_file_costs_only_itself(verl_logs, tmp_path, capsys):
     foreign = tmp_path / "events.out.tfevents.123.host"
     foreign.write_bytes(b"PK\x03\x04 this is a zip file, not an event file" * 10)
-    assert cli(["import", "metrics", str(foreign), "--out", str(tmp_path / "run2")]) == 2
+    assert cli(["import", "metrics", str(foreign), "--out", str(tmp_path / "run2")]) == 2  # nothing to import: an error
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(foreign) in err and "not a TensorBoard event file" in err
+    assert not (tmp_path / "run2").exists()
+    assert cli(["import", "metrics", str(foreign), str(verl_logs / "log.jsonl"), "--out", str(tmp_path / "run3")]) == 1
+    out = capsys.readouterr().out
+    assert "not imported" in out and "not a TensorBoard event file" in out and "spans over 6 steps" in out
+    assert store.open(tmp_path / "run3").execute("SELECT count(DISTINCT step) FROM metrics").fetchone()[0] == STEPS
 
 
 @pytest.mark.parametrize("byte,why", [(5, "a length far past the end"), (8, "a checksum bit")])
-def test_damaged_record_header_is_an_error_not_a_shorter_file(verl_logs, tmp_path, byte, why):
-    """A damaged length would otherwise read as a record cut off at the end, dropping every later record."""
+def test_a_damaged_record_header_costs_that_record_not_the_rest_of_the_file(verl_logs, tmp_path, byte, why):
+    """A damaged length cannot be followed: reading goes on from the next record whose header and
+    payload checksums hold, so only the damaged record is lost (never every record after it)."""
     import struct
 
     (event,) = (verl_logs / "tb").glob("*tfevents*")
@@ -163,9 +206,11 @@ def test_damaged_record_header_is_an_error_not_a_shorter_file(verl_logs, tmp_pat
     damaged = tmp_path / "bad" / event.name
     damaged.parent.mkdir()
     damaged.write_bytes(bytes(data))
-    with pytest.raises(MetricsImportError, match=f"damaged TensorBoard event file .*header at byte {pos} ") as exc:
-        import_metrics([damaged], tmp_path / "run")
-    assert str(damaged) in str(exc.value) and "\n" not in str(exc.value), why
+    result = import_metrics([damaged], tmp_path / "run", framework="verl")
+    records = _records(event)
+    assert _stored(tmp_path / "run") == sorted(p for start, _, pairs in records if start != pos for p in pairs), why
+    (line,) = result["dropped"]
+    assert line == f"{damaged}, byte {pos}: damaged record header (fails its checksum); {records[5][1] - pos:,} bytes skipped to the next record", line
 
 
 def test_truncated_tail_is_counted_not_fatal(verl_logs, tmp_path):

@@ -8,6 +8,7 @@ import torch
 
 import rltrace
 import rltrace.replay as replay
+from rltrace.cli.info import collect
 from rltrace.replay.errors import SlimeDumpError
 from rltrace.replay.slime import import_slime
 from rltrace.replay.slime_export import export_slime
@@ -123,24 +124,79 @@ def test_evaluation_dumps_are_skipped_and_reported(tmp_path, dumps):
 @pytest.mark.parametrize(
     "payload, message",
     [
-        (["not", "a", "dict"], "expected a dict with 'rollout_id' and 'samples'"),
+        (["not", "a", "dict"], "not a slime dump: expected a dict with 'rollout_id' and 'samples'"),
         ({"samples": []}, "field 'rollout_id' is missing"),
         ({"rollout_id": "x", "samples": []}, "field 'rollout_id' is 'x'"),
+        ({"rollout_id": 2**70, "samples": []}, r"field 'rollout_id' is 2\*\*70, which does not fit int64"),
         ({"rollout_id": 0, "samples": {}}, "field 'samples' is dict"),
-        ({"rollout_id": 0, "samples": [{"status": "completed", "response_length": 1}]}, "sample 0: field 'tokens' is missing"),
-        ({"rollout_id": 0, "samples": [{"tokens": [1], "response_length": 1}]}, "sample 0: field 'status' is missing"),
-        ({"rollout_id": 0, "samples": [{"tokens": [1, 2], "response_length": 5, "status": "completed"}]}, r"field 'response_length' is 5, expected 0..2"),
-        ({"rollout_id": 0, "samples": [{"tokens": ["a"], "response_length": 0, "status": "completed"}]}, "field 'tokens': expected a list of token ids"),
-        ({"rollout_id": 0, "samples": [{"tokens": [1], "response_length": 0, "status": 3}]}, "field 'status' is 3"),
         ({"format_version": 3, "rollout_id": 0, "samples": []}, "format_version 3 is not supported"),
     ],
 )
-def test_odd_dumps_are_errors_naming_file_and_field(tmp_path, payload, message):
+def test_a_file_that_is_not_a_slime_dump_is_an_error_naming_file_and_field(tmp_path, payload, message):
     path = tmp_path / "odd.pt"
     torch.save(payload, path)
     with pytest.raises(SlimeDumpError, match=message) as err:
         import_slime([path], tmp_path / "run")
     assert str(path) in str(err.value)
+    assert not (tmp_path / "run" / "batches").exists()
+
+
+@pytest.mark.parametrize(
+    "sample, message",
+    [
+        ({"status": "completed", "response_length": 1}, "field 'tokens' is missing"),
+        ({"tokens": [1], "response_length": 1}, "field 'status' is missing"),
+        ({"tokens": [1, 2], "response_length": 5, "status": "completed"}, "field 'response_length' is 5, expected 0..2 (len(tokens))"),
+        ({"tokens": [1, 2], "response_length": 2**70, "status": "completed"}, "field 'response_length' is 2**70, expected 0..2 (len(tokens))"),
+        ({"tokens": ["a"], "response_length": 0, "status": "completed"}, "field 'tokens': expected a list of token ids (integers that fit int64)"),
+        ({"tokens": [2**70], "response_length": 0, "status": "completed"}, "field 'tokens': expected a list of token ids (integers that fit int64)"),
+        ({"tokens": [1], "response_length": 0, "status": 3}, "field 'status' is 3, expected one of"),
+        ("not a sample", "expected a dict (Sample.to_dict()), got str"),
+    ],
+)
+def test_a_bad_sample_costs_only_itself_and_is_counted_with_file_position_and_reason(tmp_path, sample, message):
+    """One unreadable sample among good ones, in one of two dumps: every other sample and dump is
+    imported; the bad one is counted (`rltrace info`) with its file, its place in the dump and why."""
+    good = [sample_dict(i) for i in range(3)]
+    path = tmp_path / "dump" / "0.pt"
+    path.parent.mkdir()
+    torch.save({"rollout_id": 0, "samples": [good[0], sample, good[1], good[2]]}, path)
+    rollout_dump(tmp_path / "dump" / "1.pt", 1, n=2)
+    result = import_slime([tmp_path / "dump"], tmp_path / "run")
+    assert [(b["step"], b["samples"]) for b in result["batches"]] == [(0, 3), (1, 2)]
+    assert replay.load(tmp_path / "run", 0)["sample_id"] == [0, 1, 2]
+    (line,) = result["dropped"]
+    assert line.startswith(f"{path}, sample 1: {message}"), line
+    info = collect(str(tmp_path / "run"))
+    assert info["rows_dropped"] == 1
+    assert [(r["table"], r["count"]) for r in info["drop_reasons"]] == [("slime samples", 1)]
+    assert info["drop_reasons"][0]["reason"].startswith(f"{path}, sample 1: {message}")
+    con = rltrace.store.open(tmp_path / "run")
+    assert con.execute("SELECT step, count(*) FROM samples GROUP BY step ORDER BY step").fetchall() == [(0, 3), (1, 2)]
+
+
+def test_a_dump_whose_every_sample_is_bad_still_counts_them(tmp_path):
+    path = tmp_path / "0.pt"
+    torch.save({"rollout_id": 0, "samples": [{"tokens": [1], "response_length": 2**70, "status": "completed"}] * 2}, path)
+    result = import_slime([path], tmp_path / "run")
+    assert result["batches"] == [] and result["dropped"] == [f"{path}, samples 0 and 1: field 'response_length' is 2**70, expected 0..1 (len(tokens))"]
+    assert collect(str(tmp_path / "run"))["rows_dropped"] == 2
+
+
+def test_a_lone_surrogate_in_a_prompt_is_escaped_not_fatal(tmp_path):
+    """What `os.fsdecode` makes of an undecodable byte: stored as its escape, as everywhere in the store."""
+    samples = [sample_dict(i) for i in range(3)]
+    samples[1]["prompt"] = "bad \udcff prompt"
+    samples[2]["response"] = "\ud800"
+    samples[2]["metadata"] = {"note": "\udcfe"}
+    torch.save({"rollout_id": 0, "samples": samples}, tmp_path / "0.pt")
+    result = import_slime([tmp_path / "0.pt"], tmp_path / "run")
+    assert result["dropped"] == [] and result["batches"][0]["samples"] == 3
+    batch = replay.load(tmp_path / "run", 0)
+    assert batch["prompt_text"] == ["prompt 0", "bad \\udcff prompt", "prompt 2"]
+    assert batch["response_text"][2] == "\\ud800"
+    con = rltrace.store.open(tmp_path / "run")
+    assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 3
 
 
 def test_truncated_and_foreign_files(tmp_path, dumps):
@@ -150,34 +206,84 @@ def test_truncated_and_foreign_files(tmp_path, dumps):
     with pytest.raises(SlimeDumpError, match="not a readable torch.save file"):
         import_slime([path], tmp_path / "run")
     path.write_text("hello")
-    with pytest.raises(SlimeDumpError, match="not a readable torch.save file"):
+    with pytest.raises(SlimeDumpError, match="not a slime dump: it holds text"):
         import_slime([path], tmp_path / "run")
     with pytest.raises(SlimeDumpError, match="no such file or directory"):
         import_slime([tmp_path / "missing.pt"], tmp_path / "run")
 
 
-def test_train_dump_of_another_rollout_is_refused(tmp_path, dumps):
+def test_a_jsonl_log_or_garbage_is_named_as_not_a_slime_dump_never_a_trust_pickle_case(tmp_path):
+    log = tmp_path / "metrics.pt"
+    log.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n')
+    for trust in (False, True):
+        with pytest.raises(SlimeDumpError) as err:
+            import_slime([log], tmp_path / "run", trust_pickle=trust)
+        assert str(err.value) == f"{log}: not a slime dump: it holds JSON text (a log?), not what torch.save writes"
+    garbage = tmp_path / "garbage.pt"
+    for head in (bytes(range(200, 256)) * 4, b"\x80\x02" + bytes(range(256)), b"PK\x03\x04" + bytes(100)):
+        garbage.write_bytes(head)
+        with pytest.raises(SlimeDumpError) as err:
+            import_slime([garbage], tmp_path / "run")
+        assert "--trust-pickle" not in str(err.value) and str(garbage) in str(err.value)
+        assert "not a slime dump" in str(err.value) or "not a readable torch.save file" in str(err.value)
+
+
+def test_a_file_that_is_not_a_dump_costs_only_itself(tmp_path, dumps, capsys):
+    from rltrace.cli import main as cli
+
+    root, _, _ = dumps
+    (root / "rollout_data" / "notes.pt").write_text("not a dump")
+    code = cli(["import", "slime", str(root / "rollout_data"), "--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert code == 1 and "not imported" in out and "notes.pt: not a slime dump" in out
+    assert [s for s in range(2) if replay.load(tmp_path / "run", s)] == [0, 1]
+
+
+def test_train_samples_of_another_rollout_are_counted_and_the_rollout_kept(tmp_path, dumps):
     root, rollouts, _ = dumps
     other = [sample_dict(i + 10) for i in range(4)]  # other tokens...
     for s, o in zip(other, rollouts[0]):
         s["index"] = o["index"]  # ...under the same sample indices
     train_dump(root / "train_data" / "0.pt", 0, other)
-    with pytest.raises(SlimeDumpError, match="field 'tokens' differs from rollout sample 0"):
-        import_slime([root / "rollout_data" / "0.pt", root / "train_data" / "0.pt"], tmp_path / "run")
+    result = import_slime([root / "rollout_data" / "0.pt", root / "train_data" / "0.pt"], tmp_path / "run")
+    train = root / "train_data" / "0.pt"
+    assert result["dropped"] == [f"{train}, train sample {j}: field 'tokens' differs from rollout sample {j}'s; the two dumps "
+                                 "are not of the same rollout" for j in range(4)]
+    batch = replay.load(tmp_path / "run", 0)
+    assert len(batch) == 4 and "train_log_probs" not in batch.columns
+    assert collect(str(tmp_path / "run"))["rows_dropped"] == 4
 
 
 def test_pickles_that_need_more_than_the_safe_loader_need_trust(tmp_path):
-    samples = [sample_dict(0)]
+    samples = [sample_dict(0), sample_dict(1)]
     samples[0]["label"] = CustomLabel("x")
     path = tmp_path / "custom.pt"
     torch.save({"rollout_id": 0, "samples": samples}, path)
     with pytest.raises(SlimeDumpError, match="pass --trust-pickle only if you trust it") as err:
         import_slime([path], tmp_path / "run")
     assert "CustomLabel" in str(err.value)
-    with pytest.raises(SlimeDumpError, match="field 'label' holds CustomLabel.*--drop-field label"):
-        import_slime([path], tmp_path / "run", trust_pickle=True)
-    import_slime([path], tmp_path / "run", trust_pickle=True, drop=["label"])
-    assert replay.load(tmp_path / "run", 0)["response_text"] == ["answer 0"]
+    result = import_slime([path], tmp_path / "run", trust_pickle=True)  # the field that cannot be stored costs only itself
+    assert result["dropped"] == [f"{path}, sample 0: field 'label' holds CustomLabel, which cannot be stored; "
+                                 "leave it out with --drop-field label"]
+    batch = replay.load(tmp_path / "run", 0)
+    assert batch["response_text"] == ["answer 0", "answer 1"] and [s.get("label") for s in batch["slime"]] == [None, "1"]
+    import_slime([path], tmp_path / "run2", trust_pickle=True, drop=["label"])
+    assert replay.load(tmp_path / "run2", 0)["response_text"] == ["answer 0", "answer 1"]
+
+
+def test_a_field_of_another_kind_than_its_column_costs_only_that_sample_field(tmp_path):
+    samples = [sample_dict(i) for i in range(3)]
+    samples[1]["rollout_log_probs"] = "not numbers"  # a list of floats in the others
+    samples[2]["group_index"] = 2**70  # group_id is int64
+    torch.save({"rollout_id": 0, "samples": samples}, tmp_path / "0.pt")
+    result = import_slime([tmp_path / "0.pt"], tmp_path / "run")
+    path = tmp_path / "0.pt"
+    assert f"{path}, sample 1: field 'rollout_log_probs' holds str where most samples hold list; leave it out with " \
+           "--drop-field rollout_log_probs" in result["dropped"]
+    assert f"{path}, sample 2: field 'group_id' holds 2**70, which cannot be stored; leave it out with --drop-field group_id" \
+           in result["dropped"]
+    batch = replay.load(tmp_path / "run", 0)
+    assert len(batch) == 3 and batch["rollout_log_probs"][1] is None and batch["group_id"] == [0, 0, None]
 
 
 def test_exported_files_hold_no_pickled_objects_beyond_tensors(tmp_path, dumps):

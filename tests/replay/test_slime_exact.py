@@ -344,3 +344,14 @@ def test_aborted_parts_of_carried_over_samples_are_no_stragglers(partial):
     assert tail.loc[0, "samples"] == len(rollouts[0].samples)  # the batch of step 0, not the aborted group
     s = analysis.stragglers(con, factor=1.0)
     assert not ((s["step"] == 0) & s["sample_id"].astype(int).isin(carried)).any()
+
+
+def test_importing_slimes_own_dumps_again_adds_nothing(partial):
+    """A retry of the same import (say, after a failure on a later dump) stores no sample twice."""
+    rollouts, result, con, root = partial
+    again = import_slime([root / "dump"], root / "run")
+    assert again["batches"] == [] and again["samples"] == 0 and len(again["already"]) == len(list((root / "dump").rglob("*.pt")))
+    now = rltrace.store.open(root / "run")
+    for table in ("batches", "samples", "spans"):
+        query = f"SELECT count(*) FROM {table}"
+        assert now.execute(query).fetchone() == con.execute(query).fetchone(), table
