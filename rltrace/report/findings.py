@@ -60,8 +60,10 @@ def _bottleneck(r: dict) -> list[str]:
     if not b:
         return ["No step has rollout, reward, train or weight_sync spans: nothing to model."]
     where = f" on {_who(b['role'], b['rank'])}" if b.get("role") else ""
-    every = (f" (runs every {b['serves_steps']} steps: {sec(b['per_run_s'])} per run)"
-             if (b.get("serves_steps") or 1) > 1 else "")
+    every = ""
+    if (b.get("serves_steps") or 1) > 1:
+        every = (f" (ran once, spread over {b['serves_steps']} steps)" if b.get("runs") == 1 else
+                 f" (runs every {b['serves_steps']} steps: {sec(b['per_run_s'])} per run)")
     share = f", {b['share']:.0%} of step time" if b.get("share") is not None else ""
     culprit = b.get("culprit")
     inside = f"; most of it in {culprit['phase']} ({culprit['share']:.0%})" if culprit else ""
@@ -117,6 +119,12 @@ def _amortised(r: dict) -> list[str]:
     out = []
     for col, k in (r.get("amortised") or {}).items():
         if col == "t_reward" and "t_R" in r["amortised"]:
+            continue
+        ran = [s["step"] for s in r["steps"] if s.get(col) is not None]
+        if len(ran) == 1:  # one run: how many steps it serves is only known to be at least k
+            out.append(f"{names.get(col, col)} ran once, at step {ran[0]}, in these steps: its time is spread over "
+                       f"the {k} steps recorded from there ({col} = {_term(r, col)} per step), at least as many as "
+                       "it serves.")
             continue
         out.append(f"{names.get(col, col)} runs every {k} steps: each run's time is spread over the {k} steps it "
                    f"serves ({col} = {_term(r, col)} per step).")

@@ -100,6 +100,7 @@ def bottleneck(rows: list[dict], breakdown: pd.DataFrame) -> dict | None:
         "median_s": top["median_s"],
         "per_step_s": top["per_step_s"],
         "per_run_s": top["per_run_s"],
+        "runs": top["runs"],
         "serves_steps": top["serves_steps"],
         "share": top["share"],
         "culprit": top["culprit"],

@@ -233,3 +233,18 @@ def test_the_headline_names_the_child_that_holds_the_bottleneck(tmp_path):
     reward = next(s for s in r["stages"] if s["stage"] == "reward")
     assert [c["phase"] for c in reward["children"]] == ["judge_with_verifier", "format_check"]
     assert reward["children"][0]["per_step_s"] == pytest.approx(1.99)
+
+
+def test_a_stage_that_ran_once_is_not_given_a_period(tmp_path):
+    """A run cut short after one generation (a crash at step 3 of a run generating every 4 steps):
+    how many steps that generation serves is only known to be at least the steps recorded."""
+    b = RunBuilder(tmp_path / "run")
+    tr = b.process("trainer")
+    tr.span("rollout", 0.0, 4.0, step=0)
+    for step in range(3):
+        tr.span("train", 4.0 + step, 4.5 + step, step=step)
+    b.write()
+    r = report.plain(report.build(store.open(b.run_dir)))
+    text = " ".join(r["findings"])
+    assert "rollout and reward ran once, at step 0, in these steps" in text and "runs every" not in text
+    assert "ran once, spread over 3 steps" in r["findings"][0]
