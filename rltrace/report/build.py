@@ -195,7 +195,8 @@ def _staleness(con, steps: Steps) -> dict:
 
 def _mismatch(con, steps: Steps) -> dict:
     values = analysis.mismatch(con, steps)
-    return {"trends": plain(analysis.trends(values)), "per_step": plain(values)}
+    return {"trends": plain(analysis.trends(values)), "per_step": plain(values),
+            "missing": plain(analysis.mismatch_missing(con, steps))}
 
 
 def _reward(con, steps: Steps, ro: pd.DataFrame) -> dict:

@@ -306,7 +306,8 @@ def _staleness(r: dict) -> list[str]:
 
 
 def _mismatch(r: dict) -> list[str]:
-    out = []
+    out = [f"Mismatch not recorded on {_who(m['role'], m['rank'])} ({_steps_text(m)}): {m['reason']}."
+           for m in r["mismatch"].get("missing") or []]
     for t in r["mismatch"]["trends"]:
         neutral, floor = MISMATCH_SCALE.get(t["metric"], (0.0, 0.0))
         source = MISMATCH_SOURCE.get(t["source"], "")
@@ -325,6 +326,11 @@ def _mismatch(r: dict) -> list[str]:
                 f"above the {ALIGNMENT_GATE:g} gate for exact alignment of rollout and training."
             )
     return out
+
+
+def _steps_text(m: dict) -> str:
+    first, last = m["first_step"], m["last_step"]
+    return f"step {first}" if first == last else f"{m['steps']} steps, {first}–{last}"
 
 
 def _idle_devices(r: dict) -> list[str]:
