@@ -105,8 +105,9 @@ class Hooks(Ledger):
                                          "for any step of this trainer, and the report says so")
 
     def _hf_callback(self) -> None:
-        """`step`/`optimizer` spans and TRL's logs come from rltrace.integrations.hf.RltraceCallback
-        (added unless `rltrace run` already did); TRL's names are mapped to rltrace's on the way."""
+        """`step`/`optimizer`/`log`/`save` spans and TRL's logs come from
+        rltrace.integrations.hf.RltraceCallback (added unless `rltrace run` already did); TRL's names
+        are mapped to rltrace's on the way."""
         from rltrace.integrations.hf import RltraceCallback
 
         t = self.trainer
@@ -115,6 +116,10 @@ class Hooks(Ledger):
             callback = RltraceCallback()
             t.add_callback(callback)
             self._added_hf = callback
+        # TRL's own train spans (each micro-batch's loss forward and backward) and its evaluate
+        # wrapper say more than the callback's step-long ones would: the callback leaves those out
+        self._restore.append((callback, "records", True, set(callback.records)))
+        callback.records -= {"train", "eval"}
         original = callback.metrics
 
         def metrics(logs):
