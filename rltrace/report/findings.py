@@ -250,7 +250,22 @@ def crash_sentence(c: dict) -> str:
 
 
 def _crashes(r: dict) -> list[str]:
-    return [crash_sentence(c) for c in r.get("crashes") or []]
+    """One sentence per crash; the spans its process still had open, which the crash ended, are
+    named in it (and get no sentence of their own: they did not hang)."""
+    ended: dict[str, list[dict]] = defaultdict(list)
+    for o in r.get("open_spans") or []:
+        if o.get("state") == "crashed":
+            ended[o["process_id"]].append(o)
+    out = []
+    for c in r.get("crashes") or []:
+        text = crash_sentence(c)
+        spans = ended.pop(c.get("process_id"), []) if c.get("kind") == "process" else []
+        if spans:
+            named = ", ".join(f"`{o['phase']}`" + ("" if o.get("step") is None else f" at step {o['step']}")
+                              + f" (open {sec(o['stalled_s'])})" for o in spans)
+            text = text[:-1] + f"; the crash ended what was still open: {named}."
+        out.append(text)
+    return out
 
 
 def _reward(r: dict) -> list[str]:
@@ -265,6 +280,8 @@ def _reward(r: dict) -> list[str]:
 def _hangs(r: dict) -> list[str]:
     out = []
     for o in r["open_spans"]:
+        if o.get("state") == "crashed":
+            continue  # the crash's sentence says the crash ended it
         step = "" if o.get("step") is None else f" at step {o['step']}"
         thread_name = o.get("thread_name") or "MainThread"
         named = thread_name != "MainThread" and not thread_name.startswith("Dummy-")  # Dummy-N: a foreign thread
