@@ -251,6 +251,30 @@ def test_a_plain_run_has_no_missing_mismatch(run1):
     assert not any(f.startswith("Mismatch not recorded") for f in build(con)["findings"])
 
 
+def test_a_reward_function_found_through_sys_path_is_recorded_by_its_file(tmp_path, monkeypatch):
+    """Frozen batches name the run's reward functions for `trl_replay:rewards`; one imported from a
+    folder only the training script put on sys.path is named by its file, so a replay from
+    another folder finds it."""
+    import sys
+
+    from rltrace.integrations.trl_replay import _function_ref
+    from rltrace.replay.rerun import load_object
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "rewards_on_path_xyz.py").write_text("def judge(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.delitem(sys.modules, "rewards_on_path_xyz", raising=False)
+    import rewards_on_path_xyz
+
+    ref = _function_ref(rewards_on_path_xyz.judge)
+    assert ref["spec"] == f"{lib / 'rewards_on_path_xyz.py'}:judge"
+    assert _function_ref(trl_grpo.reward_a)["spec"] == "examples.trl_grpo:reward_a"  # installed with the project
+    sys.path.remove(str(lib))
+    monkeypatch.chdir(tmp_path)
+    assert load_object(ref["spec"], "reward function")(["x", "y"]) == [1.0, 1.0]
+
+
 def test_uninstrument_restores_the_trainer(tmp_path):
     trainer = trl_grpo.build_trainer(str(tmp_path / "out"), steps=1)
     before = (trainer.compute_loss, trainer.reward_funcs, trainer.accelerator.backward, len(trainer.callback_handler.callbacks))
