@@ -286,6 +286,7 @@ def import_slime(
     result = {"batches": [], "spans": 0, "samples": 0, "unmatched_ends": 0, "carried": 0, "skipped": skipped}
     steps = sorted(set(rollouts) | set(trains))
     starts = {rid: slime_trace.own_start(data["samples"], rid) for rid, (_, data) in rollouts.items()}
+    ends = slime_trace.step_ends({rid: data["samples"] for rid, (_, data) in rollouts.items()}, starts)
     drops = store_rows.Drops()
     for k, rid in enumerate(steps):
         if progress:
@@ -308,7 +309,7 @@ def import_slime(
             raise SlimeDumpError(f"{sources[0]}: {exc}; drop the field with --drop-field NAME") from None
         write_batch(Path(out), table, rid, batch_id)
         if rollout:
-            counts = slime_trace.write(Path(out), rid, rollout, process, starts)
+            counts = slime_trace.write(Path(out), rid, rollout, process, starts, ends=ends)
             for key in ("spans", "samples", "unmatched_ends", "carried"):
                 result[key] += counts[key]
             for record in counts["drops"].records():
