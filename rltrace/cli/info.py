@@ -48,13 +48,15 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
                   avg(duration_s) AS mean_s, max(duration_s) AS max_s
            FROM spans WHERE NOT is_open GROUP BY 1 ORDER BY total_s DESC NULLS LAST"""
     )
-    open_spans = rows(  # and spans rltrace ended because their process exited with them open
-        """SELECT process_id, role, rank, name, phase, step, start_ns, end_ns, span_id, ended_at_exit AS at_exit
-           FROM open_spans ORDER BY start_ns"""
-    )
-    for span in open_spans:  # how long it has been (or was, until its process exited) open
-        span["age_s"] = ((span.pop("end_ns") or now_ns) - span["start_ns"]) / 1e9
-    at_exit = sum(1 for span in open_spans if span["at_exit"])
+    # and spans rltrace ended because their process exited with them open; state as the report says
+    cols = ["process_id", "role", "rank", "name", "phase", "step", "start_ns", "span_id", "age_s", "state"]
+    open_spans = plain(analysis.open_spans(con, now_ns=now_ns))
+    at_exit = 0
+    for span in open_spans:
+        if span["state"] in ("exited", "crashed"):  # how long it was open, until its process exited
+            span["age_s"] = span["stalled_s"]
+            at_exit += 1
+    open_spans = [{k: span[k] for k in cols} for span in open_spans]
     counts["finished"] -= at_exit  # one count per span: those ended at exit are counted as open
     counts["open"] += at_exit
     counts["open_at_exit"] = at_exit
@@ -64,11 +66,6 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
         stopped = p["heartbeat_ns"] is None or (now_ns - p["heartbeat_ns"]) / 1e9 > STALE_AFTER_S
         p["state"] = ("crashed" if p["process_id"] in crashed else "ended" if p["ended_ns"]
                       else "killed" if stopped else "running")
-    states = {p["process_id"]: p["state"] for p in processes}
-    for span in open_spans:
-        at_exit = span.pop("at_exit")
-        state = states.get(span["process_id"], "killed")
-        span["state"] = ("crashed" if state == "crashed" else "exited") if at_exit else state
     tables = {name: sum(p.rows for p in parts) for name, parts in snap.parts.items()}
     return {
         "run_dir": str(run_dir),

@@ -293,8 +293,8 @@ class Hooks(Ledger):
     def _add_recorder(self, model, recorder) -> bool:
         original = getattr(model, "_get_logits_processor", None)
         if original is None:  # checked at install (_no_processor_seam); a model swapped since then
-            self.gen.missing_logprobs = _no_processor_seam(getattr(model, "generate", None)) or (
-                f"{type(model).__name__} has no _get_logits_processor; the rollout log-prob processor cannot be attached")
+            self.gen.missing_logprobs = (f"{type(model).__name__} has no _get_logits_processor; the rollout "
+                                         "log-prob processor cannot be attached")
             return False
 
         def with_recorder(*args, **kwargs):
@@ -383,6 +383,7 @@ class Hooks(Ledger):
         handle, self.train_phase = self.train_phase, None
         if handle is not None and not handle.ended:
             handle.end(error=exc)
+
 
 def _no_processor_seam(generate) -> str | None:
     """Why rltrace's logits processor cannot ride on `generate` (a plain text for the user), or None.

@@ -150,15 +150,21 @@ class _Callback:
         if self._after_is("eval") or "eval" not in self.records:
             return
         self._end(self._after)  # a log phase the Trainer did not end with on_log
-        # evaluation the control flags did not announce: from its first prediction step
-        step = self._last_step if self._last_step is not None else None
-        self._after = rltrace.start_phase("eval", step=step, weight_version=int(state.global_step))
+        # evaluation the control flags did not announce (your own `trainer.evaluate()` or `predict()`):
+        # from its first prediction step
+        self._after = rltrace.start_phase("eval", step=self._last_step, weight_version=int(state.global_step))
 
     def on_evaluate(self, args, state, control, **kwargs):
         if self._after_is("eval"):
             self._end(self._after)
+        if self._after is None or self._after.ended:
             self._after = None
             self._then(control, ("save",), state)
+
+    def on_predict(self, args, state, control, **kwargs):
+        if self._after_is("eval"):
+            self._end(self._after)
+            self._after = None
 
     def on_save(self, args, state, control, **kwargs):
         if self._after_is("save"):
