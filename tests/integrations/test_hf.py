@@ -59,6 +59,7 @@ def test_a_trainer_reads_as_training_with_evaluation_saving_and_logging_of_their
     trainer = make_trainer(steps=6, eval_steps=3, save_steps=3, callbacks=[RltraceCallback(str(run_dir))],
                            output_dir=str(tmp_path / "out"))
     trainer.train()
+    trainer.evaluate()  # your own, after training: an eval of the final weights, in no step
     rltrace.shutdown()
     rows = spans(run_dir)
     by_name = {name: [r for r in rows if r["name"] == name] for name in ("step", "train", "optimizer", "log", "eval", "save")}
@@ -72,13 +73,15 @@ def test_a_trainer_reads_as_training_with_evaluation_saving_and_logging_of_their
     assert [o["step"] for o in by_name["optimizer"]] == list(range(6))
     assert [x["step"] for x in by_name["log"]] == list(range(6))
     # evaluation and saving after steps 2 and 5 (global steps 3 and 6), each after the step and its log
+    final = by_name["eval"].pop()
+    assert (final["step"], final["weight_version"], final["start_ns"] > steps[5]["end_ns"]) == (None, 6, True)
     for name in ("eval", "save"):
         assert [(x["step"], x["weight_version"], x["parent_span_id"]) for x in by_name[name]] == [(2, 3, None), (5, 6, None)]
     for e, sv in zip(by_name["eval"], by_name["save"]):
         log = next(x for x in by_name["log"] if x["step"] == e["step"])
         assert steps[e["step"]]["end_ns"] <= log["start_ns"] <= log["end_ns"] <= e["start_ns"] <= e["end_ns"] <= sv["start_ns"]
     assert not any(r["is_open"] or r["status"] == "ERROR" for r in rows)
-    assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [3, 6]
+    assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [3, 6, 6]  # the last: ours
 
     con = store.open(run_dir)
     costs = analysis.cost_model(con).set_index("step")
