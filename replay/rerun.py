@@ -86,6 +86,59 @@ def _on_path(folder: Path, *, first: bool) -> None:
         sys.path.append(str(folder))
 
 
+def portable_spec(spec: str) -> str:
+    """`spec` (`module:name` or `file.py:name`, already loaded) named so that it loads again from
+    any folder, as stored with a replay or a frozen batch.
+
+    `module:name` stays when the module comes from where a fresh interpreter started in this
+    directory looks anyway: the current directory, the standard library, site-packages (and the
+    folders their .pth files add, as editable installs do). A module found through PYTHONPATH or
+    a folder the program put on sys.path itself becomes `/absolute/path/file.py:name`, its file
+    being known; a relative `file.py` becomes absolute.
+    """
+    target, _, name = spec.rpartition(":")
+    if target.endswith(".py"):
+        return f"{Path(target).resolve()}:{name}"
+    top = sys.modules.get(target.split(".")[0])
+    module = sys.modules.get(target)
+    file = getattr(module, "__file__", None)
+    root = _search_root(top)
+    if not file or root is None or root == Path.cwd().resolve() or root in _default_roots():
+        return spec
+    return f"{Path(file).resolve()}:{name}"
+
+
+def _search_root(top) -> Path | None:
+    """The sys.path folder a top-level module or package was found in (None for a built-in)."""
+    file = getattr(top, "__file__", None)
+    if file:
+        here = Path(file).resolve()
+        return here.parent.parent if here.name == "__init__.py" else here.parent
+    paths = list(getattr(top, "__path__", []) or [])  # a namespace package
+    return Path(paths[0]).resolve().parent if paths else None
+
+
+def _default_roots() -> set[Path]:
+    """Folders every interpreter of this environment searches, whatever PYTHONPATH or the program say."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    sites = set(site.getsitepackages()) | {site.getusersitepackages()}
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)} | sites
+    for folder in sites:
+        for pth in Path(folder).glob("*.pth") if Path(folder).is_dir() else ():
+            try:
+                lines = pth.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:  # each line a folder to add, unless it is code or a comment
+                line = line.strip()
+                if line and not line.startswith(("#", "import ", "import\t")) and (Path(folder) / line).is_dir():
+                    roots.add(str(Path(folder) / line))
+    return {Path(r).resolve() for r in roots}
+
+
 def load_entry(spec: str) -> Callable[..., Mapping[str, Any]]:
     """The entry-point function named by `module:function` or `file.py:function`."""
     fn = load_object(spec, "--entry")
@@ -179,9 +232,11 @@ def run_entry(
     if repeat < 1:
         raise ReplayError(f"--repeat must be >= 1, got {repeat}")
     fn = load_entry(entry)
+    label = label or entry  # as the user named it; the entry is stored so that it loads from any folder
+    entry = portable_spec(entry)
     kwargs = dict(kwargs or {})
     replay_id = uuid.uuid4().hex[:12]
-    result = ReplayRun(replay_id, entry, label or entry, kwargs)
+    result = ReplayRun(replay_id, entry, label, kwargs)
     folder = Path(run_dir) / _names.REPLAYS.folder
     for r in range(repeat):
         batch = load(run_dir, step, batch_id=batch_id, tokenizer=tokenizer)  # fresh: the entry may modify it

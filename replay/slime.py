@@ -91,12 +91,14 @@ def import_slime(
         process = imp.begin("slime-import", {"imported_from": "slime", "paths": [str(p) for p, _ in imp.files]})
         read = {rid: _read_samples(imp, path, samples, drop) for rid, (path, samples) in rollouts.items()}
         starts = {rid: slime_trace.own_start(kept, rid) for rid, (_, kept) in read.items()}
+        ends = slime_trace.step_ends({rid: kept for rid, (_, kept) in read.items()}, starts)
         steps = sorted(set(rollouts) | set(trains))
         frozen = 0
         for k, rid in enumerate(steps):
             if progress:
                 progress("converting", k, len(steps))
-            frozen += _step(imp, process, rid, rollouts.get(rid), read.get(rid), trains.get(rid, []), drop, starts, result)
+            frozen += _step(imp, process, rid, rollouts.get(rid), read.get(rid), trains.get(rid, []), drop, starts, ends,
+                            result)
         imp.commit(rows_written=result["samples"] + frozen, spans_written=result["spans"],
                    summary={"batches": len(result["batches"]), "samples": result["samples"]})
     result["dropped"] = imp.refused.sentences() + [f"{r['reason']} ({r['count']} {r['table']})" for r in imp.drops.records()]
@@ -122,7 +124,7 @@ def _read_samples(imp: imports.Import, path: Path, samples: list, drop: frozense
 
 
 def _step(imp: imports.Import, process, rid: int, rollout: tuple[Path, list] | None, read: tuple[dict, list] | None,
-          trains: list[tuple[Path, list]], drop: frozenset[str], starts: dict, result: dict) -> int:
+          trains: list[tuple[Path, list]], drop: frozenset[str], starts: dict, ends: dict, result: dict) -> int:
     """Stage the batch, spans and samples of one rollout id; returns the frozen samples."""
     rows, kept = read if read is not None else ({}, None)
     rows = dict(rows)
@@ -145,7 +147,7 @@ def _step(imp: imports.Import, process, rid: int, rollout: tuple[Path, list] | N
         result["batches"].append({"step": rid, "batch_id": batch_id, "samples": len(batch_rows), "files": [str(p) for p in sources]})
     if rollout and any(s is not None for s in kept):
         drops = store_rows.Drops()
-        tables, counts = slime_trace.rollout_tables(rid, kept, process, starts, drops=drops)
+        tables, counts = slime_trace.rollout_tables(rid, kept, process, starts, ends=ends, drops=drops)
         for spec, table in tables:
             imp.stage(spec, table, name=imp.part_name(spec.name))
         for r in drops.records():  # rows the store refused (an int past int64, ...), named by their dump

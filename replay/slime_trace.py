@@ -15,6 +15,18 @@ What slime writes and how it is read:
   the samples it began itself) had started when the span ended: an aborted span ended before the
   next rollout began, while a resumed one, submitted a moment before the fresh samples, ends after. A sample keeps one `samples` row per step it
   ran in; only the row of the dump's own rollout is `in_batch`.
+- **Work that crosses a window.** A span that ran across the end of an earlier rollout's window
+  (slime's fully-async rollout keeps groups running across rollout calls; a group taken by
+  rollout 1 may have started during rollout 0) counts in each step for the time it ran in that
+  step's window: it is cut at the window ends (`cut_at_windows`), the piece in its start's window
+  keeping its span id, the others getting ids of their own, and each piece's parent is the
+  parent's piece of the same step. A window ends where the work of its step ended (`step_ends`:
+  the last end among the spans of that step), so the next step's window begins there. This is
+  done here, when slime's traces become spans, and not in the analysis: only here is it known
+  that the rollouts are successive calls whose windows tile time; an async run's rollout for
+  step N legitimately runs during step N-1, and the analysis must keep each span in its step.
+  A dump imported alone is cut only at the ends of the steps it holds (import neighbouring
+  dumps together); stock partial rollouts (abort, then resume) never cross a window.
 - **Group spans.** slime writes a copy of each group span (`generate_and_rm_group`,
   `group_reward_model`) into every sample's trace, each with its own span id and the same group,
   name and timestamps: one copy is stored, and children of the others point to it.
@@ -128,6 +140,87 @@ def step_of(ts_ns: int, first: int, last: int, starts: dict[int, int]) -> int:
         if first < rid <= last and start is not None and start <= ts_ns and rid > step:
             step = rid
     return step
+
+
+def step_ends(rollouts: dict[int, list], starts: dict[int, int] | None = None) -> dict[int, int]:
+    """When each step's work ended (ns): the last end among the spans of each step (as `trace_spans`
+    assigns them), over the samples of several rollouts ({rollout id: samples})."""
+    ends: dict[int, int] = {}
+
+    def seen(step: int, t: int | None) -> None:
+        if t is not None and (step not in ends or t > ends[step]):
+            ends[step] = t
+
+    for rid, samples in rollouts.items():
+        for sample in samples:
+            if not isinstance(sample, dict):
+                continue
+            if start_rollout(sample, rid) == rid:  # all of its spans belong to this rollout
+                seen(rid, max((_ns(e["ts"]) for e in _events(sample)), default=None))
+                continue
+            for span in trace_spans(sample, rid, starts)[0]:  # a carried-over sample: parts of earlier steps
+                seen(span["step"], span["end_ns"] if span["end_ns"] is not None else span["start_ns"])
+    return ends
+
+
+def window_of(t: int, ends: dict[int, int], upto: int) -> int:
+    """The step whose window holds time `t`: the first step before `upto` whose work ended after
+    `t` (`ends`), else `upto`."""
+    for k in sorted(ends):
+        if k < upto and t < ends[k]:
+            return k
+    return upto
+
+
+def cut_at_windows(span: dict, ends: dict[int, int], parent_start: int | None) -> list[dict]:
+    """`span` (its step set) as the pieces it ran in each step's window: cut at the ends of the
+    windows of earlier steps (`ends`, see `step_ends`). Unchanged when it ran in its own step's
+    window only. The piece in the window of the span's start keeps its id; the others get
+    `<id>@<step>` hashed; each piece's parent is the parent's piece of its step (`parent_start`:
+    when the parent began, None if unknown) and its point events are those of its time."""
+    step, end = span["step"], span["end_ns"]
+    if step is None or end is None:
+        return [span]
+    cuts, lo = [], span["start_ns"]
+    for k, e in sorted((k, e) for k, e in ends.items() if k < step):
+        if lo >= e:
+            continue  # that window ended before what is left of the span
+        if end <= e:
+            cuts.append((k, lo, end))
+            lo = None
+            break
+        cuts.append((k, lo, e))
+        lo = e
+    if lo is not None:
+        cuts.append((step, lo, end))
+    parent = span["parent_span_id"]
+    parent_first = window_of(parent_start, ends, step) if parent is not None and parent_start is not None else None
+    if len(cuts) == 1 and cuts[0][0] == step:  # not cut; its parent may be (the span lies in its later window)
+        if parent_first is None or parent_first == step:
+            return [span]
+        return [dict(span, parent_span_id=_span_id(f"{parent}@{step}"))]
+    first = cuts[0][0]
+    pieces = []
+    for i, (k, a, b) in enumerate(cuts):
+        last = i == len(cuts) - 1
+        piece = dict(span, step=k, start_ns=a, end_ns=b,
+                     span_id=span["span_id"] if k == first else _span_id(f"{span['span_id']}@{k}"),
+                     events=[ev for ev in span["events"] if (i == 0 or ev["time_ns"] >= a) and (last or ev["time_ns"] < b)])
+        if parent_first is not None and k != parent_first:
+            piece["parent_span_id"] = _span_id(f"{parent}@{k}")
+        if len(cuts) > 1:
+            piece["attrs"] = {**span["attrs"], "slime.window_split": True}
+        pieces.append(piece)
+    return pieces
+
+
+def _cut_all(spans: list[dict], ends: dict[int, int]) -> list[dict]:
+    by_id = {s["span_id"]: s for s in spans}
+    out = []
+    for span in spans:
+        parent = by_id.get(span["parent_span_id"])
+        out.extend(cut_at_windows(span, ends, parent["start_ns"] if parent is not None else None))
+    return out
 
 
 def trace_spans(sample: dict, rollout_id: int, starts: dict[int, int] | None = None) -> tuple[list[dict], int]:
@@ -403,13 +496,16 @@ def _lanes(samples: list) -> dict[int, tuple[int, int, Any]]:
 
 
 def rollout_rows(rollout_id: int, samples: list, starts: dict[int, int] | None = None,
-                 extra: dict[int, dict] | None = None) -> tuple[list[dict], list[dict], int]:
-    """The spans (parsed, group copies merged), `samples` rows (with their `step`) and count of span
-    ends without a start, of the samples (`Sample.to_dict()`) of one rollout: for the importer and the
-    live hook (rltrace.integrations.slime), which write the same rows.
+                 extra: dict[int, dict] | None = None, ends: dict[int, int] | None = None
+                 ) -> tuple[list[dict], list[dict], int]:
+    """The spans (parsed, cut at the windows of earlier steps, group copies merged), `samples` rows
+    (with their `step`) and count of span ends without a start, of the samples (`Sample.to_dict()`)
+    of one rollout: for the importer and the live hook (rltrace.integrations.slime), which write
+    the same rows.
 
     `starts`: when each rollout's own work began (`own_start`), to put carried-over work in its step;
-    `extra`: more columns for the rollout's own row of sample i (e.g. mismatch from a joined train dump).
+    `extra`: more columns for the rollout's own row of sample i (e.g. mismatch from a joined train dump);
+    `ends`: when each step's work ended (`step_ends`), to cut spans that ran across a window.
     """
     spans, rows, unmatched = [], [], 0
     lanes = _lanes(samples)
@@ -429,15 +525,19 @@ def rollout_rows(rollout_id: int, samples: list, starts: dict[int, int] | None =
     for i, sample, mine in per_sample:
         for row in sample_rows(sample, i, rollout_id, mine, train_version):
             rows.append({**row, **(extra or {}).get(i, {})} if row["step"] == rollout_id else row)
+    if ends:
+        spans = _cut_all(spans, ends)
     return _dedupe_groups(spans), rows, unmatched
 
 
 def rollout_tables(rollout_id: int, samples: list, process: ProcessInfo, starts: dict[int, int] | None = None,
-                   extra: dict[int, dict] | None = None, *, drops: store_rows.Drops) -> tuple[list[tuple[Any, pa.Table]], dict[str, int]]:
-    """The spans (finished and open) and `samples` rows of one rollout dump (see `rollout_rows`), as
-    (store table, Arrow table) pairs for the caller to write, and counts (spans, samples,
+                   extra: dict[int, dict] | None = None, ends: dict[int, int] | None = None, *,
+                   drops: store_rows.Drops) -> tuple[list[tuple[Any, pa.Table]], dict[str, int]]:
+    """The spans (finished and open) and `samples` rows of one rollout dump (see `rollout_rows`;
+    `ends`: where each rollout's work ended, to cut what ran on into the next window), as (store
+    table, Arrow table) pairs for the caller to write, and counts (spans, samples,
     unmatched_ends, carried). Rows the store cannot hold are dropped and counted in `drops`."""
-    spans, rows, unmatched = rollout_rows(rollout_id, samples, starts, extra)
+    spans, rows, unmatched = rollout_rows(rollout_id, samples, starts, extra, ends)
     spans = [finish(s) for s in spans]
     out: list[tuple[Any, pa.Table]] = []
     before = drops.total("spans"), drops.total("samples")

@@ -20,6 +20,8 @@ RUN_ID = "rl.run_id"
 SYNC_BYTES = "rl.bytes"  # weight_sync payload size
 SYNC_METHOD = "rl.method"  # weight_sync path: ipc, nccl, gloo, disk, delta, object_store, ...
 WAITING_FOR = "rl.waiting_for"  # wait spans: the phase being awaited, when the caller knows it
+#: rollout spans: why the rollout's sampling log-probs (and so mismatch) could not be recorded
+MISMATCH_MISSING = "rl.mismatch_missing"
 THREAD_ID = "thread.id"  # OpenTelemetry semantic convention
 THREAD_NAME = "thread.name"
 #: Status message of a phase still open when its process exited (or its run shut down): rltrace
@@ -105,6 +107,9 @@ METRICS = (
     "grad_norm",
     "tokens_per_s",
 )
+
+#: The step scalars that compare the rollout engine's log-probs with the trainer's (docs/analysis.md).
+MISMATCH_METRICS = ("train_rollout_logprob_abs_diff", "mismatch_k3", "tis_mean", "tis_clipfrac")
 
 #: Other names frameworks log the step scalars above under, in order of preference (the canonical
 #: name first, then `train/`, `rollout/` or `perf/` + the canonical name, then these). One table

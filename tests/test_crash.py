@@ -147,12 +147,51 @@ def test_after_kill_9_info_and_report_say_killed_not_hung(run_dir, monkeypatch):
     said = report.build(store.open(run_dir), now_ns=later)["findings"][0]
     assert said.startswith("Open span: generate on rollout1 at step 7 never ended: its process stopped")
     assert said.endswith("killed (e.g. SIGKILL or out of memory).")
+    assert "crash" not in said and "crash" not in soon and "killed" not in soon  # three cases, three sentences
     monkeypatch.setattr(info.time, "time_ns", lambda: later)
     data = info.collect(str(run_dir))
     assert data["processes"][0]["state"] == "killed" and data["open_spans"][0]["state"] == "killed"
     console = Console(record=True, width=200)
     info.render(data, console)
     assert "killed (heartbeat stopped)" in console.export_text()
+
+
+def test_a_crash_that_leaves_a_span_open_is_told_once_as_the_crash(run_dir):
+    """The step is held open by a generator the loop iterates, so the exception escapes no phase:
+    rltrace ends the step as the process exits. The crash explains it; no hang, no wait."""
+    from rich.console import Console
+
+    from rltrace import report
+    from rltrace.cli import info
+
+    out = run_script(run_dir, """
+        def steps():
+            for i in range(10):
+                with rltrace.phase("step", step=i):
+                    yield i
+        loop = steps()
+        for step in loop:
+            if step == 3:
+                time.sleep(0.1)
+                raise RuntimeError("loss is NaN")
+            with rltrace.phase("rollout"):
+                time.sleep(0.01)
+            with rltrace.phase("train"):
+                time.sleep(0.01)
+    """)
+    assert out.returncode == 1 and "RuntimeError: loss is NaN" in out.stderr
+    said = report.build(store.open(run_dir))["findings"]
+    assert said[0].startswith("trainer0 crashed: RuntimeError: loss is NaN; the crash ended what was still open: "
+                              "`step` at step 3 (open ")
+    assert sum("step 3" in s for s in said) == 1
+    assert not any("Open span" in s or "hung" in s or "waited" in s for s in said), said
+    data = info.collect(str(run_dir))
+    assert [(o["phase"], o["step"], o["state"]) for o in data["open_spans"]] == [("step", 3, "crashed")]
+    assert data["spans"]["open"] == len(data["open_spans"]) == 1 and 0.1 <= data["open_spans"][0]["age_s"] < 60
+    console = Console(record=True, width=200)
+    info.render(data, console)
+    text = console.export_text()
+    assert "1 open (1 ended by rltrace when its process exited)" in text and "crashed: the crash ended it" in text
 
 
 def test_crash_sentences():

@@ -22,6 +22,7 @@ from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.long_tail import samples as generation_samples
 from rltrace.analysis.metrics import step_metrics
 from rltrace.analysis.mismatch import batch_mismatch, mismatch, trends
+from rltrace.analysis.mismatch import missing as mismatch_missing
 from rltrace.analysis.profiles import attached, for_phase, has_profiles
 from rltrace.analysis.rollout import engine, engine_summary, rollout, train_means
 from rltrace.analysis.resources import idle_devices, phase_resources
@@ -61,6 +62,7 @@ __all__ = [
     "step_metrics",
     "mismatch",
     "batch_mismatch",
+    "mismatch_missing",
     "trends",
     "rollout",
     "engine",

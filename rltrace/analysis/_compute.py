@@ -24,7 +24,12 @@ by `summary.py` from DuckDB) into rows of the `step_summary` table (schema in `r
   that has spans in the step is *idle* where none of its busy or wait spans runs (any step);
   a `wait` span counts over its self time (so also inside a busy parent). Each such interval is
   attributed to the busy phases whose self time runs meanwhile on other processes or other
-  threads of the same process (a phase with child phases only where no child runs).
+  threads of the same process (a phase with child phases only where no child runs). Idle time
+  inside one of the process's own container spans (`step`, an `iteration` around stages) while
+  nothing ran anywhere is that container's own work (a Hugging Face Trainer's forward and
+  backward inside `step`), not idleness nor a wait for "untraced"; while work ran elsewhere it
+  stays a wait for that work. A step with no busy span (only containers and waits, e.g. cut
+  short by a crash) gives no wait rows.
 - sync: each `weight_sync` span (start_ns, end_ns, seconds = duration, count = `rl.bytes` or NULL,
   other = method).
 - critical path: from the top-level busy span that ends last, repeatedly step back to the
@@ -50,9 +55,10 @@ from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
 
-VERSION = 6  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 7  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
-# 6: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
+# 6: a container's own time with nothing running anywhere is its work, not idle; no waits from a step with no work
+# 7: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -279,6 +285,7 @@ class _Batch:
         self.busy_phase = ~s.by_phase(dict.fromkeys(self.container_phases | {WAIT}, True), False)
         self.busy = self.busy_phase[s.phase]
         self.wait_phase = s.by_phase({WAIT: True}, False)
+        self.container_phase = s.by_phase(dict.fromkeys(self.container_phases, True), False)
         self.in_batch = s.has_step & np.isin(s.step, checks["step"].to_numpy(_I64))
         code, steps = pd.factorize(np.where(self.in_batch, s.step, 0))
         self.steps = np.asarray(steps, _I64)
@@ -584,8 +591,7 @@ def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
     wstart = cstep.loc[x.steps[pb], "start_ns"].to_numpy(_I64)
     wend = cstep.loc[x.steps[pb], "end_ns"].to_numpy(_I64)
     win, a, b = iv.clip(idle_g, idle_s, idle_e, pp, wstart, wend)
-    idle = pd.DataFrame({"step": x.steps[pb][win], "proc": pp[win], "a": a, "b": b}).assign(
-        in_phase="idle", detail="idle", declared=None)
+    idle = _split_by_containers(x, x.steps[pb][win], pp[win], a, b)
 
     # wait spans of the batch's steps, over their self time (their thread is waiting, whatever encloses it)
     waiting = x.wait_phase[s.phase] & batch
@@ -607,10 +613,19 @@ def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
         "detail": np.where(pd.isna(declared), "wait_span", "declared"),
         "declared": declared,
     })
+    waits["contained"] = False
     pieces = pd.concat([f for f in (idle, waits) if len(f)], ignore_index=True) if len(idle) or len(waits) else idle
+    # no wait is drawn from a step with no work recorded in it (only containers and waits: a step
+    # cut short by a crash, say)
+    worked = np.unique(s.step[x.busy & batch])
+    pieces = pieces[np.isin(pieces["step"].to_numpy(_I64), worked)]
     if pieces.empty:
         return pd.DataFrame()
     attributed = _attribute(pieces, x)
+    # inside its own container, a process with nothing running anywhere does the container's work
+    attributed = attributed[~(attributed["contained"].to_numpy(bool) & attributed["waited_for"].isna().to_numpy())]
+    if attributed.empty:
+        return pd.DataFrame()
     attributed["process_id"] = np.insert(s.proc_names, 0, None)[attributed["proc"].to_numpy()]
     keys = ["step", "process_id", "detail", "in_phase", "waited_for"]
     agg = attributed.groupby(keys, dropna=False, sort=True).agg(seconds=("ns", "sum"), count=("ns", "size")).reset_index()
@@ -627,6 +642,25 @@ def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
         seconds=agg["seconds"].to_numpy(),
         count=agg["count"].to_numpy(),
     )
+
+
+def _split_by_containers(x: _Batch, step: np.ndarray, proc: np.ndarray, a: np.ndarray, b: np.ndarray) -> pd.DataFrame:
+    """Idle pieces (step, process + 1, start, end) cut where the process is inside one of its own
+    container spans (`contained`): there, time when nothing ran anywhere is the container's own
+    work (a Trainer's forward and backward inside `step`), not idleness; time when work ran
+    elsewhere stays a wait for it."""
+    rb, rp, rph, ra, re = x.raw
+    cont = x.container_phase[rph - 1]
+    cg, cs, ce = iv.union(rp[cont], ra[cont], re[cont])
+    piece, ins, ine = iv.clip(cg, cs, ce, proc, a, b)  # container time inside each idle piece
+    g, outs, oute = iv.complement(piece, ins, ine, a, b, ordered=False)
+    return pd.DataFrame({
+        "step": np.concatenate([step[g], step[piece]]),
+        "proc": np.concatenate([proc[g], proc[piece]]),
+        "a": np.concatenate([outs, ins]),
+        "b": np.concatenate([oute, ine]),
+        "contained": np.concatenate([np.zeros(len(g), bool), np.ones(len(piece), bool)]),
+    }).assign(in_phase="idle", detail="idle", declared=None)
 
 
 def _descendants(parent: np.ndarray, child: np.ndarray) -> dict[int, set[int]]:

@@ -6,7 +6,6 @@ import time
 
 import pandas as pd
 
-from rltrace import _names
 from rltrace.analysis import summary
 
 STALE_AFTER_S = 30.0  # a process silent this long has stopped: three missed heartbeats (written every 10 s)
@@ -23,10 +22,11 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
         stepped span, a heartbeat or an open span's start; for a span ended at exit, how long
         it was open); last_heard_ns (the process's last heartbeat, Unix ns, or None);
         ended_cleanly (the process called shutdown); heard_for_s (how long the process kept its
-        heartbeat after the span started); state: `exited` (the process exited with the span
-        open), `killed` (the process stopped without shutting down: no heartbeat for over
-        STALE_AFTER_S, e.g. SIGKILL or out of memory) or `running` (its heartbeat is fresh:
-        hung, or still running).
+        heartbeat after the span started); state: `crashed` (the process died of an uncaught
+        exception, a crash record, with the span open: the crash ended it), `exited` (the process
+        exited with the span open, no crash), `killed` (the process stopped without shutting
+        down and without a crash record: no heartbeat for over STALE_AFTER_S, e.g. SIGKILL or
+        out of memory) or `running` (its heartbeat is fresh: hung, or still running).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
     checks = summary.checks(con)  # per-step first start / last end, cached per connection
@@ -35,22 +35,24 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
         """WITH last AS (SELECT greatest(?, (SELECT max(heartbeat_ns) FROM processes),
                                          (SELECT max(start_ns) FROM spans WHERE is_open)) AS ns),
            proc AS (SELECT process_id, max(heartbeat_ns) AS heard, bool_or(ended_ns IS NOT NULL) AS ended
-                    FROM processes GROUP BY process_id)
+                    FROM processes GROUP BY process_id),
+           crashed AS (SELECT DISTINCT process_id FROM crashes WHERE kind = 'process')
            SELECT s.process_id, s.role, s.rank, s.host, s.thread_name, coalesce(s.phase, s.name) AS phase, s.name, s.step,
                   s.span_id, s.start_ns, s.end_ns, (SELECT ns FROM last) AS last_ns, p.heard AS last_heard_ns,
-                  coalesce(p.ended, false) AS ended_cleanly
-           FROM spans s LEFT JOIN proc p USING (process_id)
-           WHERE s.is_open OR (s.status = 'ERROR' AND s.status_message = ?) ORDER BY s.start_ns""",
-        [last_step_ns, _names.UNFINISHED_AT_EXIT],
+                  coalesce(p.ended, false) AS ended_cleanly, c.process_id IS NOT NULL AS crashed
+           FROM open_spans s LEFT JOIN proc p USING (process_id) LEFT JOIN crashed c USING (process_id)
+           ORDER BY s.start_ns""",
+        [last_step_ns],
     ).df()
     frame["age_s"] = (now_ns - frame["start_ns"]) / 1e9
-    closed = frame["end_ns"].notna()  # ended by rltrace when its process exited
+    closed = frame["end_ns"].notna()  # ended by rltrace when its process exited (`ended_at_exit`)
     frame["stalled_s"] = ((frame["end_ns"].where(closed, frame["last_ns"]) - frame["start_ns"]) / 1e9).clip(lower=0)
     heard = frame["last_heard_ns"].astype("float64")
     frame["heard_for_s"] = ((heard - frame["start_ns"]) / 1e9).clip(lower=0)
     stopped = (now_ns - heard) / 1e9 > STALE_AFTER_S
-    frame["state"] = ["exited" if shut or ended else "killed" if gone else "running"
-                      for shut, ended, gone in zip(closed, frame["ended_cleanly"].astype(bool), stopped.fillna(True))]
+    frame["state"] = ["crashed" if shut and crash else "exited" if shut or ended else "killed" if gone else "running"
+                      for shut, crash, ended, gone in zip(closed, frame["crashed"].astype(bool),
+                                                          frame["ended_cleanly"].astype(bool), stopped.fillna(True))]
     cols = ["process_id", "role", "rank", "host", "thread_name", "phase", "name", "step", "span_id", "start_ns", "age_s",
             "stalled_s", "last_heard_ns", "ended_cleanly", "heard_for_s", "state"]
     return frame[cols]

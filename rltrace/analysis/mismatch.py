@@ -13,10 +13,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from rltrace import _names
+from rltrace._names import MISMATCH_METRICS
+from rltrace.analysis import _who
 from rltrace.analysis._steps import Steps, step_filter
 from rltrace.analysis.metrics import step_metrics
 
-MISMATCH_METRICS = ("train_rollout_logprob_abs_diff", "mismatch_k3", "tis_mean", "tis_clipfrac")
 ROLLOUT, TRAIN, MASK = "rollout_log_probs", "train_log_probs", "loss_mask"
 TIS_CLIP, TIS_CLIP_LOW = 2.0, 0.0  # slime's --tis-clip / --tis-clip-low defaults (slime/utils/arguments.py)
 _READABLE = {"native", "bf16"}  # codec storages whose stored values are the numbers (not raw bits)
@@ -152,3 +154,24 @@ def trends(values: pd.DataFrame) -> pd.DataFrame:
         )
     cols = ["metric", "source", "steps", "first", "last", "mean", "min", "max", "max_step", "slope_per_step"]
     return pd.DataFrame(rows, columns=cols)
+
+
+def missing(con, steps: Steps = None) -> pd.DataFrame:
+    """Where mismatch could not be recorded, and why: rollout spans an integration marked with
+    `rl.mismatch_missing` (e.g. TRL with `model.generate` wrapped by a plain function, so no
+    sampling log-probs reached rltrace).
+
+    Returns: process_id, role, rank, reason, steps (distinct steps), first_step, last_step; one
+    row per process and reason.
+    """
+    where, params = step_filter(steps)
+    key = _names.MISMATCH_MISSING
+    frame = con.execute(
+        f"""SELECT process_id, reason, count(DISTINCT step) AS steps, min(step) AS first_step, max(step) AS last_step
+            FROM (SELECT process_id, step, attr(attributes, ?) AS reason FROM spans
+                  WHERE NOT is_open AND phase = 'rollout' AND contains(attributes, ?) AND {where})
+            WHERE reason IS NOT NULL GROUP BY process_id, reason ORDER BY first_step, process_id, reason""",
+        [key, key, *params],
+    ).df()
+    frame = _who.label(frame, con)
+    return frame[["process_id", "role", "rank", "reason", "steps", "first_step", "last_step"]]

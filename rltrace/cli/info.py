@@ -10,7 +10,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from rltrace import _json, _names, analysis, store
+from rltrace import _json, analysis, store
 from rltrace.analysis._format import seconds_text, term
 from rltrace.analysis.health import STALE_AFTER_S
 from rltrace.report import plain
@@ -48,22 +48,24 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
                   avg(duration_s) AS mean_s, max(duration_s) AS max_s
            FROM spans WHERE NOT is_open GROUP BY 1 ORDER BY total_s DESC NULLS LAST"""
     )
-    open_spans = rows(  # and spans rltrace ended because their process exited with them open
-        """SELECT process_id, role, rank, name, phase, step, start_ns, span_id, NOT is_open AS at_exit
-           FROM spans WHERE is_open OR (status = 'ERROR' AND status_message = ?) ORDER BY start_ns""",
-        [_names.UNFINISHED_AT_EXIT],
-    )
+    # and spans rltrace ended because their process exited with them open; state as the report says
+    cols = ["process_id", "role", "rank", "name", "phase", "step", "start_ns", "span_id", "age_s", "state"]
+    open_spans = plain(analysis.open_spans(con, now_ns=now_ns))
+    at_exit = 0
     for span in open_spans:
-        span["age_s"] = (now_ns - span["start_ns"]) / 1e9
+        if span["state"] in ("exited", "crashed"):  # how long it was open, until its process exited
+            span["age_s"] = span["stalled_s"]
+            at_exit += 1
+    open_spans = [{k: span[k] for k in cols} for span in open_spans]
+    counts["finished"] -= at_exit  # one count per span: those ended at exit are counted as open
+    counts["open"] += at_exit
+    counts["open_at_exit"] = at_exit
     crashes = rows("SELECT role, rank, kind, thread_name, exc_type, message, phase, step, process_id FROM crashes ORDER BY time_ns")
     crashed = {c["process_id"] for c in crashes if c["kind"] == "process"}
     for p in processes:
         stopped = p["heartbeat_ns"] is None or (now_ns - p["heartbeat_ns"]) / 1e9 > STALE_AFTER_S
         p["state"] = ("crashed" if p["process_id"] in crashed else "ended" if p["ended_ns"]
                       else "killed" if stopped else "running")
-    states = {p["process_id"]: p["state"] for p in processes}
-    for span in open_spans:
-        span["state"] = "exited" if span.pop("at_exit") else states.get(span["process_id"], "killed")
     tables = {name: sum(p.rows for p in parts) for name, parts in snap.parts.items()}
     return {
         "run_dir": str(run_dir),
@@ -115,7 +117,9 @@ def render(data: dict, console: Console) -> None:
     console.print(f"{term(data['run_dir'])}  ·  " + ", ".join(f"{n} {k} in {data['parts'][k]} parts" for k, n in data["rows"].items()))
     s = data["spans"]
     steps = "no steps" if s["steps"] == 0 else f"steps {s['first_step']}–{s['last_step']} ({s['steps']} distinct)"
-    console.print(f"{s['finished']} finished spans, {s['open']} open · {steps}")
+    at_exit = s.get("open_at_exit") or 0
+    ended = f" ({at_exit} ended by rltrace when its process exited)" if at_exit else ""
+    console.print(f"{s['finished']} finished spans, {s['open']} open{ended} · {steps}")
 
     t = Table(title="Processes", title_justify="left")
     for col in ("role", "rank", "host:pid", "spans", "open", "dropped", "last heard", "ended"):
@@ -161,8 +165,8 @@ def render(data: dict, console: Console) -> None:
                 "" if o["step"] is None else str(o["step"]),
                 dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),
                 seconds_text(o["age_s"]),
-                {"killed": "[red]killed (heartbeat stopped)[/]", "running": "alive: hung or still running"}.get(
-                    o.get("state"), "exited with it open"),
+                {"killed": "[red]killed (heartbeat stopped)[/]", "running": "alive: hung or still running",
+                 "crashed": "[red]crashed: the crash ended it[/]"}.get(o.get("state"), "exited with it open"),
             )
         console.print(t)
     else:

@@ -6,7 +6,9 @@ own functions (`started`, `ended`, `unmatched_end`, `point`, `version_of`, `lane
 both ways give the same row. What the importer learns from the whole dump is kept as it happens:
 
 - **Step**: the rollout in progress when the span ended (the importer: the rollout whose own work
-  had started by then).
+  had started by then); a span that began before the previous steps' work ended is cut at those
+  ends (`cut_at_windows`, with the ends of the spans recorded so far per step), as the importer
+  cuts it with the ends it reads from the dumps.
 - **Weight version** of an engine call: the `weight_version` of SGLang's answer, seen when slime
   turns it into trace attributes (`build_sglang_meta_trace_attrs`); other spans use the calls
   already ended, like the importer.
@@ -57,8 +59,10 @@ class Live:
         self.rollout: int | None = None  # the rollout in progress
         self.last: int | None = None  # the latest rollout id seen (timers after a rollout)
         self.starts: dict[int, int | None] = {}  # when each rollout's own work began (importer's `own_start`)
+        self.ends: dict[int, int] = {}  # when each step's recorded work ended so far (importer's `step_ends`)
         self.traces: dict[str, _Trace] = {}
-        self.groups: dict[tuple, tuple[str, int]] = {}  # group span (name, group, start) -> (first copy, copies)
+        # group span (name, group, start) -> (first copy, copies, the other copies' ids, rollout opened in)
+        self.groups: dict[tuple, tuple[str, int, list[str], int | None]] = {}
         self.alias: dict[str, str] = {}  # other copies of a group span -> the first
         self.evaluating = False  # an evaluation rollout is running: its traces are not recorded
         self.faults = 0
@@ -122,11 +126,12 @@ class Live:
         key = (span["name"], carrier.get("group_id"), span["start_ns"])
         first = self.groups.get(key)
         if first is None:
-            self.groups[key] = (span["span_id"], 1)
+            self.groups[key] = (span["span_id"], 1, [], self.rollout)
             place = 0
         else:
             self.alias[span["span_id"]] = first[0]
-            self.groups[key] = (first[0], first[1] + 1)
+            first[2].append(span["span_id"])
+            self.groups[key] = (first[0], first[1] + 1, first[2], first[3])
             place = first[1]
         if span["name"] == "generate_and_rm_group":
             trace.place = place
@@ -159,7 +164,13 @@ class Live:
         group = group if isinstance(group, int) and not isinstance(group, bool) and group >= 0 else 0
         span["thread_id"], span["thread_name"] = st.lane(group, trace.place, carrier.get("sample_id"),
                                                          span["name"] in st.GROUP_SPANS)
-        self.emit([dict(span, parent_span_id=self.alias.get(span["parent_span_id"], span["parent_span_id"]))])
+        parent = trace.spans.get(span["parent_span_id"])
+        row = dict(span, parent_span_id=self.alias.get(span["parent_span_id"], span["parent_span_id"]))
+        pieces = st.cut_at_windows(row, self.ends, parent["start_ns"] if parent is not None else None)
+        for piece in pieces:
+            if piece["step"] is not None and (piece["step"] not in self.ends or piece["end_ns"] > self.ends[piece["step"]]):
+                self.ends[piece["step"]] = piece["end_ns"]
+        self.emit(pieces)
 
     # --- rollouts ----------------------------------------------------------------------------
     def begin(self, rollout_id: int) -> None:
@@ -172,8 +183,11 @@ class Live:
         dicts = [s.to_dict() if hasattr(s, "to_dict") else s for s in samples]
         with self.lock:
             self.rollout = None
-            self.groups.clear()
-            self.alias.clear()
+            # a group may still run (slime's fully-async rollout keeps groups going across rollouts):
+            # its copies are forgotten only with the traces of the same age
+            for key in [k for k, g in self.groups.items() if g[3] is not None and g[3] < rollout_id - IDLE_ROLLOUTS]:
+                for copy in self.groups.pop(key)[2]:
+                    self.alias.pop(copy, None)
             self.starts[rollout_id] = st.own_start(dicts, rollout_id)
             for d in dicts:
                 trace = d.get("trace") if isinstance(d, dict) else None
@@ -181,6 +195,8 @@ class Live:
                     self.traces.pop(str(trace.get("trace_id")), None)
             for key in [k for k, t in self.traces.items() if t.seen is not None and t.seen < rollout_id - IDLE_ROLLOUTS]:
                 del self.traces[key]
+            for step in [k for k in self.ends if k < rollout_id - IDLE_ROLLOUTS]:
+                del self.ends[step]
             starts = dict(self.starts)
         _, rows, _ = st.rollout_rows(rollout_id, dicts, starts)
         by_step: dict[int, list[dict]] = {}

@@ -82,6 +82,7 @@ class Generation:
     rollout_logps: Any = None  # (B, K) tensor from LogprobRecorder, or per-sample lists from vLLM
     rewards_per_func: torch.Tensor | None = None  # (N_all_processes, F)
     reward_inputs: tuple | None = None  # (inputs, prompts, completions) given to the reward functions
+    missing_logprobs: str | None = None  # why this generation has no rollout log-probs, when found while it ran
 
 
 #: The sums kept per step, in this order (see StepSums.add).

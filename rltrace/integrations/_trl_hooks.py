@@ -15,9 +15,9 @@ import rltrace
 from rltrace import _names
 from rltrace._config import resolve
 from rltrace.integrations import _trl_batch as tb
-from rltrace.integrations import trl as _public
+from rltrace.integrations._trl_faults import fault as _fault
+from rltrace.integrations._trl_faults import warn_once as _warn_once
 from rltrace.integrations._trl_ledger import Ledger
-from rltrace.integrations.trl import _fault, _warn_once
 
 
 def _callback_base():
@@ -28,11 +28,12 @@ def _callback_base():
 class Hooks(Ledger):
     """The wrappers of one trainer and the state they share (what they record: `Ledger`)."""
 
-    def __init__(self, trainer, cls: str, version: str, freeze):
-        self.trainer, self.cls, self.version = trainer, cls, version
+    def __init__(self, trainer, cls: str, version: str, freeze, hook_points: tuple[tuple[str, str], ...]):
+        self.trainer, self.cls, self.version, self.hook_points = trainer, cls, version, hook_points
         self._restore: list[tuple[Any, str, bool, Any]] = []  # (object, attribute, had own attr, old value)
         Ledger.__init__(self)
         self.gen: tb.Generation | None = None
+        self.missing_logprobs: str | None = None  # why no rollout log-probs can be recorded, found at install
         self.in_loss = False
         self.loss_logps = None
         self.train_phase = None
@@ -64,7 +65,7 @@ class Hooks(Ledger):
             "_get_per_token_logps_and_entropies": self._logps,
             "compute_loss": self._loss,
         }
-        for name, what in _public.HOOK_POINTS:  # looked up now: tests stand in for a later TRL
+        for name, what in self.hook_points:
             if not self._patch(t, name, wrappers.get(name, lambda orig: orig)):
                 _warn_once(f"missing:{name}", f"rltrace: trl {self.version} {self.cls} has no method {name}; "
                                               f"not recorded: {what}")
@@ -77,12 +78,17 @@ class Hooks(Ledger):
         elif getattr(t, "use_transformers_continuous_batching", False):
             model = t.accelerator.unwrap_model(t.model)
             self._patch(model, "generate_batch", lambda orig: self._engine(orig, record=False))
-            _warn_once("cb", "rltrace: transformers continuous batching returns no log-probs; "
-                             "mismatch metrics are not recorded")
+            self._no_logprobs("transformers continuous batching (generate_batch) returns no sampling log-probs")
         else:
             model = t.accelerator.unwrap_model(t.model)
-            if not self._patch(model, "generate", lambda orig: self._engine(orig, record=True)):
+            generate = getattr(model, "generate", None)
+            if generate is None:
                 _warn_once("missing:generate", "rltrace: the model has no generate(); generate spans are not recorded")
+            else:
+                why = _no_processor_seam(generate)
+                if why:
+                    self._no_logprobs(why)
+                self._patch(model, "generate", lambda orig: self._engine(orig, record=not why))
         if getattr(t, "rollout_func", None) is not None:
             self._patch(t, "rollout_func", lambda orig: self._engine(orig, record=False))
         if hasattr(t, "evaluate"):
@@ -91,9 +97,17 @@ class Hooks(Ledger):
         t.add_callback(_make_callback(self))
         self._hf_callback()
 
+    def _no_logprobs(self, why: str) -> None:
+        """No rollout log-probs can be recorded on this trainer, so no mismatch: say what was found, once,
+        and mark every rollout span with it (`rl.mismatch_missing`) so the report says so too."""
+        self.missing_logprobs = why
+        _warn_once(f"no-logprobs:{why}", f"rltrace: {why}; mismatch ({', '.join(_names.MISMATCH_METRICS)}) is not recorded "
+                                         "for any step of this trainer, and the report says so")
+
     def _hf_callback(self) -> None:
-        """`step`/`optimizer` spans and TRL's logs come from rltrace.integrations.hf.RltraceCallback
-        (added unless `rltrace run` already did); TRL's names are mapped to rltrace's on the way."""
+        """`step`/`optimizer`/`log`/`save` spans and TRL's logs come from
+        rltrace.integrations.hf.RltraceCallback (added unless `rltrace run` already did); TRL's names
+        are mapped to rltrace's on the way."""
         from rltrace.integrations.hf import RltraceCallback
 
         t = self.trainer
@@ -102,6 +116,10 @@ class Hooks(Ledger):
             callback = RltraceCallback()
             t.add_callback(callback)
             self._added_hf = callback
+        # TRL's own train spans (each micro-batch's loss forward and backward) and its evaluate
+        # wrapper say more than the callback's step-long ones would: the callback leaves those out
+        self._restore.append((callback, "records", True, set(callback.records)))
+        callback.records -= {"train", "eval"}
         original = callback.metrics
 
         def metrics(logs):
@@ -206,8 +224,11 @@ class Hooks(Ledger):
             step = self.trainer.state.global_step
             self.gen = tb.Generation(step=step)
             try:
-                with rltrace.phase("rollout", step=step, weight_version=step, samples=len(inputs)):
+                with rltrace.phase("rollout", step=step, weight_version=step, samples=len(inputs)) as phase:
                     output = orig(inputs, *args, **kwargs)
+                    if self.gen.rollout_logps is None:
+                        phase.set(**{_names.MISMATCH_MISSING: self.gen.missing_logprobs or self.missing_logprobs
+                                     or "the generation returned no sampling log-probs"})
                 try:
                     self._finish_generation(output)
                 except Exception:
@@ -259,8 +280,10 @@ class Hooks(Ledger):
                     sequences = out if isinstance(out, torch.Tensor) else out.sequences
                     gen.rollout_logps = recorder.finish(sequences)
                     if gen.rollout_logps is None:
-                        _warn_once("recorder", "rltrace: generate() did not call rltrace's logits processor "
-                                   "(a custom generation path?); rollout log-probs and mismatch are not recorded")
+                        gen.missing_logprobs = ("generate() did not call rltrace's logits processor (a custom "
+                                                "generation path?), so no rollout log-probs were recorded")
+                        _warn_once("recorder", f"rltrace: {gen.missing_logprobs}; mismatch is not recorded for the "
+                                               "steps this happens in, and the report says so")
                 except Exception:
                     _fault("reading rollout log-probs")
             return out
@@ -269,9 +292,9 @@ class Hooks(Ledger):
 
     def _add_recorder(self, model, recorder) -> bool:
         original = getattr(model, "_get_logits_processor", None)
-        if original is None:
-            _warn_once("missing:_get_logits_processor", "rltrace: this transformers version has no "
-                       "GenerationMixin._get_logits_processor; rollout log-probs and mismatch are not recorded")
+        if original is None:  # checked at install (_no_processor_seam); a model swapped since then
+            self.gen.missing_logprobs = (f"{type(model).__name__} has no _get_logits_processor; the rollout "
+                                         "log-prob processor cannot be attached")
             return False
 
         def with_recorder(*args, **kwargs):
@@ -360,6 +383,32 @@ class Hooks(Ledger):
         handle, self.train_phase = self.train_phase, None
         if handle is not None and not handle.ended:
             handle.end(error=exc)
+
+
+def _no_processor_seam(generate) -> str | None:
+    """Why rltrace's logits processor cannot ride on `generate` (a plain text for the user), or None.
+
+    The processor is added through `GenerationMixin._get_logits_processor` of the model that
+    `generate` is bound to (the base model under PEFT); a plain function around `model.generate`
+    hides which model samples, and a model that is no `GenerationMixin` has no such seam."""
+    owner = getattr(generate, "__self__", None)
+    if owner is None:
+        name = getattr(generate, "__qualname__", None) or type(generate).__name__
+        return (f"`model.generate` is wrapped by a plain function ({name}); the rollout log-prob processor "
+                "cannot be attached")
+    owner = getattr(owner, "get_base_model", lambda: owner)()
+    if getattr(owner, "_get_logits_processor", None) is not None:
+        return None
+    from transformers import GenerationMixin
+
+    if isinstance(owner, GenerationMixin):
+        import transformers
+
+        return (f"transformers {transformers.__version__} has no GenerationMixin._get_logits_processor; the rollout "
+                "log-prob processor cannot be attached")
+    return (f"`model.generate` belongs to {type(owner).__name__}, which is no transformers GenerationMixin; the "
+            "rollout log-prob processor cannot be attached")
+
 
 def _strip(inputs):
     """The batch without our riders, so TRL sees exactly what it built."""

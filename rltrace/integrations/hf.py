@@ -3,12 +3,25 @@ adds that callback to every `Trainer` a program makes (what `rltrace run` loads)
 
     trainer = Trainer(model, args, train_dataset=ds, callbacks=[RltraceCallback("runs/sft")])
 
-Records `step` spans (on_step_begin/on_step_end) around each optimizer step and its gradient
-accumulation, `optimizer` spans (on_pre_optimizer_step/on_optimizer_step) inside them, and the
-numbers of `on_log` as metrics. Steps are rltrace's: the optimizer step index, from 0 (HF's
-`global_step` has already advanced when on_step_end and on_log run); `weight_version` is the
-number of optimizer steps taken before the step. Rank is the trainer's process index (its
-accelerate state); the world size is an attribute of each step span.
+What the Trainer's callback events let it see (transformers 5.24, `Trainer._inner_training_loop`):
+
+- `step` (on_step_begin to on_step_end): one optimizer step with its gradient accumulation;
+- inside it `train` (on_step_begin to on_pre_optimizer_step: forward and backward of every
+  micro-batch, `rl.micro_batches` of them, and gradient clipping) and `optimizer`
+  (on_pre_optimizer_step to on_optimizer_step); what follows (learning-rate scheduler, zeroing
+  the gradients) is the step's own time;
+- after the step, as the Trainer runs them, `log` (on_step_end to on_log: gathering the loss),
+  `eval` (to on_evaluate; a later `trainer.evaluate()` from its first prediction step) and
+  `save` (to on_save), each tagged with the step just ended; which of them follow is what the
+  Trainer's control flags say at on_step_end;
+- the numbers of `on_log` as metrics.
+
+The data loading of the next step happens before on_step_begin: no event covers it. Steps are
+rltrace's: the optimizer step index, from 0 (HF's `global_step` has already advanced when
+on_step_end and on_log run); `weight_version` is the number of optimizer steps taken before the
+step (for `eval`, the weights it evaluates). Rank is the trainer's process index (its accelerate
+state); the world size is an attribute of each step span. Integrations that record their own
+train or eval phases inside a Trainer (TRL's hooks) turn those off in `records`.
 
 This module does not import transformers until `RltraceCallback` is used, so the launcher can
 load `HFInstrumentor` in every process for free.
@@ -44,12 +57,20 @@ class _Callback:
         **init_kwargs: passed to `rltrace.init` (run_name, config, ...).
     """
 
+    #: The phases it records besides `step` and `optimizer`; `records` may leave some out.
+    RECORDS = frozenset(("train", "eval", "log", "save"))
+
     def __init__(self, run_dir: str | None = None, *, role: str = ROLE, **init_kwargs: Any):
         self.run_dir = run_dir
         self.role = role
         self.init_kwargs = init_kwargs
+        self.records = set(self.RECORDS)
         self._step = None  # PhaseHandle of the running optimizer step
+        self._train = None  # its forward and backward, up to the optimizer
         self._optimizer = None
+        self._after = None  # the log, eval or save phase running after the step
+        self._micro_batches = 0
+        self._last_step: int | None = None  # the step just ended: what log, eval and save follow
         self._world_size = None
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -65,6 +86,7 @@ class _Callback:
 
     def on_train_end(self, args, state, control, **kwargs):
         self._close(_NOT_ENDED)
+        self._last_step = None
         rltrace.flush()
 
     def fail(self, error: BaseException | str) -> None:
@@ -72,35 +94,88 @@ class _Callback:
         self._close(error)
 
     def _close(self, error) -> None:
-        for handle in (self._optimizer, self._step):
+        for handle in (self._after, self._optimizer, self._train, self._step):  # innermost first
             if handle is not None and not handle.ended:
                 handle.end(error=error)
-        self._optimizer = self._step = None
+        self._after = self._optimizer = self._train = self._step = None
+
+    @staticmethod
+    def _end(handle, error=None) -> None:
+        if handle is not None and not handle.ended:
+            handle.end(error=error)
 
     # --- steps -----------------------------------------------------------------------------
     def on_step_begin(self, args, state, control, **kwargs):
         self._close("the next step began before this one ended")
         taken = int(state.global_step)  # optimizer steps taken so far = this step's index
         self._step = rltrace.start_phase("step", step=taken, weight_version=taken, world_size=self._world_size)
+        if "train" in self.records:
+            self._train = rltrace.start_phase("train")
+        self._micro_batches = 1
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self._micro_batches += 1  # a micro-batch of gradient accumulation ended; the next one runs
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self._train is not None and not self._train.ended:
+            self._train.set(micro_batches=self._micro_batches)
+            self._train.end()
+        self._train = None
         if self._optimizer is not None and not self._optimizer.ended:
             self._optimizer.end(error="the next optimizer step began before this one ended")
         self._optimizer = rltrace.start_phase("optimizer")
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        if self._optimizer is not None and not self._optimizer.ended:
-            self._optimizer.end()
+        self._end(self._optimizer)
         self._optimizer = None
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._optimizer is not None and not self._optimizer.ended:
-            self._optimizer.end()
-        if self._step is not None and not self._step.ended:
-            self._step.end()
-        self._optimizer = self._step = None
+        for handle in (self._optimizer, self._train, self._step):
+            self._end(handle)
+        self._optimizer = self._train = self._step = None
+        self._last_step = max(int(state.global_step) - 1, 0)  # HF has counted the step already
+        self._then(control, ("log", "eval", "save"), state)
+
+    def _then(self, control, phases: tuple[str, ...], state) -> None:
+        """Open the first of `phases` the Trainer runs next (its control flags say which), if recorded."""
+        flags = {"log": "should_log", "eval": "should_evaluate", "save": "should_save"}
+        nxt = next((p for p in phases if getattr(control, flags[p], False)), None)
+        if nxt is not None and nxt in self.records and self._last_step is not None:
+            self._after = rltrace.start_phase(nxt, step=self._last_step, weight_version=int(state.global_step))
+
+    def _after_is(self, name: str) -> bool:
+        return self._after is not None and not self._after.ended and self._after.name == name
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if self._after_is("eval") or "eval" not in self.records:
+            return
+        self._end(self._after)  # a log phase the Trainer did not end with on_log
+        # evaluation the control flags did not announce (your own `trainer.evaluate()` or `predict()`):
+        # from its first prediction step
+        self._after = rltrace.start_phase("eval", step=self._last_step, weight_version=int(state.global_step))
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self._after_is("eval"):
+            self._end(self._after)
+        if self._after is None or self._after.ended:
+            self._after = None
+            self._then(control, ("save",), state)
+
+    def on_predict(self, args, state, control, **kwargs):
+        if self._after_is("eval"):
+            self._end(self._after)
+            self._after = None
+
+    def on_save(self, args, state, control, **kwargs):
+        if self._after_is("save"):
+            self._end(self._after)
+            self._after = None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._after_is("log"):  # the training log; an evaluation's own log stays inside `eval`
+            self._end(self._after)
+            self._after = None
+            self._then(control, ("eval", "save"), state)
         if not logs:
             return
         step = max(int(state.global_step) - 1, 0)  # the step just finished: global_step has advanced

@@ -14,15 +14,13 @@ version and the method; the rest still records. Faults of ours never stop traini
 
 from __future__ import annotations
 
-import logging
 import os
-import warnings
 from typing import Any
 
 import rltrace
 from rltrace.integrations import BaseInstrumentor, when_imported
-
-logger = logging.getLogger("rltrace.integrations.trl")
+from rltrace.integrations._trl_faults import fault as _fault
+from rltrace.integrations._trl_faults import warn_once as _warn_once
 
 SUPPORTED = ("GRPOTrainer", "RLOOTrainer")
 TESTED_VERSIONS = ">=1.16,<1.17"  # the `trl` extra pins this range
@@ -35,22 +33,6 @@ HOOK_POINTS = (
     ("compute_loss", "train spans and mismatch metrics"),
 )
 _STATE = "_rltrace_trl"
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def _fault(what: str) -> None:
-    """An internal error: logged once per place, training goes on (raised under pytest, for our tests)."""
-    if "PYTEST_CURRENT_TEST" in os.environ:
-        raise
-    if what not in _warned:
-        _warned.add(what)
-        logger.exception("rltrace: %s failed; training continues with less telemetry", what)
 
 
 def _trl_version() -> str:
@@ -102,7 +84,7 @@ def instrument(trainer: Any, run_dir: str | os.PathLike | None = None, *, freeze
                               "hooks that still match will record, missing ones are reported")
     from rltrace.integrations._trl_hooks import Hooks  # torch and transformers: only now
 
-    hooks = Hooks(trainer, cls, version, freeze)
+    hooks = Hooks(trainer, cls, version, freeze, HOOK_POINTS)  # read now: tests stand in for a later TRL
     setattr(trainer, _STATE, hooks)
     hooks.install()
     return trainer

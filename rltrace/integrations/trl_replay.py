@@ -50,7 +50,9 @@ def _function_ref(func) -> dict:
     module = getattr(func, "__module__", None)
     ref = {"name": name, "module": module, "spec": None}
     if name and module and module != "__main__" and "<locals>" not in getattr(func, "__qualname__", ""):
-        ref["spec"] = f"{module}:{name}"
+        from rltrace.replay.rerun import portable_spec
+
+        ref["spec"] = portable_spec(f"{module}:{name}")  # its file, when found through sys.path only
     elif name:
         try:
             ref["spec"] = f"{inspect.getsourcefile(func)}:{name}"

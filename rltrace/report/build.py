@@ -209,7 +209,7 @@ def _mismatch(con, steps: Steps) -> dict:
         lead["sources"] = [t["source"] for t in ranked]
         lead["computations"] = [_agreement(values, metric, lead["source"], t["source"]) for t in ranked[1:]]
         rows.append(lead)
-    return {"trends": plain(rows), "per_step": plain(values)}
+    return {"trends": plain(rows), "per_step": plain(values), "missing": plain(analysis.mismatch_missing(con, steps))}
 
 
 def _source_rank(source: str) -> int:

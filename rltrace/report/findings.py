@@ -274,7 +274,22 @@ def crash_sentence(c: dict) -> str:
 
 
 def _crashes(r: dict) -> list[str]:
-    return [crash_sentence(c) for c in r.get("crashes") or []]
+    """One sentence per crash; the spans its process still had open, which the crash ended, are
+    named in it (and get no sentence of their own: they did not hang)."""
+    ended: dict[str, list[dict]] = defaultdict(list)
+    for o in r.get("open_spans") or []:
+        if o.get("state") == "crashed":
+            ended[o["process_id"]].append(o)
+    out = []
+    for c in r.get("crashes") or []:
+        text = crash_sentence(c)
+        spans = ended.pop(c.get("process_id"), []) if c.get("kind") == "process" else []
+        if spans:
+            named = ", ".join(f"`{o['phase']}`" + ("" if o.get("step") is None else f" at step {o['step']}")
+                              + f" (open {sec(o['stalled_s'])})" for o in spans)
+            text = text[:-1] + f"; the crash ended what was still open: {named}."
+        out.append(text)
+    return out
 
 
 def _reward(r: dict) -> list[str]:
@@ -289,6 +304,8 @@ def _reward(r: dict) -> list[str]:
 def _hangs(r: dict) -> list[str]:
     out = []
     for o in r["open_spans"]:
+        if o.get("state") == "crashed":
+            continue  # the crash's sentence says the crash ended it
         step = "" if o.get("step") is None else f" at step {o['step']}"
         thread_name = o.get("thread_name") or "MainThread"
         named = thread_name != "MainThread" and not thread_name.startswith("Dummy-")  # Dummy-N: a foreign thread
@@ -330,7 +347,8 @@ def _staleness(r: dict) -> list[str]:
 
 
 def _mismatch(r: dict) -> list[str]:
-    out = []
+    out = [f"Mismatch not recorded on {_who(m['role'], m['rank'])} ({_steps_text(m)}): {m['reason']}."
+           for m in r["mismatch"].get("missing") or []]
     for t in r["mismatch"]["trends"]:
         for c in t.get("computations") or []:
             if c.get("agree") is False:
@@ -356,6 +374,11 @@ def _mismatch(r: dict) -> list[str]:
                 f"above the {ALIGNMENT_GATE:g} gate for exact alignment of rollout and training."
             )
     return out
+
+
+def _steps_text(m: dict) -> str:
+    first, last = m["first_step"], m["last_step"]
+    return f"step {first}" if first == last else f"{m['steps']} steps, {first}–{last}"
 
 
 def _idle_devices(r: dict) -> list[str]:

@@ -332,6 +332,11 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
             UNION ALL BY NAME
             SELECT *, CAST(NULL AS DOUBLE) AS duration_s, true AS is_open FROM ({still_open})"""
         )
+        at_exit = _names.UNFINISHED_AT_EXIT.replace("'", "''")
+        con.execute(  # what `rltrace info` lists as open: never ended, or ended by rltrace as the process exited
+            f"""CREATE VIEW open_spans AS SELECT *, NOT is_open AS ended_at_exit FROM spans
+            WHERE is_open OR (status = 'ERROR' AND status_message = '{at_exit}')"""
+        )
         done.update(("spans", "open_spans"))
     if "samples" in snap.parts:
         con.execute(
@@ -366,8 +371,10 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
 def open(run_dir: str | Path, *, skip_corrupt: bool = False) -> duckdb.DuckDBPyConnection:  # noqa: A001
     """A read-only DuckDB connection over a snapshot of the run in `run_dir`.
 
-    Views: `spans` (finished and open spans; `duration_s`, `is_open`), `metrics` (long
-    format: step, name, value), `samples` (one row per sample; `staleness`), `processes`.
+    Views: `spans` (finished and open spans; `duration_s`, `is_open`), `open_spans` (those that
+    never ended, and those rltrace ended because their process exited with them open:
+    `ended_at_exit`), `metrics` (long format: step, name, value), `samples` (one row per sample;
+    `staleness`), `processes`, `crashes`.
     The macro `attr(attributes, 'rl.bytes')` reads one span attribute. Reopen to see parts
     written since. Raises `StoreError` naming the path when the dir or a part is unusable.
     """

@@ -30,7 +30,9 @@ Per-step results that need interval arithmetic: phase and stage times, waits, cr
   that has spans in the step is *idle* where none of its busy or wait spans runs (any step);
   a `wait` span counts over its self time (so also inside a busy parent). Each such interval is
   attributed to the busy phases whose self time runs meanwhile on other processes or other
-  threads of the same process (a phase with child phases only where no child runs).
+  threads of the same process (a phase with child phases only where no child runs). Idle time
+  inside one of the process's own container spans while nothing ran anywhere is that
+  container's work and no wait; a step with no busy span gives no wait rows.
 - sync: each `weight_sync` span (start_ns, end_ns, seconds = duration, count = `rl.bytes` or NULL,
   other = method).
 - critical path: from the top-level busy span that ends last, repeatedly step back to the
@@ -46,8 +48,10 @@ from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
 
-VERSION = 6  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 7  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
+# 6: a container's own time with nothing running anywhere is its work, not idle; no waits from a step with no work
+# 7: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -94,7 +98,7 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
         ),
         _phase_rows(spans[in_batch]),
         *_stage_rows(spans, phases, own, in_batch),
-        _wait_rows(spans, checks, prow, busy, in_batch),
+        _wait_rows(spans, checks, prow, busy, in_batch, container_phases),
         _path_rows(spans, prow, busy, in_batch, phases, own[1]),
         _sync_rows(spans[in_batch]),
         _child_rows(spans, prow, in_batch),
@@ -299,7 +303,29 @@ def _self_time(spans: pd.DataFrame, proc_codes: np.ndarray, prow: np.ndarray):
     return iv.complement(prow[child], start[child], end[child], start, end)
 
 
-def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
+def _contained(idle: pd.DataFrame, proc_codes, start, end, container) -> pd.DataFrame:
+    """Idle pieces cut where their process is inside one of its own container spans (`contained`)."""
+    cg, cs, ce = iv.union(proc_codes[container], start[container], end[container])
+    out = []
+    for step, proc, a, b in zip(idle["step"], idle["proc"], idle["a"], idle["b"]):
+        cut = a
+        for s, e in zip(cs[cg == proc], ce[cg == proc]):  # disjoint, in order
+            s, e = max(s, a), min(e, b)
+            if e <= s:
+                continue
+            if s > cut:
+                out.append((step, proc, cut, s, False))
+            out.append((step, proc, s, e, True))
+            cut = e
+        if cut < b:
+            out.append((step, proc, cut, b, False))
+    cols = list(zip(*out)) if out else [[]] * 5
+    return pd.DataFrame({"step": np.array(cols[0], np.int64), "proc": np.array(cols[1], np.int64),
+                         "a": np.array(cols[2], np.int64), "b": np.array(cols[3], np.int64),
+                         "contained": np.array(cols[4], bool)})
+
+
+def _wait_rows(spans, checks, prow, busy, in_batch, container_phases) -> pd.DataFrame:
     proc_codes, procs = pd.factorize(spans["process_id"])
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     phase = spans["phase"].to_numpy(object)
@@ -317,7 +343,10 @@ def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
     win, a, b = iv.clip(idle_g, idle_s, idle_e, pairs["proc"], pairs["start_ns"], pairs["end_ns"])
     idle = pd.DataFrame(
         {"step": pairs["step"].to_numpy()[win], "proc": pairs["proc"].to_numpy()[win], "a": a, "b": b}
-    ).assign(in_phase="idle", detail="idle", declared=None)
+    )
+    # inside the process's own container spans, time when nothing ran anywhere is the container's work
+    idle = _contained(idle, proc_codes, start, end, np.isin(phase, sorted(container_phases)))
+    idle = idle.assign(in_phase="idle", detail="idle", declared=None)
 
     # wait spans of the batch's steps, over their self time (their thread is waiting, whatever encloses it)
     own = _self_time(spans, proc_codes, prow)
@@ -336,10 +365,16 @@ def _wait_rows(spans, checks, prow, busy, in_batch) -> pd.DataFrame:
             "declared": declared,
         }
     )
+    waits["contained"] = False
     pieces = pd.concat([idle, waits], ignore_index=True)
+    worked = spans["step"][busy & in_batch].unique()  # steps with some work recorded in them
+    pieces = pieces[pieces["step"].isin(worked)]
     if pieces.empty:
         return pd.DataFrame()
     attributed = _attribute(pieces, spans, prow, busy, own)
+    attributed = attributed[~(attributed["contained"].astype(bool) & attributed["waited_for"].isna())]
+    if attributed.empty:
+        return pd.DataFrame()
     attributed["process_id"] = procs[attributed["proc"].to_numpy()]
     keys = ["step", "process_id", "detail", "in_phase", "waited_for"]
     agg = attributed.groupby(keys, dropna=False, sort=True).agg(seconds=("ns", "sum"), count=("ns", "size")).reset_index()

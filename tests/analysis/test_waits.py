@@ -14,7 +14,8 @@ def disaggregated(tmp_path_factory):
     step 1 (0..10): rollout [0,4] with generate [0,3.5] (thread 2); reward [4,5] on reward0;
     trainer: step container [0,10], train [5,8] (forward/backward), a declared wait [8,8.5]
     for weight_sync, weight_sync [8.5,9.5]; rollout0 receives weights in weight_sync [8.5,9.5]
-    and waits inside it [8.5,9] (undeclared); nothing is recorded anywhere in [9.5,10].
+    and waits inside it [8.5,9] (undeclared); nothing is recorded anywhere in [9.5,10], where the
+    trainer is in its own step: that is the step's own work, not a wait.
     """
     b = RunBuilder(tmp_path_factory.mktemp("runs") / "run")
     tr, ro, rw = b.process("trainer"), b.process("rollout"), b.process("reward")
@@ -48,7 +49,10 @@ def test_trainer_idle_time_is_attributed_to_rollout_and_reward(disaggregated):
     assert _seconds(trainer, waited_for="generate") == pytest.approx(3.5, abs=1e-9)
     assert _seconds(trainer, waited_for="rollout") == pytest.approx(0.5, abs=1e-9)  # rollout with no generate
     assert _seconds(trainer, waited_for="reward") == pytest.approx(1.0, abs=1e-9)
-    assert _seconds(trainer, waited_for="untraced") == pytest.approx(0.5, abs=1e-9)  # [9.5, 10]
+    assert _seconds(trainer, waited_for="untraced") == 0  # [9.5, 10]: inside its own step, nothing ran anywhere
+    rollout_untraced = w[(w["process_id"] == pid["rollout"]) & (w["waited_for"] == "untraced")]
+    # rollout0 has no step span: idle while the trainer sits in its declared wait [8, 8.5] and in [9.5, 10]
+    assert rollout_untraced["seconds"].sum() == pytest.approx(1.0, abs=1e-9)
     gen = trainer[trainer["waited_for"] == "generate"].iloc[0]
     assert gen["waited_for_process"] == pid["rollout"] and gen["waited_for_group"] == "rollout"
     reward = trainer[trainer["waited_for"] == "reward"].iloc[0]
@@ -105,7 +109,8 @@ def test_critical_path_picks_the_straggling_worker(tmp_path):
 
 
 def test_user_container_phase_counts_as_idle(tmp_path):
-    """An `iteration` span around rollout and train is a container, not work."""
+    """An `iteration` span around rollout and train is a container, not work: its process waits
+    in it while another process works."""
     b = RunBuilder(tmp_path / "run")
     tr, ro = b.process("trainer"), b.process("rollout")
     it = tr.span("iteration", 0, 6, step=1)
@@ -115,6 +120,28 @@ def test_user_container_phase_counts_as_idle(tmp_path):
     w = analysis.waits(store.open(b.run_dir))
     trainer = w[w["process_id"] == tr.process_id]
     assert trainer[["waited_for", "seconds"]].values.tolist() == [["rollout", 4.0]]
+
+
+def test_a_containers_own_time_is_its_work_when_nothing_else_runs(tmp_path):
+    """A Hugging Face Trainer's `step` holds forward and backward that no span names: alone in the
+    run, that time is the step's own work, never idle or a wait for untraced work; a process
+    outside any container is still idle while nothing runs, and a step with nothing but a
+    container and a wait in it gives no wait at all."""
+    b = RunBuilder(tmp_path / "run")
+    tr, ro = b.process("trainer"), b.process("rollout")
+    st = tr.span("step", 0, 10, step=0)
+    tr.span("optimizer", 8, 9, step=0, parent=st)  # [0, 8] and [9, 10]: untraced work inside step
+    ro.span("generate", 2, 3, step=0)  # rollout0: idle in [0, 2] and [3, 10] of step 0's window
+    st = tr.span("step", 10, 12, step=1)  # a step cut short: a container and a wait, no work
+    tr.span("wait", 10, 11, step=1, parent=st)
+    b.write()
+    w = analysis.waits(store.open(b.run_dir))
+    trainer = w[w["process_id"] == tr.process_id]
+    assert trainer[["step", "kind", "waited_for", "seconds"]].values.tolist() == [[0, "idle", "generate", 1.0]]
+    rollout = w[w["process_id"] == ro.process_id]
+    assert rollout[["step", "waited_for"]].values.tolist() == [[0, "untraced"], [0, "optimizer"]]
+    assert _seconds(rollout, waited_for="untraced") == pytest.approx(8.0, abs=1e-9)
+    assert 1 not in set(w["step"])
 
 
 @pytest.fixture(scope="module")

@@ -64,6 +64,23 @@ def test_info_table_names_the_open_span(hung_run, capsys):
     out = capsys.readouterr().out
     assert "Open spans" in out and "wait" in out and "Nothing dropped" in out
     assert "rollout" in out and "trainer" in out
+    assert "1 open ·" in out
+
+
+def test_a_span_left_open_at_exit_is_counted_where_it_is_listed(run_dir, capsys):
+    """Its process exited with it open (rltrace ended it then): the header counts it as open, as
+    the table lists it, and the store's `open_spans` view holds it."""
+    code = ("import sys, rltrace\nrltrace.init(sys.argv[1], role='trainer', rank=0)\n"
+            "with rltrace.phase('train', step=0):\n    pass\nrltrace.start_phase('step', step=1)\n")
+    subprocess.run([PYTHON, "-c", code, str(run_dir)], env=python_env(), check=True, timeout=120)
+    assert cli(["info", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "1 finished spans, 1 open (1 ended by rltrace when its process exited)" in out
+    assert "exited with it open" in out
+    from rltrace import store
+
+    rows = store.open(run_dir).execute("SELECT phase, step, is_open, ended_at_exit FROM open_spans").fetchall()
+    assert rows == [("step", 1, False, True)]
 
 
 @pytest.mark.parametrize("command", [[], ["info"], ["compact"]])

@@ -42,7 +42,9 @@ class FailingTrainer(Trainer):
         return super().compute_loss(model, inputs, *args, **kwargs)
 
 
-def make_trainer(*, steps: int = 3, callbacks=(), raise_at: int | None = None, output_dir: str | None = None) -> Trainer:
+def make_trainer(*, steps: int = 3, callbacks=(), raise_at: int | None = None, output_dir: str | None = None,
+                 eval_steps: int | None = None, save_steps: int | None = None) -> Trainer:
+    """`eval_steps`: evaluate on 4 held-out texts every that many steps; `save_steps`: checkpoint so often."""
     torch.manual_seed(0)
     tok = tokenizer()
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -51,10 +53,13 @@ def make_trainer(*, steps: int = 3, callbacks=(), raise_at: int | None = None, o
     args = TrainingArguments(
         output_dir=output_dir or tempfile.mkdtemp(prefix="hf_train_"), max_steps=steps,
         per_device_train_batch_size=2, gradient_accumulation_steps=2, logging_steps=1, learning_rate=1e-3,
-        report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
+        report_to=[], save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500, use_cpu=True,
+        disable_tqdm=True, dataloader_num_workers=0, eval_strategy="steps" if eval_steps else "no",
+        eval_steps=eval_steps, per_device_eval_batch_size=2,
     )
     trainer = FailingTrainer(model=LlamaForCausalLM(config), args=args, train_dataset=dataset(tok),
-                             processing_class=tok, callbacks=list(callbacks))
+                             eval_dataset=dataset(tok, 4) if eval_steps else None, processing_class=tok,
+                             callbacks=list(callbacks))
     trainer.raise_at = raise_at
     return trainer
 

@@ -291,3 +291,33 @@ def test_a_rollout_function_path_named_by_the_user(both, tmp_path):
     live, imported = store.open(tmp_path / "live"), store.open(tmp_path / "import")
     assert _samples(live).to_json(orient="records") == _samples(imported).to_json(orient="records")
     assert _spans(imported)["span_id"].isin(_spans(live)["span_id"]).all()
+
+
+def test_live_work_carried_into_the_next_rollout_is_cut_at_the_window(tmp_path):
+    """slime's fully-async rollout keeps a group running from rollout 0 into rollout 1: the live hook
+    counts it in each step for the time it ran there, as the importer does, and stores each group
+    span once although the group outlives the rollout that opened it."""
+    from rltrace.integrations import slime as hook
+
+    assert hook.instrument()
+    try:
+        slime_run.Slime()
+        rltrace.init(tmp_path / "live", role="rollout")
+        rollouts = slime_run.run(tmp_path / "dump", rollouts=2, fully_async=True, train=False)
+        rltrace.shutdown()
+    finally:
+        hook.uninstrument()
+    con = store.open(tmp_path / "live")
+    slime = "contains(attributes, 'slime.group_id')"
+    (end0,) = con.execute(f"SELECT max(end_ns) FROM spans WHERE {slime} AND step = 0").fetchone()
+    (start1,) = con.execute(f"SELECT min(start_ns) FROM spans WHERE {slime} AND step = 1").fetchone()
+    assert start1 == end0  # step 1's slime work begins where step 0's ended: the carried group was cut there
+    group2 = con.execute(f"""SELECT step, start_ns, end_ns FROM spans WHERE {slime} AND name = 'generate_and_rm_group'
+                             AND attr(attributes, 'slime.group_id') = '2' ORDER BY start_ns""").fetchall()
+    assert [g[0] for g in group2] == [0, 1] and group2[0][2] == group2[1][1] == end0  # once per step, end to end
+    assert {s.group_index for s in rollouts[1].samples} >= {2}
+    orphans = con.execute(
+        f"""SELECT count(*) FROM spans c LEFT JOIN spans p ON c.parent_span_id = p.span_id
+            WHERE {slime.replace('attributes', 'c.attributes')} AND c.parent_span_id IS NOT NULL
+            AND (p.span_id IS NULL OR p.step <> c.step)""").fetchone()[0]
+    assert orphans == 0

@@ -17,6 +17,7 @@ pytest.importorskip("trl")
 import rltrace  # noqa: E402
 import rltrace.replay  # noqa: E402
 from rltrace import analysis, store  # noqa: E402
+from rltrace.integrations import _trl_faults  # noqa: E402
 from rltrace.integrations import trl as rltrace_trl  # noqa: E402
 from rltrace.integrations.trl import instrument, uninstrument  # noqa: E402
 from rltrace.replay.diff import diff_against_record  # noqa: E402
@@ -190,7 +191,7 @@ def test_untested_version_and_missing_hook_warn_once_and_record_the_rest(tmp_pat
 
     monkeypatch.setattr(trl, "__version__", "1.99.0")
     monkeypatch.setattr(rltrace_trl, "HOOK_POINTS", rltrace_trl.HOOK_POINTS + (("_renamed_later", "nothing"),))
-    monkeypatch.setattr(rltrace_trl, "_warned", set())
+    monkeypatch.setattr(_trl_faults, "_warned", set())
     trainer = trl_grpo.build_trainer(str(tmp_path / "out"), steps=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -205,6 +206,73 @@ def test_untested_version_and_missing_hook_warn_once_and_record_the_rest(tmp_pat
     trainer.train()
     rltrace.shutdown()
     assert {"rollout", "reward", "train"} <= set(spans(tmp_path / "run").phase)
+
+
+def test_a_wrapped_generate_is_named_and_the_report_says_mismatch_is_not_recorded(tmp_path):
+    from rltrace.report.build import build
+
+    trainer = trl_grpo.build_trainer(str(tmp_path / "out"), steps=2)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    original = model.generate
+
+    def my_generate(*args, **kwargs):  # what a user adds to log or post-process generations
+        return original(*args, **kwargs)
+
+    model.generate = my_generate
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        instrument(trainer, tmp_path / "run")
+    texts = [str(w.message) for w in caught if "rltrace" in str(w.message)]
+    found = ("`model.generate` is wrapped by a plain function (test_a_wrapped_generate_is_named_and_the_report_says_"
+             "mismatch_is_not_recorded.<locals>.my_generate); the rollout log-prob processor cannot be attached")
+    assert texts == [f"rltrace: {found}; mismatch (train_rollout_logprob_abs_diff, mismatch_k3, tis_mean, "
+                     "tis_clipfrac) is not recorded for any step of this trainer, and the report says so"]
+    trainer.train()
+    rltrace.shutdown()
+    s = spans(tmp_path / "run")
+    assert sorted(s[s.phase == "generate"].step) == [0, 1]  # the user's generate is still timed
+    rollouts = s[s.phase == "rollout"]
+    assert [json.loads(a)["rl.mismatch_missing"] for a in rollouts.attributes] == [found, found]
+    con = store.open(tmp_path / "run")
+    assert con.execute(f"SELECT count(*) FROM metrics WHERE name IN {MISMATCH}").fetchone()[0] == 0
+    missing = analysis.mismatch_missing(con)
+    assert missing[["role", "rank", "reason", "steps", "first_step", "last_step"]].values.tolist() == [
+        ["trainer", 0, found, 2, 0, 1]]
+    said = build(con)["findings"]
+    assert f"Mismatch not recorded on trainer0 (2 steps, 0–1): {found}." in said
+
+
+def test_a_plain_run_has_no_missing_mismatch(run1):
+    _, run_dir = run1
+    con = store.open(run_dir)
+    assert analysis.mismatch_missing(con).empty
+    from rltrace.report.build import build
+
+    assert not any(f.startswith("Mismatch not recorded") for f in build(con)["findings"])
+
+
+def test_a_reward_function_found_through_sys_path_is_recorded_by_its_file(tmp_path, monkeypatch):
+    """Frozen batches name the run's reward functions for `trl_replay:rewards`; one imported from a
+    folder only the training script put on sys.path is named by its file, so a replay from
+    another folder finds it."""
+    import sys
+
+    from rltrace.integrations.trl_replay import _function_ref
+    from rltrace.replay.rerun import load_object
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "rewards_on_path_xyz.py").write_text("def judge(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.delitem(sys.modules, "rewards_on_path_xyz", raising=False)
+    import rewards_on_path_xyz
+
+    ref = _function_ref(rewards_on_path_xyz.judge)
+    assert ref["spec"] == f"{lib / 'rewards_on_path_xyz.py'}:judge"
+    assert _function_ref(trl_grpo.reward_a)["spec"] == "examples.trl_grpo:reward_a"  # installed with the project
+    sys.path.remove(str(lib))
+    monkeypatch.chdir(tmp_path)
+    assert load_object(ref["spec"], "reward function")(["x", "y"]) == [1.0, 1.0]
 
 
 def test_uninstrument_restores_the_trainer(tmp_path):

@@ -36,7 +36,9 @@ def _trace(index: int, group: int, start: float) -> dict:
     }
 
 
-def sample_dict(index: int, *, response_length: int = 4, prompt_length: int = 5, tensors: bool = False) -> dict:
+def sample_dict(index: int, *, response_length: int = 4, prompt_length: int = 5, tensors: bool = False,
+                start: float | None = None) -> dict:
+    """`start`: when its trace begins (Unix seconds; default 1_790_000_000 + index)."""
     tokens = list(range(10 + index, 10 + index + prompt_length + response_length))
     logps = [-0.5 - 0.01 * k for k in range(response_length)]
     return {
@@ -70,12 +72,14 @@ def sample_dict(index: int, *, response_length: int = 4, prompt_length: int = 5,
         "non_generation_time": 0.0,
         "spec_info": {"spec_accept_token_num": 0, "spec_draft_token_num": 0, "spec_verify_ct": 0, "completion_token_num": 0},
         "prefix_cache_info": {"cached_tokens": 2, "total_prompt_tokens": prompt_length},
-        "trace": _trace(index, index // 2, 1_790_000_000.0 + index),
+        "trace": _trace(index, index // 2, 1_790_000_000.0 + index if start is None else start),
     }
 
 
 def rollout_dump(path: Path, rollout_id: int, n: int = 4, **kwargs) -> list[dict]:
-    samples = [sample_dict(i, **kwargs) for i in range(n)]
+    """Rollout `rollout_id`'s dump; its traces run 100 s after the previous rollout's, as successive
+    rollouts do."""
+    samples = [sample_dict(i, start=1_790_000_000.0 + 100 * rollout_id + i, **kwargs) for i in range(n)]
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"rollout_id": rollout_id, "samples": samples}, path)
     return samples

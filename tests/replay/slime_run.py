@@ -196,6 +196,8 @@ async def tool_generate(args, sample, sampling_params):
     sample = await generate(args, sample, dict(sampling_params))
     if sample.index % 4 != 1 or sample.status != Sample.Status.COMPLETED or TOOL_TEXT in sample.response:
         return sample
+    if sample.response_length + len(TOOL_TEXT) >= args.rollout_max_response_len:
+        return sample  # no room left for a tool turn and an answer (slime asserts on the budget)
     from slime.observability.trace_utils import trace_span
 
     started = time.time()
@@ -208,16 +210,17 @@ async def tool_generate(args, sample, sampling_params):
 
 
 class DataSource:
-    """slime's RolloutDataSourceWithBuffer without a dataset file: the buffer first (`pop_first`), then new prompts."""
+    """slime's RolloutDataSourceWithBuffer without a dataset file: the buffer first (`pop_first`), then new
+    prompts (`prompts`: how many groups of prompts the dataset holds; default endless)."""
 
-    def __init__(self, slime: Slime, args: Namespace):
-        self.slime, self.args, self.buffer, self.next_group = slime, args, [], 0
+    def __init__(self, slime: Slime, args: Namespace, prompts: int | None = None):
+        self.slime, self.args, self.buffer, self.next_group, self.prompts = slime, args, [], 0, prompts
 
     def get_samples(self, n: int):
         take = min(len(self.buffer), n)
         groups = self.buffer[:take]
         del self.buffer[:take]
-        while len(groups) < n:
+        while len(groups) < n and (self.prompts is None or self.next_group < self.prompts):
             g, k = self.next_group, self.args.n_samples_per_prompt
             label = "abcdef"[g % 6]
             groups.append([self.slime.Sample(group_index=g, index=g * k + i, prompt=f"Question {g}: say {label}.", label=label)
@@ -282,24 +285,58 @@ def train_payload(slime: Slime, rollout: Rollout) -> dict:
     return slime.train_data._build_dump_payload([shard], rollout_id=rollout.rollout_id, writer_rank=0)
 
 
+FULLY_ASYNC = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+
+
+def _fully_async_worker(args: Namespace, source: DataSource, groups: int) -> None:
+    """slime's own fully-async worker (slime/rollout/fully_async_rollout.py) keeping `groups` groups in
+    flight, polling every 5 ms (slime's 1 s would only slow the test), installed as the one slime uses."""
+    from slime.rollout import fully_async_rollout
+
+    fully_async_rollout._stop_global_worker()
+    worker = fully_async_rollout.AsyncRolloutWorker(args, source, concurrency=groups)
+    worker.poll_interval = 0.005
+    worker.start()
+    fully_async_rollout._global_worker = worker
+
+
+def _starting_the_worker(fn, args: Namespace, source: DataSource):
+    """`fn`, which first starts the worker, as slime's first fully-async rollout call does."""
+
+    def rollout(*a, **k):
+        _fully_async_worker(args, source, groups=3)
+        return fn(*a, **k)
+
+    return rollout
+
+
 def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = True, pause_s: float = 0.05,
-        spec: bool = False, trainer=None, rollout_function_path: str | None = None) -> list[Rollout]:
+        spec: bool = False, trainer=None, rollout_function_path: str | None = None,
+        fully_async: bool = False) -> list[Rollout]:
     """A synchronous slime run: rollout, train (a pause), weight update; dumps under `out`.
     `spec`: the engine reports speculative decoding (slime's --sglang-speculative-algorithm);
     `trainer(rollout_id)`: runs in place of the training pause (e.g. slime's timers);
-    `rollout_function_path`: slime's --rollout-function-path (default: its sglang_rollout.generate_rollout)."""
+    `rollout_function_path`: slime's --rollout-function-path (default: its sglang_rollout.generate_rollout),
+    called as slime's RolloutManager calls it (`call_rollout_fn`);
+    `fully_async`: slime's fully-async rollout, with 3 groups in flight and 4 prompts in all: rollout 0
+    takes the first two groups to finish, and the slow group 2, started with them, runs on through
+    the training pause into rollout 1, which takes it and group 3."""
     slime = Slime()
     slime.engine.spec = spec
     args = args_for(partial=partial, spec=spec)
-    source = DataSource(slime, args)
+    source = DataSource(slime, args, prompts=2 * rollouts if fully_async else None)
     done = []
     for rid in range(rollouts):
         slime.engine.aborted = False
         started = time.time()
-        if rollout_function_path:
+        if rollout_function_path or fully_async:
+            from slime.rollout.base_types import call_rollout_fn
             from slime.utils.misc import load_function
 
-            output = load_function(rollout_function_path)(args, rid, source)
+            fn = load_function(FULLY_ASYNC if fully_async else rollout_function_path)
+            if fully_async and rid == 0:
+                fn = _starting_the_worker(fn, args, source)
+            output = call_rollout_fn(fn, args, rid, source, evaluation=False)
         else:
             output = slime.rollout.generate_rollout(args, rid, source)
         ended = time.time()
@@ -318,4 +355,8 @@ def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = Tru
         done.append(r)
         trainer(rid) if trainer else time.sleep(pause_s)  # training
         slime.engine.version += 1  # weight update
+    if fully_async:
+        from slime.rollout import fully_async_rollout
+
+        fully_async_rollout._stop_global_worker()
     return done

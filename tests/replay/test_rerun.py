@@ -93,6 +93,44 @@ def test_an_entry_file_imports_its_neighbours(tmp_path, monkeypatch):
     assert result.repeats[0]["reward"] == [float(len(t)) for t in texts]
 
 
+def test_an_entry_found_through_sys_path_is_recorded_by_its_file_and_reruns_from_anywhere(tmp_path, monkeypatch):
+    """`--entry my_rewards_xyz:reward` imports because PYTHONPATH (here: sys.path) names its folder;
+    a rerun from another folder, without it, needs the file: that is what the replay records."""
+    lib, work, elsewhere = tmp_path / "lib", tmp_path / "work", tmp_path / "elsewhere"
+    for folder in (lib, work, elsewhere):
+        folder.mkdir()
+    (lib / "my_rewards_xyz.py").write_text(
+        "def reward(batch):\n    return {'reward': [float(len(t)) for t in batch['response_text']]}\n")
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.delitem(sys.modules, "my_rewards_xyz", raising=False)
+    monkeypatch.chdir(work)
+    run_dir, _, _ = make_run(tmp_path / "runs")
+    first = run_entry(run_dir, 3, "my_rewards_xyz:reward")
+    recorded = f"{lib / 'my_rewards_xyz.py'}:reward"
+    assert first.entry == recorded and first.label == "my_rewards_xyz:reward"
+    assert [r.entry for r in load_replays(run_dir)] == [recorded]
+    monkeypatch.syspath_prepend(str(elsewhere))  # keeps monkeypatch's undo; then the lib folder goes
+    sys.path.remove(str(lib))
+    del sys.modules["my_rewards_xyz"]
+    monkeypatch.chdir(elsewhere)
+    again = run_entry(run_dir, 3, first.entry)  # as a user copies it from `rltrace replay list`
+    assert again.repeats[0]["reward"] == first.repeats[0]["reward"]
+    sys.path.remove(str(lib))  # the file's folder, put first by loading it as a file
+    with pytest.raises(ReplayError, match="cannot import my_rewards_xyz"):
+        run_entry(run_dir, 3, "my_rewards_xyz:reward")  # what used to be recorded
+
+
+def test_an_entry_of_an_installed_or_local_module_keeps_its_module_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(Path(__file__).parents[2])  # the repository root, where `tests` imports from
+    run_dir, _, _ = make_run(tmp_path / "runs")
+    assert run_entry(run_dir, 3, "tests.replay.entries:reward").entry == "tests.replay.entries:reward"
+    (tmp_path / "local_entry_xyz.py").write_text("def fn(batch):\n    return {'x': [0.0] * len(batch)}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "local_entry_xyz", raising=False)
+    assert run_entry(run_dir, 3, "local_entry_xyz:fn").entry == "local_entry_xyz:fn"  # importable from here
+    assert run_entry(run_dir, 3, "local_entry_xyz.py:fn").entry == f"{tmp_path / 'local_entry_xyz.py'}:fn"
+
+
 @pytest.mark.parametrize(
     "entry, message",
     [

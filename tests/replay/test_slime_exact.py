@@ -355,3 +355,62 @@ def test_importing_slimes_own_dumps_again_adds_nothing(partial):
     for table in ("batches", "samples", "spans"):
         query = f"SELECT count(*) FROM {table}"
         assert now.execute(query).fetchone() == con.execute(query).fetchone(), table
+
+
+# --- work that runs across rollout windows -----------------------------------------------------------
+R_SPANS = ("generate_and_rm_group", "generate_and_rm", "sglang_generate", "reward_model", "group_reward_model")
+
+
+@pytest.fixture(scope="module")
+def fully_async(tmp_path_factory):
+    """slime's fully-async rollout: the slow group 2, started with rollout 0's groups, runs through the
+    training pause and is taken by rollout 1 (see slime_run.run)."""
+    root = tmp_path_factory.mktemp("slime_async")
+    rollouts = slime_run.run(root / "dump", rollouts=2, fully_async=True, train=False)
+    import_slime([root / "dump"], root / "run")
+    return rollouts, rltrace.store.open(root / "run")
+
+
+def _ns_spans(samples, names=None):
+    """(start, end) in ns, as rltrace reads slime's seconds, of the finished spans in these samples' traces."""
+    out = []
+    for s in samples:
+        starts = {e["span_id"]: e["ts"] for e in s.trace["events"] if e["type"] == "span_start"}
+        out += [(round(starts[e["span_id"]] * 1e9), round(e["ts"] * 1e9)) for e in s.trace["events"]
+                if e["type"] == "span_end" and e["span_id"] in starts and (names is None or e["name"] in names)]
+    return out
+
+
+def _covered(intervals, lo, hi) -> float:
+    """Seconds of [lo, hi] covered by the union of the intervals."""
+    total, reach = 0, lo
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total / 1e9
+
+
+def test_work_carried_into_the_next_rollout_counts_in_each_window_it_ran_in(fully_async):
+    rollouts, con = fully_async
+    end0 = max(b for _, b in _ns_spans(rollouts[0].samples))  # where rollout 0's work ended
+    end1 = max(b for _, b in _ns_spans(rollouts[1].samples))
+    carried = [s for s in rollouts[1].samples if min(a for a, _ in _ns_spans([s])) < end0]
+    assert {s.group_index for s in carried} >= {2}  # the slow group began during rollout 0 ...
+    assert max(b for _, b in _ns_spans(carried)) > end0  # ... and ended in rollout 1
+    windows = dict(con.execute("SELECT step, min(start_ns) FROM spans GROUP BY step").fetchall())
+    assert windows[1] == end0  # step 1 begins where step 0's work ended, not where the group began
+    costs = analysis.cost_model(con).set_index("step")
+    work = _ns_spans([s for r in rollouts for s in r.samples], R_SPANS)
+    assert costs.loc[1, "t_R"] == pytest.approx(_covered(work, end0, end1), abs=1e-6)
+    assert costs.loc[1, "t_R"] == pytest.approx((end1 - end0) / 1e9, abs=1e-6)  # rollout work filled its window
+    assert costs.loc[0, "t_R"] == pytest.approx(_covered(work, 0, end0), abs=1e-6)
+    assert costs["t_R"].sum() == pytest.approx(_covered(work, 0, end1), abs=1e-6)  # nothing lost or counted twice
+    # a piece's parent is the parent's piece of the same step
+    orphans = con.execute(
+        """SELECT count(*) FROM spans c LEFT JOIN spans p ON c.parent_span_id = p.span_id
+           WHERE c.parent_span_id IS NOT NULL AND (p.span_id IS NULL OR p.step <> c.step)""").fetchone()[0]
+    assert orphans == 0
+    split = con.execute("SELECT count(DISTINCT step) FROM spans WHERE attr(attributes, 'slime.window_split') = 'true' "
+                        "AND name = 'generate_and_rm_group' AND attr(attributes, 'slime.group_id') = '2'").fetchone()[0]
+    assert split == 2
