@@ -1,0 +1,254 @@
+"""Engine requests from every source, one table: who served each request, when, under which weights.
+
+Sources, all read from the spans (docs/analysis.md, "Serving capacity"):
+- vLLM and SGLang over OTLP (`rltrace collect`): spans with `gen_ai.latency.*` attributes
+  (`gen_ai.usage.prompt_tokens` / `completion_tokens` / `cached_tokens`, `gen_ai.latency.time_in_queue`,
+  `time_to_first_token`, `time_in_model_prefill`, `time_in_model_decode`, `e2e`, `gen_ai.request.id`);
+- slime (its hook, or `rltrace import slime` of its dumps): `sglang_generate` spans with SGLang's
+  `meta_info` as plain attributes (`prompt_tokens`, `cached_tokens`, `queue_time`, `e2e_latency`,
+  `decode_throughput`, `sglang_request_id`), with the PD durations slime writes as child spans
+  (`sglang_pd_prefill` / `sglang_pd_decode` and their segments) and the transfer summary as an event;
+- rltrace's own spans carrying the same names (`rltrace.phase("generate", prompt_tokens=...)`
+  stores `rl.prompt_tokens`), and `kv_transfer` spans with `rl.bytes`.
+
+Finding them means reading every span's attribute text, so finished spans are read once per part
+(`_parts` sidecars: `requests` for the request fields, `serving_marks` for rollout windows, weight
+syncs and the model config stored by `init(model=...)`); open spans now. Each connection builds
+the table once.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pyarrow as pa
+
+from rltrace import _model
+from rltrace.analysis import _parts
+from rltrace.analysis._steps import Steps, step_filter
+
+#: column -> attribute names, the first present wins (SGLang/slime plain names, rltrace's `rl.` ones, OTel gen_ai)
+NUMBERS = {
+    "e2e_s": ("e2e_latency", "rl.e2e_latency", "gen_ai.latency.e2e"),
+    "queue_s": ("queue_time", "rl.queue_time", "gen_ai.latency.time_in_queue"),
+    "decode_throughput": ("decode_throughput", "rl.decode_throughput"),
+    "prompt_tokens": ("prompt_tokens", "rl.prompt_tokens", "gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
+    "completion_tokens": ("completion_tokens", "rl.completion_tokens", "gen_ai.usage.completion_tokens",
+                          "gen_ai.usage.output_tokens"),
+    "cached_tokens": ("cached_tokens", "rl.cached_tokens", "gen_ai.usage.cached_tokens"),
+    "ttft_s": ("gen_ai.latency.time_to_first_token", "rl.ttft_s"),
+    "prefill_s": ("gen_ai.latency.time_in_model_prefill", "pd_prefill_forward_duration", "rl.prefill_s"),
+    "decode_s": ("gen_ai.latency.time_in_model_decode", "pd_decode_forward_duration", "rl.decode_s"),
+    "kv_transfer_s": ("pd_decode_transfer_duration",),
+    "cache_io_s": ("rl.cache_io_s",),
+    "_kv_mb": ("pd_transfer_total_mb",),  # SGLang: MiB moved for the request's KV ...
+    "_kv_gb_s": ("pd_transfer_speed_gb_s",),  # ... at GiB/s
+    "_bytes": ("rl.bytes",),  # a `kv_transfer` span's payload
+}
+TEXTS = {"request_id": ("gen_ai.request.id", "sglang_request_id", "rl.request_id", "rid"), "role": ("rl.engine.role",)}
+#: what makes a span a request: SGLang's meta (what slime reads), or any OTel gen_ai latency
+_SGLANG = ("e2e_latency", "queue_time", "decode_throughput")
+_GEN_AI_LATENCY = tuple(k for keys in NUMBERS.values() for k in keys if k.startswith("gen_ai.latency."))
+PD_SPANS = ("sglang_pd_prefill", "sglang_pd_decode")  # slime's PD children of a request (segments below them)
+KV_TRANSFER = "kv_transfer"  # a span (phase or name) that moved KV: `rl.bytes` over its duration
+ROLES = ("prefill", "decode", "unified")
+DISAGGREGATED = "disaggregated"  # a request seen by its client (slime) with PD durations: engines unknown
+MIB, GIB = 2**20, 2**30
+_OUT = ("e2e_s", "queue_s", "decode_throughput", "prompt_tokens", "completion_tokens", "cached_tokens", "ttft_s",
+        "prefill_s", "decode_s", "kv_transfer_s", "kv_bytes", "cache_io_s")
+_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("kind", pa.string()),
+                     ("span_id", pa.string()), ("parent_span_id", pa.string()), ("name", pa.string()),
+                     ("process_id", pa.string()), ("service_name", pa.string()), ("rank", pa.int64()),
+                     ("step", pa.int64()), ("weight_version", pa.int64()), ("start_ns", pa.int64()),
+                     ("end_ns", pa.int64()), ("timed", pa.bool_()), ("request_id", pa.string()), ("role", pa.string()),
+                     *((c, pa.float64()) for c in _OUT)])
+_MARKS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("kind", pa.string()),
+                           ("step", pa.int64()), ("weight_version", pa.int64()), ("start_ns", pa.int64()),
+                           ("end_ns", pa.int64()), ("config", pa.string()), ("source", pa.string())])
+#: a cheap text test before the JSON parse (without the keys' opening quote: see rollout._MENTIONS)
+_MENTIONS = " OR ".join([*(f"contains(attributes, '{a}\"')" for a in _SGLANG), "contains(attributes, 'gen_ai.latency.')",
+                         "contains(attributes, 'pd_prefill_')", "contains(attributes, 'pd_decode_')"])
+TABLE = "_rltrace_engine_requests"
+COLUMNS = ["engine", "role", "request_id", "span_id", "name", "process_id", "start_ns", "end_ns", "step", "step_from",
+           "weight_version", "version_from", *_OUT, "timed"]
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _sql(keep: str, source: str, where: str) -> str:
+    """Rows (kind request / pd / pd_segment / kv_transfer) of the spans of `source`: each span's
+    attribute text parsed once for every field."""
+    keys = [k for keys in (*NUMBERS.values(), *TEXTS.values()) for k in keys]
+    at = {k: f"v[{i + 1}]" for i, k in enumerate(keys)}
+    paths = ", ".join(f"'$.\"{k}\"'" for k in keys)
+    first = {c: "coalesce(" + ", ".join(at[k] for k in names) + ")" for c, names in {**NUMBERS, **TEXTS}.items()}
+    num = {c: f"TRY_CAST({first[c]} AS DOUBLE)" for c in NUMBERS}
+    sglang = " OR ".join(f"{at[k]} IS NOT NULL" for c in ("e2e_s", "queue_s", "decode_throughput") for k in NUMBERS[c])
+    gen_ai = " OR ".join(f"{at[k]} IS NOT NULL" for k in _GEN_AI_LATENCY)
+    segment = " OR ".join(f"{at[k]} IS NOT NULL" for k in ("pd_prefill_forward_duration", "pd_decode_forward_duration",
+                                                            "pd_decode_transfer_duration"))
+    timed = " OR ".join(f"{at[k]} IS NOT NULL" for k in (*NUMBERS["e2e_s"], *NUMBERS["decode_throughput"]))
+    event = {c: f"TRY_CAST(json_extract_string(events, '$[*].attributes.{a}')[1] AS DOUBLE)"
+             for c, a in (("_kv_mb", "pd_transfer_total_mb"), ("_kv_gb_s", "pd_transfer_speed_gb_s"))}
+    mb = f"coalesce({num['_kv_mb']}, CASE WHEN contains(events, 'pd_transfer_total_mb') THEN {event['_kv_mb']} END)"
+    gb_s = f"coalesce({num['_kv_gb_s']}, CASE WHEN contains(events, 'pd_transfer_speed_gb_s') THEN {event['_kv_gb_s']} END)"
+    is_kv = f"coalesce(phase, name) = {_q(KV_TRANSFER)}"
+    kv_bytes = f"CASE WHEN {is_kv} THEN {num['_bytes']} ELSE {mb} * {MIB} END"
+    kv_s = (f"CASE WHEN {is_kv} THEN (end_ns - start_ns) / 1e9 "
+            f"ELSE coalesce({mb} * {MIB} / nullif({gb_s} * {GIB}, 0), {num['kv_transfer_s']}) END")
+    plain = ", ".join(f"{num[c]} AS {c}" for c in _OUT if c not in ("kv_bytes", "kv_transfer_s"))
+    pd_names = ", ".join(_q(n) for n in PD_SPANS)
+    return f"""SELECT {keep}kind, span_id, parent_span_id, name, process_id, service_name, rank, step, weight_version,
+               start_ns, end_ns, timed, request_id, role, {', '.join(_OUT)}
+        FROM (SELECT {keep}CASE WHEN {sglang} OR {gen_ai} THEN 'request' WHEN name IN ({pd_names}) THEN 'pd'
+                              WHEN {segment} THEN 'pd_segment' WHEN {is_kv} THEN 'kv_transfer' END AS kind,
+                     span_id, parent_span_id, name, process_id, service_name, rank, step, weight_version, start_ns,
+                     end_ns, coalesce({timed}, false) AS timed, {first['request_id']} AS request_id,
+                     lower(coalesce({first['role']}, CASE WHEN name LIKE 'prefill Req %' THEN 'prefill'
+                                                          WHEN name LIKE 'decode Req %' THEN 'decode' END)) AS role,
+                     {plain}, {kv_bytes} AS kv_bytes, {kv_s} AS kv_transfer_s
+              FROM (SELECT {keep}*, json_extract_string(attributes, [{paths}]) AS v FROM {source}
+                    WHERE {where} AND ({_MENTIONS} OR name IN ({pd_names}) OR {is_kv})))
+        WHERE kind IS NOT NULL"""
+
+
+_MARKS_SQL = f"""
+    SELECT filename, 'window' AS kind, step, CAST(NULL AS BIGINT) AS weight_version, min(start_ns) AS start_ns,
+           max(end_ns) AS end_ns, CAST(NULL AS VARCHAR) AS config, CAST(NULL AS VARCHAR) AS source
+    FROM part_spans WHERE step IS NOT NULL AND phase IN ('rollout', 'generate') GROUP BY filename, step
+    UNION ALL
+    SELECT filename, 'weight_sync', step, weight_version, start_ns, end_ns, NULL, NULL
+    FROM part_spans WHERE coalesce(phase, name) = 'weight_sync'
+    UNION ALL
+    SELECT filename, 'model', NULL, NULL, start_ns, end_ns, attr(attributes, {_q(_model.CONFIG_ATTR)}),
+           attr(attributes, {_q(_model.SOURCE_ATTR)})
+    FROM part_spans WHERE name = {_q(_model.MODEL_SPAN)}"""
+
+
+def marks(con, kind: str) -> pd.DataFrame:
+    """The run's `window` (per step: first start and last end of its rollout/generate spans),
+    `weight_sync` (each finished sync: step, weight_version, start_ns, end_ns) or `model` (each
+    `init(model=...)` record: start_ns, config, source) rows, from finished spans."""
+    if not _parts.has_table(con, "spans"):
+        return pd.DataFrame(columns=_MARKS_SCHEMA.names[3:])
+    name = _parts.table(con, "serving_marks", _MARKS_SCHEMA, _MARKS_SQL)
+    if kind == "window":
+        return con.execute(f"""SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM {name}
+                               WHERE kind = 'window' GROUP BY step ORDER BY start_ns, step""").df()
+    return con.execute(f"SELECT * EXCLUDE (part, rows, size) FROM {name} WHERE kind = ? ORDER BY end_ns, start_ns",
+                       [kind]).df()
+
+
+def stored_model(con) -> tuple[dict, str] | None:
+    """The model config the run's latest `init(model=...)` stored, with its source; None when none did."""
+    rows = marks(con, "model")
+    for config, source in zip(reversed(rows["config"].tolist()), reversed(rows["source"].tolist())):
+        try:
+            value = json.loads(config)
+        except (TypeError, ValueError):
+            continue  # a damaged record: an older one may still hold
+        if isinstance(value, dict):
+            return value, source or "stored with the run"
+    return None
+
+
+def _syncs(con) -> pa.Table:
+    """Finished weight syncs by end: end_ns and the version each installed (its `rl.weight_version`;
+    a sync without one counts as the version before it plus one, the first as 1)."""
+    rows = marks(con, "weight_sync")
+    rows = rows[rows["end_ns"].notna()]
+    versions, last = [], 0
+    for v in rows["weight_version"].tolist():
+        last = int(v) if not pd.isna(v) else last + 1
+        versions.append(last)
+    return pa.table({"s_end": pa.array(rows["end_ns"].astype("int64").tolist(), pa.int64()),
+                     "s_version": pa.array(versions, pa.int64())})
+
+
+def table(con) -> str:
+    """The name of the connection's engine-requests temp table (built once per connection)."""
+    if _parts.has_table(con, TABLE):
+        return TABLE
+    finished = _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"))
+    windows = marks(con, "window")
+    con.register("_rltrace_windows_now", pa.Table.from_pandas(windows.astype({"step": "int64", "start_ns": "int64",
+                                                                              "end_ns": "int64"}), preserve_index=False))
+    con.register("_rltrace_syncs_now", _syncs(con))
+    resource = ("(SELECT process_id, any_value(resource) AS resource FROM processes GROUP BY process_id)"
+                if _parts.has_table(con, "processes") else "(SELECT NULL::VARCHAR AS process_id, NULL::VARCHAR AS resource)")
+    cols = ", ".join(_SCHEMA.names[3:])
+    try:
+        con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS {TABLE} AS
+            WITH raw AS (SELECT {cols} FROM {finished} UNION ALL {_sql("", "spans", "is_open")}),
+            seg AS (SELECT c.parent_span_id AS request_span, sum(s.prefill_s) AS prefill_s, sum(s.decode_s) AS decode_s,
+                           sum(s.kv_transfer_s) AS kv_transfer_s
+                    FROM raw s JOIN raw c ON s.parent_span_id = c.span_id
+                    WHERE s.kind = 'pd_segment' AND c.kind = 'pd' GROUP BY c.parent_span_id),
+            req AS (SELECT r.* REPLACE (coalesce(r.prefill_s, g.prefill_s) AS prefill_s,
+                                        coalesce(r.decode_s, g.decode_s) AS decode_s,
+                                        coalesce(r.kv_transfer_s, g.kv_transfer_s) AS kv_transfer_s),
+                           g.request_span IS NOT NULL OR r.kv_bytes IS NOT NULL AS pd_seen,
+                           json_extract_string(p.resource, '$."rl.engine.role"') AS resource_role,
+                           json_extract_string(p.resource, '$."service.instance.id"') AS instance
+                    FROM raw r LEFT JOIN seg g ON g.request_span = r.span_id
+                    LEFT JOIN {resource} p ON p.process_id = r.process_id WHERE r.kind = 'request'),
+            stepped AS (SELECT r.*, CASE WHEN r.step IS NOT NULL THEN r.step
+                                         WHEN r.start_ns <= w.end_ns THEN w.step END AS at_step
+                        FROM req r ASOF LEFT JOIN _rltrace_windows_now w ON r.start_ns >= w.start_ns),
+            versioned AS (SELECT r.*, coalesce(r.weight_version, s.s_version) AS at_version
+                          FROM stepped r ASOF LEFT JOIN _rltrace_syncs_now s ON r.start_ns > s.s_end)
+            SELECT coalesce(service_name, process_id)
+                       || CASE WHEN instance IS NOT NULL AND instance <> process_id THEN '-' || instance
+                               WHEN rank IS NOT NULL THEN '-' || rank ELSE '' END AS engine,
+                   CASE WHEN coalesce(role, resource_role) IS NOT NULL THEN lower(trim(coalesce(role, resource_role)))
+                        WHEN pd_seen THEN {_q(DISAGGREGATED)} ELSE 'unified' END AS role,
+                   request_id, span_id, name, process_id, start_ns, end_ns, at_step AS step,
+                   CASE WHEN step IS NOT NULL THEN 'own' WHEN at_step IS NOT NULL THEN 'rollout window' END AS step_from,
+                   at_version AS weight_version,
+                   CASE WHEN weight_version IS NOT NULL THEN 'own'
+                        WHEN at_version IS NOT NULL THEN 'weight_sync' END AS version_from,
+                   {', '.join(_OUT)}, timed
+            FROM versioned ORDER BY start_ns, span_id""")
+    finally:
+        con.unregister("_rltrace_windows_now")
+        con.unregister("_rltrace_syncs_now")
+    return TABLE
+
+
+def engine_requests(con, steps: Steps = None) -> pd.DataFrame:
+    """One row per engine request of the run (see the module doc for the sources), by start.
+
+    Returns: engine (the sending service and its instance: `vllm-0`), role (`prefill` / `decode`
+    / `unified`: the resource attribute `rl.engine.role`, else SGLang's disaggregation mode in the
+    span name, else `disaggregated` for a request its client saw with PD durations, else
+    `unified`), request_id, span_id, name, process_id, start_ns, end_ns, step and step_from (`own`
+    attribute, else `rollout window`: the latest-starting step whose rollout/generate spans span
+    the request's start), weight_version and version_from (`own`, else `weight_sync`: the version
+    of the last weight_sync that ended before the request started), prompt_tokens,
+    completion_tokens, cached_tokens, queue_s, ttft_s, prefill_s, decode_s, e2e_s (seconds),
+    decode_throughput (tokens/s), kv_transfer_s, kv_bytes, cache_io_s, timed. A range of steps
+    keeps the requests whose step is in it.
+    """
+    if not _parts.has_table(con, "spans"):
+        return pd.DataFrame(columns=COLUMNS)
+    name = table(con)
+    where, params = step_filter(steps)
+    return con.execute(f"SELECT * FROM {name} WHERE {where} ORDER BY start_ns, span_id", params).df()
+
+
+def kv_transfers(con) -> pd.DataFrame:
+    """Every recorded KV transfer with bytes and seconds: requests with SGLang's transfer summary,
+    and `kv_transfer` spans with `rl.bytes`. Returns: start_ns, kv_bytes, kv_transfer_s."""
+    if not _parts.has_table(con, "spans"):
+        return pd.DataFrame(columns=["start_ns", "kv_bytes", "kv_transfer_s"])
+    name = table(con)
+    finished = _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"))
+    return con.execute(f"""SELECT start_ns, kv_bytes, kv_transfer_s FROM {name}
+                           WHERE kv_bytes > 0 AND kv_transfer_s > 0
+                           UNION ALL
+                           SELECT start_ns, kv_bytes, kv_transfer_s FROM {finished}
+                           WHERE kind = 'kv_transfer' AND kv_bytes > 0 AND kv_transfer_s > 0
+                           ORDER BY start_ns""").df()
