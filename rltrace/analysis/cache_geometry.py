@@ -123,7 +123,7 @@ def _fill(out: dict, cfg: dict, model: str | None) -> str | None:
             head_dim = cfg["hidden_size"] // heads
         missing = [k for k, v in (("num_key_value_heads", kv_heads), ("head_dim", head_dim)) if not _int(v)]
         if missing:
-            return f"config.json lacks {' and '.join(missing)} (positive integers) for its attention layers"
+            return f"config.json lacks {' and '.join(missing)} for its attention layers (positive integers)"
         per_layer = 2 * kv_heads * head_dim * DTYPE_BITS[kv] // 8
         c_a = per_layer * counts[FULL]
         rows.append({"layer_type": FULL, "layers": counts[FULL], "per": "token", "bytes": c_a, "bytes_per_layer": per_layer,

@@ -97,7 +97,7 @@ def delta_sync(con, steps: Steps = None) -> dict | None:
         p["saved_s"] = (p["bytes"] - p["bytes_delta"]) / bandwidth if bandwidth and p["bytes"] is not None else None
         p["net_s"] = None if p["saved_s"] is None else p["saved_s"] - p["cost_s"]
     frame = pd.DataFrame(per_sync)
-    steps_seen = sorted({k for p in per_sync for k in p["costs"]})
+    steps_seen = [k for k in DELTA_STEPS if any(k in p["costs"] for p in per_sync)]  # in the order they run
     net = frame["net_s"].dropna()
     return {
         "syncs": len(per_sync), "bytes_mean": _mean(frame["bytes"]), "bytes_delta_mean": _mean(frame["bytes_delta"]),
