@@ -54,6 +54,9 @@ PD_SPANS = ("sglang_pd_prefill", "sglang_pd_decode")  # slime's PD children of a
 KV_TRANSFER = "kv_transfer"  # a span (phase or name) that moved KV: `rl.bytes` over its duration
 ROLES = ("prefill", "decode", "unified")
 DISAGGREGATED = "disaggregated"  # a request seen by its client (slime) with PD durations: engines unknown
+#: slime's spans of the requests it sends to SGLang (through its router: the serving engine is not in its trace)
+CLIENT_SPANS = ("sglang_generate", "sglang_generate_stream")
+ROUTER = "sglang router"  # the engine those requests are listed under
 MIB, GIB = 2**20, 2**30
 _OUT = ("e2e_s", "queue_s", "decode_throughput", "prompt_tokens", "completion_tokens", "cached_tokens", "ttft_s",
         "prefill_s", "decode_s", "kv_transfer_s", "kv_bytes", "cache_io_s")
@@ -200,9 +203,10 @@ def table(con) -> str:
                         FROM req r ASOF LEFT JOIN _rltrace_windows_now w ON r.start_ns >= w.start_ns),
             versioned AS (SELECT r.*, coalesce(r.weight_version, s.s_version) AS at_version
                           FROM stepped r ASOF LEFT JOIN _rltrace_syncs_now s ON r.start_ns > s.s_end)
-            SELECT coalesce(service_name, process_id)
-                       || CASE WHEN instance IS NOT NULL AND instance <> process_id THEN '-' || instance
-                               WHEN rank IS NOT NULL THEN '-' || rank ELSE '' END AS engine,
+            SELECT CASE WHEN name IN ({", ".join(_q(n) for n in CLIENT_SPANS)}) THEN {_q(ROUTER)}
+                        ELSE coalesce(service_name, process_id)
+                             || CASE WHEN instance IS NOT NULL AND instance <> process_id THEN '-' || instance
+                                     WHEN rank IS NOT NULL THEN '-' || rank ELSE '' END END AS engine,
                    CASE WHEN coalesce(role, resource_role) IS NOT NULL THEN lower(trim(coalesce(role, resource_role)))
                         WHEN pd_seen THEN {_q(DISAGGREGATED)} ELSE 'unified' END AS role,
                    request_id, span_id, name, process_id, start_ns, end_ns, at_step AS step,
@@ -221,7 +225,8 @@ def table(con) -> str:
 def engine_requests(con, steps: Steps = None) -> pd.DataFrame:
     """One row per engine request of the run (see the module doc for the sources), by start.
 
-    Returns: engine (the sending service and its instance: `vllm-0`), role (`prefill` / `decode`
+    Returns: engine (the sending service and its instance: `vllm-0`; `sglang router` for the
+    requests slime sends, whose serving engine its trace does not name), role (`prefill` / `decode`
     / `unified`: the resource attribute `rl.engine.role`, else SGLang's disaggregation mode in the
     span name, else `disaggregated` for a request its client saw with PD durations, else
     `unified`), request_id, span_id, name, process_id, start_ns, end_ns, step and step_from (`own`

@@ -310,6 +310,8 @@ def section(con, steps: Steps = None) -> dict:
         "kv_bytes_per_token": None if geo_missing else geo["c_A"],
         "state_bytes_per_slot": None if geo_missing else geo["c_R"],
         "kv_bytes_per_request_mean": s_kv,
+        "kv_bandwidth": bandwidth,
+        "kv_bandwidth_from": bandwidth_from if bandwidth is not None else None,
         "prompt_tokens_mean": prompt_mean,
         "geometry": geo,
         "kv_bytes_per_token_fp8": None if fp8 is None else fp8["c_A"],
