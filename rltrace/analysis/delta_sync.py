@@ -18,9 +18,9 @@ import pandas as pd
 
 from rltrace.analysis._steps import Steps, step_filter
 from rltrace.analysis.costs import weight_sync_fit
+from rltrace.analysis.engine_requests import DELTA_STEPS, marks as serving_marks
 from rltrace.analysis.sync import MAX_DEPTH
 
-DELTA_STEPS = ("snapshot", "diff", "encode", "rebuild")
 _DELTA_KEYS = ("rl.bytes_delta", "bytes_delta")
 
 
@@ -29,11 +29,9 @@ def delta_children(con, steps: Steps = None) -> pd.DataFrame:
     changed bytes. Returns: sync_span_id, step, sync_bytes (`rl.bytes` of the sync), sync_s,
     process_id, child, seconds, bytes_delta."""
     cols = ["sync_span_id", "step", "sync_bytes", "sync_s", "process_id", "child", "seconds", "bytes_delta"]
+    if serving_marks(con, "delta_step").empty:  # most runs: no delta sync traced; skip the walk over every span
+        return pd.DataFrame(columns=cols)  # (which parts hold one is read once per part, `serving_marks`)
     marks = ", ".join("?" for _ in DELTA_STEPS)
-    seen = con.execute(f"""SELECT 1 FROM spans WHERE phase IN ({marks}) OR (phase IS NULL AND name IN ({marks}))
-                           LIMIT 1""", [*DELTA_STEPS, *DELTA_STEPS]).fetchone()
-    if seen is None:  # most runs: no delta sync traced; skip the walk over every span
-        return pd.DataFrame(columns=cols)
     where, params = step_filter(steps, "step")
     delta = "coalesce(" + ", ".join(f"TRY_CAST(attr(s.attributes, '{k}') AS DOUBLE)" for k in _DELTA_KEYS) + ")"
     return con.execute(

@@ -52,6 +52,7 @@ _SGLANG = ("e2e_latency", "queue_time", "decode_throughput")
 _GEN_AI_LATENCY = tuple(k for keys in NUMBERS.values() for k in keys if k.startswith("gen_ai.latency."))
 PD_SPANS = ("sglang_pd_prefill", "sglang_pd_decode")  # slime's PD children of a request (segments below them)
 KV_TRANSFER = "kv_transfer"  # a span (phase or name) that moved KV: `rl.bytes` over its duration
+DELTA_STEPS = ("snapshot", "diff", "encode", "rebuild")  # what a delta weight sync adds (`delta_sync`)
 ROLES = ("prefill", "decode", "unified")
 DISAGGREGATED = "disaggregated"  # a request seen by its client (slime) with PD durations: engines unknown
 #: slime's spans of the requests it sends to SGLang (through its router: the serving engine is not in its trace)
@@ -128,13 +129,17 @@ _MARKS_SQL = f"""
     UNION ALL
     SELECT filename, 'model', NULL, NULL, start_ns, end_ns, attr(attributes, {_q(_model.CONFIG_ATTR)}),
            attr(attributes, {_q(_model.SOURCE_ATTR)})
-    FROM part_spans WHERE name = {_q(_model.MODEL_SPAN)}"""
+    FROM part_spans WHERE name = {_q(_model.MODEL_SPAN)}
+    UNION ALL
+    SELECT filename, 'delta_step', NULL, NULL, min(start_ns), max(end_ns), NULL, NULL
+    FROM part_spans WHERE coalesce(phase, name) IN ({", ".join(_q(n) for n in DELTA_STEPS)}) GROUP BY filename"""
 
 
 def marks(con, kind: str) -> pd.DataFrame:
     """The run's `window` (per step: first start and last end of its rollout/generate spans),
-    `weight_sync` (each finished sync: step, weight_version, start_ns, end_ns) or `model` (each
-    `init(model=...)` record: start_ns, config, source) rows, from finished spans."""
+    `weight_sync` (each finished sync: step, weight_version, start_ns, end_ns), `model` (each
+    `init(model=...)` record: start_ns, config, source) or `delta_step` (per span part holding a
+    finished delta-sync step: its first start, last end) rows."""
     if not _parts.has_table(con, "spans"):
         return pd.DataFrame(columns=_MARKS_SCHEMA.names[3:])
     name = _parts.table(con, "serving_marks", _MARKS_SCHEMA, _MARKS_SQL)

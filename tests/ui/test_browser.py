@@ -36,6 +36,7 @@ PAGES = {
     "reward": ("Reward & mismatch", "Samples of colocated"),
     "batches": ("Batches", "Per-token log-prob difference"),
     "compare": ("Compare", "Timelines on one time scale"),
+    "engine": ("Engine", "No engine requests to show"),
 }
 
 
