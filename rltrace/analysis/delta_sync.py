@@ -19,7 +19,7 @@ import pandas as pd
 from rltrace.analysis._steps import Steps, step_filter
 from rltrace.analysis.costs import weight_sync_fit
 from rltrace.analysis.engine_requests import DELTA_STEPS, marks as serving_marks
-from rltrace.analysis.sync import MAX_DEPTH
+from rltrace.analysis.sync import BELOW_SYNCS
 
 _DELTA_KEYS = ("rl.bytes_delta", "bytes_delta")
 
@@ -38,11 +38,7 @@ def delta_children(con, steps: Steps = None) -> pd.DataFrame:
         f"""WITH RECURSIVE syncs AS (
                 SELECT span_id, step, duration_s, TRY_CAST(attr(attributes, 'rl.bytes') AS DOUBLE) AS bytes FROM spans
                 WHERE coalesce(phase, name) = 'weight_sync' AND NOT is_open AND {where}),
-            below(sync_id, span_id, depth) AS (
-                SELECT span_id, span_id, 0 FROM syncs
-                UNION ALL
-                SELECT b.sync_id, s.span_id, b.depth + 1 FROM below b JOIN spans s ON s.parent_span_id = b.span_id
-                WHERE b.depth < {MAX_DEPTH}),
+            {BELOW_SYNCS},
             kids AS (
                 SELECT b.sync_id, s.process_id, coalesce(s.phase, s.name) AS child, s.duration_s AS seconds,
                        {delta} AS bytes_delta
@@ -98,15 +94,16 @@ def delta_sync(con, steps: Steps = None) -> dict | None:
     steps_seen = [k for k in DELTA_STEPS if any(k in p["costs"] for p in per_sync)]  # in the order they run
     net = frame["net_s"].dropna()
     return {
-        "syncs": len(per_sync), "bytes_mean": _mean(frame["bytes"]), "bytes_delta_mean": _mean(frame["bytes_delta"]),
-        "bandwidth": bandwidth, "bandwidth_from": source, "saved_s_mean": _mean(frame["saved_s"]),
-        "cost_s_mean": _mean(frame["cost_s"]),
+        "syncs": len(per_sync), "bytes_mean": mean_of(frame["bytes"]), "bytes_delta_mean": mean_of(frame["bytes_delta"]),
+        "bandwidth": bandwidth, "bandwidth_from": source, "saved_s_mean": mean_of(frame["saved_s"]),
+        "cost_s_mean": mean_of(frame["cost_s"]),
         "costs": {k: float(np.mean([p["costs"].get(k, 0.0) for p in per_sync])) for k in steps_seen},
         "net_s_mean": float(net.mean()) if len(net) else None, "worth_it": bool(net.mean() > 0) if len(net) else None,
         "per_sync": [{k: v for k, v in p.items() if k != "costs"} for p in per_sync], "missing": missing,
     }
 
 
-def _mean(values: pd.Series) -> float | None:
+def mean_of(values: pd.Series) -> float | None:
+    """The mean of the numbers among `values`, or None when there are none."""
     v = pd.to_numeric(values, errors="coerce").dropna()
     return float(v.mean()) if len(v) else None

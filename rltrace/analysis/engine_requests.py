@@ -53,7 +53,6 @@ _GEN_AI_LATENCY = tuple(k for keys in NUMBERS.values() for k in keys if k.starts
 PD_SPANS = ("sglang_pd_prefill", "sglang_pd_decode")  # slime's PD children of a request (segments below them)
 KV_TRANSFER = "kv_transfer"  # a span (phase or name) that moved KV: `rl.bytes` over its duration
 DELTA_STEPS = ("snapshot", "diff", "encode", "rebuild")  # what a delta weight sync adds (`delta_sync`)
-ROLES = ("prefill", "decode", "unified")
 DISAGGREGATED = "disaggregated"  # a request seen by its client (slime) with PD durations: engines unknown
 #: slime's spans of the requests it sends to SGLang (through its router: the serving engine is not in its trace)
 CLIENT_SPANS = ("sglang_generate", "sglang_generate_stream")

@@ -24,7 +24,7 @@ from rltrace._config import RltraceConfigError
 from rltrace.analysis import _intervals, _parts
 from rltrace.analysis._steps import Steps
 from rltrace.analysis.cache_geometry import dtype_name, geometry
-from rltrace.analysis.delta_sync import delta_sync
+from rltrace.analysis.delta_sync import delta_sync, mean_of
 from rltrace.analysis.engine_requests import DISAGGREGATED, engine_requests, kv_transfers, stored_model
 
 _OPTIONS = "_rltrace_serving_options"
@@ -94,7 +94,7 @@ def engines(req: pd.DataFrame) -> pd.DataFrame:
         role = done.loc[mine, "role"].mode()
         rows.append({"engine": name, "role": role.iloc[0] if len(role) else None, "requests": int(mine.sum()),
                      "busy_s": float(busy[i]), "mu_rps": float(mine.sum() / busy[i]) if busy[i] > 0 else None,
-                     "prompt_tokens_mean": _mean(done.loc[mine, "prompt_tokens"]), "peak_requests": peak,
+                     "prompt_tokens_mean": mean_of(done.loc[mine, "prompt_tokens"]), "peak_requests": peak,
                      "peak_tokens": peak_tokens})
     return pd.DataFrame(rows, columns=cols)
 
@@ -109,11 +109,6 @@ def _peak(start: np.ndarray, end: np.ndarray, tokens: np.ndarray) -> tuple[int, 
     open_now, held = np.cumsum(delta[order]), np.cumsum(weight[order])
     at = int(np.argmax(open_now))
     return int(open_now[at]), float(held[at])
-
-
-def _mean(values: pd.Series) -> float | None:
-    v = pd.to_numeric(values, errors="coerce").dropna()
-    return float(v.mean()) if len(v) else None
 
 
 # --- prefill / decode ----------------------------------------------------------------------------
@@ -274,7 +269,7 @@ def section(con, steps: Steps = None) -> dict:
     roles = set(req["role"].dropna().unique())
     pd_roles = {"prefill", "decode"} <= set(per_engine["role"].dropna())
     prompt = req[req["role"] == "prefill"] if pd_roles else req
-    prompt_mean = _mean(prompt["prompt_tokens"])
+    prompt_mean = mean_of(prompt["prompt_tokens"])
     s_kv = None
     if geo_missing is None and prompt_mean is not None:
         s_kv = prompt_mean * geo["c_A"] + (geo["c_R"] or 0)

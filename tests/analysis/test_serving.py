@@ -12,7 +12,7 @@ import json
 import pytest
 
 from rltrace import report, store
-from rltrace.analysis import configure_serving, engine_requests, serving_section
+from rltrace.analysis import configure_serving, engine_requests
 from rltrace.analysis._format import size_text
 from rltrace.store import rows as store_rows
 from rltrace.testing import RunBuilder
