@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -48,7 +49,6 @@ NUMBERS = {
 }
 TEXTS = {"request_id": ("gen_ai.request.id", "sglang_request_id", "rl.request_id", "rid"), "role": ("rl.engine.role",)}
 #: what makes a span a request: SGLang's meta (what slime reads), or any OTel gen_ai latency
-_SGLANG = ("e2e_latency", "queue_time", "decode_throughput")
 _GEN_AI_LATENCY = tuple(k for keys in NUMBERS.values() for k in keys if k.startswith("gen_ai.latency."))
 PD_SPANS = ("sglang_pd_prefill", "sglang_pd_decode")  # slime's PD children of a request (segments below them)
 KV_TRANSFER = "kv_transfer"  # a span (phase or name) that moved KV: `rl.bytes` over its duration
@@ -68,10 +68,12 @@ _SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.in
                      *((c, pa.float64()) for c in _OUT)])
 _MARKS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("kind", pa.string()),
                            ("step", pa.int64()), ("weight_version", pa.int64()), ("start_ns", pa.int64()),
-                           ("end_ns", pa.int64()), ("config", pa.string()), ("source", pa.string())])
-#: a cheap text test before the JSON parse (without the keys' opening quote: see rollout._MENTIONS)
-_MENTIONS = " OR ".join([*(f"contains(attributes, '{a}\"')" for a in _SGLANG), "contains(attributes, 'gen_ai.latency.')",
-                         "contains(attributes, 'pd_prefill_')", "contains(attributes, 'pd_decode_')"])
+                           ("end_ns", pa.int64())])
+#: a cheap text test before the JSON parse, three searches as before vLLM's names were read (each
+#: costs about 0.6 s at 10M spans): `latency` finds SGLang's e2e_latency and every gen_ai.latency.*;
+#: without the keys' opening quote (see rollout._MENTIONS). slime's PD children are found by name.
+_MENTIONS = " OR ".join(f"contains(attributes, '{a}')" for a in ("latency", 'queue_time"', 'decode_throughput"'))
+_PD_NAMES = "name LIKE 'sglang_pd_%'"
 TABLE = "_rltrace_engine_requests"
 COLUMNS = ["engine", "role", "request_id", "span_id", "name", "process_id", "start_ns", "end_ns", "step", "step_from",
            "weight_version", "version_from", *_OUT, "timed"]
@@ -114,45 +116,61 @@ def _sql(keep: str, source: str, where: str) -> str:
                                                           WHEN name LIKE 'decode Req %' THEN 'decode' END)) AS role,
                      {plain}, {kv_bytes} AS kv_bytes, {kv_s} AS kv_transfer_s
               FROM (SELECT {keep}*, json_extract_string(attributes, [{paths}]) AS v FROM {source}
-                    WHERE {where} AND ({_MENTIONS} OR name IN ({pd_names}) OR {is_kv})))
+                    WHERE {where} AND ({_MENTIONS} OR {_PD_NAMES} OR {is_kv})))
         WHERE kind IS NOT NULL"""
 
 
+_MARK_KIND = f"""CASE WHEN name = {_q(_model.MODEL_SPAN)} THEN 'model'
+                     WHEN coalesce(phase, name) = 'weight_sync' THEN 'weight_sync'
+                     WHEN coalesce(phase, name) IN ({", ".join(_q(n) for n in DELTA_STEPS)}) THEN 'delta_step'
+                     WHEN step IS NOT NULL AND phase IN ('rollout', 'generate') THEN 'window' END"""
+#: one pass over each part, reading no text but names: rollout windows and delta steps aggregated
+#: (per step / per part), weight syncs and model records one row each (a model's attribute text is
+#: read later, from its part only)
 _MARKS_SQL = f"""
-    SELECT filename, 'window' AS kind, step, CAST(NULL AS BIGINT) AS weight_version, min(start_ns) AS start_ns,
-           max(end_ns) AS end_ns, CAST(NULL AS VARCHAR) AS config, CAST(NULL AS VARCHAR) AS source
-    FROM part_spans WHERE step IS NOT NULL AND phase IN ('rollout', 'generate') GROUP BY filename, step
-    UNION ALL
-    SELECT filename, 'weight_sync', step, weight_version, start_ns, end_ns, NULL, NULL
-    FROM part_spans WHERE coalesce(phase, name) = 'weight_sync'
-    UNION ALL
-    SELECT filename, 'model', NULL, NULL, start_ns, end_ns, attr(attributes, {_q(_model.CONFIG_ATTR)}),
-           attr(attributes, {_q(_model.SOURCE_ATTR)})
-    FROM part_spans WHERE name = {_q(_model.MODEL_SPAN)}
-    UNION ALL
-    SELECT filename, 'delta_step', NULL, NULL, min(start_ns), max(end_ns), NULL, NULL
-    FROM part_spans WHERE coalesce(phase, name) IN ({", ".join(_q(n) for n in DELTA_STEPS)}) GROUP BY filename"""
+    SELECT filename, kind, step, any_value(weight_version) AS weight_version, min(start_ns) AS start_ns,
+           max(end_ns) AS end_ns
+    FROM (SELECT filename, {_MARK_KIND} AS kind, step, weight_version, start_ns, end_ns FROM part_spans)
+    WHERE kind IS NOT NULL
+    GROUP BY filename, kind, step, CASE WHEN kind IN ('weight_sync', 'model') THEN weight_version END,
+             CASE WHEN kind IN ('weight_sync', 'model') THEN start_ns END,
+             CASE WHEN kind IN ('weight_sync', 'model') THEN end_ns END"""
 
 
 def marks(con, kind: str) -> pd.DataFrame:
     """The run's `window` (per step: first start and last end of its rollout/generate spans),
     `weight_sync` (each finished sync: step, weight_version, start_ns, end_ns), `model` (each
-    `init(model=...)` record: start_ns, config, source) or `delta_step` (per span part holding a
+    `init(model=...)` record: part, start_ns) or `delta_step` (per span part holding a
     finished delta-sync step: its first start, last end) rows."""
     if not _parts.has_table(con, "spans"):
-        return pd.DataFrame(columns=_MARKS_SCHEMA.names[3:])
+        return pd.DataFrame(columns=["part", *_MARKS_SCHEMA.names[3:]])
     name = _parts.table(con, "serving_marks", _MARKS_SCHEMA, _MARKS_SQL)
     if kind == "window":
         return con.execute(f"""SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM {name}
                                WHERE kind = 'window' GROUP BY step ORDER BY start_ns, step""").df()
-    return con.execute(f"SELECT * EXCLUDE (part, rows, size) FROM {name} WHERE kind = ? ORDER BY end_ns, start_ns",
+    return con.execute(f"SELECT * EXCLUDE (rows, size) FROM {name} WHERE kind = ? ORDER BY end_ns, start_ns",
                        [kind]).df()
 
 
 def stored_model(con) -> tuple[dict, str] | None:
-    """The model config the run's latest `init(model=...)` stored, with its source; None when none did."""
+    """The model config the run's latest `init(model=...)` stored, with its source; None when none did.
+    Its attribute text is read from the one part that holds it."""
     rows = marks(con, "model")
-    for config, source in zip(reversed(rows["config"].tolist()), reversed(rows["source"].tolist())):
+    for part, start in zip(reversed(rows["part"].tolist()), reversed(rows["start_ns"].tolist())):
+        found = _model_record(con, part, int(start))
+        if found is not None:
+            return found
+    return None
+
+
+def _model_record(con, part: str, start_ns: int) -> tuple[dict, str] | None:
+    paths = con.execute("SELECT path FROM _rltrace_span_parts WHERE name = ?", [part]).fetchall()
+    if not paths:
+        return None
+    rows = con.execute(f"""SELECT attr(attributes, {_q(_model.CONFIG_ATTR)}), attr(attributes, {_q(_model.SOURCE_ATTR)})
+                           FROM read_parquet(?) WHERE name = ? AND start_ns = ?""",
+                       [paths[0][0], _model.MODEL_SPAN, start_ns]).fetchall()
+    for config, source in rows:
         try:
             value = json.loads(config)
         except (TypeError, ValueError):
@@ -162,30 +180,37 @@ def stored_model(con) -> tuple[dict, str] | None:
     return None
 
 
-def _syncs(con) -> pa.Table:
-    """Finished weight syncs by end: end_ns and the version each installed (its `rl.weight_version`;
-    a sync without one counts as the version before it plus one, the first as 1)."""
+def _sync_versions(con) -> pa.Table:
+    """Finished weight syncs by end: s_end and s_version, the version each installed (its
+    `rl.weight_version`; a sync without one counts as the version before it plus one, the first as 1)."""
     rows = marks(con, "weight_sync")
     rows = rows[rows["end_ns"].notna()]
     versions, last = [], 0
     for v in rows["weight_version"].tolist():
         last = int(v) if not pd.isna(v) else last + 1
         versions.append(last)
-    return pa.table({"s_end": pa.array(rows["end_ns"].astype("int64").tolist(), pa.int64()),
+    return pa.table({"s_end": pa.array(rows["end_ns"].to_numpy(np.int64), pa.int64()),
                      "s_version": pa.array(versions, pa.int64())})
 
 
 def table(con) -> str:
-    """The name of the connection's engine-requests temp table (built once per connection)."""
+    """The name of the connection's engine-requests temp table (built once per connection).
+
+    A request's step and version when it has none of its own are looked up once per distinct start
+    time, in narrow ASOF joins (an ASOF join carrying the whole row through its sort took seconds at
+    300k requests)."""
     if _parts.has_table(con, TABLE):
         return TABLE
     finished = _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"))
     windows = marks(con, "window")
-    con.register("_rltrace_windows_now", pa.Table.from_pandas(windows.astype({"step": "int64", "start_ns": "int64",
-                                                                              "end_ns": "int64"}), preserve_index=False))
-    con.register("_rltrace_syncs_now", _syncs(con))
-    resource = ("(SELECT process_id, any_value(resource) AS resource FROM processes GROUP BY process_id)"
-                if _parts.has_table(con, "processes") else "(SELECT NULL::VARCHAR AS process_id, NULL::VARCHAR AS resource)")
+    con.register("_rltrace_windows_now", pa.table({c: pa.array(windows[c].to_numpy(np.int64), pa.int64())
+                                                   for c in ("step", "start_ns", "end_ns")}))
+    con.register("_rltrace_syncs_now", _sync_versions(con))
+    resource = ("""(SELECT process_id, json_extract_string(r, '$."rl.engine.role"') AS resource_role,
+                           json_extract_string(r, '$."service.instance.id"') AS instance
+                    FROM (SELECT process_id, any_value(resource) AS r FROM processes GROUP BY process_id))"""
+                if _parts.has_table(con, "processes") else
+                "(SELECT NULL::VARCHAR AS process_id, NULL::VARCHAR AS resource_role, NULL::VARCHAR AS instance)")
     cols = ", ".join(_SCHEMA.names[3:])
     try:
         con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS {TABLE} AS
@@ -197,36 +222,34 @@ def table(con) -> str:
             req AS (SELECT r.* REPLACE (coalesce(r.prefill_s, g.prefill_s) AS prefill_s,
                                         coalesce(r.decode_s, g.decode_s) AS decode_s,
                                         coalesce(r.kv_transfer_s, g.kv_transfer_s) AS kv_transfer_s),
-                           g.request_span IS NOT NULL OR r.kv_bytes IS NOT NULL AS pd_seen,
-                           json_extract_string(p.resource, '$."rl.engine.role"') AS resource_role,
-                           json_extract_string(p.resource, '$."service.instance.id"') AS instance
+                           g.request_span IS NOT NULL OR r.kv_bytes IS NOT NULL AS pd_seen, p.resource_role, p.instance
                     FROM raw r LEFT JOIN seg g ON g.request_span = r.span_id
                     LEFT JOIN {resource} p ON p.process_id = r.process_id WHERE r.kind = 'request'),
-            stepped AS (SELECT r.*, CASE WHEN r.step IS NOT NULL THEN r.step
-                                         WHEN r.start_ns <= w.end_ns THEN w.step END AS at_step
-                        FROM req r ASOF LEFT JOIN _rltrace_windows_now w ON r.start_ns >= w.start_ns),
-            versioned AS (SELECT r.*, coalesce(r.weight_version, s.s_version) AS at_version
-                          FROM stepped r ASOF LEFT JOIN _rltrace_syncs_now s ON r.start_ns > s.s_end)
+            starts AS (SELECT DISTINCT start_ns FROM req),
+            stepped AS (SELECT t.start_ns, CASE WHEN t.start_ns <= w.end_ns THEN w.step END AS w_step
+                        FROM starts t ASOF LEFT JOIN _rltrace_windows_now w ON t.start_ns >= w.start_ns),
+            synced AS (SELECT t.start_ns, y.s_version
+                       FROM starts t ASOF LEFT JOIN _rltrace_syncs_now y ON t.start_ns > y.s_end)
             SELECT CASE WHEN name IN ({", ".join(_q(n) for n in CLIENT_SPANS)}) THEN {_q(ROUTER)}
                         ELSE coalesce(service_name, process_id)
                              || CASE WHEN instance IS NOT NULL AND instance <> process_id THEN '-' || instance
                                      WHEN rank IS NOT NULL THEN '-' || rank ELSE '' END END AS engine,
                    CASE WHEN coalesce(role, resource_role) IS NOT NULL THEN lower(trim(coalesce(role, resource_role)))
                         WHEN pd_seen THEN {_q(DISAGGREGATED)} ELSE 'unified' END AS role,
-                   request_id, span_id, name, process_id, start_ns, end_ns, at_step AS step,
-                   CASE WHEN step IS NOT NULL THEN 'own' WHEN at_step IS NOT NULL THEN 'rollout window' END AS step_from,
-                   at_version AS weight_version,
+                   request_id, span_id, name, process_id, r.start_ns, end_ns, coalesce(step, w_step) AS step,
+                   CASE WHEN step IS NOT NULL THEN 'own' WHEN w_step IS NOT NULL THEN 'rollout window' END AS step_from,
+                   coalesce(weight_version, s_version) AS weight_version,
                    CASE WHEN weight_version IS NOT NULL THEN 'own'
-                        WHEN at_version IS NOT NULL THEN 'weight_sync' END AS version_from,
+                        WHEN s_version IS NOT NULL THEN 'weight_sync' END AS version_from,
                    {', '.join(_OUT)}, timed
-            FROM versioned ORDER BY start_ns, span_id""")
+            FROM req r JOIN stepped USING (start_ns) JOIN synced USING (start_ns)""")  # unordered: readers sort
     finally:
         con.unregister("_rltrace_windows_now")
         con.unregister("_rltrace_syncs_now")
     return TABLE
 
 
-def engine_requests(con, steps: Steps = None) -> pd.DataFrame:
+def engine_requests(con, steps: Steps = None, *, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
     """One row per engine request of the run (see the module doc for the sources), by start.
 
     Returns: engine (the sending service and its instance: `vllm-0`; `sglang router` for the
@@ -239,13 +262,20 @@ def engine_requests(con, steps: Steps = None) -> pd.DataFrame:
     of the last weight_sync that ended before the request started), prompt_tokens,
     completion_tokens, cached_tokens, queue_s, ttft_s, prefill_s, decode_s, e2e_s (seconds),
     decode_throughput (tokens/s), kv_transfer_s, kv_bytes, cache_io_s, timed. A range of steps
-    keeps the requests whose step is in it.
+    keeps the requests whose step is in it; `columns` (of these) reads only those.
     """
+    wanted = list(columns or COLUMNS)
+    unknown = sorted(set(wanted) - set(COLUMNS))
+    if unknown:
+        raise ValueError(f"invalid argument columns: {unknown} are not engine-request columns; valid: {COLUMNS}")
     if not _parts.has_table(con, "spans"):
-        return pd.DataFrame(columns=COLUMNS)
+        return pd.DataFrame(columns=wanted)
     name = table(con)
     where, params = step_filter(steps)
-    return con.execute(f"SELECT * FROM {name} WHERE {where} ORDER BY start_ns, span_id", params).df()
+    rows = con.sql(f"SELECT {', '.join(wanted)} FROM {name} WHERE {where} ORDER BY start_ns, span_id",
+                   params=params).to_arrow_table()
+    # through Arrow: text columns convert several times faster than with .df(); integers stay integers
+    return rows.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get)
 
 
 def kv_transfers(con) -> pd.DataFrame:

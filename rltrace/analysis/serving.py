@@ -31,7 +31,11 @@ _OPTIONS = "_rltrace_serving_options"
 FP8 = "fp8_e4m3"
 TIMELINE_BINS = 100  # bins of the requests-over-time series
 TIMELINE_ENGINES = 64
-_NO_VERSION = -1.5  # the group of requests with no known weight version (sorts before every version)  # engines drawn over time at most (those with the most requests)
+STALE_LISTED = 100  # stale hits listed one by one (all are counted)
+_NO_VERSION = -1.5
+#: the engine-request columns this module reads
+_COLUMNS = ("engine", "role", "request_id", "span_id", "start_ns", "end_ns", "step", "weight_version", "prompt_tokens",
+            "completion_tokens", "cached_tokens", "prefill_s", "cache_io_s")  # the group of requests with no known weight version (sorts before every version)  # engines drawn over time at most (those with the most requests)
 
 
 def configure(con, *, model=None, kv_dtype: str | None = None, ssm_dtype: str | None = None,
@@ -150,33 +154,46 @@ def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
     (a decode engine's prompt KV arrives by transfer). A stale hit is a request that reports cached
     tokens although it is the first on its engine since a weight update: those tokens were computed
     by the old weights."""
-    r = req[(req["role"] != "decode") & req["prompt_tokens"].notna() & req["cached_tokens"].notna()]
+    keep = (req["role"] != "decode") & req["prompt_tokens"].notna() & req["cached_tokens"].notna()
+    r = req.loc[keep, ["engine", "start_ns", "span_id", "request_id", "step", "weight_version", "prompt_tokens",
+                       "cached_tokens", "prefill_s", "cache_io_s"]]
     r = r[r["prompt_tokens"] > 0]
     if r.empty:
         return None, "no request reports both prompt and cached tokens"
-    r = r.sort_values(["engine", "start_ns", "span_id"], kind="stable")
+    engine = pd.factorize(r["engine"], sort=True)[0]
+    order = np.lexsort((r["start_ns"].to_numpy(np.int64), engine))  # stable: ties keep the table's span_id order
+    r, engine = r.iloc[order], engine[order]  # by engine, then start
     version = r["weight_version"].astype("Float64")
-    group = version.fillna(_NO_VERSION)
-    first_of_version = ~pd.DataFrame({"e": r["engine"], "v": group}).duplicated()
-    first_on_engine = ~r["engine"].duplicated()
-    stale = (first_of_version & ~first_on_engine & (r["cached_tokens"] > 0)).to_numpy(bool)
-    prompt, cached = float(r["prompt_tokens"].sum()), float(r["cached_tokens"].sum())
-    stale_cached = float(r.loc[stale, "cached_tokens"].sum())
+    group = version.fillna(_NO_VERSION).to_numpy(float)
+    first_on_engine = np.ones(len(r), bool)
+    first_on_engine[1:] = engine[1:] != engine[:-1]
+    versions = pd.factorize(group)[0]
+    first_of_version = np.zeros(len(r), bool)  # the earliest request of each (engine, version): first in this order
+    first_of_version[np.unique(engine * (versions.max() + 1) + versions, return_index=True)[1]] = True
+    cached_tokens = r["cached_tokens"].to_numpy(float)
+    stale = first_of_version & ~first_on_engine & (cached_tokens > 0)
+    prompt, cached = float(r["prompt_tokens"].sum()), float(cached_tokens.sum())
+    stale_cached = float(cached_tokens[stale].sum())
     known = version.notna().any()
-    per_version = []
-    for v, g in r.assign(_stale=stale).groupby(group, sort=True):
-        p, c, s = float(g["prompt_tokens"].sum()), float(g["cached_tokens"].sum()), float(g.loc[g["_stale"], "cached_tokens"].sum())
-        per_version.append({"weight_version": None if v == _NO_VERSION else int(v), "requests": len(g), "prompt_tokens": p,
-                            "cached_tokens": c, "hit_rate": c / p, "stale_hits": int(g["_stale"].sum()),
-                            "stale_cached_tokens": s, "hit_rate_within_version": (c - s) / p})
+    table = pd.DataFrame({"_v": group, "prompt_tokens": r["prompt_tokens"].to_numpy(float), "cached_tokens": cached_tokens,
+                          "_stale": stale, "_stale_cached": np.where(stale, cached_tokens, 0.0)})
+    sums = table.groupby("_v", sort=True).agg(requests=("_v", "size"), prompt_tokens=("prompt_tokens", "sum"),
+                                              cached_tokens=("cached_tokens", "sum"), stale_hits=("_stale", "sum"),
+                                              stale_cached_tokens=("_stale_cached", "sum"))
+    per_version = [{"weight_version": None if v == _NO_VERSION else int(v), "requests": int(n), "prompt_tokens": float(p),
+                    "cached_tokens": float(c), "hit_rate": c / p, "stale_hits": int(k), "stale_cached_tokens": float(sc),
+                    "hit_rate_within_version": (c - sc) / p}
+                   for v, n, p, c, k, sc in sums.itertuples()]
+    named = r.iloc[np.flatnonzero(stale)[:STALE_LISTED]][["engine", "weight_version", "request_id", "span_id",
+                                                         "cached_tokens", "start_ns", "step"]]
     hits = [{"engine": e, "weight_version": None if pd.isna(v) else int(v), "request": q if isinstance(q, str) and q else s,
              "cached_tokens": int(c), "start_ns": int(t), "step": None if pd.isna(st) else int(st)}
-            for e, v, q, s, c, t, st in r.loc[stale, ["engine", "weight_version", "request_id", "span_id", "cached_tokens",
-                                                      "start_ns", "step"]].itertuples(index=False)]
+            for e, v, q, s, c, t, st in named.itertuples(index=False)]
     return {
         "requests": len(r), "prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt,
         "hit_rate_within_version": (cached - stale_cached) / prompt if known else None,
-        "versions_known": bool(known), "stale_hits": hits, "stale_cached_tokens": stale_cached,
+        "versions_known": bool(known), "stale_hits": hits, "stale_hit_count": int(stale.sum()),
+        "stale_cached_tokens": stale_cached,
         "per_version": per_version, "_stale": stale, "_rows": r,
     }, None
 
@@ -237,19 +254,20 @@ def timeline(req: pd.DataFrame, per_engine: pd.DataFrame) -> list[dict]:
     edges = np.linspace(0.0, float(max(hi - lo, TIMELINE_BINS)), TIMELINE_BINS + 1)  # ns after lo (float64 at
     width = (edges[1] - edges[0]) / 1e9  # 1.7e18 ns is only exact to 256 ns: times are taken relative to lo)
     busiest = per_engine.sort_values("requests", ascending=False, kind="stable").head(TIMELINE_ENGINES)
+    code, names = pd.factorize(done["engine"])
+    where = {name: i for i, name in enumerate(names)}
+    starts, ends = done["start_ns"].to_numpy(np.int64) - lo, done["end_ns"].to_numpy(np.int64) - lo
     out = []
     for engine, role in zip(busiest["engine"], busiest["role"]):
-        mine = done[done["engine"] == engine]
-        s = np.sort((mine["start_ns"].to_numpy(np.int64) - lo).astype(float))
-        e = np.sort((mine["end_ns"].to_numpy(np.int64) - lo).astype(float))
+        mine = code == where[engine]
+        s, e = np.sort(starts[mine].astype(float)), np.sort(ends[mine].astype(float))
         cs, ce = np.concatenate([[0.0], np.cumsum(s)]), np.concatenate([[0.0], np.cumsum(e)])
         ns_, ne_ = np.searchsorted(s, edges, "right"), np.searchsorted(e, edges, "right")
         area = (ns_ * edges - cs[ns_]) - (ne_ * edges - ce[ne_])  # ∫ requests in flight dt (ns) up to each edge
         in_flight, ended = np.diff(area) / np.diff(edges), np.diff(ne_)
         ended[0] += int(np.count_nonzero(e <= edges[0]))  # ends at the first edge belong to the first bin
-        for i in range(TIMELINE_BINS):
-            out.append({"engine": engine, "role": role, "start_ns": lo + int(edges[i]), "bin_s": width,
-                        "in_flight": float(in_flight[i]), "completed_rps": float(ended[i] / width)})
+        out += [{"engine": engine, "role": role, "start_ns": lo + int(edges[i]), "bin_s": width,
+                 "in_flight": float(in_flight[i]), "completed_rps": float(ended[i] / width)} for i in range(TIMELINE_BINS)]
     return out
 
 
@@ -257,7 +275,7 @@ def timeline(req: pd.DataFrame, per_engine: pd.DataFrame) -> list[dict]:
 def section(con, steps: Steps = None) -> dict:
     """The report's `serving` dict (keys in docs/analysis.md, "Serving capacity")."""
     options = _options(con)
-    req = engine_requests(con, steps)
+    req = engine_requests(con, steps, columns=_COLUMNS)
     geo, fp8, geo_missing = model_geometry(con)
     missing: dict[str, str] = {}
     if req.empty:
