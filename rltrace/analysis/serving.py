@@ -30,12 +30,12 @@ from rltrace.analysis.engine_requests import DISAGGREGATED, engine_requests, kv_
 _OPTIONS = "_rltrace_serving_options"
 FP8 = "fp8_e4m3"
 TIMELINE_BINS = 100  # bins of the requests-over-time series
-TIMELINE_ENGINES = 64
+TIMELINE_ENGINES = 64  # engines drawn over time at most (those with the most requests)
 STALE_LISTED = 100  # stale hits listed one by one (all are counted)
-_NO_VERSION = -1.5
+_NO_VERSION = -1.5  # the group of requests with no known weight version (sorts before every version)
 #: the engine-request columns this module reads
 _COLUMNS = ("engine", "role", "request_id", "span_id", "start_ns", "end_ns", "step", "weight_version", "prompt_tokens",
-            "completion_tokens", "cached_tokens", "prefill_s", "cache_io_s")  # the group of requests with no known weight version (sorts before every version)  # engines drawn over time at most (those with the most requests)
+            "completion_tokens", "cached_tokens", "prefill_s", "cache_io_s")
 
 
 def configure(con, *, model=None, kv_dtype: str | None = None, ssm_dtype: str | None = None,
