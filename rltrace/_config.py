@@ -158,6 +158,8 @@ PARAMS: dict[str, Param] = {
             "Also send spans to this OpenTelemetry backend (OTLP over HTTP).",
         ),
         Param("service_name", ("OTEL_SERVICE_NAME",), str, None, "OTel service.name (default: rltrace-<role>)."),
+        Param("model", ("RLTRACE_MODEL",), str, None,
+              "The model's Hugging Face config.json (or its directory), stored with the run for its cache geometry."),
         # --- runs in object storage (rltrace.store.objstore; see docs/store.md) ----------------
         Param(
             "spool_dir",

@@ -31,7 +31,7 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Status, StatusCode, get_current_span, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from rltrace import _crash, _names
+from rltrace import _crash, _model, _names
 from rltrace._config import PROFILE_TRIGGERS, RltraceConfigError, env_sets_any, is_set, resolve
 from rltrace.otel.live import EXITED
 from rltrace.run import Run
@@ -95,6 +95,7 @@ def init(
     profile: Any = None,
     resources: bool | None = None,
     resources_interval: float | None = None,
+    model: Any = None,
 ) -> Run | DisabledRun:
     """Start recording this process into `run_dir`; every process of a run passes the same dir.
 
@@ -144,6 +145,7 @@ def init(
         interval = resolve("resources_interval", resources_interval)
         if sample and not (isinstance(interval, (int, float)) and interval > 0):
             raise RltraceConfigError(f"resources_interval must be a number of seconds > 0, got {interval!r}")
+        model_config = _model.read_config(model_value) if (model_value := resolve("model", model)) is not None else None
         policy = None
         if profile is not False and (profile is not None or env_sets_any(PROFILE_TRIGGERS)):
             from rltrace.profiling import resolve_policy  # only when asked: profiling is optional
@@ -151,6 +153,8 @@ def init(
             policy = resolve_policy(profile)
         if _run is not None:
             if _same_place(_run.location, path) and _run.role == role and _run.rank == rank:
+                if model_config is not None:
+                    _record_model(_run, *model_config)
                 return _run
             _run.shutdown()
             _run = None
@@ -167,6 +171,8 @@ def init(
             otlp_endpoint=resolve("otlp_endpoint", otlp_endpoint),
         )
         _default_role = not role_chosen
+        if model_config is not None:
+            _record_model(_run, *model_config)
         _warn_if_default_role(stacklevel=3)
         _crash.install()
         if policy is not None and policy.armed:
@@ -184,6 +190,15 @@ def init(
             except Exception:
                 _internal_error("starting resource sampling")
         return _run
+
+
+def _record_model(run: Run, config: dict, source: str) -> None:
+    """The model's config as a zero-length span (`_model.MODEL_SPAN`): stored like every span, on every path."""
+    try:
+        run.tracer.start_span(_model.MODEL_SPAN, attributes={_model.CONFIG_ATTR: _model.to_text(config),
+                                                            _model.SOURCE_ATTR: source}).end()
+    except Exception:
+        _internal_error("recording the model config")
 
 
 def recording_run() -> Run | None:

@@ -134,6 +134,7 @@ try:
                 st.Page(state.PAGES["timeline"], title="Timeline", icon=":material/view_timeline:"),
                 st.Page(state.PAGES["waits"], title="Waiting stages", icon=":material/hourglass_top:"),
                 st.Page(state.PAGES["profiles"], title="Profiles", icon=":material/local_fire_department:"),
+                st.Page(state.PAGES["engine"], title="Engine", icon=":material/dns:"),
             ],
             "What the model learned": [
                 st.Page(state.PAGES["reward"], title="Reward & mismatch", icon=":material/show_chart:"),

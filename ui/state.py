@@ -77,4 +77,5 @@ PAGES = {
     "batches": "views/batches.py",
     "profiles": "views/profiles.py",
     "compare": "views/compare.py",
+    "engine": "views/engine.py",
 }

@@ -16,7 +16,10 @@ from rltrace.analysis.costs import (
     weight_sync_fit,
     weight_sync_points,
 )
+from rltrace.analysis.cache_geometry import geometry as cache_geometry
 from rltrace.analysis.critical_path import common_paths, critical_path
+from rltrace.analysis.delta_sync import delta_sync
+from rltrace.analysis.engine_requests import engine_requests
 from rltrace.analysis.health import crashes, drops, open_spans, processes
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.long_tail import samples as generation_samples
@@ -28,6 +31,8 @@ from rltrace.analysis.rollout import engine, engine_summary, rollout, train_mean
 from rltrace.analysis.resources import idle_devices, phase_resources
 from rltrace.analysis.resources import notes as resource_notes
 from rltrace.analysis.resources import samples as resource_samples
+from rltrace.analysis.serving import configure as configure_serving
+from rltrace.analysis.serving import section as serving_section
 from rltrace.analysis.staleness import histogram as staleness_histogram
 from rltrace.analysis.staleness import staleness
 from rltrace.analysis.steps import phase_breakdown, phase_rows, phase_totals, stage_children, step_breakdown
@@ -84,4 +89,9 @@ __all__ = [
     "resource_samples",
     "sync_children",
     "sync_growth",
+    "engine_requests",
+    "cache_geometry",
+    "configure_serving",
+    "serving_section",
+    "delta_sync",
 ]

@@ -19,18 +19,14 @@ import weakref
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
-from rltrace.analysis import _groups, _parts
+from rltrace.analysis import _groups
 from rltrace.analysis._steps import Steps, step_filter
+from rltrace.analysis.engine_requests import table as requests_table
 
 #: SGLang request fields slime summarises (`_SGLANG_REQUEST_PERF_FIELDS`): output name, span attribute.
 REQUEST_FIELDS = (("e2e_latency", "e2e_latency"), ("queue_time", "queue_time"), ("decode_throughput", "decode_throughput"))
 STATS = ("mean", "median", "max", "min")
-#: a cheap text test that skips the JSON parse of spans that cannot hold SGLang's meta. Without
-#: the key's opening quote: a search whose first character is `"`, the commonest in JSON, stops
-#: at every key (at 10M spans 0.80 s against 0.44 s).
-_MENTIONS = " OR ".join(f"contains(attributes, '{a}\"')" for _, a in REQUEST_FIELDS)
 TRAIN_MEANS = (("log_probs", "train_log_probs"), ("rollout_log_probs", "rollout_log_probs"), ("ref_log_probs", "train_ref_log_probs"))
 
 
@@ -185,51 +181,24 @@ def _zero_groups_column(counts: np.ndarray, complete: np.ndarray):
     return _groups.column(counts.astype(float), complete)
 
 
-#: every request field the engine tables read: slime's three, and the prefix cache's two
-_REQUEST_COLUMNS = (*(n for n, _ in REQUEST_FIELDS), "cached_tokens", "prompt_tokens")
-_REQUESTS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
-                              ("start_ns", pa.int64()), ("timed", pa.bool_()),
-                              *((c, pa.float64()) for c in _REQUEST_COLUMNS)])
-
-
-def _requests_sql(keep: str, source: str, where: str) -> str:
-    """SQL for the request rows of `source`: each span's attribute text parsed once for every field."""
-    keys = (*(a for _, a in REQUEST_FIELDS), "cached_tokens", "prompt_tokens")
-    at = {key: f"v[{i + 1}]" for i, key in enumerate(keys)}
-    paths = ", ".join(f"'$.\"{key}\"'" for key in keys)
-    fields = ", ".join(f"TRY_CAST({at[a]} AS DOUBLE) AS {c}" for c, a in zip(_REQUEST_COLUMNS, keys))
-    carried = " OR ".join(f"{at[a]} IS NOT NULL" for _, a in REQUEST_FIELDS)
-    return f"""SELECT {keep}step, start_ns, ({at["e2e_latency"]} IS NOT NULL OR {at["decode_throughput"]} IS NOT NULL) AS timed,
-               {fields}
-        FROM (SELECT {keep}step, start_ns, json_extract_string(attributes, [{paths}]) AS v
-              FROM {source} WHERE {where} AND step IS NOT NULL AND ({_MENTIONS}))
-        WHERE {carried}"""
-
-
 #: the last `_requests` frame of each connection (the engine tables both read it: 3M rows at 100M spans)
 _LAST_REQUESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _requests(con, steps: Steps) -> pd.DataFrame:
-    """The spans that carry SGLang's meta (one of `REQUEST_FIELDS`), with a step: step, start_ns,
-    timed (an e2e_latency or decode_throughput attribute is there, numeric or not) and the request
-    fields, by step and start.
-
-    Finding them means reading every span's attribute text, which at 100M spans costs more than
-    the rest of a report, so finished spans are read once per part (`_parts`); open spans now."""
-    if not _parts.has_table(con, "_rltrace_requests"):  # once per connection (two tables read it)
-        finished = _parts.table(con, "requests", _REQUESTS_SCHEMA, _requests_sql("filename, ", "part_spans", "true"))
-        columns = ", ".join(("step", "start_ns", "timed", *_REQUEST_COLUMNS))
-        con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS _rltrace_requests AS
-            SELECT * FROM (SELECT {columns} FROM {finished}
-                           UNION ALL {_requests_sql("", "spans", "is_open")})
-            ORDER BY step, start_ns""")
+    """The engine requests (`engine_requests`) with a step: step, start_ns, timed (an e2e latency
+    or decode_throughput attribute is there, numeric or not) and the fields slime summarises
+    under its names (e2e_latency, queue_time, decode_throughput, cached_tokens, prompt_tokens), by
+    step and start. Read once per connection (two tables read it: 3M rows at 100M spans)."""
+    name = requests_table(con)
     where, params = step_filter(steps)
     last = _LAST_REQUESTS.get(con)
     if last is not None and last[0] == (where, params):
         return last[1]  # callers read it, never change it
-    # stored in order, and a scan keeps it; numbers straight from Arrow (millions of requests at 100M spans)
-    table = con.sql(f"SELECT * FROM _rltrace_requests WHERE {where}", params=params).to_arrow_table()
+    # numbers straight from Arrow (millions of requests at 100M spans)
+    table = con.sql(f"""SELECT step, start_ns, timed, e2e_s AS e2e_latency, queue_s AS queue_time, decode_throughput,
+                               cached_tokens, prompt_tokens FROM {name}
+                        WHERE {where} AND step IS NOT NULL ORDER BY step, start_ns""", params=params).to_arrow_table()
     frame = pd.DataFrame({name: column.to_numpy(zero_copy_only=False) if name != "timed"
                           else column.fill_null(False).to_numpy(zero_copy_only=False)
                           for name, column in zip(table.column_names, table.columns)})

@@ -17,6 +17,13 @@ from rltrace.analysis import summary
 from rltrace.analysis._steps import Steps, step_filter
 
 MAX_DEPTH = 6  # levels below weight_sync searched for its children
+#: SQL of a recursive CTE `below(sync_id, span_id, depth)`: every span under each span of a CTE
+#: `syncs(span_id, ...)`, at most MAX_DEPTH levels down (depth 0: the sync itself)
+BELOW_SYNCS = f"""below(sync_id, span_id, depth) AS (
+                SELECT span_id, span_id, 0 FROM syncs
+                UNION ALL
+                SELECT b.sync_id, s.span_id, b.depth + 1 FROM below b JOIN spans s ON s.parent_span_id = b.span_id
+                WHERE b.depth < {MAX_DEPTH})"""
 
 
 def sync_children(con, steps: Steps = None) -> pd.DataFrame:
@@ -38,11 +45,7 @@ def sync_children(con, steps: Steps = None) -> pd.DataFrame:
         f"""WITH RECURSIVE syncs AS (
                 SELECT span_id, step, start_ns, duration_s FROM spans
                 WHERE coalesce(phase, name) = 'weight_sync' AND NOT is_open AND {where}),
-            below(sync_id, span_id, depth) AS (
-                SELECT span_id, span_id, 0 FROM syncs
-                UNION ALL
-                SELECT b.sync_id, s.span_id, b.depth + 1 FROM below b JOIN spans s ON s.parent_span_id = b.span_id
-                WHERE b.depth < {MAX_DEPTH}),
+            {BELOW_SYNCS},
             kids AS (
                 SELECT b.sync_id, s.process_id, coalesce(s.phase, s.name) AS child, sum(s.duration_s) AS seconds,
                        max(TRY_CAST(attr(s.attributes, 'rl.bytes') AS BIGINT)) AS bytes

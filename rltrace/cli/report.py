@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 
 from rltrace import _json, report, store
-from rltrace.analysis import parse_steps
+from rltrace.analysis import configure_serving, parse_steps
 from rltrace.cli._progress import analysing
 
 
@@ -23,13 +23,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--full", action="store_true", help="print every table (phases, steps, critical paths), not one screen")
     p.add_argument("--compare", metavar="OTHER_RUN", help="put another run side by side")
     p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable part files (with a warning)")
+    serving = p.add_argument_group("serving capacity (docs/analysis.md, \"Serving capacity\")")
+    serving.add_argument("--model", metavar="PATH", help="the model's Hugging Face config.json (or its directory), for "
+                         "KV bytes per token and per state slot (default: the one rltrace.init(model=...) stored)")
+    serving.add_argument("--kv-dtype", metavar="DTYPE", help="the KV cache's dtype (bf16, fp16, fp8_e4m3, fp8_e5m2, "
+                         "fp32, ...; default: the model's)")
+    serving.add_argument("--ssm-dtype", metavar="DTYPE", help="a hybrid model's recurrent state dtype (default fp32)")
+    serving.add_argument("--kv-bandwidth", metavar="BYTES_PER_S", type=float,
+                         help="the prefill-to-decode KV link's bandwidth B_KV (default: measured from KV-transfer records)")
     p.set_defaults(func=main)
 
 
-def collect(run_dir: str, *, steps=None, skip_corrupt: bool = False) -> dict:
+def collect(run_dir: str, *, steps=None, skip_corrupt: bool = False, serving: dict | None = None) -> dict:
+    """The report of one run; `serving`: the options of `analysis.configure_serving` (model, kv_dtype, ...)."""
     snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
     con = store.connect(snap)
     try:
+        if serving:
+            configure_serving(con, **serving)
         data = report.build(con, steps=steps)
     finally:
         con.close()
@@ -40,10 +51,12 @@ def collect(run_dir: str, *, steps=None, skip_corrupt: bool = False) -> dict:
 def main(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps)
     console = Console()
+    serving = {"model": args.model, "kv_dtype": args.kv_dtype, "ssm_dtype": args.ssm_dtype,
+               "kv_bandwidth": args.kv_bandwidth}
     with analysing(console, "analysing run…") if not args.json else _nothing():
-        data = collect(args.run_dir, steps=steps, skip_corrupt=args.skip_corrupt)
+        data = collect(args.run_dir, steps=steps, skip_corrupt=args.skip_corrupt, serving=serving)
         if args.compare:
-            other = collect(args.compare, steps=steps, skip_corrupt=args.skip_corrupt)
+            other = collect(args.compare, steps=steps, skip_corrupt=args.skip_corrupt, serving=serving)
             data["compare"] = {"run": other["run"], "rows": report.compare(data, other)}
     if args.json:
         print(_json.dumps(report.plain(data), indent=2))

@@ -110,6 +110,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "metrics": plain(analysis.step_metrics(con, _names.METRICS, steps)),
         "rollout": plain(rollout),
         "engine": plain(analysis.engine_summary(con, steps, rollout_table=rollout)),
+        "serving": plain(analysis.serving_section(con, steps)),
         "crashes": plain(analysis.crashes(con)),
         "open_spans": _open_spans(con, now_ns),
         "dropped": _dropped(con),

@@ -13,6 +13,7 @@ from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
 from rltrace.analysis._format import size_text
 from rltrace.analysis.health import STALE_AFTER_S
+from rltrace.report.serving_findings import sentences as _serving
 
 TAIL_SHARE = 0.25  # a long tail worth a sentence: this share of the step, median over steps
 STRAGGLER_FACTOR = 4.0  # a straggler worth a sentence: this many times the step's median length or time
@@ -33,7 +34,7 @@ MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest di
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
     for part in (_imported, _crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
-                 _async, _drops, _reward, _staleness, _mismatch, _idle_devices, _engine):
+                 _async, _drops, _reward, _staleness, _mismatch, _idle_devices, _engine, _serving):
         out.extend(part(r))
     return out
 

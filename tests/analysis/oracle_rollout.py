@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 
 from rltrace.analysis._steps import Steps, step_filter
-from rltrace.analysis.rollout import REQUEST_FIELDS, _MENTIONS, _columns, train_means
+from rltrace.analysis.rollout import REQUEST_FIELDS, _columns, train_means
+
+_MENTIONS = " OR ".join(f"contains(attributes, '{a}\"')" for _, a in REQUEST_FIELDS)  # spans that may hold SGLang's meta
 
 
 def _samples(con, steps: Steps) -> pd.DataFrame:

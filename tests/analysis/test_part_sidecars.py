@@ -64,8 +64,8 @@ def test_request_fields_of_parts_seen_before_come_from_the_sidecar(tmp_path, cac
     assert len(table) == 6
     # every part is listed as seen, also the trainer's, which holds no request
     assert _parts.listed_parts(table.schema) == _parts.parts_now(store.open(b.run_dir))
-    marked = table.set_column(table.schema.get_field_index("e2e_latency"), "e2e_latency",
-                              pc.multiply(table["e2e_latency"], 7.0))
+    marked = table.set_column(table.schema.get_field_index("e2e_s"), "e2e_s",
+                              pc.multiply(table["e2e_s"], 7.0))
     pq.write_table(marked, path)  # marked: e2e_latency reads 7 if taken from here
 
     _requests(worker, 3, 3, e2e=2.0)  # the run goes on

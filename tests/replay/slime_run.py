@@ -69,6 +69,7 @@ class Engine:
         self.aborted, self.running, self.seen = False, 0, []
         self.slow_prompt: str | None = "Question 2:"
         self.spec = False
+        self.kv_speed_gb_s: float | None = None  # set: the PD transfer's speed and time are reported too
 
     async def generate(self, payload: dict) -> dict:
         if self.slots is None:
@@ -116,6 +117,9 @@ class Engine:
         if self.pd:
             meta |= {"pd_prefill_bootstrap_queue_duration": queued, "pd_prefill_forward_duration": prefill_s,
                      "pd_decode_forward_duration": decode_s, "pd_transfer_total_mb": 0.25 * len(ids) / 64}
+            if self.kv_speed_gb_s:  # SGLang: MiB moved, at GiB/s (its transfer time is their ratio)
+                meta |= {"pd_transfer_speed_gb_s": self.kv_speed_gb_s,
+                         "pd_decode_transfer_duration": meta["pd_transfer_total_mb"] / 1024 / self.kv_speed_gb_s}
         return {"text": "".join(map(chr, out)), "meta_info": meta}
 
 
@@ -312,7 +316,7 @@ def _starting_the_worker(fn, args: Namespace, source: DataSource):
 
 def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = True, pause_s: float = 0.05,
         spec: bool = False, trainer=None, rollout_function_path: str | None = None,
-        fully_async: bool = False) -> list[Rollout]:
+        fully_async: bool = False, kv_speed_gb_s: float | None = None) -> list[Rollout]:
     """A synchronous slime run: rollout, train (a pause), weight update; dumps under `out`.
     `spec`: the engine reports speculative decoding (slime's --sglang-speculative-algorithm);
     `trainer(rollout_id)`: runs in place of the training pause (e.g. slime's timers);
@@ -320,9 +324,11 @@ def run(out: Path, *, rollouts: int = 2, partial: bool = True, train: bool = Tru
     called as slime's RolloutManager calls it (`call_rollout_fn`);
     `fully_async`: slime's fully-async rollout, with 3 groups in flight and 4 prompts in all: rollout 0
     takes the first two groups to finish, and the slow group 2, started with them, runs on through
-    the training pause into rollout 1, which takes it and group 3."""
+    the training pause into rollout 1, which takes it and group 3;
+    `kv_speed_gb_s`: the engine also reports its PD KV transfer's speed and time."""
     slime = Slime()
     slime.engine.spec = spec
+    slime.engine.kv_speed_gb_s = kv_speed_gb_s
     args = args_for(partial=partial, spec=spec)
     source = DataSource(slime, args, prompts=2 * rollouts if fully_async else None)
     done = []

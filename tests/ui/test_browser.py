@@ -37,6 +37,7 @@ PAGES = {
     "profiles": ("Profiles", "pyspy_record of reward"),
     "batches": ("Batches", "Per-token log-prob difference"),
     "compare": ("Compare", "Timelines on one time scale"),
+    "engine": ("Engine", "No engine requests to show"),
 }
 
 

@@ -1,0 +1,293 @@
+"""Engine requests from every source, one table: who served each request, when, under which weights.
+
+Sources, all read from the spans (docs/analysis.md, "Serving capacity"):
+- vLLM and SGLang over OTLP (`rltrace collect`): spans with `gen_ai.latency.*` attributes
+  (`gen_ai.usage.prompt_tokens` / `completion_tokens` / `cached_tokens`, `gen_ai.latency.time_in_queue`,
+  `time_to_first_token`, `time_in_model_prefill`, `time_in_model_decode`, `e2e`, `gen_ai.request.id`);
+- slime (its hook, or `rltrace import slime` of its dumps): `sglang_generate` spans with SGLang's
+  `meta_info` as plain attributes (`prompt_tokens`, `cached_tokens`, `queue_time`, `e2e_latency`,
+  `decode_throughput`, `sglang_request_id`), with the PD durations slime writes as child spans
+  (`sglang_pd_prefill` / `sglang_pd_decode` and their segments) and the transfer summary as an event;
+- rltrace's own spans carrying the same names (`rltrace.phase("generate", prompt_tokens=...)`
+  stores `rl.prompt_tokens`), and `kv_transfer` spans with `rl.bytes`.
+
+Finding them means reading every span's attribute text, so finished spans are read once per part
+(`_parts` sidecars: `requests` for the request fields, `serving_marks` for rollout windows, weight
+syncs and the model config stored by `init(model=...)`); open spans now. Each connection builds
+the table once.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from rltrace import _model
+from rltrace.analysis import _parts
+from rltrace.analysis._steps import Steps, step_filter
+
+#: column -> attribute names, the first present wins (SGLang/slime plain names, rltrace's `rl.` ones, OTel gen_ai)
+NUMBERS = {
+    "e2e_s": ("e2e_latency", "rl.e2e_latency", "gen_ai.latency.e2e"),
+    "queue_s": ("queue_time", "rl.queue_time", "gen_ai.latency.time_in_queue"),
+    "decode_throughput": ("decode_throughput", "rl.decode_throughput"),
+    "prompt_tokens": ("prompt_tokens", "rl.prompt_tokens", "gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
+    "completion_tokens": ("completion_tokens", "rl.completion_tokens", "gen_ai.usage.completion_tokens",
+                          "gen_ai.usage.output_tokens"),
+    "cached_tokens": ("cached_tokens", "rl.cached_tokens", "gen_ai.usage.cached_tokens"),
+    "ttft_s": ("gen_ai.latency.time_to_first_token", "rl.ttft_s"),
+    "prefill_s": ("gen_ai.latency.time_in_model_prefill", "pd_prefill_forward_duration", "rl.prefill_s"),
+    "decode_s": ("gen_ai.latency.time_in_model_decode", "pd_decode_forward_duration", "rl.decode_s"),
+    "kv_transfer_s": ("pd_decode_transfer_duration",),
+    "cache_io_s": ("rl.cache_io_s",),
+    "_kv_mb": ("pd_transfer_total_mb",),  # SGLang: MiB moved for the request's KV ...
+    "_kv_gb_s": ("pd_transfer_speed_gb_s",),  # ... at GiB/s
+    "_bytes": ("rl.bytes",),  # a `kv_transfer` span's payload
+}
+TEXTS = {"request_id": ("gen_ai.request.id", "sglang_request_id", "rl.request_id", "rid"), "role": ("rl.engine.role",)}
+#: what makes a span a request: SGLang's meta (what slime reads), or any OTel gen_ai latency
+_GEN_AI_LATENCY = tuple(k for keys in NUMBERS.values() for k in keys if k.startswith("gen_ai.latency."))
+PD_SPANS = ("sglang_pd_prefill", "sglang_pd_decode")  # slime's PD children of a request (segments below them)
+KV_TRANSFER = "kv_transfer"  # a span (phase or name) that moved KV: `rl.bytes` over its duration
+DELTA_STEPS = ("snapshot", "diff", "encode", "rebuild")  # what a delta weight sync adds (`delta_sync`)
+DISAGGREGATED = "disaggregated"  # a request seen by its client (slime) with PD durations: engines unknown
+#: slime's spans of the requests it sends to SGLang (through its router: the serving engine is not in its trace)
+CLIENT_SPANS = ("sglang_generate", "sglang_generate_stream")
+ROUTER = "sglang router"  # the engine those requests are listed under
+MIB, GIB = 2**20, 2**30
+_OUT = ("e2e_s", "queue_s", "decode_throughput", "prompt_tokens", "completion_tokens", "cached_tokens", "ttft_s",
+        "prefill_s", "decode_s", "kv_transfer_s", "kv_bytes", "cache_io_s")
+_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("kind", pa.string()),
+                     ("span_id", pa.string()), ("parent_span_id", pa.string()), ("name", pa.string()),
+                     ("process_id", pa.string()), ("service_name", pa.string()), ("rank", pa.int64()),
+                     ("step", pa.int64()), ("weight_version", pa.int64()), ("start_ns", pa.int64()),
+                     ("end_ns", pa.int64()), ("timed", pa.bool_()), ("request_id", pa.string()), ("role", pa.string()),
+                     *((c, pa.float64()) for c in _OUT)])
+_MARKS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("kind", pa.string()),
+                           ("step", pa.int64()), ("weight_version", pa.int64()), ("start_ns", pa.int64()),
+                           ("end_ns", pa.int64())])
+#: a cheap text test before the JSON parse, three searches as before vLLM's names were read (each
+#: costs about 0.6 s at 10M spans): `latency` finds SGLang's e2e_latency and every gen_ai.latency.*;
+#: without the keys' opening quote (see rollout._MENTIONS). slime's PD children are found by name.
+_MENTIONS = " OR ".join(f"contains(attributes, '{a}')" for a in ("latency", 'queue_time"', 'decode_throughput"'))
+_PD_NAMES = "name LIKE 'sglang_pd_%'"
+TABLE = "_rltrace_engine_requests"
+COLUMNS = ["engine", "role", "request_id", "span_id", "name", "process_id", "start_ns", "end_ns", "step", "step_from",
+           "weight_version", "version_from", *_OUT, "timed"]
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _sql(keep: str, source: str, where: str) -> str:
+    """Rows (kind request / pd / pd_segment / kv_transfer) of the spans of `source`: each span's
+    attribute text parsed once for every field."""
+    keys = [k for keys in (*NUMBERS.values(), *TEXTS.values()) for k in keys]
+    at = {k: f"v[{i + 1}]" for i, k in enumerate(keys)}
+    paths = ", ".join(f"'$.\"{k}\"'" for k in keys)
+    first = {c: "coalesce(" + ", ".join(at[k] for k in names) + ")" for c, names in {**NUMBERS, **TEXTS}.items()}
+    num = {c: f"TRY_CAST({first[c]} AS DOUBLE)" for c in NUMBERS}
+    sglang = " OR ".join(f"{at[k]} IS NOT NULL" for c in ("e2e_s", "queue_s", "decode_throughput") for k in NUMBERS[c])
+    gen_ai = " OR ".join(f"{at[k]} IS NOT NULL" for k in _GEN_AI_LATENCY)
+    segment = " OR ".join(f"{at[k]} IS NOT NULL" for k in ("pd_prefill_forward_duration", "pd_decode_forward_duration",
+                                                            "pd_decode_transfer_duration"))
+    timed = " OR ".join(f"{at[k]} IS NOT NULL" for k in (*NUMBERS["e2e_s"], *NUMBERS["decode_throughput"]))
+    event = {c: f"TRY_CAST(json_extract_string(events, '$[*].attributes.{a}')[1] AS DOUBLE)"
+             for c, a in (("_kv_mb", "pd_transfer_total_mb"), ("_kv_gb_s", "pd_transfer_speed_gb_s"))}
+    mb = f"coalesce({num['_kv_mb']}, CASE WHEN contains(events, 'pd_transfer_total_mb') THEN {event['_kv_mb']} END)"
+    gb_s = f"coalesce({num['_kv_gb_s']}, CASE WHEN contains(events, 'pd_transfer_speed_gb_s') THEN {event['_kv_gb_s']} END)"
+    is_kv = f"coalesce(phase, name) = {_q(KV_TRANSFER)}"
+    kv_bytes = f"CASE WHEN {is_kv} THEN {num['_bytes']} ELSE {mb} * {MIB} END"
+    kv_s = (f"CASE WHEN {is_kv} THEN (end_ns - start_ns) / 1e9 "
+            f"ELSE coalesce({mb} * {MIB} / nullif({gb_s} * {GIB}, 0), {num['kv_transfer_s']}) END")
+    plain = ", ".join(f"{num[c]} AS {c}" for c in _OUT if c not in ("kv_bytes", "kv_transfer_s"))
+    pd_names = ", ".join(_q(n) for n in PD_SPANS)
+    return f"""SELECT {keep}kind, span_id, parent_span_id, name, process_id, service_name, rank, step, weight_version,
+               start_ns, end_ns, timed, request_id, role, {', '.join(_OUT)}
+        FROM (SELECT {keep}CASE WHEN {sglang} OR {gen_ai} THEN 'request' WHEN name IN ({pd_names}) THEN 'pd'
+                              WHEN {segment} THEN 'pd_segment' WHEN {is_kv} THEN 'kv_transfer' END AS kind,
+                     span_id, parent_span_id, name, process_id, service_name, rank, step, weight_version, start_ns,
+                     end_ns, coalesce({timed}, false) AS timed, {first['request_id']} AS request_id,
+                     lower(coalesce({first['role']}, CASE WHEN name LIKE 'prefill Req %' THEN 'prefill'
+                                                          WHEN name LIKE 'decode Req %' THEN 'decode' END)) AS role,
+                     {plain}, {kv_bytes} AS kv_bytes, {kv_s} AS kv_transfer_s
+              FROM (SELECT {keep}*, json_extract_string(attributes, [{paths}]) AS v FROM {source}
+                    WHERE {where} AND ({_MENTIONS} OR {_PD_NAMES} OR {is_kv})))
+        WHERE kind IS NOT NULL"""
+
+
+_MARK_KIND = f"""CASE WHEN name = {_q(_model.MODEL_SPAN)} THEN 'model'
+                     WHEN coalesce(phase, name) = 'weight_sync' THEN 'weight_sync'
+                     WHEN coalesce(phase, name) IN ({", ".join(_q(n) for n in DELTA_STEPS)}) THEN 'delta_step'
+                     WHEN step IS NOT NULL AND phase IN ('rollout', 'generate') THEN 'window' END"""
+#: one pass over each part, reading no text but names: rollout windows and delta steps aggregated
+#: (per step / per part), weight syncs and model records one row each (a model's attribute text is
+#: read later, from its part only)
+_MARKS_SQL = f"""
+    SELECT filename, kind, step, any_value(weight_version) AS weight_version, min(start_ns) AS start_ns,
+           max(end_ns) AS end_ns
+    FROM (SELECT filename, {_MARK_KIND} AS kind, step, weight_version, start_ns, end_ns FROM part_spans)
+    WHERE kind IS NOT NULL
+    GROUP BY filename, kind, step, CASE WHEN kind IN ('weight_sync', 'model') THEN weight_version END,
+             CASE WHEN kind IN ('weight_sync', 'model') THEN start_ns END,
+             CASE WHEN kind IN ('weight_sync', 'model') THEN end_ns END"""
+
+
+def marks(con, kind: str) -> pd.DataFrame:
+    """The run's `window` (per step: first start and last end of its rollout/generate spans),
+    `weight_sync` (each finished sync: step, weight_version, start_ns, end_ns), `model` (each
+    `init(model=...)` record: part, start_ns) or `delta_step` (per span part holding a
+    finished delta-sync step: its first start, last end) rows."""
+    if not _parts.has_table(con, "spans"):
+        return pd.DataFrame(columns=["part", *_MARKS_SCHEMA.names[3:]])
+    name = _parts.table(con, "serving_marks", _MARKS_SCHEMA, _MARKS_SQL)
+    if kind == "window":
+        return con.execute(f"""SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM {name}
+                               WHERE kind = 'window' GROUP BY step ORDER BY start_ns, step""").df()
+    return con.execute(f"SELECT * EXCLUDE (rows, size) FROM {name} WHERE kind = ? ORDER BY end_ns, start_ns",
+                       [kind]).df()
+
+
+def stored_model(con) -> tuple[dict, str] | None:
+    """The model config the run's latest `init(model=...)` stored, with its source; None when none did.
+    Its attribute text is read from the one part that holds it."""
+    rows = marks(con, "model")
+    for part, start in zip(reversed(rows["part"].tolist()), reversed(rows["start_ns"].tolist())):
+        found = _model_record(con, part, int(start))
+        if found is not None:
+            return found
+    return None
+
+
+def _model_record(con, part: str, start_ns: int) -> tuple[dict, str] | None:
+    paths = con.execute("SELECT path FROM _rltrace_span_parts WHERE name = ?", [part]).fetchall()
+    if not paths:
+        return None
+    rows = con.execute(f"""SELECT attr(attributes, {_q(_model.CONFIG_ATTR)}), attr(attributes, {_q(_model.SOURCE_ATTR)})
+                           FROM read_parquet(?) WHERE name = ? AND start_ns = ?""",
+                       [paths[0][0], _model.MODEL_SPAN, start_ns]).fetchall()
+    for config, source in rows:
+        try:
+            value = json.loads(config)
+        except (TypeError, ValueError):
+            continue  # a damaged record: an older one may still hold
+        if isinstance(value, dict):
+            return value, source or "stored with the run"
+    return None
+
+
+def _sync_versions(con) -> pa.Table:
+    """Finished weight syncs by end: s_end and s_version, the version each installed (its
+    `rl.weight_version`; a sync without one counts as the version before it plus one, the first as 1)."""
+    rows = marks(con, "weight_sync")
+    rows = rows[rows["end_ns"].notna()]
+    versions, last = [], 0
+    for v in rows["weight_version"].tolist():
+        last = int(v) if not pd.isna(v) else last + 1
+        versions.append(last)
+    return pa.table({"s_end": pa.array(rows["end_ns"].to_numpy(np.int64), pa.int64()),
+                     "s_version": pa.array(versions, pa.int64())})
+
+
+def table(con) -> str:
+    """The name of the connection's engine-requests temp table (built once per connection).
+
+    A request's step and version when it has none of its own are looked up once per distinct start
+    time, in narrow ASOF joins (an ASOF join carrying the whole row through its sort took seconds at
+    300k requests)."""
+    if _parts.has_table(con, TABLE):
+        return TABLE
+    finished = _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"))
+    windows = marks(con, "window")
+    con.register("_rltrace_windows_now", pa.table({c: pa.array(windows[c].to_numpy(np.int64), pa.int64())
+                                                   for c in ("step", "start_ns", "end_ns")}))
+    con.register("_rltrace_syncs_now", _sync_versions(con))
+    resource = ("""(SELECT process_id, json_extract_string(r, '$."rl.engine.role"') AS resource_role,
+                           json_extract_string(r, '$."service.instance.id"') AS instance
+                    FROM (SELECT process_id, any_value(resource) AS r FROM processes GROUP BY process_id))"""
+                if _parts.has_table(con, "processes") else
+                "(SELECT NULL::VARCHAR AS process_id, NULL::VARCHAR AS resource_role, NULL::VARCHAR AS instance)")
+    cols = ", ".join(_SCHEMA.names[3:])
+    try:
+        con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS {TABLE} AS
+            WITH raw AS (SELECT {cols} FROM {finished} UNION ALL {_sql("", "spans", "is_open")}),
+            seg AS (SELECT c.parent_span_id AS request_span, sum(s.prefill_s) AS prefill_s, sum(s.decode_s) AS decode_s,
+                           sum(s.kv_transfer_s) AS kv_transfer_s
+                    FROM raw s JOIN raw c ON s.parent_span_id = c.span_id
+                    WHERE s.kind = 'pd_segment' AND c.kind = 'pd' GROUP BY c.parent_span_id),
+            req AS (SELECT r.* REPLACE (coalesce(r.prefill_s, g.prefill_s) AS prefill_s,
+                                        coalesce(r.decode_s, g.decode_s) AS decode_s,
+                                        coalesce(r.kv_transfer_s, g.kv_transfer_s) AS kv_transfer_s),
+                           g.request_span IS NOT NULL OR r.kv_bytes IS NOT NULL AS pd_seen, p.resource_role, p.instance
+                    FROM raw r LEFT JOIN seg g ON g.request_span = r.span_id
+                    LEFT JOIN {resource} p ON p.process_id = r.process_id WHERE r.kind = 'request'),
+            starts AS (SELECT DISTINCT start_ns FROM req),
+            stepped AS (SELECT t.start_ns, CASE WHEN t.start_ns <= w.end_ns THEN w.step END AS w_step
+                        FROM starts t ASOF LEFT JOIN _rltrace_windows_now w ON t.start_ns >= w.start_ns),
+            synced AS (SELECT t.start_ns, y.s_version
+                       FROM starts t ASOF LEFT JOIN _rltrace_syncs_now y ON t.start_ns > y.s_end)
+            SELECT CASE WHEN name IN ({", ".join(_q(n) for n in CLIENT_SPANS)}) THEN {_q(ROUTER)}
+                        ELSE coalesce(service_name, process_id)
+                             || CASE WHEN instance IS NOT NULL AND instance <> process_id THEN '-' || instance
+                                     WHEN rank IS NOT NULL THEN '-' || rank ELSE '' END END AS engine,
+                   CASE WHEN coalesce(role, resource_role) IS NOT NULL THEN lower(trim(coalesce(role, resource_role)))
+                        WHEN pd_seen THEN {_q(DISAGGREGATED)} ELSE 'unified' END AS role,
+                   request_id, span_id, name, process_id, r.start_ns, end_ns, coalesce(step, w_step) AS step,
+                   CASE WHEN step IS NOT NULL THEN 'own' WHEN w_step IS NOT NULL THEN 'rollout window' END AS step_from,
+                   coalesce(weight_version, s_version) AS weight_version,
+                   CASE WHEN weight_version IS NOT NULL THEN 'own'
+                        WHEN s_version IS NOT NULL THEN 'weight_sync' END AS version_from,
+                   {', '.join(_OUT)}, timed
+            FROM req r JOIN stepped USING (start_ns) JOIN synced USING (start_ns)""")  # unordered: readers sort
+    finally:
+        con.unregister("_rltrace_windows_now")
+        con.unregister("_rltrace_syncs_now")
+    return TABLE
+
+
+def engine_requests(con, steps: Steps = None, *, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """One row per engine request of the run (see the module doc for the sources), by start.
+
+    Returns: engine (the sending service and its instance: `vllm-0`; `sglang router` for the
+    requests slime sends, whose serving engine its trace does not name), role (`prefill` / `decode`
+    / `unified`: the resource attribute `rl.engine.role`, else SGLang's disaggregation mode in the
+    span name, else `disaggregated` for a request its client saw with PD durations, else
+    `unified`), request_id, span_id, name, process_id, start_ns, end_ns, step and step_from (`own`
+    attribute, else `rollout window`: the latest-starting step whose rollout/generate spans span
+    the request's start), weight_version and version_from (`own`, else `weight_sync`: the version
+    of the last weight_sync that ended before the request started), prompt_tokens,
+    completion_tokens, cached_tokens, queue_s, ttft_s, prefill_s, decode_s, e2e_s (seconds),
+    decode_throughput (tokens/s), kv_transfer_s, kv_bytes, cache_io_s, timed. A range of steps
+    keeps the requests whose step is in it; `columns` (of these) reads only those.
+    """
+    wanted = list(columns or COLUMNS)
+    unknown = sorted(set(wanted) - set(COLUMNS))
+    if unknown:
+        raise ValueError(f"invalid argument columns: {unknown} are not engine-request columns; valid: {COLUMNS}")
+    if not _parts.has_table(con, "spans"):
+        return pd.DataFrame(columns=wanted)
+    name = table(con)
+    where, params = step_filter(steps)
+    rows = con.sql(f"SELECT {', '.join(wanted)} FROM {name} WHERE {where} ORDER BY start_ns, span_id",
+                   params=params).to_arrow_table()
+    # through Arrow: text columns convert several times faster than with .df(); integers stay integers
+    return rows.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get)
+
+
+def kv_transfers(con) -> pd.DataFrame:
+    """Every recorded KV transfer with bytes and seconds: requests with SGLang's transfer summary,
+    and `kv_transfer` spans with `rl.bytes`. Returns: start_ns, kv_bytes, kv_transfer_s."""
+    if not _parts.has_table(con, "spans"):
+        return pd.DataFrame(columns=["start_ns", "kv_bytes", "kv_transfer_s"])
+    name = table(con)
+    finished = _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"))
+    return con.execute(f"""SELECT start_ns, kv_bytes, kv_transfer_s FROM {name}
+                           WHERE kv_bytes > 0 AND kv_transfer_s > 0
+                           UNION ALL
+                           SELECT start_ns, kv_bytes, kv_transfer_s FROM {finished}
+                           WHERE kind = 'kv_transfer' AND kv_bytes > 0 AND kv_transfer_s > 0
+                           ORDER BY start_ns""").df()

@@ -1,0 +1,338 @@
+"""The rollout engine as the capacity models describe it (docs/analysis.md, "Serving capacity").
+
+From the engine requests (`engine_requests`) and the model's cache geometry (`cache_geometry`):
+- prefill/decode balance: λ ≤ min(n_P μ_P, n_D μ_D, B_KV / S_KV) (`pd`);
+- prefix-cache hits counted within a weight version, hits that survived a weight update
+  (`prefix_cache`), and the prefill time the valid hits avoided (`hicache`);
+- the cache the run's peak load held, split between attention KV and recurrent state (`budget`);
+- requests in flight and completed per engine over the run (`timeline`).
+`section(con, steps)` gathers them into the report's `serving` dict; options a user gives for one
+report (`--model`, `--kv-dtype`, `--ssm-dtype`, `--kv-bandwidth`) are set on the connection first
+with `configure`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from rltrace import _model
+from rltrace._config import RltraceConfigError
+from rltrace.analysis import _intervals, _parts
+from rltrace.analysis._steps import Steps
+from rltrace.analysis.cache_geometry import dtype_name, geometry
+from rltrace.analysis.delta_sync import delta_sync, mean_of
+from rltrace.analysis.engine_requests import DISAGGREGATED, engine_requests, kv_transfers, stored_model
+
+_OPTIONS = "_rltrace_serving_options"
+FP8 = "fp8_e4m3"
+TIMELINE_BINS = 100  # bins of the requests-over-time series
+TIMELINE_ENGINES = 64  # engines drawn over time at most (those with the most requests)
+STALE_LISTED = 100  # stale hits listed one by one (all are counted)
+_NO_VERSION = -1.5  # the group of requests with no known weight version (sorts before every version)
+#: the engine-request columns this module reads
+_COLUMNS = ("engine", "role", "request_id", "span_id", "start_ns", "end_ns", "step", "weight_version", "prompt_tokens",
+            "completion_tokens", "cached_tokens", "prefill_s", "cache_io_s")
+
+
+def configure(con, *, model=None, kv_dtype: str | None = None, ssm_dtype: str | None = None,
+              kv_bandwidth: float | None = None) -> None:
+    """Options for the reports built on this connection: `model` (a config.json path, its directory,
+    or a dict; wins over the one stored by `init(model=...)`), `kv_dtype` / `ssm_dtype` (cache
+    dtype names, `cache_geometry.DTYPE_BITS`), `kv_bandwidth` (B_KV, bytes/s; wins over the one
+    measured). Raises `RltraceConfigError` / `DtypeError` naming a bad value."""
+    dtype_name(kv_dtype, "--kv-dtype")
+    dtype_name(ssm_dtype, "--ssm-dtype")
+    if kv_bandwidth is not None and not (isinstance(kv_bandwidth, (int, float)) and 0 < kv_bandwidth < math.inf):
+        raise RltraceConfigError(f"--kv-bandwidth must be a number of bytes per second > 0, got {kv_bandwidth!r}")
+    config, source = _model.read_config(model) if model is not None else (None, None)
+    options = {"model": config, "model_source": source, "kv_dtype": kv_dtype, "ssm_dtype": ssm_dtype,
+               "kv_bandwidth": None if kv_bandwidth is None else float(kv_bandwidth)}
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_OPTIONS} AS SELECT ? AS options", [json.dumps(options)])
+
+
+def _options(con) -> dict:
+    if not _parts.has_table(con, _OPTIONS):
+        return {}
+    return json.loads(con.execute(f"SELECT options FROM {_OPTIONS}").fetchone()[0])
+
+
+def model_geometry(con) -> tuple[dict | None, dict | None, str | None]:
+    """(geometry, the same with an FP8 KV cache, why there is none): from `--model` or the config
+    `init(model=...)` stored with the run."""
+    options = _options(con)
+    found = (options["model"], options["model_source"]) if options.get("model") else stored_model(con)
+    if found is None:
+        return None, None, "no model config: give `rltrace report RUN --model PATH` or `rltrace.init(model=...)`"
+    config, source = found
+    kv, ssm = options.get("kv_dtype"), options.get("ssm_dtype")
+    geo = geometry(config, kv_dtype=kv, ssm_dtype=ssm, source=source)
+    if geo["refused"]:
+        return geo, None, geo["refused"]
+    fp8 = geometry(config, kv_dtype=FP8, ssm_dtype=ssm, source=source)
+    return geo, fp8, None
+
+
+# --- per engine -------------------------------------------------------------------------------------
+def engines(req: pd.DataFrame) -> pd.DataFrame:
+    """Per engine: engine, role (its most common), requests (finished), busy_s (union of its
+    requests' times), mu_rps (requests / busy_s: completed per second while it had work),
+    prompt_tokens_mean, peak_requests (most requests in flight at once), peak_tokens (their
+    prompt + completion tokens: every request counted at its full length, an upper bound)."""
+    cols = ["engine", "role", "requests", "busy_s", "mu_rps", "prompt_tokens_mean", "peak_requests", "peak_tokens"]
+    done = req[req["end_ns"].notna()]
+    if done.empty:
+        return pd.DataFrame(columns=cols)
+    names = sorted(done["engine"].unique())
+    code = pd.Categorical(done["engine"], categories=names).codes.astype(np.int64)
+    start, end = done["start_ns"].to_numpy(np.int64), done["end_ns"].to_numpy(np.int64)
+    busy = _intervals.total(code, start, np.maximum(end, start), len(names)) / 1e9
+    tokens = (done["prompt_tokens"].fillna(0) + done["completion_tokens"].fillna(0)).to_numpy(float)
+    rows = []
+    for i, name in enumerate(names):
+        mine = code == i
+        peak, peak_tokens = _peak(start[mine], end[mine], tokens[mine])
+        role = done.loc[mine, "role"].mode()
+        rows.append({"engine": name, "role": role.iloc[0] if len(role) else None, "requests": int(mine.sum()),
+                     "busy_s": float(busy[i]), "mu_rps": float(mine.sum() / busy[i]) if busy[i] > 0 else None,
+                     "prompt_tokens_mean": mean_of(done.loc[mine, "prompt_tokens"]), "peak_requests": peak,
+                     "peak_tokens": peak_tokens})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _peak(start: np.ndarray, end: np.ndarray, tokens: np.ndarray) -> tuple[int, float]:
+    """Most intervals open at once, and the summed tokens of the intervals open then (an end
+    before a start at one instant: touching requests do not overlap)."""
+    times = np.concatenate([start, end])
+    delta = np.concatenate([np.ones(len(start)), -np.ones(len(end))])
+    weight = np.concatenate([tokens, -tokens])
+    order = np.lexsort((delta, times))
+    open_now, held = np.cumsum(delta[order]), np.cumsum(weight[order])
+    at = int(np.argmax(open_now))
+    return int(open_now[at]), float(held[at])
+
+
+# --- prefill / decode ----------------------------------------------------------------------------
+def pd_balance(per_engine: pd.DataFrame, kv_bytes_per_request: float | None, kv_bandwidth: float | None,
+               bandwidth_from: str | None, roles_seen: set[str]) -> tuple[dict | None, str | None]:
+    """(the `pd` dict, why it is None): λ_max = min(n_P μ_P, n_D μ_D, B_KV / S_KV), the stage
+    that sets it and the share of engines that should do prefill, μ_D / (μ_P + μ_D)."""
+    prefill = per_engine[(per_engine["role"] == "prefill") & per_engine["mu_rps"].notna()]
+    decode = per_engine[(per_engine["role"] == "decode") & per_engine["mu_rps"].notna()]
+    if prefill.empty or decode.empty:
+        if per_engine.empty:
+            return None, "no engine requests recorded"
+        if roles_seen == {DISAGGREGATED}:
+            return None, ("the requests went through a prefill/decode router (their PD durations are recorded) but "
+                          "not which engine served them: n_P and n_D need the engines' own spans (rltrace collect, "
+                          "resource attribute rl.engine.role)")
+        if prefill.empty and decode.empty:
+            return None, ("unified deployment: no engine reports the role prefill or decode (set "
+                          "OTEL_RESOURCE_ATTRIBUTES=rl.engine.role=prefill on prefill engines, =decode on decode engines)")
+        return None, f"only {'decode' if prefill.empty else 'prefill'} engines report their role"
+    mu_p, mu_d = float(prefill["mu_rps"].mean()), float(decode["mu_rps"].mean())
+    capacity = {"prefill": len(prefill) * mu_p, "decode": len(decode) * mu_d}
+    kv_rps = kv_bandwidth / kv_bytes_per_request if kv_bandwidth and kv_bytes_per_request else None
+    if kv_rps is not None:
+        capacity["kv_transfer"] = kv_rps
+    limit = min(capacity, key=capacity.get)
+    return {
+        "prefill_engines": len(prefill), "decode_engines": len(decode), "mu_prefill": mu_p, "mu_decode": mu_d,
+        "prefill_capacity_rps": capacity["prefill"], "decode_capacity_rps": capacity["decode"],
+        "kv_bandwidth": kv_bandwidth, "kv_bandwidth_from": bandwidth_from if kv_bandwidth else None,
+        "kv_bytes_per_request": kv_bytes_per_request, "kv_transfer_rps": kv_rps,
+        "lambda_max": capacity[limit], "limit": limit, "prefill_share_balanced": mu_d / (mu_p + mu_d),
+    }, None
+
+
+# --- prefix cache --------------------------------------------------------------------------------------
+def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
+    """(the `prefix_cache` dict, why it is None). Hits are counted on prefill and unified engines
+    (a decode engine's prompt KV arrives by transfer). A stale hit is a request that reports cached
+    tokens although it is the first on its engine since a weight update: those tokens were computed
+    by the old weights."""
+    keep = (req["role"] != "decode") & req["prompt_tokens"].notna() & req["cached_tokens"].notna()
+    r = req.loc[keep, ["engine", "start_ns", "span_id", "request_id", "step", "weight_version", "prompt_tokens",
+                       "cached_tokens", "prefill_s", "cache_io_s"]]
+    r = r[r["prompt_tokens"] > 0]
+    if r.empty:
+        return None, "no request reports both prompt and cached tokens"
+    engine = pd.factorize(r["engine"], sort=True)[0]
+    order = np.lexsort((r["start_ns"].to_numpy(np.int64), engine))  # stable: ties keep the table's span_id order
+    r, engine = r.iloc[order], engine[order]  # by engine, then start
+    version = r["weight_version"].astype("Float64")
+    group = version.fillna(_NO_VERSION).to_numpy(float)
+    first_on_engine = np.ones(len(r), bool)
+    first_on_engine[1:] = engine[1:] != engine[:-1]
+    versions = pd.factorize(group)[0]
+    first_of_version = np.zeros(len(r), bool)  # the earliest request of each (engine, version): first in this order
+    first_of_version[np.unique(engine * (versions.max() + 1) + versions, return_index=True)[1]] = True
+    cached_tokens = r["cached_tokens"].to_numpy(float)
+    stale = first_of_version & ~first_on_engine & (cached_tokens > 0)
+    prompt, cached = float(r["prompt_tokens"].sum()), float(cached_tokens.sum())
+    stale_cached = float(cached_tokens[stale].sum())
+    known = version.notna().any()
+    table = pd.DataFrame({"_v": group, "prompt_tokens": r["prompt_tokens"].to_numpy(float), "cached_tokens": cached_tokens,
+                          "_stale": stale, "_stale_cached": np.where(stale, cached_tokens, 0.0)})
+    sums = table.groupby("_v", sort=True).agg(requests=("_v", "size"), prompt_tokens=("prompt_tokens", "sum"),
+                                              cached_tokens=("cached_tokens", "sum"), stale_hits=("_stale", "sum"),
+                                              stale_cached_tokens=("_stale_cached", "sum"))
+    per_version = [{"weight_version": None if v == _NO_VERSION else int(v), "requests": int(n), "prompt_tokens": float(p),
+                    "cached_tokens": float(c), "hit_rate": c / p, "stale_hits": int(k), "stale_cached_tokens": float(sc),
+                    "hit_rate_within_version": (c - sc) / p}
+                   for v, n, p, c, k, sc in sums.itertuples()]
+    named = r.iloc[np.flatnonzero(stale)[:STALE_LISTED]][["engine", "weight_version", "request_id", "span_id",
+                                                         "cached_tokens", "start_ns", "step"]]
+    hits = [{"engine": e, "weight_version": None if pd.isna(v) else int(v), "request": q if isinstance(q, str) and q else s,
+             "cached_tokens": int(c), "start_ns": int(t), "step": None if pd.isna(st) else int(st)}
+            for e, v, q, s, c, t, st in named.itertuples(index=False)]
+    return {
+        "requests": len(r), "prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt,
+        "hit_rate_within_version": (cached - stale_cached) / prompt if known else None,
+        "versions_known": bool(known), "stale_hits": hits, "stale_hit_count": int(stale.sum()),
+        "stale_cached_tokens": stale_cached,
+        "per_version": per_version, "_stale": stale, "_rows": r,
+    }, None
+
+
+def hicache(prefix: dict | None) -> tuple[dict | None, dict]:
+    """(the `hicache` dict, reasons for its null figures): Δt ≈ h · t_avoided_prefill − t_cache_IO,
+    with the prefill cost per token fitted over requests without hits (Σ prefill_s / Σ prompt tokens)."""
+    if prefix is None:
+        return None, {"hicache": "no prefix-cache figures (see prefix_cache)"}
+    r, stale = prefix["_rows"], prefix["_stale"]
+    missing = {}
+    cold = r[(r["cached_tokens"] == 0) & (r["prefill_s"] > 0)]
+    per_token = float(cold["prefill_s"].sum() / cold["prompt_tokens"].sum()) if len(cold) else None
+    if per_token is None:
+        missing["hicache.prefill_s_per_token"] = "no request without a hit records its prefill time"
+    valid = r[(r["cached_tokens"] > 0) & ~stale]
+    avoided = float(valid["cached_tokens"].sum()) * per_token if per_token is not None else None
+    io = r["cache_io_s"].dropna()
+    cache_io = float(io.sum()) if len(io) else None
+    if cache_io is None:
+        missing["hicache.cache_io_s"] = "not recorded"
+    return {"requests_with_hits": len(valid), "valid_cached_tokens": float(valid["cached_tokens"].sum()),
+            "prefill_s_per_token": per_token, "prefill_fitted_on": len(cold), "avoided_prefill_s": avoided,
+            "cache_io_s": cache_io, "net_gain_s": avoided - cache_io if avoided is not None and cache_io is not None else None,
+            }, missing
+
+
+# --- load over time and the cache it held --------------------------------------------------------------
+def budget(per_engine: pd.DataFrame, geo: dict | None, fp8: dict | None) -> tuple[dict | None, str | None]:
+    """(the cache the busiest engine held at its peak, why None): B = N · c_A + K · c_R with K its
+    most requests at once and N their tokens; pool ratio r = B_R / B_A; the same with an FP8 KV cache."""
+    if geo is None or geo.get("c_A") is None:
+        return None, "no cache geometry (see kv_bytes_per_token)"
+    known = per_engine.dropna(subset=["peak_requests"])
+    if known.empty:
+        return None, "no finished engine request: the peak load is unknown"
+    top = known.loc[known["peak_requests"].idxmax()]
+    slots, tokens = int(top["peak_requests"]), float(top["peak_tokens"])
+    attention, state = tokens * geo["c_A"], slots * (geo["c_R"] or 0)
+    out = {"engine": top["engine"], "slots": slots, "tokens": tokens, "kv_dtype": geo["kv_dtype"],
+           "attention_bytes": attention, "state_bytes": state, "total_bytes": attention + state,
+           "state_share": state / (attention + state) if attention + state > 0 else None,
+           "pool_ratio": state / attention if attention > 0 else None, "fp8": None}
+    if fp8 is not None and fp8["c_A"] != geo["c_A"]:
+        a8 = tokens * fp8["c_A"]
+        out["fp8"] = {"c_A": fp8["c_A"], "attention_bytes": a8, "total_bytes": a8 + state,
+                      "state_share": state / (a8 + state) if a8 + state > 0 else None}
+    return out, None
+
+
+def timeline(req: pd.DataFrame, per_engine: pd.DataFrame) -> list[dict]:
+    """Per engine and time bin over the run's requests: in_flight (time-averaged requests in flight)
+    and completed_rps (requests that ended in the bin / its length)."""
+    done = req[req["end_ns"].notna()]
+    if done.empty:
+        return []
+    lo, hi = int(done["start_ns"].min()), int(done["end_ns"].max())
+    edges = np.linspace(0.0, float(max(hi - lo, TIMELINE_BINS)), TIMELINE_BINS + 1)  # ns after lo (float64 at
+    width = (edges[1] - edges[0]) / 1e9  # 1.7e18 ns is only exact to 256 ns: times are taken relative to lo)
+    busiest = per_engine.sort_values("requests", ascending=False, kind="stable").head(TIMELINE_ENGINES)
+    code, names = pd.factorize(done["engine"])
+    where = {name: i for i, name in enumerate(names)}
+    starts, ends = done["start_ns"].to_numpy(np.int64) - lo, done["end_ns"].to_numpy(np.int64) - lo
+    out = []
+    for engine, role in zip(busiest["engine"], busiest["role"]):
+        mine = code == where[engine]
+        s, e = np.sort(starts[mine].astype(float)), np.sort(ends[mine].astype(float))
+        cs, ce = np.concatenate([[0.0], np.cumsum(s)]), np.concatenate([[0.0], np.cumsum(e)])
+        ns_, ne_ = np.searchsorted(s, edges, "right"), np.searchsorted(e, edges, "right")
+        area = (ns_ * edges - cs[ns_]) - (ne_ * edges - ce[ne_])  # ∫ requests in flight dt (ns) up to each edge
+        in_flight, ended = np.diff(area) / np.diff(edges), np.diff(ne_)
+        ended[0] += int(np.count_nonzero(e <= edges[0]))  # ends at the first edge belong to the first bin
+        out += [{"engine": engine, "role": role, "start_ns": lo + int(edges[i]), "bin_s": width,
+                 "in_flight": float(in_flight[i]), "completed_rps": float(ended[i] / width)} for i in range(TIMELINE_BINS)]
+    return out
+
+
+# --- the report's section ---------------------------------------------------------------------------
+def section(con, steps: Steps = None) -> dict:
+    """The report's `serving` dict (keys in docs/analysis.md, "Serving capacity")."""
+    options = _options(con)
+    req = engine_requests(con, steps, columns=_COLUMNS)
+    geo, fp8, geo_missing = model_geometry(con)
+    missing: dict[str, str] = {}
+    if req.empty:
+        missing["requests"] = "no engine requests recorded (vLLM/SGLang spans via rltrace collect, slime's traces)"
+    if geo_missing:
+        for key in ("kv_bytes_per_token", "state_bytes_per_slot", "kv_bytes_per_request_mean"):
+            missing[key] = geo_missing
+    per_engine = engines(req)
+    roles = set(req["role"].dropna().unique())
+    pd_roles = {"prefill", "decode"} <= set(per_engine["role"].dropna())
+    prompt = req[req["role"] == "prefill"] if pd_roles else req
+    prompt_mean = mean_of(prompt["prompt_tokens"])
+    s_kv = None
+    if geo_missing is None and prompt_mean is not None:
+        s_kv = prompt_mean * geo["c_A"] + (geo["c_R"] or 0)
+    elif geo_missing is None:
+        missing["kv_bytes_per_request_mean"] = "no request reports its prompt tokens"
+    bandwidth, bandwidth_from = options.get("kv_bandwidth"), "given"
+    if bandwidth is None:
+        moved = kv_transfers(con)
+        if len(moved):
+            bandwidth, bandwidth_from = float(moved["kv_bytes"].sum() / moved["kv_transfer_s"].sum()), "measured"
+    balance, why = pd_balance(per_engine, s_kv, bandwidth, bandwidth_from, roles)
+    if why:
+        missing["pd"] = why
+    elif balance["kv_transfer_rps"] is None:
+        missing["pd.kv_transfer_rps"] = ("no model config (see kv_bytes_per_token)" if s_kv is None else
+                                         "no KV bandwidth: no KV-transfer record; give --kv-bandwidth BYTES_PER_S")
+    prefix, why = prefix_cache(req)
+    if why:
+        missing["prefix_cache"] = why
+    elif prefix["hit_rate_within_version"] is None:
+        missing["prefix_cache.hit_rate_within_version"] = "no weight version recorded: stale hits cannot be told"
+    cache, cache_missing = hicache(prefix)
+    missing |= cache_missing
+    load, why = budget(per_engine, geo, fp8)
+    if why:
+        missing["budget"] = why
+    sync = delta_sync(con, steps)
+    if prefix is not None:
+        prefix = {k: v for k, v in prefix.items() if not k.startswith("_")}
+    return {
+        "requests": len(req),
+        "engines": per_engine.to_dict("records"),
+        "kv_bytes_per_token": None if geo_missing else geo["c_A"],
+        "state_bytes_per_slot": None if geo_missing else geo["c_R"],
+        "kv_bytes_per_request_mean": s_kv,
+        "kv_bandwidth": bandwidth,
+        "kv_bandwidth_from": bandwidth_from if bandwidth is not None else None,
+        "prompt_tokens_mean": prompt_mean,
+        "geometry": geo,
+        "kv_bytes_per_token_fp8": None if fp8 is None else fp8["c_A"],
+        "pd": balance,
+        "prefix_cache": prefix,
+        "hicache": cache,
+        "budget": load,
+        "timeline": timeline(req, per_engine),
+        "delta_sync": sync,
+        "missing": missing,
+    }

@@ -1,0 +1,139 @@
+"""Engine: the rollout engine as the capacity models describe it, from the report's `serving`
+section: requests per engine over the run (prefill and decode lanes), throughput per engine
+against λ_max, prefix-cache hits per weight version with stale hits marked, and the cache budget.
+Every number is the report's; where the run lacks what a figure needs, the page says what."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from rltrace.analysis import _format as fmt
+from rltrace.report import serving_findings
+from rltrace.ui import data, engine_charts, state
+
+run = state.selected()
+steps = state.steps()
+report = data.report(run, steps)
+serving = report.get("serving") or {}
+missing = serving.get("missing") or {}
+
+st.title("Engine")
+scope = "every step" if steps is None else f"steps {steps[0]}–{steps[1]}"
+st.caption(f"Engine requests of {scope}: vLLM and SGLang spans received by `rltrace collect`, slime's request "
+           "traces, and rltrace's own spans carrying request fields. docs/analysis.md, \"Serving capacity\", "
+           "defines every figure.")
+
+
+def why(key: str, fallback: str) -> str:
+    return fmt.md(missing.get(key) or fallback)
+
+
+def size(value) -> str:
+    return fmt.size_text(value)
+
+
+pd_ = serving.get("pd")
+prefix = serving.get("prefix_cache")
+cols = st.columns(5)
+cols[0].metric("Requests", f"{serving.get('requests', 0):,}", help="engine requests in the selected steps")
+cols[1].metric("λ_max", "-" if not pd_ else f"{fmt.number_text(pd_['lambda_max'])} req/s",
+               help="min(n_P μ_P, n_D μ_D, B_KV / S_KV): the request rate the prefill/decode split sustains")
+cols[2].metric("Limited by", "-" if not pd_ else pd_["limit"].replace("_", " "))
+cols[3].metric("Prefix-cache hits", "-" if not prefix else fmt.share_text(prefix["hit_rate"]),
+               delta=None if not prefix or prefix["hit_rate_within_version"] is None else
+               f"{fmt.share_text(prefix['hit_rate_within_version'])} within a weight version", delta_color="off",
+               help="cached / prompt tokens on prefill and unified engines; within a version: stale hits left out")
+cols[4].metric("KV per token (c_A)", size(serving.get("kv_bytes_per_token")),
+               delta=None if serving.get("state_bytes_per_slot") is None else
+               f"c_R {size(serving['state_bytes_per_slot'])} per state slot", delta_color="off",
+               help="attention KV bytes per token of the whole model; c_R: a hybrid model's recurrent state per request slot")
+
+said = serving_findings.sentences(report)  # the report's own sentences about the engine, as `rltrace report` prints them
+if said:
+    st.info("\n".join(f"- {fmt.md(s)}" for s in said), icon=":material/bolt:")
+
+if not serving.get("requests"):
+    st.info(f"No engine requests to show: {why('requests', 'none recorded')}. Send vLLM or SGLang spans to "
+            "`rltrace collect RUN` (resource attribute `rl.engine.role=prefill|decode` names an engine's role), "
+            "import slime's dumps with `rltrace import slime`, or record `generate` phases with `prompt_tokens`, "
+            "`cached_tokens` and `e2e_latency`.")
+else:
+    st.subheader("Requests per engine over the run")
+    timeline = pd.DataFrame(serving.get("timeline") or [])
+    if timeline.empty:
+        st.info("No finished request: nothing in flight to draw yet.")
+    else:
+        st.plotly_chart(engine_charts.requests_over_time(timeline), key="engine_timeline")
+
+    st.subheader("Throughput per engine and λ_max")
+    engines = pd.DataFrame(serving.get("engines") or [])
+    if engines.empty or engines["mu_rps"].isna().all():
+        st.info("No engine finished a request: throughput unknown.")
+    else:
+        st.plotly_chart(engine_charts.engine_throughput(engines, pd_), key="engine_throughput")
+    if pd_:
+        share = pd_["prefill_share_balanced"]
+        st.markdown(f"{pd_['prefill_engines']} prefill and {pd_['decode_engines']} decode engines: μ_P = "
+                    f"{fmt.number_text(pd_['mu_prefill'])} req/s, μ_D = {fmt.number_text(pd_['mu_decode'])} req/s per "
+                    f"engine; a balanced split gives {fmt.share_text(share)} of the engines to prefill.")
+        if pd_.get("kv_transfer_rps") is None:
+            st.caption(f"KV link not checked: {why('pd.kv_transfer_rps', 'not recorded')}.")
+    else:
+        st.info(f"No prefill/decode balance: {why('pd', 'not computed')}.")
+    with st.expander("Engines"):
+        st.dataframe(engines, hide_index=True, width="stretch",
+                     column_config={"mu_rps": st.column_config.NumberColumn("req/s while busy", format="%.3g"),
+                                    "busy_s": st.column_config.NumberColumn("busy (s)", format="%.3g")})
+
+    st.subheader("Prefix-cache hits per weight version")
+    if not prefix:
+        st.info(f"No prefix-cache figures: {why('prefix_cache', 'not recorded')}.")
+    else:
+        st.plotly_chart(engine_charts.hits_by_version(pd.DataFrame(prefix["per_version"])), key="engine_hits")
+        if prefix["hit_rate_within_version"] is None:
+            st.caption(f"Stale hits cannot be told: {why('prefix_cache.hit_rate_within_version', 'no weight version')}.")
+        stale = pd.DataFrame(prefix["stale_hits"])
+        if len(stale):
+            st.warning(f"{len(stale)} request(s) got cached tokens although each was the first on its engine after a "
+                       "weight update: those tokens were computed by the old weights (a mismatch source).")
+            stale["weight_version"] = [engine_charts.version_label(None if pd.isna(v) else int(v)) for v in stale["weight_version"]]
+            st.dataframe(stale[["engine", "weight_version", "request", "cached_tokens", "step"]], hide_index=True,
+                         width="stretch", key="engine_stale")
+        h = serving.get("hicache") or {}
+        if h.get("avoided_prefill_s") is not None:
+            io = ("cache I/O not recorded, so this is an upper bound on the gain" if h.get("cache_io_s") is None else
+                  f"cache I/O took {fmt.seconds_text(h['cache_io_s'])}: net {fmt.seconds_text(h['net_gain_s'])}")
+            st.markdown(f"Valid hits avoided about **{fmt.seconds_text(h['avoided_prefill_s'])}** of prefill "
+                        f"({fmt.seconds_text(h['prefill_s_per_token'] * 1000)} per 1,000 prompt tokens, fitted on "
+                        f"{h['prefill_fitted_on']} requests without a hit); {io}.")
+        else:
+            st.caption(f"Avoided prefill unknown: {why('hicache.prefill_s_per_token', 'no prefill time recorded')}.")
+
+st.subheader("Cache budget")
+geo = serving.get("geometry")
+budget = serving.get("budget")
+if not geo:
+    st.info(f"No cache geometry: {why('kv_bytes_per_token', 'no model config')}.")
+elif geo.get("refused"):
+    st.info(f"Cache geometry not computed for this model: {fmt.md(geo['refused'])}.")
+else:
+    if budget:
+        st.plotly_chart(engine_charts.budget_split(budget), key="engine_budget")
+        st.caption(f"{fmt.md(budget['engine'])} at its peak: {budget['slots']} requests at once holding "
+                   f"{budget['tokens']:,.0f} tokens (each counted at its full length, an upper bound).")
+    else:
+        st.info(f"No budget split: {why('budget', 'the peak load is unknown')}.")
+    st.dataframe(pd.DataFrame(geo["layers"]), hide_index=True, width="stretch", key="engine_layers")
+    st.caption(f"From {fmt.md(geo['source'])}; KV cache {fmt.md(geo['kv_dtype'])}"
+               + (f", recurrent state {fmt.md(geo['ssm_dtype'])}, conv state {fmt.md(geo['conv_dtype'])}"
+                  if geo.get("c_R") else "") + ".")
+
+delta = serving.get("delta_sync")
+if delta:
+    st.subheader("Delta weight sync")
+    verdict = ("pays" if delta["worth_it"] else "does not pay") if delta["worth_it"] is not None else "cannot be judged"
+    st.markdown(f"Over {delta['syncs']} sync(s) it **{verdict}**: saves {fmt.seconds_text(delta['saved_s_mean'])} of "
+                f"transfer per sync, costs {fmt.seconds_text(delta['cost_s_mean'])} of "
+                f"{fmt.md(', '.join(delta['costs']) or 'no traced step')}.")
+    st.dataframe(pd.DataFrame(delta["per_sync"]), hide_index=True, width="stretch", key="engine_delta")
