@@ -347,9 +347,14 @@ def _staleness(r: dict) -> list[str]:
     return [f"Staleness: mean {s['mean']:.2f}, max {s['max']:.0f} weight versions."]
 
 
+def mismatch_missing_sentences(r: dict) -> list[str]:
+    """Where an integration could not record mismatch, and why (the report and the Reward page)."""
+    return [f"Mismatch not recorded on {_who(m['role'], m['rank'])} ({_steps_text(m)}): {m['reason']}."
+            for m in r["mismatch"].get("missing") or []]
+
+
 def _mismatch(r: dict) -> list[str]:
-    out = [f"Mismatch not recorded on {_who(m['role'], m['rank'])} ({_steps_text(m)}): {m['reason']}."
-           for m in r["mismatch"].get("missing") or []]
+    out = mismatch_missing_sentences(r)
     for t in r["mismatch"]["trends"]:
         for c in t.get("computations") or []:
             if c.get("agree") is False:

@@ -14,6 +14,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from rltrace._config import paths_value
+from rltrace.analysis import _format as fmt
 from tests.report.test_stalls import stalled_run
 
 from .conftest import APP, RUN_TIMEOUT_S, no_exceptions
@@ -71,3 +72,20 @@ def test_every_page_after_every_other_page(colocated_run, monkeypatch):
     at.run()
     for name in _every_pair():
         visit(at, name)
+
+
+def test_the_reward_page_says_where_mismatch_was_not_recorded(tmp_path, monkeypatch):
+    from rltrace.testing import RunBuilder
+
+    b = RunBuilder(tmp_path / "run")
+    tr = b.process("trainer")
+    for step in range(3):
+        tr.span("rollout", step, step + 0.5, step=step,
+                mismatch_missing="model.generate is wrapped by a plain function; the log-prob processor cannot be attached")
+        tr.span("train", step + 0.5, step + 1, step=step)
+    b.write()
+    at = fresh(monkeypatch, b.run_dir)
+    visit(at, "reward")
+    assert [w.value for w in at.warning] == [fmt.md(
+        "Mismatch not recorded on trainer0 (3 steps, 0–2): model.generate is wrapped by a plain function; the "
+        "log-prob processor cannot be attached.")]

@@ -87,9 +87,12 @@ if report["open_spans"]:
     hangs["who"] = [fmt.process_name(r, k) for r, k in zip(hangs["role"], hangs["rank"])]
     st.markdown("**Open spans** — select one to see it on the Timeline")
     picked = st.dataframe(
-        hangs[["who", "phase", "name", "step", "stalled_s", "ended_cleanly", "span_id"]], hide_index=True,
+        hangs[["who", "phase", "name", "step", "state", "stalled_s", "ended_cleanly", "span_id"]], hide_index=True,
         on_select="rerun", selection_mode="single-row", key="overview_hangs", width="stretch",
         column_config={"stalled_s": st.column_config.NumberColumn("open before last write (s)", format="%.3f"),
+                       "state": st.column_config.TextColumn("state", help="crashed: its process died of an uncaught "
+                                                            "exception; killed: it stopped without one; running: still "
+                                                            "alive (hung, or still going); exited: it shut down"),
                        "ended_cleanly": st.column_config.CheckboxColumn("process shut down")},
     )
     if picked.selection.rows:

@@ -8,6 +8,7 @@ import plotly.express as px
 import streamlit as st
 
 from rltrace.analysis import _format as fmt
+from rltrace.report import findings
 from rltrace.ui import charts, data, state
 
 MAX_POINTS = 20_000  # samples drawn in the scatter (latest steps first)
@@ -65,6 +66,9 @@ with right:
     else:
         st.info("No staleness: log `weight_version` and `train_version` per sample, or `staleness_mean`.")
 
+for ref in chosen_refs:
+    for sentence in findings.mismatch_missing_sentences(data.report(ref, rng)):
+        st.warning(fmt.md((f"{labels[ref.path]}: " if overlay else "") + sentence))
 cols = st.columns(2)
 for i, (metric, title, unit, log) in enumerate(PANELS):
     frames = mism.get(metric, {})
