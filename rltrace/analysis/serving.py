@@ -57,7 +57,7 @@ def configure(con, *, model=None, kv_dtype: str | None = None, ssm_dtype: str | 
 def _options(con) -> dict:
     if not _parts.has_table(con, _OPTIONS):
         return {}
-    return json.loads(con.execute(f"SELECT options FROM {_OPTIONS}").fetchone()[0])
+    return json.loads(con.execute(f"SELECT options FROM {_OPTIONS}").fetchall()[0][0])
 
 
 def model_geometry(con) -> tuple[dict | None, dict | None, str | None]:

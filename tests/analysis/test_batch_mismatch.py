@@ -73,7 +73,7 @@ def test_report_names_the_source(slime_run, capsys):
     r = build(store.open(run_dir))
     rows = [p for p in r["mismatch"]["per_step"] if p["source"] == "batches"]
     assert {p["metric"] for p in rows} == set(expected) and {p["step"] for p in rows} == {3}
-    assert any("from frozen batches" in f and "train_rollout_logprob_abs_diff" in f for f in r["findings"])
+    assert any("(frozen batches)" in f and "train_rollout_logprob_abs_diff" in f for f in r["findings"])
     assert cli(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "(batches)" in out  # the mismatch rows name their source
