@@ -76,7 +76,7 @@ def test_report_names_the_source(slime_run, capsys):
     assert any("(frozen batches)" in f and "train_rollout_logprob_abs_diff" in f for f in r["findings"])
     assert cli(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "(batches)" in out  # the mismatch rows name their source
+    assert "(frozen batches)" in out  # the mismatch rows name their source
 
 
 def test_frozen_batch_with_both_log_probs(run_dir):
