@@ -62,14 +62,15 @@ def main_list(args: argparse.Namespace) -> int:
         )
         return 0
     t = Table(title=f"Profiles of {term(args.run_dir)}", title_justify="left", box=box.SIMPLE_HEAD)
-    wide = console.width >= WIDE  # narrower: the trigger is left out and a status other than ok joins the kind
+    wide = console.width >= WIDE  # narrower: the trigger (and a status other than ok) joins the kind
     columns = ("id", "step", "phase", "process", "kind", *(("trigger", "status") if wide else ()), "size", "top frame")
     for col in columns:
-        t.add_column(col, justify="right" if col in ("step", "size") else "left", no_wrap=col != "top frame",
-                     overflow="fold")
+        t.add_column(col, justify="right" if col in ("step", "size") else "left",
+                     no_wrap=col not in ("top frame", "kind"), overflow="fold")
     for r in rows:
         top = "-" if r["top_frame"] is None else f"{term(r['top_frame'])} ({share_text(r['top_self_share'])})"
-        kind = term(r["kind"]) + ("" if wide or r["status"] == "ok" else f" ({_status(r['status'])})")
+        kind = term(r["kind"]) if wide else f"{term(r['kind'])} ({term(r['trigger'])})" + (
+            "" if r["status"] == "ok" else f" {_status(r['status'])}")
         t.add_row(
             term(r["profile_id"][:8]),
             "" if r["step"] is None else str(r["step"]),
