@@ -13,6 +13,7 @@ import sys
 
 from rltrace._config import RltraceError
 from rltrace.analysis._format import shown
+from rltrace.cli._options import SKIP_CORRUPT_HINT
 from rltrace.cli import collect, compact, export, importer, info, profile, replay, report, run, ui, watch
 
 COMMANDS = [info, compact, report, replay, importer, export, profile, ui, watch, run, collect]
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit-time flush
         return code
     except RltraceError as exc:
-        print(f"rltrace: error: {shown(exc)}", file=sys.stderr)  # it may quote a file's text: escapes stay inert
+        hint = SKIP_CORRUPT_HINT if _could_skip(args, exc) else ""
+        print(f"rltrace: error: {shown(exc)}{hint}", file=sys.stderr)  # it may quote a file's text: escapes stay inert
         return 2
     except KeyboardInterrupt:
         return 130
@@ -106,10 +108,16 @@ def _damaged_parts(args: argparse.Namespace, exc: Exception) -> bool:
         return False
     if getattr(args, "skip_corrupt", False):
         for line in damaged:
-            print(f"rltrace: skipping {line}", file=sys.stderr)
+            print(f"rltrace: skipping {shown(line)}", file=sys.stderr)
         return True
-    hint = " (rerun with --skip-corrupt to skip it)" if hasattr(args, "skip_corrupt") else ""
-    raise CorruptPartError("; ".join(damaged) + hint) from None
+    raise CorruptPartError("; ".join(damaged)) from None
+
+
+def _could_skip(args: argparse.Namespace, exc: Exception) -> bool:
+    """A damaged part stopped a command that has --skip-corrupt and was not given it."""
+    from rltrace.store import CorruptPartError
+
+    return isinstance(exc, CorruptPartError) and getattr(args, "skip_corrupt", None) is False
 
 
 if __name__ == "__main__":  # python -m rltrace.cli

@@ -99,12 +99,14 @@ def compact(
     target_rows: int = TARGET_ROWS,
     grace_s: float = GRACE_S,
     progress: Callable[[str, int, int], None] | None = None,
+    skip_corrupt: bool = False,
 ) -> list[CompactResult]:
     """Merge the small parts of every compactable table of a run. Safe while writers and readers run.
 
     `progress(table, done, total)` is called after each merged group (the CLI draws a bar).
     Replaced parts are deleted after `grace_s` seconds (this call waits for it).
-    Raises `StoreError` if another compaction of the same run is running.
+    Raises `StoreError` if another compaction of the same run is running. With `skip_corrupt`,
+    damaged parts are left where they are, unmerged (and never deleted).
     """
     from rltrace.store import objstore
 
@@ -119,7 +121,7 @@ def compact(
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StoreError(f"another `rltrace compact` is running on {run_dir}; wait for it to finish") from None
-        snap = scan(run_dir, tables=tables)
+        snap = scan(run_dir, tables=tables, skip_corrupt=skip_corrupt)
         for path in snap.replaced:  # a previous compaction stopped before deleting its inputs
             path.unlink(missing_ok=True)
         now = time.time()

@@ -221,7 +221,7 @@ def test_export_replay_and_dashboard_accept_the_uri(s3_run, capsys, tmp_path):
 
     from rltrace.cli import ui as ui_cli
 
-    _, ui_env = ui_cli.command(argparse.Namespace(run_dirs=[uri], port=8501, host="127.0.0.1"))
+    _, ui_env = ui_cli.command(argparse.Namespace(run_dirs=[uri], port=8501, host="127.0.0.1", skip_corrupt=False))
     assert uri in ui_env["RLTRACE_UI_RUNS"]
     from ui import runs
 
