@@ -66,10 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             code = args.func(args) or 0
-        except Exception as exc:  # a part whose footer reads but whose data pages do not
-            if not _damaged_parts(args, exc):
+        except Exception as exc:
+            if _vanished(exc):  # a compaction removed parts after this command listed them
+                code = _once_more(args)
+            elif _damaged_parts(args, exc):  # a part whose footer reads but whose data pages do not
+                code = args.func(args) or 0  # --skip-corrupt: once more, without the damaged parts
+            else:
                 raise
-            code = args.func(args) or 0  # --skip-corrupt: once more, without the damaged parts
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit-time flush
         return code
     except RltraceError as exc:
@@ -90,6 +93,27 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):  # stdout is not a real file (tests capture it)
         pass
+
+
+def _vanished(exc: Exception) -> bool:
+    """DuckDB could not find a part it was given: the run changed while the command read it."""
+    import duckdb
+
+    return isinstance(exc, duckdb.IOException) and any(s in str(exc) for s in ("No files found", "No such file"))
+
+
+def _once_more(args: argparse.Namespace) -> int:
+    """The command again, on the parts as they are now; a second loss is a one-line error."""
+    try:
+        return args.func(args) or 0
+    except Exception as exc:
+        if not _vanished(exc):
+            raise
+        raise RltraceError(
+            "the run's parts changed twice while this command read them (a compaction with a short --grace "
+            "removed the ones it had listed): run it again, and give `rltrace compact` a longer --grace "
+            "(the default, 5 s, covers most reads)"
+        ) from None
 
 
 def _damaged_parts(args: argparse.Namespace, exc: Exception) -> bool:

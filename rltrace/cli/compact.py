@@ -12,7 +12,7 @@ from rltrace import _names, analysis, store
 from rltrace.analysis import summary
 from rltrace.cli import _options
 from rltrace.cli._progress import analysing
-from rltrace.store.compact import GRACE_S, TARGET_ROWS
+from rltrace.store.compact import GRACE_S, TARGET_ROWS, writing_into
 from rltrace.store.writer import write_part
 
 
@@ -45,7 +45,8 @@ def main(args: argparse.Namespace) -> int:
     for r in results:
         console.print(f"{r.table}: {r.parts_before} parts -> {r.parts_after} ({r.rows} rows)")
     with analysing(console, "precomputing per-step summaries…"):
-        rows = write_summaries(args.run_dir, skip_corrupt=args.skip_corrupt)
+        with writing_into(Path(args.run_dir)):
+            rows = write_summaries(args.run_dir, skip_corrupt=args.skip_corrupt)
     console.print(f"step_summary: {rows} rows (reports reuse them while the steps are unchanged)")
     return 0
 

@@ -15,6 +15,8 @@ time per run (a lock file); writers never take it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -115,6 +117,26 @@ def compact(
     run_dir = Path(run_dir)
     tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
     read_manifest(run_dir)  # a clear error for a path that is not a run, before taking the lock
+    with writing_into(run_dir):
+        return _compact(run_dir, tables, target_rows, grace_s, progress, skip_corrupt)
+
+
+@contextlib.contextmanager
+def writing_into(run_dir: Path):
+    """A run that compaction cannot write into (permissions, a read-only mount) is one line saying what to do."""
+    try:
+        yield
+    except OSError as exc:
+        if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+            raise
+        raise StoreError(
+            f"cannot compact {run_dir}: {exc.strerror or exc} writing {exc.filename or run_dir}. Compaction writes "
+            "merged parts into the run: run it as a user who can write there, or compact a copy "
+            "(cp -r RUN COPY; rltrace compact COPY)"
+        ) from None
+
+
+def _compact(run_dir: Path, tables: dict, target_rows: int, grace_s: float, progress, skip_corrupt: bool) -> list[CompactResult]:
     lock_path = run_dir / ".compact.lock"
     with open(lock_path, "a") as lock:
         try:
