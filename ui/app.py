@@ -14,7 +14,9 @@ from rltrace.ui import data, runs, state, style
 LIVE_REFRESH_S = 5  # how often a live run is checked for new parts
 IN_FULL_RUN = "_in_full_run"  # True while the whole script runs, False while only a fragment does
 
-st.set_page_config(page_title="rltrace", page_icon=":material/query_stats:", layout="wide")
+# An emoji: the browser draws it itself. A :material/...: page icon is fetched from a public font
+# host on every page load (the other icons come with Streamlit's own font, served from here).
+st.set_page_config(page_title="rltrace", page_icon="📈", layout="wide")
 
 
 def _valid_runs() -> list[str]:
