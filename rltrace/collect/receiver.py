@@ -48,7 +48,7 @@ class Limits:
     max_queue_spans: int = 200_000  # spans decoded and waiting for the writer
     max_queue_bytes: int = 256 * 2**20  # their request bytes
     max_request_bytes: int = 32 * 2**20  # one body, after gzip
-    max_inflight: int = 16  # requests decoded at once; bodies being received hold this many bodies' bytes
+    max_inflight: int = 16  # requests decoded at once; bodies being received: max_inflight x max_request_bytes in all
     max_connections: int = 256  # connections open at once (one thread each)
     request_timeout: float = 30.0  # seconds from a request's first byte to its last
     flush_interval: float = 1.0
