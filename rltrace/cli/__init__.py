@@ -131,9 +131,7 @@ def _damaged_parts(args: argparse.Namespace, exc: Exception) -> bool:
     if not damaged:
         return False
     if getattr(args, "skip_corrupt", False):
-        for line in damaged:
-            print(f"rltrace: skipping {shown(line)}", file=sys.stderr)
-        return True
+        return True  # the second run's scan names each part it skips
     raise CorruptPartError("; ".join(damaged)) from None
 
 

@@ -209,20 +209,29 @@ def _scan_table(folder: Path, table: _names.Table, skip_corrupt: bool, skipped: 
         if why is not None:
             if not skip_corrupt:
                 raise CorruptPartError(f"{path}: {why}")
-            logger.warning("rltrace: skipping %s: %s", path, why)
-            skipped.append(f"{path}: {why}")
+            skipped.append(_skipping(f"{path}: {why}"))
             continue
         try:
             parts.append(_check_part(path, table, run_id))
         except CorruptPartError as exc:
             if not skip_corrupt:
                 raise
-            logger.warning("rltrace: skipping %s", exc)
-            skipped.append(str(exc))
+            skipped.append(_skipping(str(exc)))
     superseded = {name for part in parts for name in part.replaces}
     live = [p for p in parts if p.path.name not in superseded]
     replaced = [p.path for p in parts if p.path.name in superseded]
     return live, replaced
+
+
+_WARNED: set[str] = set()  # "path: why" of every part this process has said it skips
+
+
+def _skipping(why: str) -> str:
+    """Say once per process that a part is skipped ("path: why"); returns `why` for the snapshot's list."""
+    if why not in _WARNED:
+        _WARNED.add(why)
+        logger.warning("rltrace: skipping %s", why)
+    return why
 
 
 _GLOB = frozenset("*?[]{}")
@@ -313,8 +322,7 @@ def check_pages(snap: Snapshot) -> None:
     for name, parts in snap.parts.items():
         snap.parts[name] = [p for p in parts if p.path not in bad]
     for part, why in damaged:
-        logger.warning("rltrace: skipping %s: %s", part.path, why)
-        snap.skipped.append(f"{part.path}: {why}")
+        snap.skipped.append(_skipping(f"{part.path}: {why}"))
 
 
 def skipping_damaged(run_dir: str | Path, skip_corrupt: bool, read: Callable[[], T], reread: Callable[[], T] | None = None) -> T:
@@ -329,9 +337,7 @@ def skipping_damaged(run_dir: str | Path, skip_corrupt: bool, read: Callable[[],
             raise
     if not skip_corrupt:
         raise CorruptPartError("; ".join(damaged)) from None
-    for line in damaged:
-        logger.warning("rltrace: skipping %s", line)
-    return (reread or read)()
+    return (reread or read)()  # its scan names each part it skips
 
 
 def _source(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Part]) -> str:
@@ -369,8 +375,7 @@ def _read_now(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[P
             why = f"{part.path}: unreadable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
             if not snap.skip_corrupt:
                 raise CorruptPartError(why) from None
-            logger.warning("rltrace: skipping %s", why)
-            snap.skipped.append(why)
+            snap.skipped.append(_skipping(why))
     name = f"_read_{table.name}"
     if not tables:
         return empty_sql
