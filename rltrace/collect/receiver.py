@@ -275,9 +275,9 @@ class Receiver:
         total = sum(reasons.values())
         if not total:
             return 0, ""
-        first = next(iter(reasons))
-        more = f" (and {len(reasons) - 1} other reasons; see rltrace info)" if len(reasons) > 1 else ""
-        return total, f"{total} spans could not be decoded: {first}{more}"
+        first, others = next(iter(reasons)), len(reasons) - 1
+        more = f" (and {others} more reason{'s' if others > 1 else ''}: rltrace info lists them)" if others else ""
+        return total, f"{total} spans not stored: {first}{more}"
 
     def _release(self, nspans: int, nbytes: int) -> None:
         with self._lock:

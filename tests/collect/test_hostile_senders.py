@@ -167,7 +167,8 @@ def test_a_protobuf_request_keeps_every_span_that_decodes(receiver, run_dir):
     status, _, answer = post(receiver.url, body, PB)
     assert status == 200
     partial = trace_service_pb2.ExportTraceServiceResponse.FromString(answer).partial_success
-    assert partial.rejected_spans == 4 and partial.error_message.startswith("4 spans could not be decoded: ")
+    assert partial.rejected_spans == 4 and partial.error_message.startswith("4 spans not stored: span ")
+    assert partial.error_message.endswith("(and 2 more reasons: rltrace info lists them)")
     receiver.flush()
     assert sorted(s["span_id"] for s in spans_of(run_dir)) == [f"{i:016x}" for i in (1, 2, 3)]
     data = info(str(run_dir))
@@ -196,7 +197,7 @@ def test_a_json_request_keeps_every_span_that_decodes(receiver, run_dir):
     partial = json.loads(answer)["partialSuccess"]
     assert partial["rejectedSpans"] == "5"
     assert partial["errorMessage"].startswith("1 spans with a trace_id or span_id of the wrong length (or all zero); "
-                                              "4 spans could not be decoded: span could not be decoded (traceId 'zz' is not hex)")
+                                              "4 spans not stored: span could not be decoded (traceId 'zz' is not hex)")
     receiver.flush()
     assert sorted(s["span_id"] for s in spans_of(run_dir)) == [f"{i:016x}" for i in (1, 7)]
     reasons = {d["reason"]: d["count"] for d in info(str(run_dir))["drop_reasons"]}
