@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from rltrace import _names
 from rltrace.replay import codec
-from rltrace.replay.errors import ReplayError
+from rltrace.replay.errors import DamagedBatchError, ReplayError
 from rltrace.replay.tokenizer import check_tokenizer, tokenizer_identity
 from rltrace.store import scan
 from rltrace.store.writer import ProcessInfo, write_part
@@ -322,12 +322,13 @@ def read_part(path: Path) -> pa.Table:
             return part.read()
     except (OSError, pa.ArrowException) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ReplayError(f"{path}: cannot be read ({reason}); the file is damaged, delete it or freeze again") from None
+        raise DamagedBatchError(f"{path}: cannot be read ({reason}); the file is damaged, delete it or freeze again") from None
 
 
-def batch_parts(run_dir: str | Path) -> tuple[list[Path], list[str]]:
-    """Readable batch parts of a run (footers checked), and 'path: why' for the unreadable ones."""
-    snap = scan(run_dir, skip_corrupt=True, tables={"batches": _names.BATCHES})
+def batch_parts(run_dir: str | Path, *, skip_corrupt: bool = True) -> tuple[list[Path], list[str]]:
+    """Readable batch parts of a run (footers checked), and 'path: why' for the unreadable ones
+    (without `skip_corrupt`, the first unreadable one is a `CorruptPartError`)."""
+    snap = scan(run_dir, skip_corrupt=skip_corrupt, tables={"batches": _names.BATCHES})
     return [p.path for p in snap.parts["batches"]], snap.skipped
 
 

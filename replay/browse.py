@@ -5,20 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rltrace import _names
 from rltrace.replay.batch import FrozenBatch, batch_parts
 from rltrace.replay.diff import rows_of
-from rltrace.replay.errors import ReplayError
+from rltrace.replay.errors import DamagedBatchError, ReplayError
 from rltrace.replay.flags import TextRules, as_ints, batch_flags, trained_part
 
 _LIST_COLUMNS = ("step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version", "tokenizer_name", "checkpoint")
 
 
-def list_batches(run_dir: str | Path) -> tuple[list[dict], list[str]]:
-    """One dict per frozen batch (oldest step first, with its replay count), and unreadable parts."""
-    parts, skipped = batch_parts(run_dir)
+def list_batches(run_dir: str | Path, *, skip_corrupt: bool = True) -> tuple[list[dict], list[str]]:
+    """One dict per frozen batch (oldest step first, with its replay count), and unreadable parts
+    (without `skip_corrupt`, the first unreadable one is a `CorruptPartError`)."""
+    parts, skipped = batch_parts(run_dir, skip_corrupt=skip_corrupt)
     replays_dir = Path(run_dir) / _names.REPLAYS.folder
     replay_ids: dict[str, set[str]] = {}
     for path in replays_dir.glob("*.parquet") if replays_dir.is_dir() else ():
@@ -29,7 +31,9 @@ def list_batches(run_dir: str | Path) -> tuple[list[dict], list[str]]:
     for path in parts:
         try:
             table = pq.read_table(path, columns=[c for c in _LIST_COLUMNS if c in pq.read_schema(path).names])
-        except OSError as exc:
+        except (OSError, pa.ArrowException) as exc:
+            if not skip_corrupt:
+                raise DamagedBatchError(f"{path}: cannot be read ({exc})") from None
             skipped.append(f"{path}: {exc}")
             continue
         row = table.slice(0, 1).to_pylist()[0] if table.num_rows else {}

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from rltrace._config import RltraceError
+from rltrace.store import CorruptPartError
 
 
 class ReplayError(RltraceError):
     """A frozen batch, a replay or an entry point cannot be used; the message names the file and field."""
+
+
+class DamagedBatchError(ReplayError, CorruptPartError):
+    """A frozen batch's file is damaged (its footer reads, its data does not)."""
 
 
 class TokenizerMismatchError(ReplayError):

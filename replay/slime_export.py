@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from rltrace.replay.batch import FrozenBatch, batch_parts, load
-from rltrace.replay.errors import SlimeDumpError
+from rltrace.replay.errors import DamagedBatchError, SlimeDumpError
 from rltrace.replay.slime_trace import FINISH_TO_STATUS
 
 
@@ -86,25 +86,45 @@ def export_batch(batch: FrozenBatch, out: Path) -> Path:
     return out
 
 
-def export_slime(run_dir: str | Path, out: str, *, step: int | None = None) -> list[Path]:
-    """Export one batch (`step`), or every batch when `out` holds `{rollout_id}` (slime's path template)."""
+def export_slime(run_dir: str | Path, out: str, *, step: int | None = None, skip_corrupt: bool = False,
+                 skipped: list[str] | None = None) -> list[Path]:
+    """Export one batch (`step`), or every batch when `out` holds `{rollout_id}` (slime's path template).
+    A damaged batch file stops the export naming it; with `skip_corrupt` it is left out and its
+    "path: why" appended to `skipped`."""
     if step is not None:
         return [export_batch(load(run_dir, step), Path(out.format(rollout_id=step)))]
-    parts, _ = batch_parts(run_dir)
+    skipped = [] if skipped is None else skipped
+    parts, unreadable = batch_parts(run_dir, skip_corrupt=skip_corrupt)
+    skipped.extend(unreadable)
     steps = sorted({int(p.name.split("-", 1)[0]) for p in parts if p.name.split("-", 1)[0].isdigit()})
     if not steps:
         raise SlimeDumpError(f"{run_dir}: no frozen batches to export")
     if len(steps) > 1 and "{rollout_id}" not in out:
         raise SlimeDumpError(f"{run_dir} has {len(steps)} frozen steps: pass --step N, or an --out with {{rollout_id}} in it")
-    return [export_batch(load(run_dir, s), Path(out.format(rollout_id=s))) for s in steps]
+    written = []
+    for s in steps:
+        try:
+            batch = load(run_dir, s)
+        except DamagedBatchError as exc:
+            if not skip_corrupt:
+                raise
+            skipped.append(str(exc))
+            continue
+        written.append(export_batch(batch, Path(out.format(rollout_id=s))))
+    return written
 
 
 def export_command(args) -> int:
     """`rltrace export RUN_DIR --format slime [--step N] --out FILE`."""
     from rich.console import Console
 
+    from rltrace.analysis._format import term
+
     if not args.out:
         raise SlimeDumpError("--format slime needs --out FILE (it may hold {rollout_id}, as slime's path templates do)")
-    for path in export_slime(args.run_dir, args.out, step=args.step):
+    skipped: list[str] = []
+    for path in export_slime(args.run_dir, args.out, step=args.step, skip_corrupt=args.skip_corrupt, skipped=skipped):
         Console().print(f"wrote {path}")
+    for why in skipped:
+        Console(stderr=True).print(f"rltrace: skipping {term(why)}")
     return 0

@@ -314,6 +314,13 @@ PARAMS: dict[str, Param] = {
             None,
             "Run directories the dashboard shows, as a JSON list (set by `rltrace ui`); a plain value is one run dir.",
         ),
+        Param(
+            "ui_skip_corrupt",
+            ("RLTRACE_UI_SKIP_CORRUPT",),
+            _parse_bool,
+            False,
+            "Dashboard: skip damaged part files, naming each, instead of showing an error (`rltrace ui --skip-corrupt`).",
+        ),
     )
 }
 

@@ -1,10 +1,12 @@
-"""The wheel installs one import name: replay/, profiling/ and ui/ become rltrace.* subpackages."""
+"""The wheel installs one import name: replay/, profiling/ and ui/ become rltrace.* subpackages;
+the sdist and the wheel carry the license text."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import tarfile
 import zipfile
 
 import pytest
@@ -14,22 +16,39 @@ import rltrace
 from .conftest import PYTHON, REPO
 
 
-def build_wheel(tmp_path):
-    """The wheel, built from a copy of the sources (building in the checkout would leave build/ there)."""
+def build_wheel(tmp_path, kind: str = "wheel"):
+    """The wheel (or sdist), built from a copy of the sources (building in the checkout would leave build/ there)."""
     src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, src / name)
-    for folder in ("rltrace", "replay", "profiling", "ui"):
-        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    if not src.exists():
+        src.mkdir()
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
+            shutil.copy(REPO / name, src / name)
+        for folder in ("rltrace", "replay", "profiling", "ui"):
+            shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [PYTHON, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(src)],
+        [PYTHON, "-m", "build", f"--{kind}", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(src)],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    (wheel,) = (tmp_path / "dist").glob("rltrace-*.whl")
-    return wheel
+    (built,) = (tmp_path / "dist").glob("rltrace-*.whl" if kind == "wheel" else "rltrace-*.tar.gz")
+    return built
+
+
+def test_the_license_text_ships_in_the_sdist_and_the_wheel(tmp_path):
+    """pyproject says Apache-2.0: the license's own text is at the top of the repository and in both
+    distributions (the license asks that it go with every copy)."""
+    text = (REPO / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply the Apache License" in text
+    wheel = zipfile.ZipFile(build_wheel(tmp_path))
+    (licensed,) = [n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    assert wheel.read(licensed).decode() == text
+    metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    assert "\nLicense-Expression: Apache-2.0\n" in metadata and "\nLicense-File: LICENSE\n" in metadata
+    with tarfile.open(build_wheel(tmp_path, "sdist")) as sdist:
+        (member,) = [m for m in sdist.getmembers() if m.name == f"rltrace-{rltrace.__version__}/LICENSE"]
+        assert sdist.extractfile(member).read().decode() == text
 
 
 def test_wheel_has_only_the_rltrace_import_name(tmp_path):

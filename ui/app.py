@@ -8,13 +8,15 @@ import time
 import streamlit as st
 
 from rltrace.analysis import _format as fmt
-from rltrace.store import StoreError, read_manifest
+from rltrace.store import CorruptPartError, StoreError, read_manifest
 from rltrace.ui import data, runs, state, style
 
 LIVE_REFRESH_S = 5  # how often a live run is checked for new parts
 IN_FULL_RUN = "_in_full_run"  # True while the whole script runs, False while only a fragment does
 
-st.set_page_config(page_title="rltrace", page_icon=":material/query_stats:", layout="wide")
+# An emoji: the browser draws it itself. A :material/...: page icon is fetched from a public font
+# host on every page load (the other icons come with Streamlit's own font, served from here).
+st.set_page_config(page_title="rltrace", page_icon="📈", layout="wide")
 
 
 def _valid_runs() -> list[str]:
@@ -114,8 +116,13 @@ def sidebar(paths: list[str]) -> None:
                 st.rerun()
         st.caption(f"{style.plural(info['spans'], 'span')} · {style.plural(len(info['processes']), 'process', 'processes')}"
                    f" · read-only  \n{fmt.md(info['path'])}")
-        for skipped in info["skipped"]:
-            st.warning(f"Skipped an unreadable part: {fmt.md(skipped)}")
+
+
+def skipped_parts(paths: list[str]) -> None:
+    """Name every part left out as damaged (--skip-corrupt), after the page: it may have found some."""
+    for path in paths:
+        for skipped in runs.skipped_parts(state.ref(path)):
+            st.sidebar.warning(f"Skipped an unreadable part: {fmt.md(skipped)}")
 
 
 paths = _valid_runs()
@@ -144,5 +151,9 @@ try:
         }
     )
     page.run()
+    skipped_parts(paths)
+except CorruptPartError as exc:  # without --skip-corrupt: say which file, and how to go on without it
+    st.error(f"A damaged part file stops this page: {fmt.md(exc)}  \nRestart the dashboard with "
+             "`rltrace ui --skip-corrupt RUN_DIR` to leave damaged parts out (each is then named in the sidebar).")
 finally:
     st.session_state[IN_FULL_RUN] = False

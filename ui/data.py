@@ -26,8 +26,8 @@ from rltrace._json import dumps as strict_dumps
 from rltrace.analysis._steps import Steps
 from rltrace.export import chrome
 from rltrace.replay import browse, diff, rerun
-from rltrace.store import read_manifest
-from rltrace.ui.runs import RunRef, connection, forget, skipped_parts
+from rltrace.store import read_manifest, skipping_damaged
+from rltrace.ui.runs import RunRef, connection, forget, skip_corrupt
 
 CACHE = {"ttl": 3600, "max_entries": 512, "show_spinner": False}
 TIMELINE_MAX_STEPS = 20  # steps one timeline may cover
@@ -36,14 +36,22 @@ LIVE_HEARTBEAT_S = 120  # a process that wrote this recently and has not shut do
 
 
 def _with(run: RunRef, fn: Callable, *args, **kwargs):
-    """`fn(con, ...)` on the run's connection; once more on a fresh snapshot if parts vanished."""
-    try:
+    """`fn(con, ...)` on the run's connection; once more on a fresh snapshot if parts vanished.
+    Parts whose data is damaged are named (`CorruptPartError`), or left out with --skip-corrupt."""
+
+    def read():
+        try:
+            with connection(run) as con:
+                return fn(con, *args, **kwargs)
+        except duckdb.IOException:
+            return fresh()  # a compaction removed parts this snapshot listed
+
+    def fresh():
+        forget(run)
         with connection(run) as con:
             return fn(con, *args, **kwargs)
-    except duckdb.IOException:
-        forget(run)  # a compaction removed parts this snapshot listed
-        with connection(run) as con:
-            return fn(con, *args, **kwargs)
+
+    return skipping_damaged(run.path, skip_corrupt(), read, fresh)
 
 
 def _views(con) -> set[str]:
@@ -83,9 +91,7 @@ def _info(con, path: str) -> dict:
 @st.cache_data(**CACHE)
 def info(run: RunRef) -> dict:
     """Name, id, step range, span counts, processes (with heartbeats) and optional tables' sizes."""
-    out = _with(run, _info, run.path)
-    out["skipped"] = skipped_parts(run)
-    return out
+    return _with(run, _info, run.path)
 
 
 def is_live(info_: dict, now_ns: int) -> bool:

@@ -78,24 +78,29 @@ class _Handle:
 
 
 @st.cache_resource(max_entries=CONNECTIONS_KEPT, show_spinner=False)
-def _handle(path: str, version: str) -> _Handle:
-    snap = store.scan(path, skip_corrupt=True)
+def _handle(path: str, version: str, skip: bool) -> _Handle:
+    snap = store.scan(path, skip_corrupt=skip)
     return _Handle(store.connect(snap), threading.Lock(), list(snap.skipped))
+
+
+def skip_corrupt() -> bool:
+    """`rltrace ui --skip-corrupt`: damaged parts are left out and named; else each is an error."""
+    return bool(resolve("ui_skip_corrupt"))
 
 
 @contextlib.contextmanager
 def connection(run: RunRef) -> Iterator[duckdb.DuckDBPyConnection]:
     """The run's snapshot connection, held for one query (or one analysis) at a time."""
-    handle = _handle(run.path, run.version)
+    handle = _handle(run.path, run.version, skip_corrupt())
     with handle.lock:
         yield handle.con
 
 
 def skipped_parts(run: RunRef) -> list[str]:
     """Parts of this snapshot left out as unreadable ("path: why")."""
-    return _handle(run.path, run.version).skipped
+    return _handle(run.path, run.version, skip_corrupt()).skipped
 
 
 def forget(run: RunRef) -> None:
     """Drop a snapshot whose files vanished (a compaction removed replaced parts)."""
-    _handle.clear(run.path, run.version)
+    _handle.clear(run.path, run.version, skip_corrupt())

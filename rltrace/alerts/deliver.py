@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 
 from rltrace.alerts.rules import AlertRuleError
+from rltrace.analysis._format import shown
 
 logger = logging.getLogger("rltrace")
 
@@ -47,7 +48,7 @@ class Delivery:
     """Posts each alert (a JSON object) to `webhook` and/or pipes it to `command`'s stdin.
 
     The command runs without a shell, with the alert also in RLTRACE_ALERT_RULE,
-    RLTRACE_ALERT_MESSAGE and RLTRACE_ALERT_JSON.
+    RLTRACE_ALERT_MESSAGE (control characters written as escapes: `\x00`) and RLTRACE_ALERT_JSON.
     """
 
     def __init__(self, webhook: str | None = None, command: str | None = None, *, timeout: float = 5.0):
@@ -102,7 +103,8 @@ class Delivery:
 
     def _run(self, body: str) -> None:
         alert = json.loads(body)
-        env = {**os.environ, "RLTRACE_ALERT_RULE": str(alert.get("rule")), "RLTRACE_ALERT_MESSAGE": str(alert.get("message")),
+        # names come from the run: control characters (a NUL cannot be in an environment at all) are escaped
+        env = {**os.environ, "RLTRACE_ALERT_RULE": shown(alert.get("rule")), "RLTRACE_ALERT_MESSAGE": shown(alert.get("message")),
                "RLTRACE_ALERT_JSON": body}
         done = subprocess.run(self.argv, input=body, text=True, env=env, timeout=max(self.timeout, 30.0),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -33,8 +33,10 @@ def as_row(alert: Alert, time_ns: int) -> dict:
 class Watcher:
     """Checks one run; `check()` returns (every alert holding now, the ones raised for the first time)."""
 
-    def __init__(self, run_dir: str | Path, settings: Settings = Settings(), delivery: Delivery | None = None):
+    def __init__(self, run_dir: str | Path, settings: Settings = Settings(), delivery: Delivery | None = None, *,
+                 skip_corrupt: bool = False):
         self.run_dir = Path(run_dir)
+        self.skip_corrupt = skip_corrupt  # else a damaged part is a CorruptPartError naming it
         self.settings = settings
         self.delivery = delivery or Delivery()
         self.store_failures = 0
@@ -46,15 +48,7 @@ class Watcher:
 
     def check(self, now_ns: int | None = None) -> tuple[list[Alert], list[dict]]:
         now_ns = time.time_ns() if now_ns is None else now_ns
-        con = store.open(self.run_dir, skip_corrupt=True)
-        try:
-            self._known.update(k for (k,) in con.execute("SELECT DISTINCT key FROM alerts").fetchall())
-            firing = evaluate(con, self.settings, now_ns)
-            ended = con.execute("SELECT count(*), count(*) FILTER (ended) FROM (SELECT bool_or(ended_ns IS NOT NULL) AS "
-                                "ended FROM processes GROUP BY process_id)").fetchall()[0]
-            self.run_ended = bool(ended[0]) and ended[0] == ended[1]
-        finally:
-            con.close()
+        firing = store.skipping_damaged(self.run_dir, self.skip_corrupt, lambda: self._evaluate(now_ns))
         self.last_firing = firing
         new = [as_row(a, now_ns) for a in firing if a.key not in self._known]
         if new:
@@ -63,6 +57,18 @@ class Watcher:
             for row in new:
                 self.delivery.send(row)
         return firing, new
+
+    def _evaluate(self, now_ns: int) -> list[Alert]:
+        con = store.open(self.run_dir, skip_corrupt=self.skip_corrupt)
+        try:
+            self._known.update(k for (k,) in con.execute("SELECT DISTINCT key FROM alerts").fetchall())
+            firing = evaluate(con, self.settings, now_ns)
+            ended = con.execute("SELECT count(*), count(*) FILTER (ended) FROM (SELECT bool_or(ended_ns IS NOT NULL) AS "
+                                "ended FROM processes GROUP BY process_id)").fetchall()[0]
+            self.run_ended = bool(ended[0]) and ended[0] == ended[1]
+        finally:
+            con.close()
+        return firing
 
     def _store(self, rows: list[dict]) -> None:
         try:

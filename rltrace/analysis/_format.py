@@ -25,6 +25,8 @@ _SIZES = ((1e3, 1.0, "B"), (1e6, 1e-3, "kB"), (1e9, 1e-6, "MB"), (1e12, 1e-9, "G
 #: bidirectional overrides, private-use, lone surrogates, non-characters and the replacement char.
 HIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ue000-\uf8ff\ud800-\udfff\ufffd-\uffff]")
 _MD_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character: CommonMark escapes them all
+WORD_JOINER = "\u2060"
+_LINKISH = re.compile(r"(?i)(?<=http)(?=s?:)|(?<=www)(?=\.)|(?=@)")  # where GFM's autolinks would begin
 
 
 def missing(value) -> bool:
@@ -112,8 +114,11 @@ def term(text) -> str:
 
 
 def md(text) -> str:
-    """Stored text for page markdown (st.markdown, captions, titles, labels): shown literally."""
-    return _MD_PUNCT.sub(r"\\\1", shown(text))
+    """Stored text for page markdown (st.markdown, captions, titles, labels): shown literally.
+    Escapes do not stop the page's markdown from making links of bare URLs and e-mail addresses
+    (it finds them in the text after escapes are read), so a word joiner (U+2060, invisible) breaks
+    each `http(s):`, `www.` and `@`."""
+    return _MD_PUNCT.sub(r"\\\1", _LINKISH.sub(WORD_JOINER, shown(text)))
 
 
 #: Where a mismatch value comes from (`rltrace.analysis.mismatch` sources), in words.

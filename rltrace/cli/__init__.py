@@ -13,6 +13,7 @@ import sys
 
 from rltrace._config import RltraceError
 from rltrace.analysis._format import shown
+from rltrace.cli._options import SKIP_CORRUPT_HINT
 from rltrace.cli import collect, compact, export, importer, info, profile, replay, report, run, ui, watch
 
 COMMANDS = [info, compact, report, replay, importer, export, profile, ui, watch, run, collect]
@@ -65,14 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             code = args.func(args) or 0
-        except Exception as exc:  # a part whose footer reads but whose data pages do not
-            if not _damaged_parts(args, exc):
+        except Exception as exc:
+            if _vanished(exc):  # a compaction removed parts after this command listed them
+                code = _once_more(args)
+            elif _damaged_parts(args, exc):  # a part whose footer reads but whose data pages do not
+                code = args.func(args) or 0  # --skip-corrupt: once more, without the damaged parts
+            else:
                 raise
-            code = args.func(args) or 0  # --skip-corrupt: once more, without the damaged parts
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit-time flush
         return code
     except RltraceError as exc:
-        print(f"rltrace: error: {shown(exc)}", file=sys.stderr)  # it may quote a file's text: escapes stay inert
+        hint = SKIP_CORRUPT_HINT if _could_skip(args, exc) else ""
+        print(f"rltrace: error: {shown(exc)}{hint}", file=sys.stderr)  # it may quote a file's text: escapes stay inert
         return 2
     except KeyboardInterrupt:
         return 130
@@ -90,6 +95,27 @@ def _quiet_stdout() -> None:
         pass
 
 
+def _vanished(exc: Exception) -> bool:
+    """DuckDB could not find a part it was given: the run changed while the command read it."""
+    import duckdb
+
+    return isinstance(exc, duckdb.IOException) and any(s in str(exc) for s in ("No files found", "No such file"))
+
+
+def _once_more(args: argparse.Namespace) -> int:
+    """The command again, on the parts as they are now; a second loss is a one-line error."""
+    try:
+        return args.func(args) or 0
+    except Exception as exc:
+        if not _vanished(exc):
+            raise
+        raise RltraceError(
+            "the run's parts changed twice while this command read them (a compaction with a short --grace "
+            "removed the ones it had listed): run it again, and give `rltrace compact` a longer --grace "
+            "(the default, 5 s, covers most reads)"
+        ) from None
+
+
 def _damaged_parts(args: argparse.Namespace, exc: Exception) -> bool:
     """After a DuckDB error: find the damaged parts of the run and either name them (raising a
     one-line error) or, with --skip-corrupt, return True so the command runs again without them."""
@@ -105,11 +131,15 @@ def _damaged_parts(args: argparse.Namespace, exc: Exception) -> bool:
     if not damaged:
         return False
     if getattr(args, "skip_corrupt", False):
-        for line in damaged:
-            print(f"rltrace: skipping {line}", file=sys.stderr)
-        return True
-    hint = " (rerun with --skip-corrupt to skip it)" if hasattr(args, "skip_corrupt") else ""
-    raise CorruptPartError("; ".join(damaged) + hint) from None
+        return True  # the second run's scan names each part it skips
+    raise CorruptPartError("; ".join(damaged)) from None
+
+
+def _could_skip(args: argparse.Namespace, exc: Exception) -> bool:
+    """A damaged part stopped a command that has --skip-corrupt and was not given it."""
+    from rltrace.store import CorruptPartError
+
+    return isinstance(exc, CorruptPartError) and getattr(args, "skip_corrupt", None) is False
 
 
 if __name__ == "__main__":  # python -m rltrace.cli

@@ -28,6 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="spans held in memory awaiting write; beyond this requests are dropped and counted (default 200000)")
     p.add_argument("--max-queue-mb", type=int, default=256, metavar="MB", help="bytes of requests held awaiting write (default 256)")
     p.add_argument("--max-request-mb", type=int, default=32, metavar="MB", help="largest request body, after gzip (default 32)")
+    p.add_argument("--request-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a request may take from its first byte to its last; slower senders are dropped "
+                   "with 408 and counted (default 30)")
+    p.add_argument("--max-connections", type=int, default=256, metavar="N",
+                   help="connections open at once; beyond this new ones are answered 503 (default 256)")
     p.add_argument("--flush-interval", type=float, default=1.0, metavar="S", help="seconds between parts written (default 1)")
     p.add_argument("--backpressure", action="store_true",
                    help="when the queue is full answer 503 so senders retry, instead of dropping and counting")
@@ -64,13 +69,15 @@ def main(args: argparse.Namespace) -> int:
     if not is_loopback(host):
         print(f"rltrace collect: warning: listening on {host or 'all interfaces'}, not loopback: anyone who can "
               "reach this port can write spans into the run (put it behind a firewall or an OTel Collector)", file=sys.stderr)
-    for name in ("max_queue_spans", "max_queue_mb", "max_request_mb"):
+    for name in ("max_queue_spans", "max_queue_mb", "max_request_mb", "max_connections"):
         if getattr(args, name) <= 0:
             raise RltraceConfigError(f"--{name.replace('_', '-')} must be a positive integer")
-    if not args.flush_interval > 0:
-        raise RltraceConfigError("--flush-interval must be positive")
+    for name in ("flush_interval", "request_timeout"):
+        if not getattr(args, name) > 0:
+            raise RltraceConfigError(f"--{name.replace('_', '-')} must be positive")
     limits = Limits(max_queue_spans=args.max_queue_spans, max_queue_bytes=args.max_queue_mb * 2**20,
                     max_request_bytes=args.max_request_mb * 2**20, flush_interval=args.flush_interval,
+                    request_timeout=args.request_timeout, max_connections=args.max_connections,
                     backpressure=args.backpressure)
     try:
         receiver = Receiver(args.run_dir, host, port, limits)

@@ -10,8 +10,9 @@ from rich.progress import Progress
 
 from rltrace import _names, analysis, store
 from rltrace.analysis import summary
+from rltrace.cli import _options
 from rltrace.cli._progress import analysing
-from rltrace.store.compact import GRACE_S, TARGET_ROWS
+from rltrace.store.compact import GRACE_S, TARGET_ROWS, writing_into
 from rltrace.store.writer import write_part
 
 
@@ -25,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--grace", type=float, default=GRACE_S, help="seconds replaced parts stay for readers that listed them (default %(default)s)"
     )
+    _options.skip_corrupt(p)
     p.set_defaults(func=main)
 
 
@@ -38,18 +40,20 @@ def main(args: argparse.Namespace) -> int:
                 tasks[table] = bar.add_task(f"compacting {table}", total=total)
             bar.update(tasks[table], completed=done)
 
-        results = store.compact(args.run_dir, target_rows=args.target_rows, grace_s=args.grace, progress=progress)
+        results = store.compact(args.run_dir, target_rows=args.target_rows, grace_s=args.grace, progress=progress,
+                                skip_corrupt=args.skip_corrupt)
     for r in results:
         console.print(f"{r.table}: {r.parts_before} parts -> {r.parts_after} ({r.rows} rows)")
     with analysing(console, "precomputing per-step summaries…"):
-        rows = write_summaries(args.run_dir)
+        with writing_into(Path(args.run_dir)):
+            rows = write_summaries(args.run_dir, skip_corrupt=args.skip_corrupt)
     console.print(f"step_summary: {rows} rows (reports reuse them while the steps are unchanged)")
     return 0
 
 
-def write_summaries(run_dir) -> int:
+def write_summaries(run_dir, *, skip_corrupt: bool = False) -> int:
     """Store every step's summary (docs/analysis.md) so reports over large runs stay fast."""
-    con = store.open(run_dir)
+    con = store.open(run_dir, skip_corrupt=skip_corrupt)
     table = analysis.summary_table(con)
     folder = Path(run_dir) / _names.STEP_SUMMARY.folder
     digest = summary.parts_digest(con)  # the span parts this summary was computed from

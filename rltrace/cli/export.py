@@ -18,6 +18,7 @@ from rltrace import store
 from rltrace.store import objstore
 from rltrace._config import RltraceError
 from rltrace.analysis import parse_steps
+from rltrace.cli import _options
 
 FORMATS = ("chrome", "otlp", "slime")
 
@@ -30,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--endpoint", metavar="URL", help="otlp: backend address, e.g. http://localhost:6006")
     p.add_argument("--steps", metavar="A:B", help="only steps A to B inclusive")
     p.add_argument("--step", type=int, metavar="N", help="slime: the frozen batch of step N (default: every batch)")
+    _options.skip_corrupt(p)
     p.set_defaults(func=main)
 
 
@@ -64,7 +66,7 @@ def _chrome(args: argparse.Namespace, steps) -> int:
         raise RltraceError(f"cannot write {out}: folder {out.parent} does not exist")
     console = Console(stderr=True)
     with console.status("writing Chrome trace…"):
-        events = chrome.write(store.open(args.run_dir), out, steps=steps)
+        events = chrome.write(store.open(args.run_dir, skip_corrupt=args.skip_corrupt), out, steps=steps)
     console.print(f"wrote {events} events to {out}; open it at https://ui.perfetto.dev or chrome://tracing")
     if events > chrome.LARGE_TRACE_EVENTS:
         console.print("[yellow]large trace: Perfetto's web UI may struggle; export fewer steps with --steps A:B[/]")
@@ -79,7 +81,7 @@ def _otlp(args: argparse.Namespace, steps) -> int:
     console = Console(stderr=True)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("replaying spans", total=None)
-        result = otlp.replay(store.open(args.run_dir), args.endpoint, steps=steps,
+        result = otlp.replay(store.open(args.run_dir, skip_corrupt=args.skip_corrupt), args.endpoint, steps=steps,
                              progress=lambda done, total: bar.update(task, completed=done, total=total))
     console.print(f"sent {result.sent} spans to {result.url}"
                   + (f"; {result.open_skipped} open spans left out (OTLP needs an end time)" if result.open_skipped else ""))

@@ -13,6 +13,7 @@ from rich.table import Table
 from rltrace import _json, analysis, store
 from rltrace.analysis._format import seconds_text, term
 from rltrace.analysis.health import STALE_AFTER_S
+from rltrace.cli import _options
 from rltrace.report import plain
 from rltrace.report.findings import crash_sentence
 from rltrace.store import rows as store_rows
@@ -21,14 +22,16 @@ from rltrace.store import rows as store_rows
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="processes, steps, phases, span counts, open spans and drops of a run")
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable part files (with a warning) instead of failing")
+    _options.skip_corrupt(p)
     p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
     p.set_defaults(func=main)
 
 
 def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
-    """Everything `rltrace info` shows, as plain data."""
+    """Everything `rltrace info` shows, as plain data. Every page of every part is read first, so
+    `info` finds any damage a report would meet (and, with `skip_corrupt`, leaves out the same parts)."""
     snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
+    store.check_pages(snap)
     con = store.connect(snap)
 
     def rows(sql: str, params: list | None = None) -> list[dict]:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from rltrace import _json, store
 from rltrace.analysis._format import size_text, process_name, seconds_text, share_text, term
+from rltrace.cli import _options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,11 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     listing = commands.add_parser("list", help="every profile of a run: phase, step, trigger, status, top frame")
     listing.add_argument("run_dir", metavar="RUN_DIR")
     listing.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
+    _options.skip_corrupt(listing)
     listing.set_defaults(func=main_list)
     show = commands.add_parser("show", help="one profile: its span, top frames, file and how to open it")
     show.add_argument("run_dir", metavar="RUN_DIR")
     show.add_argument("profile_id", metavar="PROFILE_ID", help="the id, or its first characters")
     show.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+    _options.skip_corrupt(show)
     show.set_defaults(func=main_show)
 
 
@@ -50,7 +53,7 @@ def _status(status: str) -> str:
 def main_list(args: argparse.Namespace) -> int:
     from rltrace.profiling import list_profiles
 
-    rows = list_profiles(store.open(args.run_dir))
+    rows = list_profiles(store.open(args.run_dir, skip_corrupt=args.skip_corrupt))
     if args.json:
         print(_json.dumps(rows, indent=2, default=str))
         return 0
@@ -90,7 +93,7 @@ def main_show(args: argparse.Namespace) -> int:
     from rltrace.profiling import artefact_path, get_profile, top_frames
     from rltrace.profiling.query import how_to_open
 
-    con = store.open(args.run_dir)
+    con = store.open(args.run_dir, skip_corrupt=args.skip_corrupt)
     profile = get_profile(con, args.profile_id)
     frames = top_frames(con, profile["profile_id"])
     path = artefact_path(args.run_dir, profile["path"])

@@ -19,6 +19,7 @@ from rich.progress import Progress
 
 from rltrace import _json
 from rltrace._config import RltraceError
+from rltrace.cli import _options
 from rltrace.cli import replay_render as render
 
 
@@ -55,9 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         a.add_argument("--tokenizer", default=None, metavar="MODULE:NAME", help="tokenizer to decode tokens; its vocabulary hash must match the batch's")
         a.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
-    action("list", "frozen batches of a run: step, samples, trigger, reason, replays", _list).add_argument(
-        "--json", action="store_true", help="print machine-readable JSON"
-    )
+    a = action("list", "frozen batches of a run: step, samples, trigger, reason, replays", _list)
+    a.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    _options.skip_corrupt(a)
     a = action("show", "samples of a frozen batch with bad-text flags; one sample in full with --sample", _show)
     step_args(a)
     a.add_argument("--sample", type=int, default=None, help="show this sample (0-based position in the batch) in full")
@@ -124,7 +125,7 @@ def _print_json(console: Console, data) -> None:
 def _list(args) -> int:
     from rltrace.replay.browse import list_batches
 
-    rows, skipped = list_batches(args.run_dir)
+    rows, skipped = list_batches(args.run_dir, skip_corrupt=args.skip_corrupt)
     console = Console()
     if args.json:
         _print_json(console, {"batches": rows, "skipped": skipped})

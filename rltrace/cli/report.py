@@ -8,6 +8,7 @@ from rich.console import Console
 
 from rltrace import _json, report, store
 from rltrace.analysis import configure_serving, parse_steps
+from rltrace.cli import _options
 from rltrace.cli._progress import analysing
 
 
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON with stable keys")
     p.add_argument("--full", action="store_true", help="print every table (phases, steps, critical paths), not one screen")
     p.add_argument("--compare", metavar="OTHER_RUN", help="put another run side by side")
-    p.add_argument("--skip-corrupt", action="store_true", help="skip unreadable part files (with a warning)")
+    _options.skip_corrupt(p)
     serving = p.add_argument_group("serving capacity (docs/analysis.md, \"Serving capacity\")")
     serving.add_argument("--model", metavar="PATH", help="the model's Hugging Face config.json (or its directory), for "
                          "KV bytes per token and per state slot (default: the one rltrace.init(model=...) stored)")
@@ -36,15 +37,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def collect(run_dir: str, *, steps=None, skip_corrupt: bool = False, serving: dict | None = None) -> dict:
     """The report of one run; `serving`: the options of `analysis.configure_serving` (model, kv_dtype, ...)."""
-    snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
-    con = store.connect(snap)
-    try:
-        if serving:
-            configure_serving(con, **serving)
-        data = report.build(con, steps=steps)
-    finally:
-        con.close()
-    manifest = snap.manifest
+
+    def build() -> tuple[dict, dict]:
+        snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
+        con = store.connect(snap)
+        try:
+            if serving:
+                configure_serving(con, **serving)
+            return report.build(con, steps=steps), snap.manifest
+        finally:
+            con.close()
+
+    data, manifest = store.skipping_damaged(run_dir, skip_corrupt, build)  # this run's and --compare's alike
     return {"run": {"name": manifest.get("name"), "run_id": manifest["run_id"], "run_dir": str(run_dir)}, **data}
 
 

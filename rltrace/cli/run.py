@@ -1,6 +1,7 @@
 """`rltrace run [--run-dir DIR] -- COMMAND ...`: trace a program that never imports rltrace.
 
-Like `opentelemetry-instrument`: the command runs with RLTRACE_RUN_DIR set and rltrace's
+Like `opentelemetry-instrument`: the command runs with RLTRACE_RUN_DIR set (to `--run-dir`, else
+to RLTRACE_RUN_DIR as it was, else to a new runs/<date-time>) and rltrace's
 start-up folder first on PYTHONPATH, so its `sitecustomize` runs in every Python process the
 command starts (children, torchrun ranks, Ray workers that inherit the environment) and loads
 the registered instrumentors there. The command's exit status is this command's.
@@ -30,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run COMMAND with rltrace's instrumentors loaded in every Python process it starts. "
         "RLTRACE_DISABLED=1 runs it untouched.",
     )
-    p.add_argument("--run-dir", metavar="DIR", help="run directory to record into (default: a new runs/<date-time>)")
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="run directory to record into (default: $RLTRACE_RUN_DIR if set, else a new runs/<date-time>)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command, after --")
     p.set_defaults(func=main)
 
@@ -63,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
     if not command:
         raise RltraceError("rltrace run needs a command to run, e.g. rltrace run -- python train.py")
     disabled = resolve("disabled")
-    run_dir = (args.run_dir if objstore.is_uri(args.run_dir) else Path(args.run_dir)) if args.run_dir else _new_run_dir()
+    chosen = args.run_dir or resolve("run_dir")  # the flag, else RLTRACE_RUN_DIR as a job script sets it
+    run_dir = (chosen if objstore.is_uri(chosen) else Path(chosen)) if chosen else _new_run_dir()
     env = dict(os.environ) if disabled else environment(run_dir)
     if not disabled:
         print(f"rltrace: recording into {run_dir}", file=sys.stderr)
@@ -82,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if not disabled:
-        if (run_dir / "run.json").exists():
+        if objstore.is_uri(run_dir) or (run_dir / "run.json").exists():
             print(f"rltrace: trace in {run_dir}: rltrace info {run_dir} · rltrace report {run_dir}", file=sys.stderr)
         else:
             print("rltrace: nothing was recorded (no instrumented library ran)", file=sys.stderr)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from rltrace._config import RltraceError, paths_value
+from rltrace.cli import _options
 from rltrace.store import objstore, read_manifest
 
 DEFAULT_HOST = "127.0.0.1"
@@ -35,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--host", default=DEFAULT_HOST,
         help="address to bind (default %(default)s: this machine only; the dashboard has no login)",
     )
+    _options.skip_corrupt(p)
     p.set_defaults(func=main)
 
 
@@ -67,7 +69,8 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         "--global.developmentMode", "false",
         "--client.toolbarMode", "minimal",
     ]
-    env = dict(os.environ, RLTRACE_UI_RUNS=paths_value(runs), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    env = dict(os.environ, RLTRACE_UI_RUNS=paths_value(runs), RLTRACE_UI_SKIP_CORRUPT="1" if args.skip_corrupt else "0",
+               STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     return argv, env
 
 

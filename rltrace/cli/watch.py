@@ -10,6 +10,8 @@ from rltrace._config import RltraceError
 from rltrace.alerts import RULES, Delivery, Settings, Threshold, Watcher
 from rltrace.alerts.rules import AlertRuleError
 from rltrace.analysis._format import seconds_text
+from rltrace.cli import _options
+from rltrace.store import CorruptPartError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", action="append", default=[], metavar="METRIC<V",
                    help="threshold: a step metric crossing a limit, e.g. 'reward_mean<0.2' (repeatable)")
     p.add_argument("--rules", metavar="LIST", help=f"only these rules, comma-separated ({', '.join(RULES)})")
+    _options.skip_corrupt(p)
     p.set_defaults(func=main)
 
 
@@ -66,7 +69,7 @@ def _line(alert) -> str:
 def main(args: argparse.Namespace) -> int:
     settings = _settings(args)
     delivery = Delivery(args.webhook, args.command)
-    watcher = Watcher(args.run_dir, settings, delivery)
+    watcher = Watcher(args.run_dir, settings, delivery, skip_corrupt=args.skip_corrupt)
     if args.once:
         firing, _ = watcher.check()
         for alert in firing:
@@ -84,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
         except Exception as exc:  # a bad run dir fails at once; a passing read error (a part replaced while
             if first and isinstance(exc, RltraceError):  # it was read, compaction) is retried next tick
                 raise
-            print(_plain(f"rltrace watch: could not read the run this time ({exc}); retrying"), flush=True)
+            hint = _options.SKIP_CORRUPT_HINT if isinstance(exc, CorruptPartError) else ""
+            print(_plain(f"rltrace watch: could not read the run this time ({exc}){hint}; retrying"), flush=True)
             time.sleep(args.interval)
             continue
         first = False

@@ -9,10 +9,12 @@ path of rltrace's own: the same `rl.*` → column mapping, the same checks, the 
 from __future__ import annotations
 
 import base64
-import binascii
+import functools
 import json
+import re
 import zlib
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -51,50 +53,181 @@ def gunzip(body: bytes, limit: int) -> bytes:
 
 
 # OTLP JSON writes trace and span ids as hex; protobuf's JSON mapping reads bytes as base64.
-_ID_KEYS = frozenset(("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"))
+_SPAN_IDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+_LINK_IDS = ("traceId", "spanId", "trace_id", "span_id")
+_MAX_DEPTH = 100  # messages nested deeper are refused, in JSON as protobuf's own parser refuses them
 
 
-def _ids_to_base64(node: Any) -> None:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in _ID_KEYS and isinstance(value, str):
-                try:
-                    node[key] = base64.b64encode(bytes.fromhex(value)).decode()
-                except ValueError:
-                    raise PayloadError(f"{key} {value[:40]!r} is not hex") from None
-            elif isinstance(value, (dict, list)):
-                _ids_to_base64(value)
-    elif isinstance(node, list):
-        for item in node:
-            _ids_to_base64(item)
+def _hex_ids_to_base64(node: dict, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        value = node.get(key)
+        if isinstance(value, str):
+            try:
+                node[key] = base64.b64encode(bytes.fromhex(value)).decode()
+            except ValueError:
+                raise ValueError(f"{key} {value[:40]!r} is not hex") from None
 
 
-def parse(body: bytes, content_type: str):
-    """The `ExportTraceServiceRequest` in `body`, or `PayloadError` saying why not."""
-    pb = _messages()
-    request = pb.ExportTraceServiceRequest()
+@dataclass
+class Rejected:
+    """Spans of a request that could not be decoded, and why (each costs itself, not its request)."""
+
+    group: int | None  # index of their sender's `ResourceSpans` in the decoded request; None: sender unknown
+    spans: int
+    reason: str
+
+
+def parse(body: bytes, content_type: str) -> tuple[Any, list[Rejected]]:
+    """The `ExportTraceServiceRequest` in `body` with every span that decodes, and the spans that
+    do not; `PayloadError` when the body as a whole is not an OTLP trace export."""
     if content_type == PROTOBUF:
+        request = _messages().ExportTraceServiceRequest()
         try:
             request.ParseFromString(body)
-        except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or RuntimeWarning-like errors
-            raise PayloadError(f"not an OTLP protobuf ExportTraceServiceRequest ({type(exc).__name__}: {exc})") from None
-        return request
+            return request, []
+        except Exception:  # noqa: BLE001 - protobuf raises DecodeError and others: read it part by part
+            return _assemble(_protobuf_groups(body))
     if content_type == JSON:
-        from google.protobuf import json_format
-
         try:
             data = json.loads(body)
+        except RecursionError:
+            raise PayloadError("body is JSON nested too deeply to be an OTLP export") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise PayloadError(f"body is not JSON ({exc})") from None
         if not isinstance(data, dict):
             raise PayloadError("OTLP JSON body must be an object with resourceSpans")
-        _ids_to_base64(data)
-        try:
-            json_format.ParseDict(data, request, ignore_unknown_fields=True)  # OTLP: unknown fields are ignored
-        except (json_format.ParseError, binascii.Error, TypeError, ValueError) as exc:
-            raise PayloadError(f"not an OTLP JSON ExportTraceServiceRequest ({str(exc)[:200]})") from None
-        return request
+        return _assemble(_json_groups(data))
     raise PayloadError(f"unsupported content type {content_type!r} (send {PROTOBUF} or {JSON})")
+
+
+# A sender's spans, part by part: (fill its Resource, [(fill a scope, [fill a Span, ...]), ...]);
+# each `fill` reads one part into the message it is given, or raises saying why it cannot.
+Fill = Callable[[Any], None]
+Group = tuple[Fill, list[tuple[Fill, list[Fill]]]]
+
+
+def _assemble(groups: Iterator[Group]) -> tuple[Any, list[Rejected]]:
+    """One request of every part that decodes; a part that does not costs its own spans only."""
+    pb = _messages()
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    request, rejected = pb.ExportTraceServiceRequest(), []
+    for fill_resource, scopes in groups:
+        resource_spans = trace_pb2.ResourceSpans()
+        why = _why(fill_resource, resource_spans.resource)
+        if why is not None:
+            rejected.append(Rejected(None, sum(len(spans) for _, spans in scopes), f"resource {why}"))
+            continue
+        group = len(request.resource_spans)
+        for fill_scope, spans in scopes:
+            scope_spans = resource_spans.scope_spans.add()
+            why = _why(fill_scope, scope_spans.scope)
+            if why is not None:
+                rejected.append(Rejected(group, len(spans), f"instrumentation scope {why}"))
+                continue
+            for fill_span in spans:
+                span = trace_pb2.Span()
+                why = _why(fill_span, span)
+                if why is None:
+                    scope_spans.spans.append(span)
+                else:
+                    rejected.append(Rejected(group, 1, f"span {why}"))
+        request.resource_spans.append(resource_spans)
+    return request, rejected
+
+
+def _why(fill: Fill, message) -> str | None:
+    try:
+        fill(message)
+        return None
+    except RecursionError:
+        return _TOO_DEEP
+    except Exception as exc:  # noqa: BLE001 - whatever the parser says is the reason, counted
+        said = " ".join(str(exc).split())
+        if "MaxDepth" in said or "too deep" in said:  # protobuf's words for it (upb, json_format)
+            return _TOO_DEEP
+        said = re.sub(r"^Error parsing message with type '[\w.]+': ", "", said)
+        return f"could not be decoded ({said[:200] or type(exc).__name__})"
+
+
+_TOO_DEEP = f"is nested more than {_MAX_DEPTH} levels deep"
+
+
+def _protobuf_groups(body: bytes) -> Iterator[Group]:
+    """The parts of a protobuf body that did not parse whole. Its framing must hold (a body that is
+    not protobuf at all is refused whole); what is inside each resource, scope and span may not."""
+    skeleton = _skeleton()
+    try:
+        groups = [skeleton["ResourceSpans"].FromString(rs) for rs in skeleton["Request"].FromString(body).resource_spans]
+        scopes = [[skeleton["ScopeSpans"].FromString(ss) for ss in g.scope_spans] for g in groups]
+    except Exception as exc:  # noqa: BLE001
+        raise PayloadError(f"not an OTLP protobuf ExportTraceServiceRequest ({type(exc).__name__}: {exc})") from None
+
+    def fill(data: bytes) -> Fill:
+        return lambda message: message.ParseFromString(data)
+
+    for g, ss in zip(groups, scopes):
+        yield fill(g.resource), [(fill(s.scope), [fill(span) for span in s.spans]) for s in ss]
+
+
+def _json_groups(data: dict) -> Iterator[Group]:
+    """The parts of an OTLP JSON body: the lists must be lists; each resource, scope and span is
+    parsed on its own (ids from hex, unknown fields ignored as OTLP asks)."""
+    from google.protobuf import json_format
+
+    def fill(value: Any, ids: bool = False) -> Fill:
+        def parse_into(message) -> None:
+            if value is None:
+                return
+            if not isinstance(value, dict):
+                raise ValueError(f"is {type(value).__name__}, not an object")
+            if ids:
+                _hex_ids_to_base64(value, _SPAN_IDS)
+                for link in value.get("links") or ():
+                    if isinstance(link, dict):
+                        _hex_ids_to_base64(link, _LINK_IDS)
+            json_format.ParseDict(value, message, ignore_unknown_fields=True, max_recursion_depth=_MAX_DEPTH)
+
+        return parse_into
+
+    for rs in _items(data, "resourceSpans", "resource_spans"):
+        scopes = []
+        for ss in _items(rs, "scopeSpans", "scope_spans"):
+            spans = [fill(span, ids=True) for span in _items(ss, "spans")]
+            scopes.append((fill(ss.get("scope")), spans))
+        yield fill(rs.get("resource")), scopes
+
+
+def _items(node: Any, *keys: str) -> list:
+    """The list under the first of `keys` in `node` (absent: empty); the lists hold objects."""
+    if not isinstance(node, dict):
+        raise PayloadError(f"not an OTLP JSON ExportTraceServiceRequest (expected an object, found {type(node).__name__})")
+    value = next((node[k] for k in keys if k in node), None)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise PayloadError(f"not an OTLP JSON ExportTraceServiceRequest ({keys[0]} is {type(value).__name__}, not a list)")
+    return value
+
+
+@functools.cache
+def _skeleton() -> dict[str, Any]:
+    """Message types with the framing of an OTLP request and each part left as bytes, so that a
+    part protobuf refuses (bad UTF-8, nesting too deep) can be read apart from the others."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="rltrace_otlp_skeleton.proto", package="rltrace.skeleton", syntax="proto3")
+    for name, one, many in (("Request", None, "resource_spans"), ("ResourceSpans", "resource", "scope_spans"),
+                            ("ScopeSpans", "scope", "spans")):
+        message = proto.message_type.add(name=name)
+        if one:
+            message.field.add(name=one, number=1, type=field.TYPE_BYTES, label=field.LABEL_OPTIONAL)
+        message.field.add(name=many, number=1 if one is None else 2, type=field.TYPE_BYTES, label=field.LABEL_REPEATED)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return {m.name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"rltrace.skeleton.{m.name}"))
+            for m in proto.message_type}
 
 
 def response(content_type: str, rejected: int = 0, message: str = "") -> bytes:

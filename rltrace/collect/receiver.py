@@ -1,7 +1,8 @@
 """`Receiver`: spans from remote OpenTelemetry senders into a run, through the store's own writer.
 
-    HTTP handler threads: body -> ExportTraceServiceRequest (bounded body size, bounded requests
-                          in flight) -> one queued item per sender (bounded: spans and bytes)
+    HTTP handler threads: body read whole on time (collect/server.py) -> ExportTraceServiceRequest
+                          (collect/decode.py; a span that does not decode costs itself) -> one
+                          queued item per sender (bounded: spans and bytes)
     one BackgroundWriter: item -> RemoteSpan adapters -> rows.spans_table -> one spans part per
                           interval for all senders; then the process rows (the heartbeat)
 
@@ -19,28 +20,25 @@ a sending queue is the sender that does this well).
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
-import socket
-import socketserver
 import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from rltrace import _names
 from rltrace.collect import decode
+from rltrace.collect.server import TRACES_PATH, Full, listen
 from rltrace.store import layout, objstore, rows
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, safe_name, write_part
 
 logger = logging.getLogger("rltrace")
 
-TRACES_PATH = "/v1/traces"
 _HEARTBEAT_S = 10.0
-_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED, _UNAVAILABLE = 3, 8, 14  # gRPC codes in google.rpc.Status bodies
 
 
 @dataclass
@@ -50,7 +48,9 @@ class Limits:
     max_queue_spans: int = 200_000  # spans decoded and waiting for the writer
     max_queue_bytes: int = 256 * 2**20  # their request bytes
     max_request_bytes: int = 32 * 2**20  # one body, after gzip
-    max_inflight: int = 16  # requests being read and decoded at once
+    max_inflight: int = 16  # requests decoded at once; bodies being received: max_inflight x max_request_bytes in all
+    max_connections: int = 256  # connections open at once (one thread each)
+    request_timeout: float = 30.0  # seconds from a request's first byte to its last
     flush_interval: float = 1.0
     backpressure: bool = False  # answer 503 when full instead of dropping and counting
 
@@ -95,10 +95,6 @@ def identify(resource: dict, peer: str, run_id: str) -> ProcessInfo:
     return ProcessInfo(run_id=run_id, role=role, rank=rank, service_name=service, host=host, pid=pid, process_id=process_id)
 
 
-class Full(Exception):
-    """The queue cannot take this request (backpressure mode: answered 503)."""
-
-
 class Receiver:
     """Receives OTLP/HTTP trace exports on `host:port` and writes them into the run at `run_dir`.
 
@@ -130,7 +126,6 @@ class Receiver:
         self._pending_bytes = 0
         self._converted_spans = 0
         self._converted_bytes = 0
-        self._inflight = threading.BoundedSemaphore(self.limits.max_inflight)
         self._ended_ns: int | None = None
         self._last_full_heartbeat = 0.0
         self._writer = BackgroundWriter(
@@ -142,13 +137,12 @@ class Receiver:
             drops=self.drops,
         )
         try:
-            self.server = (_Server6 if ":" in host else _Server)((host, port), _Handler)
+            self.server = listen(self, host, port)
         except OSError:
             self._writer.close()
             if self._spool is not None:
                 self._spool.close(timeout=5)
             raise
-        self.server.receiver = self
         self._thread: threading.Thread | None = None
         self._write_process_rows(force=True)
 
@@ -184,7 +178,7 @@ class Receiver:
         self.server.server_close()
         deadline = time.monotonic() + 10.0  # let requests being decoded reach the queue
         for _ in range(self.limits.max_inflight):
-            self._inflight.acquire(timeout=max(deadline - time.monotonic(), 0))
+            self.server.decoding.acquire(timeout=max(deadline - time.monotonic(), 0))
         self._writer.close()
         self._ended_ns = time.time_ns()
         self._write_process_rows(force=True)
@@ -220,9 +214,9 @@ class Receiver:
             return sender
 
     # --- the write path ---------------------------------------------------------------------------
-    def accept(self, request, nbytes: int, peer: str) -> tuple[int, str]:
-        """Queue a decoded request's spans; returns (rejected spans, message). Raises `Full` in
-        backpressure mode when the queue cannot take the whole request."""
+    def accept(self, request, nbytes: int, peer: str, undecoded: Sequence[decode.Rejected] = ()) -> tuple[int, str]:
+        """Queue a decoded request's spans and count its `undecoded` ones; returns (rejected spans,
+        message). Raises `Full` in backpressure mode when the queue cannot take the whole request."""
         groups = [(self._sender(rs, peer), rs, decode.count(rs)) for rs in request.resource_spans]
         total = sum(n for _, _, n in groups)
         with self._lock:
@@ -239,13 +233,14 @@ class Receiver:
         if not fits and self.limits.backpressure:
             self.drops.add("refused spans", total, "answered 503 while the receiver queue was full (the sender retries)")
             raise Full(f"receiver queue full ({self.limits.max_queue_spans} spans); retry later")
+        bad, bad_message = self._count_undecoded(undecoded, [sender for sender, _, _ in groups])
         if not fits:
             reason = f"receiver queue full ({self.limits.max_queue_spans} spans / {self.limits.max_queue_bytes // 2**20} MiB; raise --max-queue-spans or add receivers)"
             for sender, _, n in groups:
                 with self._lock:
                     sender.dropped += n
                 sender.drops.add("spans", n, reason)
-            return total, reason
+            return total + bad, "; ".join(filter(None, (reason, bad_message)))
         # Spans with bad ids are dropped (and counted, with the reason) on the writer thread;
         # the sender hears of them now, in the partial success, as OTLP asks.
         invalid = sum(1 for _, rs, _ in groups for span, _ in decode.spans_of(rs) if decode.invalid(span))
@@ -259,8 +254,30 @@ class Receiver:
                 self._release(n, size)  # the writer is closed: it counted them with the reason
                 refused += n
         if refused:
-            return refused, "the receiver is shutting down"
-        return invalid, f"{invalid} spans with a trace_id or span_id of the wrong length (or all zero)" if invalid else ""
+            return refused + bad, "; ".join(filter(None, ("the receiver is shutting down", bad_message)))
+        invalid_message = f"{invalid} spans with a trace_id or span_id of the wrong length (or all zero)" if invalid else ""
+        return invalid + bad, "; ".join(filter(None, (invalid_message, bad_message)))
+
+    def _count_undecoded(self, undecoded: Sequence[decode.Rejected], senders: list[Sender]) -> tuple[int, str]:
+        """Count spans that did not decode for their sender (for the receiver when the sender is
+        unknown); returns how many and the message the sender hears."""
+        reasons: dict[str, int] = {}
+        for r in undecoded:
+            if r.group is None:
+                self.drops.add("spans", r.spans, r.reason)
+            else:
+                sender = senders[r.group]
+                with self._lock:
+                    sender.received += r.spans
+                    sender.dropped += r.spans
+                sender.drops.add("spans", r.spans, r.reason)
+            reasons[r.reason] = reasons.get(r.reason, 0) + r.spans
+        total = sum(reasons.values())
+        if not total:
+            return 0, ""
+        first, others = next(iter(reasons)), len(reasons) - 1
+        more = f" (and {others} more reason{'s' if others > 1 else ''}: rltrace info lists them)" if others else ""
+        return total, f"{total} spans not stored: {first}{more}"
 
     def _release(self, nspans: int, nbytes: int) -> None:
         with self._lock:
@@ -338,95 +355,3 @@ class Receiver:
         except Exception as exc:  # the next heartbeat tries again
             logger.warning("rltrace collect: could not write the process row of %s: %s", process.process_id, exc)
             return False
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    receiver: Receiver
-
-    def server_bind(self):  # HTTPServer's own looks up the host's FQDN, which can hang offline
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """POST /v1/traces, as OTLP/HTTP specifies: protobuf or JSON, gzip allowed, errors as google.rpc.Status."""
-
-    protocol_version = "HTTP/1.1"  # keep-alive: SDK exporters reuse their connection
-    timeout = 60  # seconds a connection may sit idle or trickle a body before it is closed
-    server_version = "rltrace-collect"
-
-    def log_message(self, format, *args):  # noqa: A002 - the base class's name
-        logger.debug("rltrace collect: %s - %s", self.address_string(), format % args)
-
-    def _reply(self, code: int, body: bytes, content_type: str, headers: dict | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _error(self, code: int, grpc_code: int, message: str, content_type: str, headers: dict | None = None) -> None:
-        content_type = content_type if content_type in (decode.PROTOBUF, decode.JSON) else decode.PROTOBUF
-        self._reply(code, decode.status(content_type, grpc_code, message), content_type, headers)
-
-    def do_GET(self):  # noqa: N802 - http.server's naming
-        self._error(405, _INVALID_ARGUMENT, f"POST OTLP trace exports to {TRACES_PATH}", decode.JSON)
-
-    def do_POST(self):  # noqa: N802
-        receiver: Receiver = self.server.receiver
-        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        if self.path.split("?")[0] != TRACES_PATH:
-            self.close_connection = True
-            self._error(404, _INVALID_ARGUMENT, f"no such path {self.path[:80]!r}; send traces to {TRACES_PATH}", content_type)
-            return
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            self.close_connection = True
-            receiver.reject("no Content-Length (chunked bodies are not accepted)")
-            self._error(411, _INVALID_ARGUMENT, "Content-Length required", content_type)
-            return
-        length = int(length)
-        if length > receiver.limits.max_request_bytes:
-            self.close_connection = True  # the body is left unread
-            reason = f"body of {length} bytes is over the limit of {receiver.limits.max_request_bytes}"
-            receiver.reject(reason)
-            self._error(413, _INVALID_ARGUMENT, reason, content_type)
-            return
-        if not receiver._inflight.acquire(timeout=5.0):
-            self.close_connection = True
-            receiver.drops.add("refused requests", 1, "answered 503: too many requests in flight (the sender retries)")
-            self._error(503, _UNAVAILABLE, "too many requests in flight; retry later", content_type, {"Retry-After": "1"})
-            return
-        try:
-            body = self.rfile.read(length)
-            self._handle(receiver, body, content_type)
-        finally:
-            receiver._inflight.release()
-
-    def _handle(self, receiver: Receiver, body: bytes, content_type: str) -> None:
-        try:
-            encoding = (self.headers.get("Content-Encoding") or "identity").strip().lower()
-            if encoding == "gzip":
-                body = decode.gunzip(body, receiver.limits.max_request_bytes)
-            elif encoding != "identity":
-                raise decode.PayloadError(f"unsupported Content-Encoding {encoding!r} (use gzip or none)")
-            request = decode.parse(body, content_type)
-        except decode.PayloadError as exc:
-            reason = str(exc)
-            receiver.reject(reason)
-            code = 413 if isinstance(exc, decode.TooLarge) else 415 if reason.startswith("unsupported content type") else 400
-            self._error(code, _INVALID_ARGUMENT, reason, content_type)
-            return
-        try:
-            rejected, message = receiver.accept(request, len(body), self.client_address[0])
-        except Full as exc:
-            self._error(503, _UNAVAILABLE, str(exc), content_type, {"Retry-After": "1"})
-            return
-        self._reply(200, decode.response(content_type, rejected, message), content_type)

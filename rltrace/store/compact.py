@@ -15,6 +15,8 @@ time per run (a lock file); writers never take it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -99,12 +101,14 @@ def compact(
     target_rows: int = TARGET_ROWS,
     grace_s: float = GRACE_S,
     progress: Callable[[str, int, int], None] | None = None,
+    skip_corrupt: bool = False,
 ) -> list[CompactResult]:
     """Merge the small parts of every compactable table of a run. Safe while writers and readers run.
 
     `progress(table, done, total)` is called after each merged group (the CLI draws a bar).
     Replaced parts are deleted after `grace_s` seconds (this call waits for it).
-    Raises `StoreError` if another compaction of the same run is running.
+    Raises `StoreError` if another compaction of the same run is running. With `skip_corrupt`,
+    damaged parts are left where they are, unmerged (and never deleted).
     """
     from rltrace.store import objstore
 
@@ -113,13 +117,33 @@ def compact(
     run_dir = Path(run_dir)
     tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
     read_manifest(run_dir)  # a clear error for a path that is not a run, before taking the lock
+    with writing_into(run_dir):
+        return _compact(run_dir, tables, target_rows, grace_s, progress, skip_corrupt)
+
+
+@contextlib.contextmanager
+def writing_into(run_dir: Path):
+    """A run that compaction cannot write into (permissions, a read-only mount) is one line saying what to do."""
+    try:
+        yield
+    except OSError as exc:
+        if not isinstance(exc, PermissionError) and exc.errno != errno.EROFS:
+            raise
+        raise StoreError(
+            f"cannot compact {run_dir}: {exc.strerror or exc} writing {exc.filename or run_dir}. Compaction writes "
+            "merged parts into the run: run it as a user who can write there, or compact a copy "
+            "(cp -r RUN COPY; rltrace compact COPY)"
+        ) from None
+
+
+def _compact(run_dir: Path, tables: dict, target_rows: int, grace_s: float, progress, skip_corrupt: bool) -> list[CompactResult]:
     lock_path = run_dir / ".compact.lock"
     with open(lock_path, "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StoreError(f"another `rltrace compact` is running on {run_dir}; wait for it to finish") from None
-        snap = scan(run_dir, tables=tables)
+        snap = scan(run_dir, tables=tables, skip_corrupt=skip_corrupt)
         for path in snap.replaced:  # a previous compaction stopped before deleting its inputs
             path.unlink(missing_ok=True)
         now = time.time()

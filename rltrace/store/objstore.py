@@ -106,6 +106,18 @@ def _unreachable(uri: str, exc: Exception) -> layout.StoreError:
                              "check AWS_ENDPOINT_URL and the AWS credentials")
 
 
+def _no_bucket(uri: str, s3, base: str) -> layout.StoreError | None:
+    """The error for a run whose bucket does not exist (None when it does)."""
+    from pyarrow import fs
+
+    bucket = base.split("/", 1)[0]
+    if s3.get_file_info(bucket).type != fs.FileType.NotFound:
+        return None
+    where = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
+    return layout.StoreError(f"{uri}: the bucket {bucket!r} does not exist at {where}; check its name and "
+                             "AWS_ENDPOINT_URL, or create the bucket")
+
+
 def read_manifest(uri: str) -> dict:
     """The manifest of the run at `uri` (validated as for a local run, from the reader's cache copy)."""
     return layout.read_manifest(mirror(uri, tables=()))
@@ -119,6 +131,9 @@ def create_or_join(uri: str, *, run_name: str | None, config: Any) -> dict:
     try:
         data = _get(s3, key)
         if data is None:
+            missing = _no_bucket(uri, s3, base)
+            if missing is not None:
+                raise missing
             mine = layout.new_manifest(run_name or base.rsplit("/", 1)[-1], config)
             _put(s3, f"{base}/{_CANDIDATES}/{mine['created_ns']:020d}-{mine['run_id']}.json",
                  layout.manifest_text(mine).encode())
@@ -373,7 +388,8 @@ def mirror(uri: str, *, tables: tuple[str, ...] | None = None) -> Path:
     try:
         info = s3.get_file_info(f"{base}/{_names.RUN_MANIFEST}")
         if info.type == fs.FileType.NotFound:
-            raise layout.StoreError(f"{uri} is not an rltrace run: it has no {_names.RUN_MANIFEST} (made by rltrace.init)")
+            raise _no_bucket(uri, s3, base) or layout.StoreError(
+                f"{uri} is not an rltrace run: it has no {_names.RUN_MANIFEST} (made by rltrace.init)")
         listing = [info]
         if tables is None or tables:
             try:

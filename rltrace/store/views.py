@@ -13,6 +13,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -22,6 +23,7 @@ from rltrace import _names
 from rltrace.store.layout import StoreError, read_manifest
 
 logger = logging.getLogger("rltrace")
+T = TypeVar("T")
 
 
 class CorruptPartError(StoreError):
@@ -203,22 +205,33 @@ def _scan_table(folder: Path, table: _names.Table, skip_corrupt: bool, skipped: 
         return [], []
     parts = []
     for path in list_parts(folder, skipped):
-        if path in _DAMAGED:
+        why = _DAMAGED.get(path.resolve()) if _DAMAGED else None
+        if why is not None:
             if not skip_corrupt:
-                raise CorruptPartError(f"{path}: {_DAMAGED[path]}")
-            skipped.append(f"{path}: {_DAMAGED[path]}")
+                raise CorruptPartError(f"{path}: {why}")
+            skipped.append(_skipping(f"{path}: {why}"))
             continue
         try:
             parts.append(_check_part(path, table, run_id))
         except CorruptPartError as exc:
             if not skip_corrupt:
                 raise
-            logger.warning("rltrace: skipping %s", exc)
-            skipped.append(str(exc))
+            skipped.append(_skipping(str(exc)))
     superseded = {name for part in parts for name in part.replaces}
     live = [p for p in parts if p.path.name not in superseded]
     replaced = [p.path for p in parts if p.path.name in superseded]
     return live, replaced
+
+
+_WARNED: set[str] = set()  # "path: why" of every part this process has said it skips
+
+
+def _skipping(why: str) -> str:
+    """Say once per process that a part is skipped ("path: why"); returns `why` for the snapshot's list."""
+    if why not in _WARNED:
+        _WARNED.add(why)
+        logger.warning("rltrace: skipping %s", why)
+    return why
 
 
 _GLOB = frozenset("*?[]{}")
@@ -237,9 +250,49 @@ def sql_paths(paths: list[Path]) -> str:
 
 _sql_list = sql_paths
 
-#: Parts found damaged past their footer in this process (see `find_damaged`): skipped by
-#: `scan(..., skip_corrupt=True)`.
+#: Parts found damaged past their footer in this process, by resolved path (see `find_damaged`):
+#: skipped by `scan(..., skip_corrupt=True)`.
 _DAMAGED: dict[Path, str] = {}
+
+
+def _read_every_page(con: duckdb.DuckDBPyConnection, paths: list[Path]) -> None:
+    """Decode every value of every column of these parts (a hash of each whole row), without
+    holding them: what the widest query would read."""
+    con.execute(f"SELECT bit_xor(hash(t)) FROM read_parquet({sql_paths(paths)}, union_by_name=true) t").fetchall()
+
+
+def _damaged(snap: Snapshot) -> list[tuple[Part, str]]:
+    """The parts of the snapshot whose data pages cannot be read, each with why; remembered in
+    `_DAMAGED` so that later scans with `skip_corrupt=True` leave them out."""
+    out = []
+    con = duckdb.connect(":memory:")
+    try:
+        for parts in snap.parts.values():
+            if not parts:
+                continue
+            try:
+                _read_every_page(con, [p.path for p in parts])  # one pass per table; part by part only on failure
+                continue
+            except duckdb.Error:
+                pass
+            for part in parts:
+                try:
+                    _read_every_page(con, [part.path])
+                except duckdb.IOException as exc:
+                    if not part.path.exists():
+                        continue  # removed by a compaction since the scan: not damaged
+                    out.append((part, _why(exc)))
+                except duckdb.Error as exc:
+                    out.append((part, _why(exc)))
+    finally:
+        con.close()
+    for part, why in out:
+        _DAMAGED[part.path.resolve()] = why
+    return out
+
+
+def _why(exc: Exception) -> str:
+    return "damaged data pages (" + (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:160] + ")"
 
 
 def find_damaged(run_dir: str | Path) -> list[str]:
@@ -247,23 +300,44 @@ def find_damaged(run_dir: str | Path) -> list[str]:
 
     Called when a query fails on data pages (a footer can be intact while pages are damaged),
     so the error can name the file; damaged parts are remembered and skipped by later scans
-    with `skip_corrupt=True`.
+    with `skip_corrupt=True`. Parts of the run found damaged before are named too.
     """
-    out = []
     snap = scan(run_dir, skip_corrupt=True)
-    for parts in snap.parts.values():
-        for part in parts:
-            try:
-                con = duckdb.connect(":memory:")
-                try:
-                    con.execute(f"SELECT * FROM read_parquet({sql_paths([part.path])})").fetchall()
-                finally:
-                    con.close()
-            except duckdb.Error as exc:
-                why = "damaged data pages (" + (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:160] + ")"
-                _DAMAGED[part.path] = why
-                out.append(f"{part.path}: {why}")
-    return out
+    root = snap.run_dir.resolve()
+    known = [f"{path}: {why}" for path, why in _DAMAGED.items() if root in path.parents and path.exists()]
+    return known + [f"{part.path}: {why}" for part, why in _damaged(snap)]
+
+
+def check_pages(snap: Snapshot) -> None:
+    """Read every data page of every part of the snapshot, as the widest query (a report) would:
+    a part damaged behind a sound footer is a `CorruptPartError` naming it, or, when the snapshot
+    skips corrupt parts, left out of it and listed in `skipped`. So a command that reads only a
+    few columns (`rltrace info`) finds the same damage as one that reads them all."""
+    damaged = _damaged(snap)
+    if not damaged:
+        return
+    if not snap.skip_corrupt:
+        raise CorruptPartError("; ".join(f"{part.path}: {why}" for part, why in damaged))
+    bad = {part.path for part, _ in damaged}
+    for name, parts in snap.parts.items():
+        snap.parts[name] = [p for p in parts if p.path not in bad]
+    for part, why in damaged:
+        snap.skipped.append(_skipping(f"{part.path}: {why}"))
+
+
+def skipping_damaged(run_dir: str | Path, skip_corrupt: bool, read: Callable[[], T], reread: Callable[[], T] | None = None) -> T:
+    """`read()`; when DuckDB fails on a run's data pages, the damaged parts are found and either
+    named (`CorruptPartError`) or, with `skip_corrupt`, left out of a second read: `reread()`, or
+    `read()` again (either must scan the run again). Any other failure is raised as it is."""
+    try:
+        return read()
+    except duckdb.Error:
+        damaged = find_damaged(run_dir)
+        if not damaged:
+            raise
+    if not skip_corrupt:
+        raise CorruptPartError("; ".join(damaged)) from None
+    return (reread or read)()  # its scan names each part it skips
 
 
 def _source(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Part]) -> str:
@@ -301,8 +375,7 @@ def _read_now(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[P
             why = f"{part.path}: unreadable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
             if not snap.skip_corrupt:
                 raise CorruptPartError(why) from None
-            logger.warning("rltrace: skipping %s", why)
-            snap.skipped.append(why)
+            snap.skipped.append(_skipping(why))
     name = f"_read_{table.name}"
     if not tables:
         return empty_sql

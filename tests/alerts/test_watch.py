@@ -179,3 +179,27 @@ def test_a_hang_dump_surfaces_as_an_alert_with_the_dump_attached(tmp_path):
     assert (alert.phase, alert.step, alert.rank, alert.span_id) == ("generate", 6, 1, hung.span_id)
     assert (alert.profile_id, alert.profile_path) == ("p1", "profiles/files/p1.txt") and alert.limit_s == 30.0
     assert "RLTRACE_HANG_TIMEOUT" in alert.message and "has been open for 34.0 s" in alert.message
+
+
+def test_a_nul_in_a_phase_or_role_name_is_delivered_escaped(tmp_path):
+    """Names come from the run: a NUL in one cannot go into the command's environment as it is
+    ("embedded null byte"); the alert is delivered with it escaped, on stdin, in the environment and
+    to the webhook."""
+    b = RunBuilder(tmp_path / "run")
+    b.process("roll\x00out").span("gen\x00erate", 0, None, step=0)
+    b.write()
+    out = tmp_path / "got.json"
+    script = (f"import json, os, sys; open({str(out)!r}, 'w').write(json.dumps("
+              "{'stdin': sys.stdin.read(), 'message': os.environ['RLTRACE_ALERT_MESSAGE'], 'alert': os.environ['RLTRACE_ALERT_JSON']}))")
+    receiver = _Receiver()
+    try:
+        delivery = Delivery(receiver.url, command=f"{sys.executable} -c \"{script}\"")
+        (alert,), _ = Watcher(b.run_dir, Settings(hang_s=1, rules=("hang",)), delivery).check()
+        assert "\x00" in alert.message
+        assert delivery.wait(30) and delivery.failures == 0 and delivery.sent == 2
+    finally:
+        receiver.close()
+    got = json.loads(out.read_text())
+    assert json.loads(got["stdin"])["message"] == json.loads(got["alert"])["message"] == alert.message  # JSON: \u0000
+    assert "\x00" not in got["message"] and "gen\\x00erate" in got["message"]
+    assert receiver.bodies[0]["message"] == alert.message

@@ -25,13 +25,6 @@ HERE = Path(__file__).parent
 PB, JS = "application/x-protobuf", "application/json"
 
 
-@pytest.fixture
-def receiver(run_dir):
-    r = Receiver(run_dir, "127.0.0.1", 0, Limits(flush_interval=0.2)).start()
-    yield r
-    r.close()
-
-
 def post(url, body: bytes, content_type: str = PB, encoding: str | None = None):
     """(status, headers, body) of one POST; HTTP errors are answers too."""
     headers = {"Content-Type": content_type}
@@ -184,8 +177,9 @@ def test_eight_senders_at_once_lose_nothing(receiver, run_dir):
         (b"\x0a\xff\xff\xff", PB, None, 400, "not an OTLP protobuf"),
         (b"{not json", JS, None, 400, "not JSON"),
         (b"[1, 2]", JS, None, 400, "must be an object"),
-        (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz"}]}]}]}).encode(), JS, None, 400, "is not hex"),
-        (json.dumps({"resourceSpans": "many"}).encode(), JS, None, 400, "not an OTLP JSON"),
+        (json.dumps({"resourceSpans": "many"}).encode(), JS, None, 400, "resourceSpans is str, not a list"),
+        (json.dumps({"resourceSpans": [{"scopeSpans": [[]]}]}).encode(), JS, None, 400, "expected an object, found list"),
+        (b'{"resourceSpans": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", JS, None, 400, "nested too deeply"),
         (b"plain bytes", PB, "gzip", 400, "not valid gzip"),
         (gzip.compress(b"abc" * 100)[:-12], PB, "gzip", 400, "gzip body is truncated"),
         (b"", PB, "br", 400, "unsupported Content-Encoding"),

@@ -8,6 +8,7 @@ on purpose (trace context across the process boundary, gloo sync, the open span 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -15,6 +16,7 @@ import rltrace.store
 from examples.tiny_grpo.system.cli import Config, prepare_out
 from rltrace import _names
 
+from ..conftest import PYTHON, REPO, python_env
 from .conftest import FAST_WARMUP, run_demo
 
 
@@ -112,6 +114,21 @@ def test_hang_leaves_an_open_generate_span_and_exits_nonzero(demo):
     assert {"name": "wait"} in failed  # the trainer's wait ended with the timeout recorded on it
     summary = json.loads((out / "demo_summary.json").read_text())
     assert summary["exit_code"] == 3 and [r["step"] for r in summary["steps"]] == [0, 1]
+
+
+def test_overwrite_replaces_what_the_demo_made_with_rltrace_disabled(tmp_path, capsys):
+    """With RLTRACE_DISABLED=1 the demo records no run, but the folder (checkpoints, summary) is
+    still its own: --overwrite replaces it (it refused it as "not an rltrace run")."""
+    out = tmp_path / "run"
+    proc = subprocess.run([PYTHON, "-m", "examples.tiny_grpo", "--out", str(out), "--steps", "1", "--warmup-max-steps", "1"],
+                          cwd=REPO, env=python_env(RLTRACE_DISABLED="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (out / "run.json").exists() and (out / "demo_summary.json").exists()
+    with pytest.raises(SystemExit) as exit_info:  # never replaced silently
+        prepare_out(Config(out=str(out)))
+    assert exit_info.value.code == 2 and "already holds an earlier demo run; pass --overwrite" in capsys.readouterr().err
+    prepare_out(Config(out=str(out), overwrite=True))
+    assert not (out / "demo_summary.json").exists() and (out / "checkpoints").is_dir()
 
 
 def test_existing_run_is_kept_unless_overwrite(tmp_path, capsys):

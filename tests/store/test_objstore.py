@@ -197,6 +197,12 @@ def test_missing_run_and_unreachable_store_are_one_line_errors(s3_run, monkeypat
     uri, _, _ = s3_run
     assert main(["info", uri + "-nothing"]) != 0
     assert "is not an rltrace run" in capsys.readouterr().err
+    missing = "s3://no-such-bucket-" + uuid.uuid4().hex[:8] + "/runs/exp1"  # not "has no run.json": no bucket at all
+    assert main(["info", missing]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the bucket 'no-such-bucket-" in err and "does not exist" in err and "run.json" not in err
+    with pytest.raises(store.StoreError, match="does not exist"):  # a writer is told the same
+        objstore.create_or_join(missing, run_name=None, config=None)
     with pytest.raises(store.StoreError, match="not reachable"):
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
         store.open(uri)
@@ -221,7 +227,7 @@ def test_export_replay_and_dashboard_accept_the_uri(s3_run, capsys, tmp_path):
 
     from rltrace.cli import ui as ui_cli
 
-    _, ui_env = ui_cli.command(argparse.Namespace(run_dirs=[uri], port=8501, host="127.0.0.1"))
+    _, ui_env = ui_cli.command(argparse.Namespace(run_dirs=[uri], port=8501, host="127.0.0.1", skip_corrupt=False))
     assert uri in ui_env["RLTRACE_UI_RUNS"]
     from ui import runs
 

@@ -59,6 +59,7 @@ def name_of(run) -> str:
     return read_manifest(run)["name"]
 
 
+@pytest.mark.slow  # ~40 s a run shape on 2 loaded cores: every page, each a full script run
 @pytest.mark.parametrize("which", ["colocated_run", "async_run"])
 def test_every_page_renders_without_an_exception(which, request, app):
     at = app(request.getfixturevalue(which))

@@ -132,18 +132,26 @@ def _refuse(message: str):
     raise SystemExit(2)
 
 
+#: Written into --out first thing: a folder the demo made is its own to replace, run or not
+#: (with RLTRACE_DISABLED=1 it records no run.json, only checkpoints and its summary).
+MADE_BY_DEMO = ".tiny_grpo"
+
+
 def prepare_out(cfg: Config) -> Path:
     """Make `--out` ready: refuse to mix into an existing run unless --overwrite replaces it."""
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         _refuse(f"--out {out} is a file; pass a directory")
-    if out.exists() and (out / "run.json").exists():
+    ours = out.exists() and any((out / name).exists() for name in (MADE_BY_DEMO, "demo_summary.json"))
+    if out.exists() and ((out / "run.json").exists() or ours):
         if not cfg.overwrite:
-            _refuse(f"{out} already holds an rltrace run; pass --overwrite to replace it or choose another --out")
+            held = "an rltrace run" if (out / "run.json").exists() else "an earlier demo run"
+            _refuse(f"{out} already holds {held}; pass --overwrite to replace it or choose another --out")
         shutil.rmtree(out)
     elif out.exists() and any(out.iterdir()):
         _refuse(f"{out} exists, is not empty and is not an rltrace run; choose another --out")
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (out / MADE_BY_DEMO).write_text("made by python -m examples.tiny_grpo; --overwrite may replace this folder\n")
     return out
 
 
