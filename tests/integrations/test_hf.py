@@ -90,7 +90,6 @@ def test_a_trainer_reads_as_training_with_evaluation_saving_and_logging_of_their
         if step in (2, 5):  # the step's window runs on through evaluation and saving
             work += sum((x["end_ns"] - x["start_ns"]) / 1e9 for x in by_name["eval"] + by_name["save"] if x["step"] == step)
         assert work >= 0.6 * costs.loc[step, "wall_s"], (step, costs.loc[step].to_dict())
-    assert costs["t_T"].median() >= 0.6 * costs["wall_s"].median()
     r = report.build(con)
     assert not any("waited" in f or "idle" in f for f in r["findings"]), r["findings"]
     assert all(w["share"] <= 0.2 for w in r["waits"]), r["waits"]
