@@ -3,8 +3,9 @@
 It owns an OpenTelemetry `TracerProvider` (its own, not the global one, so it coexists with a
 user's OTel setup) whose pipeline is SDK parts plus rltrace's small wrappers:
 
-    span start/end -> OpenSpanProcessor -> CountingBatchProcessor(BatchSpanProcessor)
-                                              -> ParquetSpanExporter -> spans/ and open_spans/ parts
+    span start/end -> LiveSpans (open spans) -> CountingBatchProcessor(BatchSpanProcessor)
+                                                   -> ParquetSpanExporter -> spans/ parts
+                                                      (and open_spans/, from LiveSpans)
                    -> CountingBatchProcessor(BatchSpanProcessor) -> OTLPSpanExporter  (if configured)
 
 and a `BackgroundWriter` for metric and sample rows that also writes the process's heartbeat
@@ -29,7 +30,7 @@ from rltrace._config import RltraceConfigError, otlp_traces_url
 from rltrace.otel.exporter import ParquetSpanExporter
 from rltrace.otel.ids import ForkSafeRandomIdGenerator
 from rltrace.otel.live import LiveSpans
-from rltrace.otel.processor import CountingBatchProcessor, OpenSpanProcessor
+from rltrace.otel.processor import CountingBatchProcessor
 from rltrace.store import layout, objstore, rows
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child, write_part
 
@@ -100,12 +101,13 @@ class Run:
             resource=self._resource(), id_generator=ForkSafeRandomIdGenerator(), span_limits=limits,
             shutdown_on_exit=False,
         )
+        # one processor on the calling thread: live spans (open records; closed with an error if the
+        # process exits while they are open) and the hand-over of finished ones to the batch queue
         self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name, self.drops)
         self._store_pipeline = CountingBatchProcessor(
             self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval
         )
-        self.tracer_provider.add_span_processor(OpenSpanProcessor(self._store_pipeline))
-        self.live_spans = LiveSpans()  # closed with an error if the process exits while they are open
+        self.live_spans = self._exporter.live = LiveSpans(self._store_pipeline)
         self.tracer_provider.add_span_processor(self.live_spans)
         self._otlp_pipeline: CountingBatchProcessor | None = None
         if otlp_endpoint:
@@ -183,6 +185,8 @@ class Run:
         return rows.dumps(records) if records else None
 
     def _heartbeat(self) -> None:
+        """The writer thread's tick: open spans to disk when they changed, the process row now and then."""
+        self._exporter.sync_open()
         if time.monotonic() - self._last_heartbeat >= _HEARTBEAT_S:
             self.write_process_row()
 

@@ -186,16 +186,16 @@ def _as_int(value) -> int | None:
         return None
 
 
-def _event_json(span) -> str | None:
-    if not span.events:
+def _event_json(events) -> str | None:
+    if not events:
         return None
-    return dumps([{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events])
+    return dumps([{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in events])
 
 
-def _links_json(span) -> str | None:
-    if not span.links:
+def _links_json(links) -> str | None:
+    if not links:
         return None
-    return dumps([{"trace_id": f"{l.context.trace_id:032x}", "span_id": f"{l.context.span_id:016x}"} for l in span.links])
+    return dumps([{"trace_id": f"{l.context.trace_id:032x}", "span_id": f"{l.context.span_id:016x}"} for l in links])
 
 
 def _span_attributes(span) -> dict:
@@ -208,14 +208,36 @@ def _span_attributes(span) -> dict:
     return {}
 
 
+def _finished_attributes(span) -> dict:
+    """The attributes of a finished span, read in place: an SDK span keeps them in a dict that is
+    immutable once it has ended (its `attributes` property wraps it in a proxy whose iteration costs
+    microseconds a span); spans of other kinds (received over OTLP) hold a plain dict."""
+    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+    return inner if type(inner) is dict else _span_attributes(span)
+
+
+def _sequence(span, private: str, public: str):
+    """A span's events or links, empty ones without the copy its public property makes (SDK spans
+    keep a `BoundedList`, whose deque is looked at directly; copied in one step when not empty, as
+    a live span may add to it meanwhile); spans of other kinds hold a list."""
+    inner = getattr(span, private, None)
+    inner = getattr(inner, "_dq", inner)
+    if inner is None:
+        return getattr(span, public, None)
+    return tuple(inner) if inner else None
+
+
 _STATUS = {code: code.name for code in StatusCode}
 _KIND = {kind: kind.name for kind in SpanKind}
+_UNSET, _INTERNAL = StatusCode.UNSET, SpanKind.INTERNAL  # most spans: compared by identity (an enum hashes in Python)
+_PROMOTED = frozenset((_names.PHASE, _names.STEP, _names.WEIGHT_VERSION, _names.THREAD_ID, _names.THREAD_NAME))
+_JSON_CACHE: dict[tuple, str] = {}  # the JSON of attribute sets seen recently (most spans repeat a few)
+_JSON_CACHE_MAX = 4096
 
 
 def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: bool, local: bool = True) -> pa.Table:
-    trace_ids, span_ids, parents, names, phases, steps, versions = [], [], [], [], [], [], []
-    starts, ends, statuses, messages, kinds, thread_ids, thread_names = [], [], [], [], [], [], []
-    attributes, events, links = [], [], []
+    """The columns of `spans`, field by field: the export thread shares the interpreter lock with
+    the training loop, so this is a few list comprehensions and one pass over the attributes."""
     fast = json.JSONEncoder(separators=(",", ":"), default=str, allow_nan=False).encode  # ASCII: surrogates escaped
 
     def encode(value):
@@ -224,32 +246,45 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
         except ValueError:  # NaN/inf: null with the spelling kept beside it (strict JSON, rltrace._json)
             return fast(_json.strict(value, keep_text=True))
 
-    # this process's thread names, looked up here, off the hot path (a remote span's ids are not ours)
-    known_threads = {t.ident: t.name for t in threading.enumerate()} if local else {}
-    for span in spans:
-        ctx = span.context
-        attrs = _span_attributes(span)
-        trace_ids.append(f"{ctx.trace_id:032x}")
-        span_ids.append(f"{ctx.span_id:016x}")
-        parent = span.parent
-        parents.append(None if parent is None else f"{parent.span_id:016x}")
-        names.append(span.name)
-        phases.append(attrs.pop(_names.PHASE, None))
-        steps.append(_as_int(attrs.pop(_names.STEP, None)))
-        versions.append(_as_int(attrs.pop(_names.WEIGHT_VERSION, None)))
-        starts.append(span.start_time)
-        ends.append(None if still_open else span.end_time)
-        status = span.status
-        statuses.append(_STATUS[status.status_code])
-        messages.append(status.description)
-        kinds.append(_KIND[span.kind])
-        thread_id = _as_int(attrs.pop(_names.THREAD_ID, None))
-        thread_ids.append(thread_id)
-        thread_names.append(attrs.pop(_names.THREAD_NAME, None) or known_threads.get(thread_id))
-        attributes.append(encode(attrs) if attrs else "{}")
-        events.append(_event_json(span))
-        links.append(_links_json(span))
     n = len(spans)
+    read = _span_attributes if still_open else _finished_attributes
+    contexts = [s.context for s in spans]
+    parents = [s.parent for s in spans]
+    statuses = [s.status for s in spans]
+    phases, steps, versions, thread_ids, thread_names, attributes = [], [], [], [], [], []
+    cache = _JSON_CACHE
+    for span in spans:
+        attrs = read(span)
+        get = attrs.get
+        phases.append(get(_names.PHASE))
+        step = get(_names.STEP)
+        steps.append(step if step is None or type(step) is int else _as_int(step))
+        version = get(_names.WEIGHT_VERSION)
+        versions.append(version if version is None or type(version) is int else _as_int(version))
+        thread = get(_names.THREAD_ID)
+        thread_ids.append(thread if thread is None or type(thread) is int else _as_int(thread))
+        thread_names.append(get(_names.THREAD_NAME))
+        rest = {k: v for k, v in attrs.items() if k not in _PROMOTED}
+        if not rest:
+            attributes.append("{}")
+            continue
+        try:
+            key = tuple(rest.items())
+            text_ = cache.get(key)
+        except TypeError:  # an unhashable value (a list from a plain dict): encode it every time
+            key, text_ = None, None
+        if text_ is None:
+            text_ = encode(rest)
+            if key is not None:
+                if len(cache) >= _JSON_CACHE_MAX:
+                    cache.clear()
+                cache[key] = text_
+        attributes.append(text_)
+    if not all(thread_names):  # this process's thread names, looked up here, off the hot path
+        known = {t.ident: t.name for t in threading.enumerate()} if local else {}  # a remote span's ids are not ours
+        thread_names = [name or known.get(tid) for name, tid in zip(thread_names, thread_ids)]
+    names = [s.name for s in spans]
+    messages = [st.description for st in statuses]
     if cleaned:  # the retry after a failed conversion: every text valid UTF-8, every name a string
         names, phases, messages, thread_names = (
             [None if v is None else text(v if isinstance(v, str) else str(v)) for v in column]
@@ -258,25 +293,25 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
         service_name = text(str(service_name))
     return pa.table(
         {
-            "trace_id": trace_ids,
-            "span_id": span_ids,
-            "parent_span_id": parents,
+            "trace_id": [f"{c.trace_id:032x}" for c in contexts],
+            "span_id": [f"{c.span_id:016x}" for c in contexts],
+            "parent_span_id": [None if p is None else f"{p.span_id:016x}" for p in parents],
             "name": names,
             "phase": phases,
             "step": steps,
             "weight_version": versions,
-            "start_ns": starts,
-            "end_ns": ends,
-            "status": statuses,
+            "start_ns": [s.start_time for s in spans],
+            "end_ns": [None] * n if still_open else [s.end_time for s in spans],
+            "status": ["UNSET" if st.status_code is _UNSET else _STATUS[st.status_code] for st in statuses],
             "status_message": messages,
-            "kind": kinds,
+            "kind": ["INTERNAL" if s.kind is _INTERNAL else _KIND[s.kind] for s in spans],
             "thread_id": thread_ids,
             "thread_name": thread_names,
             **process_columns(process, n),
-            "service_name": [service_name] * n,
+            "service_name": pa.repeat(pa.scalar(service_name, pa.string()), n),
             "attributes": attributes,
-            "events": events,
-            "links": links,
+            "events": [_event_json(_sequence(s, "_events", "events")) for s in spans],
+            "links": [_links_json(_sequence(s, "_links", "links")) for s in spans],
         },
         schema=_names.SPANS_SCHEMA,
     )
