@@ -26,12 +26,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 
 from rltrace import _names
-from rltrace._config import RltraceConfigError, otlp_traces_url
+from rltrace._config import RltraceConfigError, otlp_traces_url, resolve
 from rltrace.otel.exporter import ParquetSpanExporter
 from rltrace.otel.ids import ForkSafeRandomIdGenerator
 from rltrace.otel.live import LiveSpans
 from rltrace.otel.processor import CountingBatchProcessor
 from rltrace.store import layout, objstore, rows
+from rltrace.store.merge import Merger
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child, write_part
 
 logger = logging.getLogger("rltrace")
@@ -103,7 +104,15 @@ class Run:
         )
         # one processor on the calling thread: live spans (open records; closed with an error if the
         # process exits while they are open) and the hand-over of finished ones to the batch queue
-        self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name, self.drops)
+        # this process's own parts are merged in the background and at exit (rltrace.store.merge)
+        self.merger = Merger(self.run_dir, self.process, enabled=resolve("merge_parts"), grace_s=resolve("merge_grace"),
+                             source=self._spool.source if self._spool else None,
+                             replaced=self._spool.replaced if self._spool else None,
+                             lock=self._spool is None)
+        if self._spool is not None:
+            self._spool.grace_s = self.merger.grace_s
+        self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name, self.drops,
+                                             on_part=lambda path, n: self.merger.wrote(_names.SPANS, path, n))
         self._store_pipeline = CountingBatchProcessor(
             self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval
         )
@@ -125,6 +134,7 @@ class Run:
             max_pending_rows=max_pending_rows,
             on_tick=self._heartbeat,
             drops=self.drops,
+            merger=self.merger,
         )
         self.write_process_row()
         after_fork_in_child(self._after_fork)

@@ -40,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             code = args.func(args) or 0
-        except Exception as exc:  # a part whose footer reads but whose data pages do not
-            if not _damaged_parts(args, exc):
+        except Exception as exc:  # a part merged away meanwhile, or one whose footer reads but whose data pages do not
+            if not (_merged_away(exc) or _damaged_parts(args, exc)):
                 raise
-            code = args.func(args) or 0  # --skip-corrupt: once more, without the damaged parts
+            code = args.func(args) or 0  # once more: on the run as it is now (--skip-corrupt: without the damaged parts)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit-time flush
         return code
     except RltraceError as exc:
@@ -63,6 +63,16 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError):  # stdout is not a real file (tests capture it)
         pass
+
+
+def _merged_away(exc: Exception) -> bool:
+    """Whether a query failed because a part it listed is gone: a writer merged it into a larger
+    part and deleted it after the grace (`RLTRACE_MERGE_GRACE`) while this command ran."""
+    import duckdb
+
+    text = str(exc)
+    return isinstance(exc, (duckdb.IOException, FileNotFoundError)) and (
+        "No files found that match the pattern" in text or "No such file or directory" in text)
 
 
 def _damaged_parts(args: argparse.Namespace, exc: Exception) -> bool:

@@ -48,10 +48,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def write_summaries(run_dir) -> int:
-    """Store every step's summary (docs/analysis.md) so reports over large runs stay fast."""
-    con = store.open(run_dir)
+    """Store every step's summary (docs/analysis.md) so reports over large runs stay fast (an
+    `s3://` run's: written in the local copy the connection read, then uploaded)."""
+    from rltrace.store import objstore
+
+    snap = store.scan(run_dir)
+    con = store.connect(snap)
     table = analysis.summary_table(con)
-    folder = Path(run_dir) / _names.STEP_SUMMARY.folder
+    folder = Path(snap.run_dir) / _names.STEP_SUMMARY.folder
     digest = summary.parts_digest(con)  # the span parts this summary was computed from
-    write_part(folder, "step_summary.parquet", table, _names.STEP_SUMMARY, {_names.META_SUMMARY_OF: digest.encode()})
+    path = write_part(folder, "step_summary.parquet", table, _names.STEP_SUMMARY, {_names.META_SUMMARY_OF: digest.encode()})
+    if objstore.is_uri(run_dir):
+        objstore.upload(run_dir, snap.run_dir, path)
     return table.num_rows

@@ -1,16 +1,22 @@
 """`compact`: merge many small parts into few large ones, sorted by step, while writers run.
 
-Why: every flush of every process writes a part, and thousands of small files make every query
-slow. Merged parts are sorted by (step, time) with 128k-row groups, so a one-step query reads
-only the row groups of that step.
+Why: writers merge their own parts (`rltrace.store.merge`), but a process killed (`kill -9`), a
+writer of an older version, an importer or a run written with `RLTRACE_MERGE_PARTS=0` leaves
+small parts, and thousands of small files make every query slow. Merged parts are sorted by
+(step, time) with 128k-row groups, so a one-step query reads only the row groups of that step.
 
 How it stays exact with no coordination: parts are immutable and writers only add new names.
 Each merged part lists, in its footer, the names of the parts it replaces; it becomes visible by
 `os.replace` only after its row count is checked, and readers ignore any part that a visible
 merged part replaces. A crash at any point leaves either the inputs or the merged part in force,
 never both and never neither. The inputs are deleted `grace_s` seconds later, so a reader that
-listed them just before the merge can still finish its queries. Only one compaction runs at a
-time per run (a lock file); writers never take it.
+listed them just before the merge can still finish its queries. The parts of a writer that is
+still running are its own to merge (it holds a lock file); compact leaves them alone. Only one
+compaction runs at a time per run (a lock file).
+
+An `s3://` run is compacted in the reader's local copy: merged parts are uploaded, then the
+parts they replace are deleted from the bucket after the grace. A writer there counts as running
+while its process row has no end and a heartbeat less than `LIVE_S` old.
 """
 
 from __future__ import annotations
@@ -24,16 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import duckdb
-import pyarrow.parquet as pq
-
 from rltrace import _names
+from rltrace.store import merge as merging
 from rltrace.store.layout import StoreError, read_manifest
-from rltrace.store.views import Part, scan, sql_paths
+from rltrace.store.merge import TARGET_ROWS
+from rltrace.store.views import Part, scan
 
-ROW_GROUP_ROWS = 131_072
-TARGET_ROWS = 2_000_000  # rows per merged part
 GRACE_S = 5.0  # seconds a replaced part stays on disk for readers that listed it
+LIVE_S = 60.0  # s3:// runs: a writer whose heartbeat is younger than this (and never ended) is running
 _STALE_TMP_S = 3600  # temp files older than this were left by killed writers
 
 
@@ -60,39 +64,6 @@ def _groups(parts: list[Part], target_rows: int) -> list[list[Part]]:
     return [g for g in groups if len(g) > 1]
 
 
-def _merge(folder: Path, table: _names.Table, group: list[Part], order: tuple[str, ...]) -> None:
-    """Write the group as one sorted part that replaces it; the inputs are left for the caller."""
-    names = json.dumps([p.path.name for p in group])
-    out = folder / f"c-{uuid.uuid4().hex[:12]}.parquet"
-    tmp = folder / f".{out.name}.tmp"
-    files = sql_paths([p.path for p in group])
-
-    def lit(text: str) -> str:
-        return "'" + text.replace("'", "''") + "'"
-
-    run_id = read_manifest(folder.parent)["run_id"]
-    kv = (
-        f"{{{lit(_names.META_TABLE.decode())}: {lit(table.name)}, "
-        f"{lit(_names.META_RUN_ID.decode())}: {lit(run_id)}, "
-        f"{lit(_names.META_VERSION.decode())}: {lit(str(table.version))}, "
-        f"{lit(_names.META_REPLACES.decode())}: {lit(names)}}}"
-    )
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute(
-            f"COPY (SELECT * FROM read_parquet({files}, union_by_name=true) ORDER BY {', '.join(order)}) "
-            f"TO {lit(str(tmp))} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS}, KV_METADATA {kv})"
-        )
-        expected = sum(p.rows for p in group)
-        written = pq.read_metadata(tmp).num_rows
-        if written != expected:
-            raise StoreError(f"compaction of {folder} wrote {written} rows for {expected}; the inputs were kept")
-        os.replace(tmp, out)
-    finally:
-        con.close()
-        tmp.unlink(missing_ok=True)
-
-
 def compact(
     run_dir: str | Path,
     *,
@@ -109,7 +80,7 @@ def compact(
     from rltrace.store import objstore
 
     if objstore.is_uri(run_dir):
-        raise StoreError(f"{run_dir}: compact works on run directories on disk, not on object-store runs yet")
+        return objstore.compact(run_dir, target_rows=target_rows, grace_s=grace_s, progress=progress)
     run_dir = Path(run_dir)
     tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
     read_manifest(run_dir)  # a clear error for a path that is not a run, before taking the lock
@@ -127,21 +98,40 @@ def compact(
             for tmp in (run_dir / tables[name].folder).glob(".*.tmp"):
                 if now - tmp.stat().st_mtime > _STALE_TMP_S:
                     tmp.unlink(missing_ok=True)
-        results, superseded = [], []
-        for name, table in tables.items():
-            parts = snap.parts[name]
-            groups = _groups(parts, target_rows)
-            for i, group in enumerate(groups):
-                _merge(run_dir / table.folder, table, group, _names.COMPACTABLE[name])
-                superseded.extend(p.path for p in group)
-                if progress is not None:
-                    progress(name, i + 1, len(groups))
-            merged = sum(len(g) for g in groups)
-            results.append(
-                CompactResult(name, len(parts), len(parts) - merged + len(groups), sum(p.rows for p in parts))
-            )
+        live = {p for p in {merging.process_of(part.path.name) for parts in snap.parts.values() for part in parts}
+                if merging.writer_alive(run_dir, p)}
+        results, superseded, _ = merge_tables(run_dir, snap, tables, target_rows, progress, live)
         if superseded:
             time.sleep(grace_s)  # readers that listed the old parts just before the merge finish first
         for path in superseded:
             path.unlink(missing_ok=True)
+        _forget_dead_writers(run_dir, live)
         return results
+
+
+def merge_tables(run_dir: Path, snap, tables: dict, target_rows: int, progress, live: set[str]):
+    """Merge the small parts of `tables` in `snap` (parts of the running writers `live` excepted):
+    (a result per table, the parts replaced, the merged parts written)."""
+    results, superseded, written = [], [], []
+    for name, table in tables.items():
+        parts = snap.parts[name]
+        groups = _groups([p for p in parts if merging.process_of(p.path.name) not in live], target_rows)
+        for i, group in enumerate(groups):
+            written.append(merging.merge(run_dir / table.folder, table, [p.path for p in group],
+                                         f"c-{uuid.uuid4().hex[:12]}.parquet"))
+            superseded.extend(p.path for p in group)
+            if progress is not None:
+                progress(name, i + 1, len(groups))
+        merged = sum(len(g) for g in groups)
+        results.append(CompactResult(name, len(parts), len(parts) - merged + len(groups), sum(p.rows for p in parts)))
+    return results, superseded, written
+
+
+def _forget_dead_writers(run_dir: Path, live: set[str]) -> None:
+    """Lock files of writers that ended (killed ones leave theirs) once their parts are merged."""
+    folder = run_dir / merging.WRITERS
+    if not folder.is_dir():
+        return
+    for lock in folder.glob("*.lock"):
+        if lock.stem not in live and not merging.writer_alive(run_dir, lock.stem):
+            lock.unlink(missing_ok=True)

@@ -131,7 +131,9 @@ class BackgroundWriter:
     """Buffers rows in memory and writes one part per table every `interval` seconds.
 
     Bounded: beyond `max_pending_rows` waiting rows, new rows are dropped and counted
-    (`rows_dropped`), never silently. `on_tick` runs after each write cycle (the heartbeat).
+    (`rows_dropped`), never silently. `on_tick` runs after each write cycle (the heartbeat); then
+    the process's `merger` (`rltrace.store.merge.Merger`, one is made when none is given) merges
+    the parts that are due, on this thread, and everything left when the writer closes.
     """
 
     def __init__(
@@ -143,8 +145,14 @@ class BackgroundWriter:
         max_pending_rows: int,
         on_tick: Callable[[], None] | None = None,
         drops: rows.Drops | None = None,
+        merger=None,
     ):
+        from rltrace._config import resolve
+        from rltrace.store.merge import Merger
+
         self._run_dir = Path(run_dir)
+        self.merger = merger if merger is not None else Merger(
+            run_dir, process, enabled=resolve("merge_parts"), grace_s=resolve("merge_grace"))
         self._namer = PartNamer(process)
         self._interval = interval
         self._max_pending_rows = max_pending_rows
@@ -167,6 +175,7 @@ class BackgroundWriter:
 
     def _after_fork(self) -> None:
         # The parent's rows are the parent's to write; the child starts empty with its own thread.
+        self.merger.after_fork()
         self._namer.reset()
         self.rows_written = 0
         self.rows_dropped = 0
@@ -213,6 +222,7 @@ class BackgroundWriter:
         self._wake.set()
         self._thread.join(timeout=30)
         self._drain()
+        self.merger.close()
 
     def _loop(self) -> None:
         while not self._closed:
@@ -222,6 +232,10 @@ class BackgroundWriter:
                 self._drain()
             except Exception:  # never let the writer thread die: count and go on
                 logger.exception("rltrace: writing metrics/samples failed")
+            try:
+                self.merger.tick()
+            except Exception:
+                logger.exception("rltrace: merging this process's parts failed")
 
     def _drain(self) -> None:
         with self._write_lock:
@@ -263,14 +277,15 @@ class BackgroundWriter:
         """One part for all of a table's rows; if that fails, one part per call, so a batch
         that cannot be written costs only itself."""
         try:
-            write_part(self._run_dir / spec.folder, self._namer.next(), rows.concat(tables), spec)
-            self.rows_written += sum(t.num_rows for t in tables)
+            table = rows.concat(tables)
+            self.merger.wrote(spec, write_part(self._run_dir / spec.folder, self._namer.next(), table, spec), table.num_rows)
+            self.rows_written += table.num_rows
             return
         except Exception:  # noqa: BLE001 - retried call by call below
             pass
         for table in tables:
             try:
-                write_part(self._run_dir / spec.folder, self._namer.next(), table, spec)
+                self.merger.wrote(spec, write_part(self._run_dir / spec.folder, self._namer.next(), table, spec), table.num_rows)
                 self.rows_written += table.num_rows
             except Exception as exc:
                 reason = f"part could not be written ({type(exc).__name__}: {rows.text(str(exc))[:160]})"
