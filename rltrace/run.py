@@ -32,7 +32,8 @@ from rltrace.otel.ids import ForkSafeRandomIdGenerator
 from rltrace.otel.live import LiveSpans
 from rltrace.otel.processor import CountingBatchProcessor
 from rltrace.store import layout, objstore, rows
-from rltrace.store.merge import Merger
+from rltrace.store.digest import live_of
+from rltrace.store.merge import Merger, Summaries
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child, write_part
 
 logger = logging.getLogger("rltrace")
@@ -105,10 +106,11 @@ class Run:
         # one processor on the calling thread: live spans (open records; closed with an error if the
         # process exits while they are open) and the hand-over of finished ones to the batch queue
         # this process's own parts are merged in the background and at exit (rltrace.store.merge)
+        source = self._spool.source if self._spool else None
         self.merger = Merger(self.run_dir, self.process, enabled=resolve("merge_parts"), grace_s=resolve("merge_grace"),
-                             source=self._spool.source if self._spool else None,
-                             replaced=self._spool.replaced if self._spool else None,
-                             lock=self._spool is None)
+                             source=source, replaced=self._spool.replaced if self._spool else None,
+                             lock=self._spool is None,
+                             summaries=Summaries(self.process, lambda: live_of(self.live_spans.snapshot()), source))
         if self._spool is not None:
             self._spool.grace_s = self.merger.grace_s
         self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name, self.drops,

@@ -43,7 +43,7 @@ def summaries_match_the_oracle(monkeypatch):
 
     def checked(spans, checks):
         got = fast(spans, checks)
-        oracle_compute.assert_same(got, oracle_compute.compute(spans.table.to_pandas(), checks))
+        oracle_compute.assert_same(got, oracle_compute.compute(oracle_compute.frame(spans.table), checks))
         return got
 
     monkeypatch.setattr(_compute, "compute", checked)

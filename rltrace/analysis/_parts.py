@@ -22,6 +22,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rltrace import _names
 from rltrace._config import resolve
 from rltrace.store import views
 from rltrace.store.writer import safe_name
@@ -104,13 +105,15 @@ def cache_files(con, kind: str = "summary") -> tuple[Path | None, list[Path]]:
     return main, sorted(main.parent.glob(f"{main.stem}.new-*.parquet"), reverse=True)
 
 
-def table(con, kind: str, schema: pa.Schema, select: str) -> str:
+def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = False) -> str:
     """The name of a temporary table holding, for every span part of the connection, the rows
     `select` gives for it; computed once per connection, from the sidecar and the new parts.
 
     `schema` starts with part, rows, size (the part's name, rows and bytes: a part rewritten under
     the same name is another part). `select` is SQL over `part_spans` (the finished spans of the
     parts to scan, with their file in `filename`) returning `filename` and the other columns.
+    With `summaries`, a part with a per-part summary in force is read from it (its rows have the
+    analysis columns, `count` and `total_ns`; a span's own rows get count 1 and its duration).
     The sidecar is a file per report that met new parts (a live run's report writes only its
     new parts' rows), folded into one file after `ADDITIONS` of them.
     """
@@ -139,7 +142,7 @@ def table(con, kind: str, schema: pa.Schema, select: str) -> str:
         main_read |= path == main
     new = now - taken
     if new:
-        _scan(con, name, schema, select, new)
+        _scan(con, name, schema, select, new, summaries)
         if main is not None:
             _save(con, name, schema, main, [f for f in files if f != main], main_read, new)
     return name
@@ -163,17 +166,25 @@ def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]] | N
         con.unregister("_rltrace_known")
 
 
-def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]]) -> None:
+def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]], summaries: bool) -> None:
     con.register("_rltrace_parts", _parts_table(parts))
     try:
-        paths = [Path(p) for (p,) in con.execute(
-            f"SELECT path FROM {_PARTS} s SEMI JOIN _rltrace_parts p ON s.name = p.part AND s.rows = p.rows "
-            "AND s.size = p.size").fetchall()]
+        found = con.execute(
+            f"SELECT path, rows, size, version, digest FROM {_PARTS} s SEMI JOIN _rltrace_parts p ON s.name = p.part "
+            "AND s.rows = p.rows AND s.size = p.size").fetchall()
     finally:
         con.unregister("_rltrace_parts")
+    raw = [views.Part(path=Path(p), rows=r, size=z, version=v) for p, r, z, v, d in found if not (summaries and d)]
+    sources = []
+    if raw:
+        counted = ", CAST(1 AS BIGINT) AS count, end_ns - start_ns AS total_ns" if summaries else ""
+        sources.append(f"SELECT *{counted} FROM ({views.parts_sql(_names.SPANS, raw, ', filename = true')})")
+    digests = [Path(d) for *_, d in found if summaries and d]
+    if digests:  # named like their span part: filename gives the part's name
+        sources.append(f"SELECT * FROM read_parquet({views.sql_paths(digests)}, filename = true)")
     rest = ", ".join(f"f.{c}" for c in schema.names[3:])
     con.execute(f"""INSERT INTO {name}
-        WITH part_spans AS (SELECT * FROM read_parquet({views.sql_paths(paths)}, filename = true, union_by_name = true))
+        WITH part_spans AS ({" UNION ALL BY NAME ".join(sources)})
         SELECT p.name, p.rows, p.size, {rest} FROM ({select}) f
         JOIN {_PARTS} p ON parse_filename(f.filename) = p.name""")
 

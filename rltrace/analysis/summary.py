@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from rltrace import _names
 from rltrace.analysis import _compute, _parts
+from rltrace.analysis._load import load as _load_batch
 from rltrace.analysis._steps import Steps, step_filter
 from rltrace.store import views
 
@@ -69,9 +70,9 @@ def checks(con, steps: Steps = None) -> pd.DataFrame:
 def _part_steps(con) -> None:
     """Fill `_PART_STEPS`: each span part's per-step aggregates (`_parts`: computed once per part)."""
     _parts.table(con, "steps", _PART_STEPS_SCHEMA, """
-        SELECT filename, step, count(*) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
-               CAST(sum(end_ns - start_ns) AS BIGINT) AS total_ns
-        FROM part_spans GROUP BY filename, step""")
+        SELECT filename, step, CAST(sum(count) AS BIGINT) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+               CAST(sum(total_ns) AS BIGINT) AS total_ns
+        FROM part_spans GROUP BY filename, step""", summaries=True)
 
 
 _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
@@ -218,12 +219,12 @@ def _computed(con, batches: list[pd.DataFrame]):
     numpy's sorts run without the interpreter lock, so loading one batch overlaps computing another)."""
     if len(batches) < 2:
         for batch in batches:
-            yield _compute.compute(_load(con, batch), batch)
+            yield _compute.compute(_load_batch(con, batch), batch)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     def work(batch):
-        return _compute.compute(_load(con.cursor(), batch), batch)
+        return _compute.compute(_load_batch(con.cursor(), batch), batch)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield from pool.map(work, batches)
@@ -370,19 +371,3 @@ def _batches(missing: pd.DataFrame):
         total += n
     if start < len(missing):
         yield missing.iloc[start:]
-
-
-def _load(con, batch: pd.DataFrame) -> _compute.Spans:
-    """Finished spans overlapping the batch's steps in time (other steps' spans keep processes busy)."""
-    lo, hi = int(batch["start_ns"].min()), int(batch["end_ns"].max())
-    table = con.sql(
-        f"""SELECT span_id, parent_span_id, coalesce(phase, name, '') AS phase, name, step, process_id,
-                   thread_id, start_ns, end_ns,
-                   CASE WHEN phase = 'wait' THEN attr(attributes, '{_names.WAITING_FOR}') END AS waiting_for,
-                   CASE WHEN phase = 'weight_sync'
-                        THEN TRY_CAST(attr(attributes, '{_names.SYNC_BYTES}') AS DOUBLE) END AS sync_bytes,
-                   CASE WHEN phase = 'weight_sync' THEN attr(attributes, '{_names.SYNC_METHOD}') END AS sync_method
-            FROM spans WHERE NOT is_open AND end_ns >= $lo AND start_ns <= $hi""",
-        params={"lo": lo, "hi": hi},
-    ).to_arrow_table()
-    return _compute.Spans.from_arrow(table)

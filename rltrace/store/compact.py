@@ -49,9 +49,11 @@ class CompactResult:
     rows: int
 
 
-def _groups(parts: list[Part], target_rows: int) -> list[list[Part]]:
-    """Small parts in write order, cut into groups of about `target_rows` rows."""
-    small = sorted((p for p in parts if p.rows < target_rows // 2), key=lambda p: (p.path.stat().st_mtime, p.path.name))
+def _groups(parts: list[Part], target_rows: int, version: int) -> list[list[Part]]:
+    """Small parts in write order, cut into groups of about `target_rows` rows; a part of an older
+    schema version is rewritten even when it is large or alone (converted once, not on every read)."""
+    small = sorted((p for p in parts if p.rows < target_rows // 2 or p.version < version),
+                   key=lambda p: (p.path.stat().st_mtime, p.path.name))
     groups, current, rows = [], [], 0
     for part in small:
         if current and rows + part.rows > target_rows:
@@ -61,7 +63,7 @@ def _groups(parts: list[Part], target_rows: int) -> list[list[Part]]:
         rows += part.rows
     if current:
         groups.append(current)
-    return [g for g in groups if len(g) > 1]
+    return [g for g in groups if len(g) > 1 or g[0].version < version]
 
 
 def compact(
@@ -90,9 +92,9 @@ def compact(
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StoreError(f"another `rltrace compact` is running on {run_dir}; wait for it to finish") from None
-        snap = scan(run_dir, tables=tables)
-        for path in snap.replaced:  # a previous compaction stopped before deleting its inputs
-            path.unlink(missing_ok=True)
+        snap = scan(run_dir, tables={**tables, _names.SPAN_DIGEST.name: _names.SPAN_DIGEST})
+        for path in snap.replaced:  # a previous compaction stopped before deleting its inputs (and their summaries)
+            merging.delete(path)
         now = time.time()
         for name in tables:
             for tmp in (run_dir / tables[name].folder).glob(".*.tmp"):
@@ -103,8 +105,8 @@ def compact(
         results, superseded, _ = merge_tables(run_dir, snap, tables, target_rows, progress, live)
         if superseded:
             time.sleep(grace_s)  # readers that listed the old parts just before the merge finish first
-        for path in superseded:
-            path.unlink(missing_ok=True)
+        for path in [*superseded, *snap.replaced]:
+            merging.delete(path)
         _forget_dead_writers(run_dir, live)
         return results
 
@@ -113,12 +115,17 @@ def merge_tables(run_dir: Path, snap, tables: dict, target_rows: int, progress, 
     """Merge the small parts of `tables` in `snap` (parts of the running writers `live` excepted):
     (a result per table, the parts replaced, the merged parts written)."""
     results, superseded, written = [], [], []
+    summaries = merging.Summaries()  # one, so parents seen in one group are known in the next
     for name, table in tables.items():
         parts = snap.parts[name]
-        groups = _groups([p for p in parts if merging.process_of(p.path.name) not in live], target_rows)
+        groups = _groups([p for p in parts if merging.process_of(p.path.name) not in live], target_rows, table.version)
+        folder = run_dir / table.folder
+        summarise = (lambda merged, out, inputs: summaries(merged, out, inputs, folder)) if table is _names.SPANS else None
         for i, group in enumerate(groups):
-            written.append(merging.merge(run_dir / table.folder, table, [p.path for p in group],
-                                         f"c-{uuid.uuid4().hex[:12]}.parquet"))
+            written.append(merging.merge(folder, table, [p.path for p in group], f"c-{uuid.uuid4().hex[:12]}.parquet",
+                                         before_visible=summarise))
+            if summarise is not None and merging.summary_path(written[-1]).exists():
+                written.append(merging.summary_path(written[-1]))
             superseded.extend(p.path for p in group)
             if progress is not None:
                 progress(name, i + 1, len(groups))

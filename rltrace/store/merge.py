@@ -73,17 +73,20 @@ def merge(
     out_name: str,
     *,
     read: Callable[[Path], pa.Table] | None = None,
-    before_visible: Callable[[pa.Table, str], None] | None = None,
+    before_visible: Callable[[pa.Table, str, list[tuple[Path, pa.Table]]], None] | None = None,
 ) -> Path:
-    """Write the rows of `inputs` (parts of `table`) as one part `folder/out_name`, sorted by the
-    table's compaction keys, that replaces them. The inputs are left for the caller to delete.
+    """Write the rows of `inputs` (parts of `table`, of any schema version) as one part
+    `folder/out_name` of the current version, sorted by the table's compaction keys, that replaces
+    them. The inputs are left for the caller to delete.
 
     `read(path)` reads an input (default: from disk through one handle); `before_visible(merged,
-    out_name)` runs on the sorted rows before the part becomes visible (a span part's per-part
-    summary is written there, so a reader never finds the part without it)."""
-    from rltrace.store.views import read_whole
+    out_name, inputs)` runs on the sorted rows (and the inputs' paths and rows) before the part
+    becomes visible: a span part's per-part summary is written there, so a reader never finds the
+    part without it."""
+    from rltrace.store.views import read_whole, upgrade
 
     tables = [(read or read_whole)(p) for p in inputs]
+    tables = [upgrade(table, t, int((t.schema.metadata or {}).get(_names.META_VERSION, b"1"))) for t in tables]
     merged = rows.concat(tables)
     keys = _names.COMPACTABLE[table.name]
     if merged.num_rows:
@@ -92,7 +95,7 @@ def merge(
     if merged.num_rows != expected:
         raise OSError(f"merging {folder} gave {merged.num_rows} rows for {expected}; the inputs were kept")
     if before_visible is not None:
-        before_visible(merged, out_name)
+        before_visible(merged, out_name, list(zip(inputs, tables)))
     from rltrace.store.writer import write_part
 
     out = write_part(folder, out_name, merged, table, {_names.META_REPLACES: json.dumps([p.name for p in inputs]).encode()},
@@ -101,6 +104,85 @@ def merge(
     if written != expected:  # never: the part is made visible only whole; checked all the same
         raise OSError(f"{out} holds {written} rows for {expected}")
     return out
+
+
+def summary_path(part: Path) -> Path | None:
+    """Where the per-part summary of a span part lives (`span_digests/<name>`), None for other tables."""
+    part = Path(part)
+    if part.parent.name != _names.SPANS.folder:
+        return None
+    return part.parent.parent / _names.SPAN_DIGEST.folder / part.name
+
+
+def delete(part: Path) -> None:
+    """Delete a replaced part, and its per-part summary if it has one."""
+    for path in (Path(part), summary_path(part)):
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def write_summary(spans_folder: Path, part_name: str, summary: pa.Table, rows_: int) -> Path:
+    """Write the per-part summary of span part `part_name` (holding `rows_` spans) beside it."""
+    from rltrace.store import digest
+    from rltrace.store.writer import write_part
+
+    return write_part(Path(spans_folder).parent / _names.SPAN_DIGEST.folder, part_name, summary, _names.SPAN_DIGEST,
+                      digest.footer(part_name, rows_), write_options={"row_group_size": ROW_GROUP_ROWS})
+
+
+class Summaries:
+    """Writes the per-part summary of each merged span part (`rltrace.store.digest`): from the
+    inputs' own summaries where they have one, from their spans otherwise, with what this process
+    knows (`knowledge`: its running spans, from `live()`)."""
+
+    def __init__(self, process=None, live: Callable[[], list] | None = None,
+                 source: Callable[[str, str], Path | None] | None = None):
+        from rltrace.store import digest
+
+        self.knowledge = digest.Knowledge()
+        self._process = process
+        self._live = live
+        self._source = source
+
+    def after_fork(self) -> None:
+        from rltrace.store import digest
+
+        self.knowledge = digest.Knowledge()  # the parent's running spans and pending parents are the parent's
+
+    def __call__(self, merged: pa.Table, out_name: str, inputs: list[tuple[Path, pa.Table]], folder: Path) -> None:
+        from rltrace.store import digest
+        from rltrace.store.views import read_whole
+
+        try:
+            done, fresh = [], []
+            for path, rows_ in inputs:
+                found = self._summary_of(path, rows_.num_rows)
+                (done.append(read_whole(found)) if found is not None else fresh.append(rows_))
+            if fresh:
+                self.knowledge.process_id = getattr(self._process, "process_id", None)
+                self.knowledge.live = self._live() if self._live is not None else []
+                done.append(digest.build(rows.concat(fresh), self.knowledge))
+            write_summary(folder, out_name, digest.combine(done) if len(done) > 1 else done[0], merged.num_rows)
+        except Exception as exc:  # the part is read as spans, slower but the same
+            logger.warning("rltrace: no per-part summary for %s (%s); reports read its spans", out_name, exc)
+
+    def _summary_of(self, part: Path, nrows: int) -> Path | None:
+        """An input's summary, if it has one that is its own (names a part of its name and rows)."""
+        import pyarrow.parquet as pq_
+
+        path = summary_path(part)
+        if path is None:
+            return None
+        if not path.exists() and self._source is not None:
+            path = self._source(_names.SPAN_DIGEST.folder, part.name)
+        if path is None or not path.exists():
+            return None
+        try:
+            meta = pq_.read_metadata(path).metadata or {}
+            return path if json.loads(meta[_names.META_DIGEST_OF]) == [part.name, nrows] else None
+        except (OSError, KeyError, ValueError, pa.ArrowException):
+            return None
 
 
 # --- a writer's own parts ---------------------------------------------------------------------------
@@ -130,13 +212,14 @@ class Merger:
     def __init__(self, run_dir: Path, process, *, enabled: bool = True, grace_s: float = 5.0,
                  source: Callable[[str, str], Path | None] | None = None,
                  replaced: Callable[[str, list[str], str], None] | None = None,
-                 lock: bool = True):
+                 lock: bool = True, summaries: Summaries | None = None):
         self.run_dir = Path(run_dir)
         self.process = process
         self.enabled = enabled
         self.grace_s = grace_s
         self._source = source
         self._replaced = replaced
+        self._summaries = summaries if summaries is not None else Summaries(source=source)
         self._lock = threading.Lock()
         self._parts: dict[str, list[_Part]] = {}  # table name -> own parts not yet replaced
         self._doomed: list[tuple[float, list[Path]]] = []  # (delete after, replaced parts)
@@ -175,6 +258,7 @@ class Merger:
             self._lock_file = None
         self._lock = threading.Lock()
         self._parts, self._doomed, self._seq, self._paused = {}, [], 0, {}
+        self._summaries.after_fork()
 
     # --- what was written ----------------------------------------------------------------------------
     def wrote(self, table: _names.Table, path: Path, nrows: int) -> None:
@@ -252,8 +336,12 @@ class Merger:
                 paths[paths.index(path)] = again
                 return read_whole(again)
 
+        summarise = None
+        if table is _names.SPANS:
+            def summarise(merged, name, inputs):
+                self._summaries(merged, name, inputs, folder)
         try:
-            merge(folder, table, list(paths), out_name, read=read)
+            merge(folder, table, list(paths), out_name, read=read, before_visible=summarise)
         except Exception as exc:  # never into the writer: the inputs stay as they are, readable
             logger.warning("rltrace: could not merge %d %s parts (%s); they stay as written", len(group), table.name, exc)
             self._paused[table.name] = time.monotonic() + MAX_AGE_S  # try again later, not at every tick
@@ -267,6 +355,8 @@ class Merger:
             self._doomed.append((time.monotonic() + self.grace_s, paths))
         if self._replaced is not None:
             self._replaced(table.folder, [p.name for p in group], out_name)
+            if table is _names.SPANS:  # their summaries (merged inputs have one) go with them
+                self._replaced(_names.SPAN_DIGEST.folder, [p.name for p in group if p.merged], out_name)
         self.merges += 1
         return 1
 
@@ -288,8 +378,7 @@ class Merger:
                 self._doomed = [d for d in self._doomed if d[0] > now]
         for _, paths in due:
             for path in paths:
-                with contextlib.suppress(OSError):
-                    path.unlink()
+                delete(path)
 
     def close(self) -> None:
         """At exit: merge every part left (a run is compact once its writers exit), then release the lock."""

@@ -574,7 +574,7 @@ def compact(uri: str, *, target_rows: int, grace_s: float, progress=None):
     try:
         local = mirror(uri)
         tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
-        snap = scan(local, tables={**tables, "processes": _names.PROCESSES})
+        snap = scan(local, tables={**tables, "processes": _names.PROCESSES, _names.SPAN_DIGEST.name: _names.SPAN_DIGEST})
         now, live = time.time_ns(), set()
         for part in snap.parts.get("processes", []):
             try:
@@ -589,7 +589,11 @@ def compact(uri: str, *, target_rows: int, grace_s: float, progress=None):
             upload(uri, local, path)
         if superseded:
             time.sleep(grace_s)  # readers that listed the old parts just before the merge fetch them first
-        for path in [*superseded, *snap.replaced]:
+        from rltrace.store.merge import summary_path
+
+        doomed = [*superseded, *snap.replaced]
+        doomed += [s for s in map(summary_path, superseded) if s is not None and s.exists()]
+        for path in doomed:
             try:
                 s3.delete_file(f"{base}/{Path(path).relative_to(local).as_posix()}")
             except FileNotFoundError:

@@ -15,10 +15,12 @@ import json
 import threading
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 from opentelemetry.trace import SpanKind, StatusCode
 
 from rltrace import _json, _names
+from rltrace.store import ids
 from rltrace.store.convert import (  # noqa: F401 - re-exported: producers need only this module
     INT64_MAX,
     INT64_MIN,
@@ -102,12 +104,12 @@ def process_table(
 # --- spans ----------------------------------------------------------------------------------------
 def span_row(
     *,
-    trace_id: str,
-    span_id: str,
+    trace_id: str | int | bytes,
+    span_id: str | int,
     name: str,
     start_ns: int,
     end_ns: int | None,
-    parent_span_id: str | None = None,
+    parent_span_id: str | int | None = None,
     phase: str | None = None,
     step: int | None = None,
     weight_version: int | None = None,
@@ -121,11 +123,12 @@ def span_row(
     links: list | None = None,
 ) -> dict[str, Any]:
     """One `spans` row (without process columns) from plain values: for producers that do not
-    hold OTel spans (hand-built runs, importers). Attributes, events and links become JSON."""
+    hold OTel spans (hand-built runs, importers). Ids may be integers, hex text or any text
+    (`rltrace.store.ids`); attributes, events and links become JSON."""
     return {
-        "trace_id": trace_id,
-        "span_id": span_id,
-        "parent_span_id": parent_span_id,
+        "trace_id": ids.trace_bytes(trace_id),
+        "span_id": ids.span_int(span_id),
+        "parent_span_id": ids.span_int(parent_span_id),
         "name": name,
         "phase": phase,
         "step": step,
@@ -159,11 +162,15 @@ def span_rows_table(rows: Sequence[Mapping[str, Any]], process, service_name: st
 def span_columns_table(columns: Mapping[str, Any], n: int, process, service_name: str) -> pa.Table:
     """`n` spans of one process given as whole columns (Arrow arrays or lists), for producers that
     build many at once (`rltrace import metrics`): columns not given are null, `status` and `kind`
-    default as in `span_row`. The caller makes `attributes` JSON as `dumps` writes it."""
+    default as in `span_row`, ids may be given as in `span_row`. The caller makes `attributes`
+    JSON as `dumps` writes it."""
     defaults = {"status": "UNSET", "kind": "INTERNAL"}
+    convert_ids = {"trace_id": ids.trace_column, "span_id": ids.span_ints, "parent_span_id": ids.span_ints}
     cols = {}
     for f in _names.SPANS_SCHEMA:
-        if f.name in columns:
+        if f.name in convert_ids and f.name in columns:
+            cols[f.name] = convert_ids[f.name](columns[f.name])
+        elif f.name in columns:
             cols[f.name] = columns[f.name]
         elif f.name in defaults:
             cols[f.name] = pa.repeat(pa.scalar(defaults[f.name], f.type), n)
@@ -250,6 +257,7 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
     read = _span_attributes if still_open else _finished_attributes
     contexts = [s.context for s in spans]
     parents = [s.parent for s in spans]
+    roots = np.fromiter((p is None for p in parents), bool, n)
     statuses = [s.status for s in spans]
     phases, steps, versions, thread_ids, thread_names, attributes = [], [], [], [], [], []
     cache = _JSON_CACHE
@@ -293,9 +301,10 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
         service_name = text(str(service_name))
     return pa.table(
         {
-            "trace_id": [f"{c.trace_id:032x}" for c in contexts],
-            "span_id": [f"{c.span_id:016x}" for c in contexts],
-            "parent_span_id": [None if p is None else f"{p.span_id:016x}" for p in parents],
+            "trace_id": _trace_ids(contexts),
+            "span_id": pa.array(np.fromiter((c.span_id for c in contexts), np.uint64, n).view(np.int64)),
+            "parent_span_id": pa.array(np.fromiter((0 if p is None else p.span_id for p in parents), np.uint64, n)
+                                       .view(np.int64), mask=roots),
             "name": names,
             "phase": phases,
             "step": steps,
@@ -315,6 +324,17 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
         },
         schema=_names.SPANS_SCHEMA,
     )
+
+
+def _trace_ids(contexts) -> pa.Array:
+    """16 bytes per span; spans of one trace usually come together, so each trace id is converted once."""
+    out, last, last_bytes = [], None, None
+    for c in contexts:
+        t = c.trace_id
+        if t != last:
+            last, last_bytes = t, t.to_bytes(16, "big")
+        out.append(last_bytes)
+    return pa.array(out, ids.TRACE_TYPE)
 
 
 def _span_why(span, exc: Exception) -> tuple[str | None, str]:

@@ -55,6 +55,20 @@ _COLUMNS = (
 ).split()
 
 
+def frame(table) -> pd.DataFrame:
+    """The spans a batch loaded (an Arrow table) as the frame this reference reads: span ids as hex
+    text, as they were when it was written (stored ids are integers, `rltrace.store.ids`)."""
+    import pyarrow as pa
+
+    from rltrace.store import ids
+
+    for name in ("span_id", "parent_span_id"):
+        if name in table.column_names and not pa.types.is_string(table.schema.field(name).type):
+            column = pa.array([ids.span_hex(v) for v in table.column(name).to_pylist()], pa.string())
+            table = table.set_column(table.column_names.index(name), name, column)
+    return table.to_pandas()
+
+
 def _rows(kind: str, **cols) -> pd.DataFrame:
     n = len(next(iter(cols.values())))
     frame = pd.DataFrame({c: cols.get(c, [None] * n) for c in _COLUMNS if c != "kind"})
@@ -71,9 +85,11 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
     sync_method.
     """
     spans = spans.reset_index(drop=True)
+    if "count" not in spans:  # rows of per-part summaries stand for `count` spans of `total_ns` summed; a span for itself
+        spans = spans.assign(count=1, total_ns=spans["end_ns"] - spans["start_ns"])
     phases = pd.factorize(spans["phase"])
     parent_row = pd.Series(np.arange(len(spans)), index=spans["span_id"])
-    parent_row = parent_row[~parent_row.index.duplicated()]
+    parent_row = parent_row[parent_row.index.notna() & ~parent_row.index.duplicated()]  # a union of a summary has no id
     prow = spans["parent_span_id"].map(parent_row).fillna(-1).astype(np.int64).to_numpy()
     phase = spans["phase"].to_numpy(object)
     has_parent = prow >= 0
@@ -125,7 +141,7 @@ def _union_seconds(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     groups = frame.groupby(keys, sort=True, dropna=False)
     codes = groups.ngroup().to_numpy()
     covered = iv.total(codes, frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy(), groups.ngroups)
-    out = groups.agg(count=("span_id", "size"), total_ns=("duration_ns", "sum")).reset_index()
+    out = groups.agg(count=("count", "sum"), total_ns=("duration_ns", "sum")).reset_index()
     out["seconds"] = covered / 1e9
     return out
 
@@ -133,7 +149,7 @@ def _union_seconds(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 def _phase_rows(spans: pd.DataFrame) -> pd.DataFrame:
     if spans.empty:
         return pd.DataFrame()
-    spans = spans.assign(duration_ns=spans["end_ns"] - spans["start_ns"])
+    spans = spans.assign(duration_ns=spans["total_ns"])
     per_process = _union_seconds(spans, ["step", "process_id", "phase"])
     overall = _union_seconds(spans, ["step", "phase"]).assign(process_id=None)
     both = pd.concat([per_process, overall], ignore_index=True)
@@ -214,10 +230,12 @@ def _stage_rows(spans: pd.DataFrame, phases: tuple, own, in_batch: np.ndarray) -
     if len(tagged):
         groups = tagged.groupby(["step", "tag"], sort=True)
         covered = iv.total(groups.ngroup().to_numpy(), tagged["a"].to_numpy(), tagged["b"].to_numpy(), groups.ngroups)
-        dur = spans["end_ns"].to_numpy(np.int64) - spans["start_ns"].to_numpy(np.int64)
+        dur = spans["total_ns"].to_numpy(np.int64)
+        weight = spans["count"].to_numpy(np.int64)
         per_row = tagged.drop_duplicates(["step", "tag", "row"])
-        agg = per_row.assign(d=dur[per_row["row"].to_numpy()]).groupby(["step", "tag"], sort=True).agg(
-            count=("row", "size"), total_ns=("d", "sum")).reset_index()
+        rows_ = per_row["row"].to_numpy()
+        agg = per_row.assign(d=dur[rows_], w=weight[rows_]).groupby(["step", "tag"], sort=True).agg(
+            count=("w", "sum"), total_ns=("d", "sum")).reset_index()
         out.append(_rows("stage", step=agg["step"].to_numpy(), phase=np.array(_TAGS, object)[agg["tag"].to_numpy()],
                          seconds=covered / 1e9, count=agg["count"].to_numpy(), total_ns=agg["total_ns"].to_numpy()))
     out.append(_nested_rows(spans, phases, outer, inner, in_batch))
@@ -405,7 +423,7 @@ def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy, own) -> pd
 def _who_ran(spans: pd.DataFrame, waits: pd.DataFrame) -> np.ndarray:
     """For each wait row, the other process where the awaited phase ran longest in that step, or the
     waiting process itself when the phase ran only there (on another thread)."""
-    ran = spans.assign(ns=spans["end_ns"] - spans["start_ns"]).groupby(["step", "phase", "process_id"])["ns"].sum()
+    ran = spans.assign(ns=spans["total_ns"]).groupby(["step", "phase", "process_id"])["ns"].sum()
     ran = ran.reset_index().sort_values("ns", ascending=False)
     best: dict[tuple, list[str]] = {}
     for step, ph, proc in zip(ran["step"], ran["phase"], ran["process_id"]):
@@ -434,7 +452,9 @@ def _path_rows(spans, prow, busy, in_batch, phases, nesting) -> pd.DataFrame:
     link_start = start.copy()
     np.maximum.at(link_start, outer, np.where(end[inner] <= end[outer], end[inner], start[outer]))
     with_parent = np.flatnonzero(prow >= 0)
-    order = np.lexsort((end[with_parent], prow[with_parent]))
+    # the child that ends last; on ties the one whose phase, then process, sorts last by name
+    names = lambda col: pd.Series(spans[col].to_numpy(object)[with_parent]).fillna("").astype(str).to_numpy()  # noqa: E731
+    order = np.lexsort((names("process_id"), names("phase"), end[with_parent], prow[with_parent]))
     kids = with_parent[order]
     is_last = np.ones(len(kids), bool)
     is_last[:-1] = prow[kids[1:]] != prow[kids[:-1]]
