@@ -194,7 +194,9 @@ def _own_stage_time(spans: pd.DataFrame, phases: tuple, prow: np.ndarray):
     inner = np.flatnonzero(code >= 0)
     anc = up[inner]
     outer_l, inner_l = [], []
-    while len(inner):
+    for _ in range(len(code)):  # a chain is never longer, unless stored ids loop (a span its own parent)
+        if not len(inner):
+            break
         live = anc >= 0
         inner, anc = inner[live], anc[live]
         hit = (code[anc] >= 0) & (code[anc] != code[inner])

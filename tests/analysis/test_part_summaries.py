@@ -141,3 +141,20 @@ def test_a_summary_holds_a_few_rows_a_step_and_is_not_used_once_its_part_is_repl
     con = store.open(run_dir)
     assert con.execute("SELECT count(*) FROM _rltrace_span_parts WHERE digest IS NOT NULL").fetchone() == (0,)
     assert summary.checks(con)["count"].sum() == 12 * (1 + 40 + 6 + 1)
+
+
+def test_spans_whose_ids_loop_do_not_hang_the_report(run_dir):
+    """A corrupt record naming itself (or a span naming it) as its parent: the analysis walks each
+    chain of ancestors at most as far as there are spans, instead of forever."""
+    from rltrace.store import rows
+    from rltrace.testing import RunBuilder
+
+    b = RunBuilder(run_dir)
+    p = b.process("trainer")
+    ns = b.t0_ns
+    for span_id, parent, phase, start in ((1, 1, "forward", 0), (2, 3, "train", 10), (3, 2, "rollout", 20)):
+        p.spans.append(rows.span_row(trace_id=1, span_id=span_id, parent_span_id=parent, name=phase, phase=phase, step=0,
+                                     start_ns=ns + start, end_ns=ns + start + 5, thread_id=1))
+    b.write()
+    frame = summary.rows(store.open(b.run_dir))  # the autouse fixture checks it against the reference too
+    assert set(frame["kind"]) >= {"step", "phase"}
