@@ -43,7 +43,7 @@ _FILLED = "_rltrace_filled"  # exists once the connection's cache holds every st
 _WINDOWS = "_rltrace_windows"
 _PART_STEPS = "_rltrace_part_steps"  # per span part and step (NULL too): count, first start, last end, summed ns
 logger = logging.getLogger("rltrace")
-BATCH_SPANS = (250_000, 1_000_000)  # spans loaded at once: a quarter of the run, within these bounds
+BATCH_SPANS = (250_000, 1_000_000)  # rows loaded at once: a quarter of the run, within these bounds
 
 
 def _order(alias: str = "") -> str:
@@ -54,13 +54,14 @@ def _order(alias: str = "") -> str:
 
 
 def checks(con, steps: Steps = None) -> pd.DataFrame:
-    """Per step: step, count (finished spans), start_ns, end_ns, total_ns (summed durations)."""
+    """Per step: step, count (finished spans), start_ns, end_ns, total_ns (summed durations), loaded
+    (rows read to compute its summary: fewer than its spans where per-part summaries merged some)."""
     if not _parts.has_table(con, _CHECKS):
         _part_steps(con)
         con.execute(
             f"""CREATE TEMP TABLE {_CHECKS} AS
             SELECT step, CAST(sum(count) AS BIGINT) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
-                   CAST(sum(total_ns) AS BIGINT) AS total_ns
+                   CAST(sum(total_ns) AS BIGINT) AS total_ns, CAST(sum(loaded) AS BIGINT) AS loaded
             FROM {_PART_STEPS} WHERE step IS NOT NULL GROUP BY step"""
         )
     where, params = step_filter(steps)
@@ -71,13 +72,13 @@ def _part_steps(con) -> None:
     """Fill `_PART_STEPS`: each span part's per-step aggregates (`_parts`: computed once per part)."""
     _parts.table(con, "steps", _PART_STEPS_SCHEMA, """
         SELECT filename, step, CAST(sum(count) AS BIGINT) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
-               CAST(sum(total_ns) AS BIGINT) AS total_ns
+               CAST(sum(total_ns) AS BIGINT) AS total_ns, count(*) AS loaded
         FROM part_spans GROUP BY filename, step""", summaries=True)
 
 
 _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
                                 ("count", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
-                                ("total_ns", pa.int64())])
+                                ("total_ns", pa.int64()), ("loaded", pa.int64())])
 
 
 def windows(con, steps: pd.DataFrame) -> pd.DataFrame:
@@ -358,13 +359,14 @@ def _copy_matching(con, source: str, candidates: pd.DataFrame, windows_too: bool
 
 
 def _batches(missing: pd.DataFrame):
-    """Consecutive steps cut into groups of spans: at least 4 groups (two threads stay busy) of
-    BATCH_SPANS[0] to BATCH_SPANS[1] spans (bigger ones re-read fewer Parquet row groups)."""
+    """Consecutive steps cut into groups of rows to load: at least 4 groups (two threads stay busy)
+    of BATCH_SPANS[0] to BATCH_SPANS[1] rows (bigger ones re-read fewer Parquet row groups)."""
     missing = missing.sort_values("step")
     low, high = BATCH_SPANS
-    size = min(high, max(low, int(missing["count"].sum()) // 4))
+    rows_ = missing["loaded"] if "loaded" in missing else missing["count"]
+    size = min(high, max(low, int(rows_.sum()) // 4))
     start, total = 0, 0
-    for i, n in enumerate(missing["count"].to_numpy()):
+    for i, n in enumerate(rows_.to_numpy()):
         if i > start and total + n > size:
             yield missing.iloc[start:i]
             start, total = i, 0

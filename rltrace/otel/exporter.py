@@ -101,5 +101,11 @@ class ParquetSpanExporter(SpanExporter):
     def shutdown(self) -> None:
         self.sync_open()
 
+    def forget_open(self) -> None:
+        """At a clean exit with no span left open: remove the (empty) open-spans file."""
+        with self._lock:
+            if not self._open_on_disk:
+                (self._open_dir / f"{self._process.process_id}.parquet").unlink(missing_ok=True)
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.sync_open()

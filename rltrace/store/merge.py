@@ -43,6 +43,8 @@ from rltrace.store import rows
 logger = logging.getLogger("rltrace")
 
 ROW_GROUP_ROWS = 131_072  # a merged part's row groups: a one-step query reads one or two of them
+SUMMARY_GROUP_ROWS = 16_384  # a per-part summary's: a batch of steps reads only the row groups of its time range
+WORTH = 0.75  # a per-part summary is written when it holds at most this share of its part's rows
 TARGET_ROWS = 2_000_000  # rows per merged part at most
 FLUSH_PARTS = 32  # flush parts of a table that start a merge ...
 MAX_AGE_S = 60.0  # ... or the age of the oldest one
@@ -128,7 +130,7 @@ def write_summary(spans_folder: Path, part_name: str, summary: pa.Table, rows_: 
     from rltrace.store.writer import write_part
 
     return write_part(Path(spans_folder).parent / _names.SPAN_DIGEST.folder, part_name, summary, _names.SPAN_DIGEST,
-                      digest.footer(part_name, rows_), write_options={"row_group_size": ROW_GROUP_ROWS})
+                      digest.footer(part_name, rows_), write_options={"row_group_size": SUMMARY_GROUP_ROWS})
 
 
 class Summaries:
@@ -163,7 +165,10 @@ class Summaries:
                 self.knowledge.process_id = getattr(self._process, "process_id", None)
                 self.knowledge.live = self._live() if self._live is not None else []
                 done.append(digest.build(rows.concat(fresh), self.knowledge))
-            write_summary(folder, out_name, digest.combine(done) if len(done) > 1 else done[0], merged.num_rows)
+            summary = digest.combine(done) if len(done) > 1 else done[0]
+            if summary.num_rows > WORTH * merged.num_rows:  # its spans merge little: reading them costs the same
+                return
+            write_summary(folder, out_name, summary, merged.num_rows)
         except Exception as exc:  # the part is read as spans, slower but the same
             logger.warning("rltrace: no per-part summary for %s (%s); reports read its spans", out_name, exc)
 

@@ -80,6 +80,9 @@ def write_part(
     """Write `table` as `folder/name` atomically, tagged with the table's name and schema version.
 
     `write_options` go to `pyarrow.parquet.write_table` (e.g. per-column compression); zstd by default.
+    Parts of the tables with a fixed schema of plain types (`_LEAN`) get a smaller footer: no copy of
+    the Arrow schema (their types read back the same without it) and min/max statistics only for the
+    columns readers skip row groups by; a small part is mostly its footer.
     """
     folder.mkdir(parents=True, exist_ok=True)
     metadata = dict(table.schema.metadata or {})
@@ -92,12 +95,24 @@ def write_part(
     table = table.replace_schema_metadata(metadata)
     final = folder / name
     tmp = folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    options = {"compression": "zstd", **(write_options or {})}
     try:
-        pq.write_table(table, tmp, **{"compression": "zstd", **(write_options or {})})
+        if spec.name in _LEAN:
+            row_group_size = options.pop("row_group_size", None)
+            with pq.ParquetWriter(tmp, table.schema, store_schema=False,
+                                  write_statistics=[c for c in _PRUNED_BY if c in table.column_names], **options) as out:
+                out.write_table(table, row_group_size=row_group_size)
+                out.add_key_value_metadata(metadata)  # the Arrow schema is left out, and its metadata with it
+        else:
+            pq.write_table(table, tmp, **options)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
     return final
+
+
+_LEAN = frozenset(("spans", "open_spans", "processes", "span_digest"))
+_PRUNED_BY = ("step", "start_ns", "end_ns")  # what readers filter parts and row groups by
 
 
 class PartNamer:

@@ -97,6 +97,8 @@ def test_pyarrow_dataset_alone_gets_the_reports_per_phase_totals(run_dir, capsys
         assert got["spans"] == want["spans"], name
         assert abs(got["span_s"] - want["span_s"]) < 1e-9 and abs(got["total_s"] - want["total_s"]) < 1e-9, name
     assert mine["generate"]["total_s"] < mine["generate"]["span_s"]  # requests overlapped: the union counts them once
-    # the per-part summaries are Parquet too, beside the parts they summarise
-    assert {p.name for p in (run_dir / "span_digests").iterdir()} == {p.name for p in (run_dir / "spans").iterdir()}
+    # the per-part summaries are Parquet too, beside the parts they summarise (where they merge spans:
+    # the rollout worker's requests overlap; the reward worker's scores run one after another)
+    summaries = {p.name for p in (run_dir / "span_digests").iterdir()}
+    assert summaries and summaries < {p.name for p in (run_dir / "spans").iterdir()}
     assert pq.read_schema(next((run_dir / "span_digests").iterdir())).field("count").type == pa.int64()
