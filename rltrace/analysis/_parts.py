@@ -111,7 +111,9 @@ def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = Fals
 
     `schema` starts with part, rows, size (the part's name, rows and bytes: a part rewritten under
     the same name is another part). `select` is SQL over `part_spans` (the finished spans of the
-    parts to scan, with their file in `filename`) returning `filename` and the other columns.
+    parts to scan, with their file in `filename`) returning `filename` and the other columns: rows
+    per span, or sums, minima and maxima per part (a part merged from parts seen before gets their
+    rows, unscanned: merging never changes spans).
     With `summaries`, a part with a per-part summary in force is read from it (its rows have the
     analysis columns, `count` and `total_ns`; a span's own rows get count 1 and its duration).
     The sidecar is a file per report that met new parts (a live run's report writes only its
@@ -122,10 +124,14 @@ def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = Fals
         return name
     con.register("_rltrace_schema", schema.empty_table())
     con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {name} AS SELECT * FROM _rltrace_schema")
+    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {name}_inputs AS SELECT * FROM _rltrace_schema")
     con.unregister("_rltrace_schema")
     main, additions = cache_files(con, kind)
     files = [] if main is None else [*additions, main]
     now, taken, main_read = parts_now(con), set(), False
+    merged = replaced(con)  # a part merged from others holds their rows: theirs, cached, are its
+    inputs = {n for p in now if p[0] in merged for n in merged[p[0]]}
+    taken_inputs: set[str] = set()
     for path in files:  # newest first; each part's rows from one file
         if not path.is_file():
             continue
@@ -133,19 +139,37 @@ def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = Fals
             table = views.read_whole(path)  # one read: a concurrent report may replace the file
             listed = listed_parts(table.schema)
             mine = (listed & now) - taken
+            theirs = {p for p in listed if p[0] in inputs and p[0] not in taken_inputs}
+            rows_ = table.select(schema.names).cast(schema)
             if mine:
-                _insert(con, name, table.select(schema.names).cast(schema), None if mine == listed else mine)
+                _insert(con, name, rows_, None if mine == listed else mine)
+            if theirs:
+                _insert(con, f"{name}_inputs", rows_, theirs)
         except (OSError, KeyError, ValueError, TypeError, pa.ArrowException, duckdb.Error) as exc:
             logger.debug("rltrace: ignoring the cache file %s: %s", path, exc)
             continue
         taken |= mine
+        taken_inputs |= {p[0] for p in theirs}
         main_read |= path == main
     new = now - taken
-    if new:
-        _scan(con, name, schema, select, new, summaries)
-        if main is not None:
-            _save(con, name, schema, main, [f for f in files if f != main], main_read, new)
+    for part in sorted(new):
+        if part[0] in merged and set(merged[part[0]]) <= taken_inputs:
+            rest = ", ".join(schema.names[3:])
+            con.execute(f"INSERT INTO {name} SELECT ?, ?, ?, {rest} FROM {name}_inputs WHERE list_contains(?, part)",
+                        [*part, merged[part[0]]])
+            taken.add(part)
+    con.execute(f"DROP TABLE {name}_inputs")
+    scan = now - taken
+    if scan:
+        _scan(con, name, schema, select, scan, summaries)
+    if new and main is not None:
+        _save(con, name, schema, main, [f for f in files if f != main], main_read, new)
     return name
+
+
+def replaced(con) -> dict[str, list[str]]:
+    """For each span part of the connection merged from others: the names of the parts it replaces."""
+    return {n: list(r) for n, r in con.execute(f"SELECT name, replaces FROM {_PARTS} WHERE len(replaces) > 0").fetchall()}
 
 
 def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]] | None) -> None:

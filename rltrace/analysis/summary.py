@@ -12,8 +12,9 @@ never go stale), and a report over every step leaves them in a local summary cac
 (`RLTRACE_SUMMARY_CACHE_DIR`: a Parquet file per run id, plus small additions holding a live
 run's newest steps) with the list of span parts they were computed from. The next report reuses every cached step whose own fingerprint still holds and
 whose time range no new span part touches, so a report on a live run computes only the new
-steps, with no `rltrace compact`. When parts were merged or removed since, the cache is not
-trusted and its steps are computed again (`rltrace compact` stores summaries of its own).
+steps, with no `rltrace compact`. A part merged from parts the cache listed holds no new span
+(writers merge their parts all the while); a part merged from others may, so the steps it reaches
+are computed again.
 """
 
 from __future__ import annotations
@@ -243,12 +244,17 @@ class _Cached:
 
 def _reuse_cached(con, missing: pd.DataFrame) -> _Cached:
     """Copy the cached rows of the `missing` steps that still hold into the connection's cache,
-    from the newest cache file to the oldest (a step recomputed later is in a newer file)."""
+    from the newest cache file to the oldest (a step recomputed later is in a newer file).
+
+    A cached step holds while its own spans are unchanged (its fingerprint) and no span part new
+    since reaches into its time range. A part merged from parts the cache was computed from (a
+    writer merges its parts all the while) holds no new span; a part merged from others may."""
     full, additions = _parts.cache_files(con)
     out = _Cached(additions=additions)
     if full is None:
         return out
     now = _parts.parts_now(con)
+    merged = _parts.replaced(con)
     for i, path in enumerate([*additions, full]):
         try:
             cached = views.read_whole(path)
@@ -257,14 +263,13 @@ def _reuse_cached(con, missing: pd.DataFrame) -> _Cached:
         except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
             logger.debug("rltrace: ignoring the summary cache %s: %s", path, exc)
             continue
-        if not then <= now:  # parts were merged or removed since (compact stores its own summaries)
-            continue
+        known = {n for n, _, _ in then}
+        fresh = [n for n, _, _ in now - then if not (n in merged and set(merged[n]) <= known)]
         out.exact |= i == 0 and then == now
         if path == full:
             out.full_rows = len(cached)
         left = missing[~missing["step"].isin(_done(con))]
-        # only new parts since: a cached step holds unless a new part reaches into its window
-        candidates = left[~_touched(con, [n for n, _, _ in now - then], left)]
+        candidates = left[~_touched(con, fresh, left)]  # and each step's fingerprint, below
         if candidates.empty:
             continue
         before = _done(con)

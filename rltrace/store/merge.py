@@ -124,11 +124,14 @@ def delete(part: Path) -> None:
                 path.unlink()
 
 
-def write_summary(spans_folder: Path, part_name: str, summary: pa.Table, rows_: int) -> Path:
-    """Write the per-part summary of span part `part_name` (holding `rows_` spans) beside it."""
+def write_summary(spans_folder: Path, part_name: str, summary: pa.Table, rows_: int) -> Path | None:
+    """Write the per-part summary of span part `part_name` (holding `rows_` spans) beside it, if it
+    merges enough of them to be worth reading instead (None if not: reading the spans costs the same)."""
     from rltrace.store import digest
     from rltrace.store.writer import write_part
 
+    if summary.num_rows > WORTH * rows_:
+        return None
     return write_part(Path(spans_folder).parent / _names.SPAN_DIGEST.folder, part_name, summary, _names.SPAN_DIGEST,
                       digest.footer(part_name, rows_), write_options={"row_group_size": SUMMARY_GROUP_ROWS})
 
@@ -165,10 +168,7 @@ class Summaries:
                 self.knowledge.process_id = getattr(self._process, "process_id", None)
                 self.knowledge.live = self._live() if self._live is not None else []
                 done.append(digest.build(rows.concat(fresh), self.knowledge))
-            summary = digest.combine(done) if len(done) > 1 else done[0]
-            if summary.num_rows > WORTH * merged.num_rows:  # its spans merge little: reading them costs the same
-                return
-            write_summary(folder, out_name, summary, merged.num_rows)
+            write_summary(folder, out_name, digest.combine(done) if len(done) > 1 else done[0], merged.num_rows)
         except Exception as exc:  # the part is read as spans, slower but the same
             logger.warning("rltrace: no per-part summary for %s (%s); reports read its spans", out_name, exc)
 

@@ -425,6 +425,7 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
         "path": pa.array([str(p.path) for p in parts], pa.string()),
         "version": pa.array([p.version for p in parts], pa.int64()),
         "digest": pa.array([digest_of.get(p.path.name) for p in parts], pa.string()),
+        "replaces": pa.array([list(p.replaces) for p in parts], pa.list_(pa.string())),
     }))
     con.execute("CREATE TABLE _rltrace_span_parts AS SELECT * FROM _parts")
     con.unregister("_parts")

@@ -158,3 +158,27 @@ def test_spans_whose_ids_loop_do_not_hang_the_report(run_dir):
     b.write()
     frame = summary.rows(store.open(b.run_dir))  # the autouse fixture checks it against the reference too
     assert set(frame["kind"]) >= {"step", "phase"}
+
+
+def test_a_part_merged_from_parts_seen_before_is_not_read_again(run_dir, monkeypatch):
+    """The per-part facts a report keeps (span counts per step, engine request fields) of a part a
+    writer merged from parts the report has seen are its inputs' facts: no span is read again."""
+    from rltrace.analysis import _parts
+
+    monkeypatch.setenv("RLTRACE_MERGE_PARTS", "0")
+    rltrace.init(run_dir, role="trainer", flush_interval=0.01)
+    for step in range(6):
+        with rltrace.phase("train", step=step):
+            pass
+        rltrace.flush()
+    rltrace.shutdown()
+    first = summary.checks(store.open(run_dir))
+    scanned = []
+    real = _parts._scan
+    monkeypatch.setattr(_parts, "_scan", lambda con, name, schema, select, parts, *a: scanned.append((name, set(parts)))
+                        or real(con, name, schema, select, parts, *a))
+    store.compact(run_dir, grace_s=0)  # the six parts merged into one
+    assert len(list((run_dir / "spans").glob("*.parquet"))) == 1
+    con = store.open(run_dir)
+    assert summary.checks(con).equals(first) and scanned == []
+
