@@ -64,7 +64,7 @@ def load(con, batch: pd.DataFrame) -> _compute.Spans:
         rows = con.sql(
             f"""SELECT {', '.join(_OUT)}, same_thread, parent_thread_id, filename AS digest
                 FROM read_parquet({files}, filename = true) WHERE {inside}""", params=window).to_arrow_table()
-        tables.append(_exact(con, rows, batch, window, dict((d, p) for p, d in summarised)))
+        tables.append(_exact(con, rows, tables[0] if tables else None, batch, window, dict((d, p) for p, d in summarised)))
     if not tables:
         return _compute.Spans.from_arrow(_empty())
     table = pa.concat_tables([t.select(_OUT) for t in tables])
@@ -76,8 +76,9 @@ def _empty() -> pa.Table:
     return pa.schema([f for f in _names.SPAN_DIGEST_SCHEMA if f.name in _OUT]).empty_table()
 
 
-def _exact(con, rows: pa.Table, batch: pd.DataFrame, window: dict, part_of: dict) -> pa.Table:
-    """Summary rows of the batch, with the unions that must be read as spans replaced by their spans."""
+def _exact(con, rows: pa.Table, spans: pa.Table | None, batch: pd.DataFrame, window: dict, part_of: dict) -> pa.Table:
+    """Summary rows of the batch, with the unions that must be read as spans replaced by their
+    spans (`spans`: the rows read as spans from parts without a summary)."""
     merged = rows["span_id"].is_null().to_numpy(zero_copy_only=False)
     if not merged.any():
         return rows
@@ -87,7 +88,7 @@ def _exact(con, rows: pa.Table, batch: pd.DataFrame, window: dict, part_of: dict
     start = rows["start_ns"].to_numpy()
     end = rows["end_ns"].to_numpy()
     crossing = merged & other_step & ((start < window["lo"]) | (end > window["hi"]))
-    expand = crossing | _holding_parents(con, rows, merged, window, part_of)
+    expand = crossing | _holding_parents(con, rows, spans, merged, window, part_of)
     if not expand.any():
         return rows
     spans = _members(con, rows.filter(pa.array(expand)), rows, part_of, window)
@@ -95,11 +96,17 @@ def _exact(con, rows: pa.Table, batch: pd.DataFrame, window: dict, part_of: dict
     return pa.concat_tables([kept.select(_OUT), spans.select(_OUT)])
 
 
-def _holding_parents(con, rows: pa.Table, merged: np.ndarray, window: dict, part_of: dict) -> np.ndarray:
+def _holding_parents(con, rows: pa.Table, spans: pa.Table | None, merged: np.ndarray, window: dict,
+                     part_of: dict) -> np.ndarray:
     """Which merged rows hold a span that a loaded row names as its parent (none, nearly always)."""
     out = np.zeros(len(rows), bool)
-    ids = rows["span_id"].drop_null()
-    wanted = pc.unique(rows["parent_span_id"].drop_null())
+    loaded = [rows] if spans is None else [rows.select(["span_id", "parent_span_id"]),
+                                           spans.select(["span_id", "parent_span_id"])]
+    def column(name: str) -> pa.ChunkedArray:
+        return pa.chunked_array([chunk for t in loaded for chunk in t[name].cast(pa.int64()).chunks], pa.int64())
+
+    ids = column("span_id").drop_null()
+    wanted = pc.unique(column("parent_span_id").drop_null())
     dangling = pc.filter(wanted, pc.invert(pc.is_in(wanted, pc.unique(ids))))
     if not len(dangling):
         return out

@@ -44,7 +44,7 @@ _FILLED = "_rltrace_filled"  # exists once the connection's cache holds every st
 _WINDOWS = "_rltrace_windows"
 _PART_STEPS = "_rltrace_part_steps"  # per span part and step (NULL too): count, first start, last end, summed ns
 logger = logging.getLogger("rltrace")
-BATCH_SPANS = (250_000, 1_000_000)  # rows loaded at once: a quarter of the run, within these bounds
+BATCH_SPANS = (400_000, 1_000_000)  # rows loaded at once: a quarter of the run, within these bounds
 
 
 def _order(alias: str = "") -> str:

@@ -44,7 +44,8 @@ logger = logging.getLogger("rltrace")
 
 ROW_GROUP_ROWS = 131_072  # a merged part's row groups: a one-step query reads one or two of them
 SUMMARY_GROUP_ROWS = 16_384  # a per-part summary's: a batch of steps reads only the row groups of its time range
-WORTH = 0.75  # a per-part summary is written when it holds at most this share of its part's rows
+WORTH = 0.75  # a per-part summary is written when it holds at most this share of its part's rows,
+SUMMARISE_ROWS = 65_536  # or when its part is this large (it is narrower, with the attributes it needs read out)
 TARGET_ROWS = 2_000_000  # rows per merged part at most
 FLUSH_PARTS = 32  # flush parts of a table that start a merge ...
 MAX_AGE_S = 60.0  # ... or the age of the oldest one
@@ -125,12 +126,12 @@ def delete(part: Path) -> None:
 
 
 def write_summary(spans_folder: Path, part_name: str, summary: pa.Table, rows_: int) -> Path | None:
-    """Write the per-part summary of span part `part_name` (holding `rows_` spans) beside it, if it
-    merges enough of them to be worth reading instead (None if not: reading the spans costs the same)."""
+    """Write the per-part summary of span part `part_name` (holding `rows_` spans) beside it, if it is
+    worth reading instead (None if not: a small part whose spans hardly merge reads as fast)."""
     from rltrace.store import digest
     from rltrace.store.writer import write_part
 
-    if summary.num_rows > WORTH * rows_:
+    if summary.num_rows > WORTH * rows_ and rows_ < SUMMARISE_ROWS:
         return None
     return write_part(Path(spans_folder).parent / _names.SPAN_DIGEST.folder, part_name, summary, _names.SPAN_DIGEST,
                       digest.footer(part_name, rows_), write_options={"row_group_size": SUMMARY_GROUP_ROWS})

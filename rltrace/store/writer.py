@@ -112,7 +112,7 @@ def write_part(
 
 
 _LEAN = frozenset(("spans", "open_spans", "processes", "span_digest"))
-_PRUNED_BY = ("step", "start_ns", "end_ns")  # what readers filter parts and row groups by
+_PRUNED_BY = ("step", "start_ns", "end_ns", "status")  # what readers filter parts and row groups by (status: spans that failed)
 
 
 class PartNamer:
