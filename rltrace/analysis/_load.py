@@ -44,10 +44,9 @@ def parts(con) -> tuple[list[views.Part], list[tuple[views.Part, str]]]:
 
 
 def _raw_rows(con, found: list[views.Part], where: str, params: dict) -> pa.Table:
-    sql = views.parts_sql(_names.SPANS, found, ", filename = true")
     return con.sql(
-        f"""SELECT {_RAW}, CAST(1 AS BIGINT) AS count, end_ns - start_ns AS total_ns, filename AS part
-            FROM ({sql}) WHERE {where}""", params=params).to_arrow_table()
+        f"""SELECT {_RAW}, CAST(1 AS BIGINT) AS count, end_ns - start_ns AS total_ns
+            FROM ({views.parts_sql(_names.SPANS, found)}) WHERE {where}""", params=params).to_arrow_table()
 
 
 def load(con, batch: pd.DataFrame) -> _compute.Spans:
@@ -102,6 +101,7 @@ def _holding_parents(con, rows: pa.Table, spans: pa.Table | None, merged: np.nda
     out = np.zeros(len(rows), bool)
     loaded = [rows] if spans is None else [rows.select(["span_id", "parent_span_id"]),
                                            spans.select(["span_id", "parent_span_id"])]
+
     def column(name: str) -> pa.ChunkedArray:
         return pa.chunked_array([chunk for t in loaded for chunk in t[name].cast(pa.int64()).chunks], pa.int64())
 
@@ -111,10 +111,9 @@ def _holding_parents(con, rows: pa.Table, spans: pa.Table | None, merged: np.nda
     if not len(dangling):
         return out
     # the spans named but not loaded: in a union, or not in this range at all (as when reading the spans)
-    found = [p for p in part_of.values()]
     con.register("_rltrace_dangling", pa.table({"id": dangling}))
     try:
-        sql = views.parts_sql(_names.SPANS, found, ", filename = true")
+        sql = views.parts_sql(_names.SPANS, list(part_of.values()), ", filename = true")
         hits = con.sql(
             f"""SELECT s.span_id, s.step, s.process_id, coalesce(s.phase, s.name, '') AS phase, s.parent_span_id,
                        s.start_ns, s.end_ns, s.filename AS part

@@ -182,3 +182,39 @@ def test_a_part_merged_from_parts_seen_before_is_not_read_again(run_dir, monkeyp
     con = store.open(run_dir)
     assert summary.checks(con).equals(first) and scanned == []
 
+
+
+def _compare(run_dir: Path, tmp: Path, batch) -> None:
+    summarised = tmp / "summarised"
+    shutil.copytree(run_dir, summarised)
+    summarise(summarised, live=False)
+    pd.testing.assert_frame_equal(_summaries(summarised, tmp / "c2", batch), _summaries(run_dir, tmp / "c1", batch))
+
+
+def test_unions_crossing_a_batch_and_unions_holding_a_named_parent_are_read_as_spans(tmp_path, monkeypatch):
+    """The two cases where a summary's union is replaced by its spans: an async step's requests
+    reaching past the time range of the step computed alone, and a request span that another
+    process names as its parent (an engine's child span). Both are taken, and the summaries equal
+    those from the spans."""
+    from rltrace.analysis import _load
+    from rltrace.testing import RunBuilder
+
+    expanded, holding = [], []
+    real, real_holding = _load._members, _load._holding_parents
+    monkeypatch.setattr(_load, "_members", lambda con, unions, *a: expanded.append(unions.num_rows) or real(con, unions, *a))
+    monkeypatch.setattr(_load, "_holding_parents", lambda *a: holding.append(int(real_holding(*a).sum())) or
+                        real_holding(*a))
+    b = RunBuilder(tmp_path / "run")
+    trainer, worker, engine = b.process("trainer"), b.process("rollout"), b.process("engine")
+    for step in range(3):
+        o = 10.0 * step
+        trainer.span("train", o + 6, o + 12, step=step)  # train of step k overlaps the rollout of step k + 1
+        roll = worker.span("rollout", o, o + 8, step=step)
+        for thread in (2, 3):
+            for i in range(4):
+                request = worker.span("generate", o + i * 2, o + i * 2 + 1.9, step=step, parent=roll, thread=thread)
+        engine.span("decode", o + 7, o + 7.5, step=step, parent=request)  # names the last request as its parent
+    b.write()
+    _compare(b.run_dir, tmp_path, (1, 1))
+    assert sum(holding) >= 3  # each decode's request, merged with another, was read as spans
+    assert sum(expanded) > sum(holding)  # and unions of the next step reaching past a step's range
