@@ -7,6 +7,8 @@ Extend these names, never rename them: stored runs outlive the code that wrote t
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 
 # --- span attributes -------------------------------------------------------------------------
@@ -522,6 +524,36 @@ COMPACTABLE: dict[str, tuple[str, ...]] = {
     "samples": ("step", "logged_ns"),
     "resources": ("time_ns",),
 }
+
+# --- part files -------------------------------------------------------------------------------
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def safe_name(text: str) -> str:
+    """A file-name piece from any text: letters, digits, `_.-` only (no glob characters, no
+    separators) and never a leading dot, so readers cannot mistake the part for a hidden file."""
+    name = _UNSAFE.sub("_", str(text))[:48] or "_"
+    return "_" + name[1:] if name.startswith(".") else name
+
+
+#: A process's parts are `<process_id>-<seq>.parquet` as flushed, `<process_id>-m<seq>.parquet` once it
+#: merged them (`rltrace.store.merge`); `rltrace compact` writes `c-<id>.parquet`.
+WRITERS = ".writers"  # lock files of live writers: <process_id>.lock, in the run dir
+
+
+def process_of(part_name: str) -> str:
+    """The process id in a part's name."""
+    return part_name[: -len(".parquet")].rsplit("-", 1)[0] if part_name.endswith(".parquet") else part_name
+
+
+def merged_name(process_id: str, seq: int) -> str:
+    return f"{process_id}-m{seq:08d}.parquet"
+
+
+def is_flush_part(name: str) -> bool:
+    """A part as a writer flushed it (`<process_id>-<digits>.parquet`), not a merged one."""
+    return name.endswith(".parquet") and name[: -len(".parquet")].rsplit("-", 1)[-1].isdigit()
+
 
 RUN_MANIFEST = "run.json"
 RUN_SCHEMA_VERSION = 2  # 2: span and trace ids stored as integers and bytes (runs of version 1 are read)

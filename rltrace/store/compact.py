@@ -21,9 +21,11 @@ while its process row has no end and a heartbeat less than `LIVE_S` old.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -82,7 +84,7 @@ def compact(
     from rltrace.store import objstore
 
     if objstore.is_uri(run_dir):
-        return objstore.compact(run_dir, target_rows=target_rows, grace_s=grace_s, progress=progress)
+        return _compact_uri(run_dir, target_rows=target_rows, grace_s=grace_s, progress=progress)
     run_dir = Path(run_dir)
     tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
     read_manifest(run_dir)  # a clear error for a path that is not a run, before taking the lock
@@ -142,3 +144,61 @@ def _forget_dead_writers(run_dir: Path, live: set[str]) -> None:
     for lock in folder.glob("*.lock"):
         if lock.stem not in live and not merging.writer_alive(run_dir, lock.stem):
             lock.unlink(missing_ok=True)
+
+
+_LOCK = ".compact.lock"
+_LOCK_STALE_S = 3600  # a compaction lock older than this was left by a compaction that died
+
+
+def _compact_uri(uri: str, *, target_rows: int, grace_s: float, progress=None):
+    """`rltrace compact` on an `s3://` run: merged in the local copy, merged parts uploaded, the
+    parts they replace deleted from the bucket `grace_s` later. Writers still running (a process
+    row without an end, with a heartbeat younger than `compact.LIVE_S`) merge their own parts.
+    One compaction at a time per run is asked for with a lock object (an S3 bucket offers no real lock)."""
+    from pyarrow import fs
+
+    from rltrace.store import objstore
+    from rltrace.store.views import read_whole
+
+    base, s3 = objstore.split(uri), objstore.filesystem()
+    lock = f"{base}/{_LOCK}"
+    try:
+        info = s3.get_file_info(lock)
+        if info.type == fs.FileType.File and time.time_ns() - (info.mtime_ns or 0) < _LOCK_STALE_S * 1e9:
+            raise StoreError(f"another `rltrace compact` is running on {uri}; wait for it to finish "
+                             f"(or delete {_LOCK} in the run if it died)")
+        objstore.put(s3, lock, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode())
+    except OSError as exc:
+        raise objstore.unreachable(uri, exc) from None
+    try:
+        local = objstore.mirror(uri)
+        tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
+        snap = scan(local, tables={**tables, "processes": _names.PROCESSES, _names.SPAN_DIGEST.name: _names.SPAN_DIGEST})
+        now, live = time.time_ns(), set()
+        for part in snap.parts.get("processes", []):
+            try:
+                row = read_whole(part.path, columns=["process_id", "heartbeat_ns", "ended_ns"]).to_pylist()
+            except (OSError, ValueError):
+                continue
+            for r in row:
+                if r["ended_ns"] is None and (r["heartbeat_ns"] or 0) > now - LIVE_S * 1e9:
+                    live.add(r["process_id"])
+        results, superseded, written = merge_tables(local, snap, tables, target_rows, progress, live)
+        for path in written:
+            objstore.upload(uri, local, path)
+        if superseded:
+            time.sleep(grace_s)  # readers that listed the old parts just before the merge fetch them first
+        doomed = [*superseded, *snap.replaced]
+        doomed += [s for s in map(merging.summary_path, superseded) if s is not None and s.exists()]
+        for path in doomed:
+            try:
+                s3.delete_file(f"{base}/{Path(path).relative_to(local).as_posix()}")
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise objstore.unreachable(uri, exc) from None
+            Path(path).unlink(missing_ok=True)
+        return results
+    finally:
+        with contextlib.suppress(OSError):
+            s3.delete_file(lock)

@@ -38,7 +38,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rltrace import _names
-from rltrace.store import rows
+from rltrace.store import digest, rows
+from rltrace.store.parts import write_part
 
 logger = logging.getLogger("rltrace")
 
@@ -51,21 +52,8 @@ FLUSH_PARTS = 32  # flush parts of a table that start a merge ...
 MAX_AGE_S = 60.0  # ... or the age of the oldest one
 TIER = 8  # merged parts of a similar size that are merged again
 EXIT_GRACE_S = 1.0  # at exit, replaced parts stay at most this long (the process is leaving)
-WRITERS = ".writers"  # lock files of live writers: <process_id>.lock
-
-
-def process_of(part_name: str) -> str:
-    """The process id in a part's name (`<process_id>-<seq>.parquet`, `<process_id>-m<seq>.parquet`)."""
-    return part_name[: -len(".parquet")].rsplit("-", 1)[0] if part_name.endswith(".parquet") else part_name
-
-
-def merged_name(process_id: str, seq: int) -> str:
-    return f"{process_id}-m{seq:08d}.parquet"
-
-
-def is_flush_part(name: str) -> bool:
-    """A part as a writer flushed it (`<process_id>-<digits>.parquet`), not a merged one."""
-    return name.endswith(".parquet") and name[: -len(".parquet")].rsplit("-", 1)[-1].isdigit()
+WRITERS = _names.WRITERS
+process_of, merged_name, is_flush_part = _names.process_of, _names.merged_name, _names.is_flush_part
 
 
 # --- the merge ------------------------------------------------------------------------------------
@@ -99,8 +87,6 @@ def merge(
         raise OSError(f"merging {folder} gave {merged.num_rows} rows for {expected}; the inputs were kept")
     if before_visible is not None:
         before_visible(merged, out_name, list(zip(inputs, tables)))
-    from rltrace.store.writer import write_part
-
     out = write_part(folder, out_name, merged, table, {_names.META_REPLACES: json.dumps([p.name for p in inputs]).encode()},
                      write_options={"row_group_size": ROW_GROUP_ROWS})
     written = pq.read_metadata(out).num_rows
@@ -128,8 +114,6 @@ def delete(part: Path) -> None:
 def write_summary(spans_folder: Path, part_name: str, summary: pa.Table, rows_: int) -> Path | None:
     """Write the per-part summary of span part `part_name` (holding `rows_` spans) beside it, if it is
     worth reading instead (None if not: a small part whose spans hardly merge reads as fast)."""
-    from rltrace.store import digest
-    from rltrace.store.writer import write_part
 
     if summary.num_rows > WORTH * rows_ and rows_ < SUMMARISE_ROWS:
         return None
@@ -144,20 +128,15 @@ class Summaries:
 
     def __init__(self, process=None, live: Callable[[], list] | None = None,
                  source: Callable[[str, str], Path | None] | None = None):
-        from rltrace.store import digest
-
         self.knowledge = digest.Knowledge()
         self._process = process
         self._live = live
         self._source = source
 
     def after_fork(self) -> None:
-        from rltrace.store import digest
-
         self.knowledge = digest.Knowledge()  # the parent's running spans and pending parents are the parent's
 
     def __call__(self, merged: pa.Table, out_name: str, inputs: list[tuple[Path, pa.Table]], folder: Path) -> None:
-        from rltrace.store import digest
         from rltrace.store.views import read_whole
 
         try:
@@ -175,8 +154,6 @@ class Summaries:
 
     def _summary_of(self, part: Path, nrows: int) -> Path | None:
         """An input's summary, if it has one that is its own (names a part of its name and rows)."""
-        import pyarrow.parquet as pq_
-
         path = summary_path(part)
         if path is None:
             return None
@@ -185,7 +162,7 @@ class Summaries:
         if path is None or not path.exists():
             return None
         try:
-            meta = pq_.read_metadata(path).metadata or {}
+            meta = pq.read_metadata(path).metadata or {}
             return path if json.loads(meta[_names.META_DIGEST_OF]) == [part.name, nrows] else None
         except (OSError, KeyError, ValueError, pa.ArrowException):
             return None

@@ -37,8 +37,8 @@ from urllib.parse import urlparse
 
 from rltrace import _names
 from rltrace._config import resolve
+from rltrace._names import safe_name
 from rltrace.store import layout, rows
-from rltrace.store.writer import safe_name
 
 logger = logging.getLogger("rltrace")
 
@@ -54,10 +54,8 @@ _SETTLE_S = 1.0  # the uploader leaves a file this long after its last change
 
 def _mergeable(rel: str) -> bool:
     """Whether a spooled file is a flush part its process merges later (kept after upload until then)."""
-    from rltrace.store.merge import is_flush_part
-
     folder, _, name = rel.partition("/")
-    return folder in _MERGED_FOLDERS and is_flush_part(name)
+    return folder in _MERGED_FOLDERS and _names.is_flush_part(name)
 
 
 _MERGED_FOLDERS = frozenset(_names.TABLES[t].folder for t in _names.COMPACTABLE)
@@ -96,7 +94,7 @@ def filesystem(attempts: int = 3):
     return fs.S3FileSystem(**kwargs)
 
 
-def _put(s3, key: str, data: bytes) -> None:
+def put(s3, key: str, data: bytes) -> None:
     with s3.open_output_stream(key) as out:
         out.write(data)
 
@@ -119,7 +117,7 @@ def _parse_manifest(uri: str, data: bytes) -> dict:
     return manifest
 
 
-def _unreachable(uri: str, exc: Exception) -> layout.StoreError:
+def unreachable(uri: str, exc: Exception) -> layout.StoreError:
     why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return layout.StoreError(f"{uri}: object store not reachable or access refused ({why[:200]}); "
                              "check AWS_ENDPOINT_URL and the AWS credentials")
@@ -139,7 +137,7 @@ def create_or_join(uri: str, *, run_name: str | None, config: Any) -> dict:
         data = _get(s3, key)
         if data is None:
             mine = layout.new_manifest(run_name or base.rsplit("/", 1)[-1], config)
-            _put(s3, f"{base}/{_CANDIDATES}/{mine['created_ns']:020d}-{mine['run_id']}.json",
+            put(s3, f"{base}/{_CANDIDATES}/{mine['created_ns']:020d}-{mine['run_id']}.json",
                  layout.manifest_text(mine).encode())
             time.sleep(0.5)  # let racing processes propose theirs
             data = _get(s3, key)
@@ -148,11 +146,11 @@ def create_or_join(uri: str, *, run_name: str | None, config: Any) -> dict:
 
                 names = sorted(i.path for i in s3.get_file_info(fs.FileSelector(f"{base}/{_CANDIDATES}")))
                 data = _get(s3, names[0]) or layout.manifest_text(mine).encode()
-                _put(s3, key, data)  # every racer writes the same winner
+                put(s3, key, data)  # every racer writes the same winner
     except layout.StoreError:
         raise
     except OSError as exc:
-        raise _unreachable(uri, exc) from None
+        raise unreachable(uri, exc) from None
     return _parse_manifest(uri, data)
 
 
@@ -304,7 +302,7 @@ class Spool:
                     except FileNotFoundError:
                         continue
                     try:
-                        _put(self._s3, f"{self.base}/{rel}", data)
+                        put(self._s3, f"{self.base}/{rel}", data)
                     except OSError as exc:
                         self.failures += 1
                         if not self._failing:  # once per outage, not once per retry
@@ -490,7 +488,7 @@ def mirror(uri: str, *, tables: tuple[str, ...] | None = None) -> Path:
     except layout.StoreError:
         raise
     except OSError as exc:
-        raise _unreachable(uri, exc) from None
+        raise unreachable(uri, exc) from None
     local.mkdir(parents=True, exist_ok=True)
     keep = set()
     todo = []
@@ -527,7 +525,7 @@ def mirror(uri: str, *, tables: tuple[str, ...] | None = None) -> Path:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(fetch, todo))
     except OSError as exc:
-        raise _unreachable(uri, exc) from None
+        raise unreachable(uri, exc) from None
     if tables is None:  # a full listing: drop local copies of objects gone from the store
         for dirpath, _, filenames in os.walk(local):
             for name in filenames:
@@ -542,66 +540,6 @@ def upload(uri: str, local_run: Path, path: Path) -> None:
     """Put a file of the reader's local copy `local_run` of the run at `uri` into the bucket."""
     rel = Path(path).relative_to(local_run).as_posix()
     try:
-        _put(filesystem(), f"{split(uri)}/{rel}", Path(path).read_bytes())
+        put(filesystem(), f"{split(uri)}/{rel}", Path(path).read_bytes())
     except OSError as exc:
-        raise _unreachable(uri, exc) from None
-
-
-_LOCK = ".compact.lock"
-_LOCK_STALE_S = 3600  # a compaction lock older than this was left by a compaction that died
-
-
-def compact(uri: str, *, target_rows: int, grace_s: float, progress=None):
-    """`rltrace compact` on an `s3://` run: merged in the local copy, merged parts uploaded, the
-    parts they replace deleted from the bucket `grace_s` later. Writers still running (a process
-    row without an end, with a heartbeat younger than `compact.LIVE_S`) merge their own parts.
-    One compaction at a time per run is asked for with a lock object (an S3 bucket offers no real lock)."""
-    from pyarrow import fs
-
-    from rltrace.store.compact import LIVE_S, merge_tables
-    from rltrace.store.views import read_whole, scan
-
-    base, s3 = split(uri), filesystem()
-    lock = f"{base}/{_LOCK}"
-    try:
-        info = s3.get_file_info(lock)
-        if info.type == fs.FileType.File and time.time_ns() - (info.mtime_ns or 0) < _LOCK_STALE_S * 1e9:
-            raise layout.StoreError(f"another `rltrace compact` is running on {uri}; wait for it to finish "
-                                    f"(or delete {_LOCK} in the run if it died)")
-        _put(s3, lock, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode())
-    except OSError as exc:
-        raise _unreachable(uri, exc) from None
-    try:
-        local = mirror(uri)
-        tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
-        snap = scan(local, tables={**tables, "processes": _names.PROCESSES, _names.SPAN_DIGEST.name: _names.SPAN_DIGEST})
-        now, live = time.time_ns(), set()
-        for part in snap.parts.get("processes", []):
-            try:
-                row = read_whole(part.path, columns=["process_id", "heartbeat_ns", "ended_ns"]).to_pylist()
-            except (OSError, ValueError):
-                continue
-            for r in row:
-                if r["ended_ns"] is None and (r["heartbeat_ns"] or 0) > now - LIVE_S * 1e9:
-                    live.add(r["process_id"])
-        results, superseded, written = merge_tables(local, snap, tables, target_rows, progress, live)
-        for path in written:
-            upload(uri, local, path)
-        if superseded:
-            time.sleep(grace_s)  # readers that listed the old parts just before the merge fetch them first
-        from rltrace.store.merge import summary_path
-
-        doomed = [*superseded, *snap.replaced]
-        doomed += [s for s in map(summary_path, superseded) if s is not None and s.exists()]
-        for path in doomed:
-            try:
-                s3.delete_file(f"{base}/{Path(path).relative_to(local).as_posix()}")
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                raise _unreachable(uri, exc) from None
-            Path(path).unlink(missing_ok=True)
-        return results
-    finally:
-        with contextlib.suppress(OSError):
-            s3.delete_file(lock)
+        raise unreachable(uri, exc) from None

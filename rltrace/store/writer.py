@@ -11,7 +11,6 @@ import collections
 import itertools
 import logging
 import os
-import re
 import socket
 import threading
 import uuid
@@ -21,22 +20,14 @@ from pathlib import Path
 from typing import Callable, Iterator, Union
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rltrace import _names
-from rltrace.store import layout, rows
+from rltrace._names import safe_name  # noqa: F401 - where producers have always found it
+from rltrace.store import rows
+from rltrace.store.merge import Merger
+from rltrace.store.parts import write_part  # noqa: F401 - where producers have always found it
 
 logger = logging.getLogger("rltrace")
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def safe_name(text: str) -> str:
-    """A file-name piece from any text: letters, digits, `_.-` only (no glob characters, no
-    separators) and never a leading dot, so readers cannot mistake the part for a hidden file."""
-    name = _UNSAFE.sub("_", str(text))[:48] or "_"
-    return "_" + name[1:] if name.startswith(".") else name
-
 
 _safe = safe_name
 
@@ -67,52 +58,6 @@ class ProcessInfo:
     def columns(self, n: int) -> dict[str, pa.Array]:
         """The process columns for `n` rows (dictionary-encoded in Parquet, so nearly free)."""
         return rows.process_columns(self, n)
-
-
-def write_part(
-    folder: Path,
-    name: str,
-    table: pa.Table,
-    spec: _names.Table,
-    extra_metadata: dict | None = None,
-    write_options: dict | None = None,
-) -> Path:
-    """Write `table` as `folder/name` atomically, tagged with the table's name and schema version.
-
-    `write_options` go to `pyarrow.parquet.write_table` (e.g. per-column compression); zstd by default.
-    Parts of the tables with a fixed schema of plain types (`_LEAN`) get a smaller footer: no copy of
-    the Arrow schema (their types read back the same without it) and min/max statistics only for the
-    columns readers skip row groups by; a small part is mostly its footer.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    metadata = dict(table.schema.metadata or {})
-    metadata[_names.META_TABLE] = spec.name.encode()
-    metadata[_names.META_VERSION] = str(spec.version).encode()
-    run_id = layout.run_id_of(folder.parent)
-    if run_id is not None:
-        metadata[_names.META_RUN_ID] = run_id.encode()
-    metadata.update(extra_metadata or {})
-    table = table.replace_schema_metadata(metadata)
-    final = folder / name
-    tmp = folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-    options = {"compression": "zstd", **(write_options or {})}
-    try:
-        if spec.name in _LEAN:
-            row_group_size = options.pop("row_group_size", None)
-            with pq.ParquetWriter(tmp, table.schema, store_schema=False,
-                                  write_statistics=[c for c in _PRUNED_BY if c in table.column_names], **options) as out:
-                out.write_table(table, row_group_size=row_group_size)
-                out.add_key_value_metadata(metadata)  # the Arrow schema is left out, and its metadata with it
-        else:
-            pq.write_table(table, tmp, **options)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return final
-
-
-_LEAN = frozenset(("spans", "open_spans", "processes", "span_digest"))
-_PRUNED_BY = ("step", "start_ns", "end_ns", "status")  # what readers filter parts and row groups by (status: spans that failed)
 
 
 class PartNamer:
@@ -163,7 +108,6 @@ class BackgroundWriter:
         merger=None,
     ):
         from rltrace._config import resolve
-        from rltrace.store.merge import Merger
 
         self._run_dir = Path(run_dir)
         self.merger = merger if merger is not None else Merger(
