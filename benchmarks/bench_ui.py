@@ -35,7 +35,7 @@ import rltrace.replay
 from bench_analysis import generate
 from rltrace import _names, store
 from rltrace.cli import main as cli
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 
 APP = Path(__file__).resolve().parents[1] / "ui" / "app.py"
 PAGES = ["overview", "timeline", "waits", "reward", "batches", "profiles", "compare"]

@@ -22,7 +22,9 @@ import pyarrow as pa
 from rltrace import _names
 from rltrace.profiling.pyspy import Frame, Recording
 from rltrace.store import rows
-from rltrace.store.writer import ProcessInfo, _safe, write_part
+from rltrace._names import safe_name
+from rltrace.store.parts import write_part
+from rltrace.store.writer import ProcessInfo
 
 logger = logging.getLogger("rltrace")
 
@@ -69,8 +71,8 @@ class Capture:
 def artefact(run_dir: Path, process: ProcessInfo, capture: Capture, suffix: str) -> Path:
     """Where this capture's file goes; sets `capture.path` (relative to the run dir)."""
     step = "" if capture.step is None else f"-step{capture.step}"
-    name = f"{capture.profile_id}-{_safe(capture.phase or capture.span_name)}{step}{suffix}"
-    relative = Path(_names.PROFILE_FILES) / _safe(process.process_id) / name
+    name = f"{capture.profile_id}-{safe_name(capture.phase or capture.span_name)}{step}{suffix}"
+    relative = Path(_names.PROFILE_FILES) / safe_name(process.process_id) / name
     (run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
     capture.path = relative.as_posix()
     return run_dir / relative

@@ -24,7 +24,8 @@ from rltrace.replay import codec
 from rltrace.replay.errors import DamagedBatchError, ReplayError
 from rltrace.replay.tokenizer import check_tokenizer, tokenizer_identity
 from rltrace.store import scan
-from rltrace.store.writer import ProcessInfo, write_part
+from rltrace.store.parts import write_part
+from rltrace.store.writer import ProcessInfo
 
 RESERVED = frozenset(_names.BATCH_COLUMNS)
 _BATCH_META_COLUMNS = ("weight_version", "train_version", "tokenizer", "tokenizer_name", "tokenizer_hash", "checkpoint", "config")

@@ -42,7 +42,7 @@ from rltrace.replay.batch import (
 )
 from rltrace.replay.errors import ReplayError
 from rltrace.store import scan
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 
 _RESERVED = frozenset(_names.REPLAYS_SCHEMA.names) - {"reward"}
 

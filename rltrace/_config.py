@@ -41,6 +41,13 @@ def _parse_positive_float(text: str) -> float:
     return value
 
 
+def _parse_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= _MAX_FLOAT:  # also refuses nan and inf
+        raise ValueError(f"must be a finite number of seconds >= 0 (at most {_MAX_FLOAT:g}), got {text!r}")
+    return value
+
+
 def _parse_interval(text: str) -> float:
     value = _parse_positive_float(text)
     if value > 3600:
@@ -160,6 +167,21 @@ PARAMS: dict[str, Param] = {
         Param("service_name", ("OTEL_SERVICE_NAME",), str, None, "OTel service.name (default: rltrace-<role>)."),
         Param("model", ("RLTRACE_MODEL",), str, None,
               "The model's Hugging Face config.json (or its directory), stored with the run for its cache geometry."),
+        Param(
+            "merge_parts",
+            ("RLTRACE_MERGE_PARTS",),
+            _parse_bool,
+            True,
+            "Each process merges its own small part files in the background and at exit (off: they stay "
+            "as written until `rltrace compact`).",
+        ),
+        Param(
+            "merge_grace",
+            ("RLTRACE_MERGE_GRACE",),
+            _parse_seconds,
+            5.0,
+            "Seconds a part replaced by a merged one stays on disk for readers that listed it (at exit, at most 1).",
+        ),
         # --- runs in object storage (rltrace.store.objstore; see docs/store.md) ----------------
         Param(
             "spool_dir",
@@ -353,7 +375,7 @@ def resolve(name: str, value: Any = None) -> Any:
     return param.default
 
 
-_NUMERIC = (_parse_positive_float, _parse_interval, _parse_positive_int, _parse_rank, _parse_bool)
+_NUMERIC = (_parse_positive_float, _parse_seconds, _parse_interval, _parse_positive_int, _parse_rank, _parse_bool)
 
 
 def _checked(name: str, param: Param, value: Any) -> Any:

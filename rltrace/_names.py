@@ -7,6 +7,8 @@ Extend these names, never rename them: stored runs outlive the code that wrote t
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 
 # --- span attributes -------------------------------------------------------------------------
@@ -185,6 +187,7 @@ META_VERSION = b"rltrace.schema_version"
 META_REPLACES = b"rltrace.replaces"  # compacted parts: JSON list of the part names they replace
 META_RUN_ID = b"rltrace.run_id"  # the run a part belongs to (a part linked in from another run is refused)
 META_SUMMARY_OF = b"rltrace.summary_of"  # step_summary: digest of the span parts it was computed from
+META_DIGEST_OF = b"rltrace.digest_of"  # span_digest: JSON [name, rows] of the span part it summarises
 
 _PROCESS_COLUMNS = [
     pa.field("process_id", pa.string()),
@@ -196,9 +199,9 @@ _PROCESS_COLUMNS = [
 
 SPANS_SCHEMA = pa.schema(
     [
-        pa.field("trace_id", pa.string()),  # 32 hex digits
-        pa.field("span_id", pa.string()),  # 16 hex digits
-        pa.field("parent_span_id", pa.string()),  # null for a root span
+        pa.field("trace_id", pa.binary(16)),  # the 128-bit trace id, big-endian (schema 1: 32 hex digits)
+        pa.field("span_id", pa.int64()),  # the 64-bit span id read as signed (schema 1: 16 hex digits)
+        pa.field("parent_span_id", pa.int64()),  # null for a root span
         pa.field("name", pa.string()),
         pa.field("phase", pa.string()),  # rl.phase
         pa.field("step", pa.int64()),  # rl.step
@@ -394,6 +397,30 @@ STEP_SUMMARY_SCHEMA = pa.schema(
 )
 
 
+#: Per-part summaries of spans (`rltrace.store.digest`): a span part's spans as the per-step analysis
+#: reads them, with leaves merged into unions. One file per span part, beside it (`span_digests/`).
+SPAN_DIGEST_SCHEMA = pa.schema(
+    [
+        pa.field("span_id", pa.int64()),  # null on a row that merges spans
+        pa.field("parent_span_id", pa.int64()),
+        pa.field("phase", pa.string()),  # coalesce(rl.phase, name, '')
+        pa.field("name", pa.string()),
+        pa.field("step", pa.int64()),
+        pa.field("process_id", pa.string()),
+        pa.field("thread_id", pa.int64()),
+        pa.field("start_ns", pa.int64()),
+        pa.field("end_ns", pa.int64()),
+        pa.field("waiting_for", pa.string()),  # wait spans: rl.waiting_for
+        pa.field("sync_bytes", pa.float64()),  # weight_sync spans: rl.bytes
+        pa.field("sync_method", pa.string()),  # weight_sync spans: rl.method
+        pa.field("count", pa.int64()),  # spans in the row
+        pa.field("total_ns", pa.int64()),  # their summed durations
+        pa.field("same_thread", pa.bool_()),  # merged rows: their spans ran on their parent's thread
+        pa.field("parent_thread_id", pa.int64()),  # merged rows: that parent's thread (-1 unknown)
+    ]
+)
+
+
 #: Uncaught exceptions (docs/integrations.md): one row per exception that reached the top of a
 #: thread (`kind` thread: the thread died) or of the process (`kind` process: it exited).
 CRASHES_SCHEMA = pa.schema(
@@ -470,8 +497,10 @@ class Table:
         self.required = required  # columns a part must have to be readable
 
 
-SPANS = Table("spans", "spans", SPANS_SCHEMA, 1, ("trace_id", "span_id", "name", "start_ns", "end_ns"))
-OPEN_SPANS = Table("open_spans", "open_spans", SPANS_SCHEMA, 1, SPANS.required)
+#: Span parts: version 2 stores span ids as int64 and trace ids as 16 bytes (`rltrace.store.ids`);
+#: version 1 parts (hex text ids) are read too, converted.
+SPANS = Table("spans", "spans", SPANS_SCHEMA, 2, ("trace_id", "span_id", "name", "start_ns", "end_ns"))
+OPEN_SPANS = Table("open_spans", "open_spans", SPANS_SCHEMA, 2, SPANS.required)
 METRICS_TABLE = Table("metrics", "metrics", METRICS_SCHEMA, 1, ("step", "name", "value"))
 SAMPLES = Table("samples", "samples", SAMPLES_SCHEMA, 1, ("step",))
 PROCESSES = Table("processes", "processes", PROCESSES_SCHEMA, 1, ("process_id", "role", "pid"))
@@ -484,12 +513,13 @@ CRASHES = Table("crashes", "crashes", CRASHES_SCHEMA, 1, ("process_id", "exc_typ
 STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 RESOURCES = Table("resources", "resources", RESOURCES_SCHEMA, 1, ("time_ns", "kind"))
 ALERTS = Table("alerts", "alerts", ALERTS_SCHEMA, 1, ("alert_id", "key", "rule", "time_ns"))
+SPAN_DIGEST = Table("span_digest", "span_digests", SPAN_DIGEST_SCHEMA, 1, ("phase", "start_ns", "end_ns", "count"))
 
 #: Every table `rltrace.store.open` makes a view of. Later parts of rltrace add theirs here.
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY, PROFILES, PROFILE_FRAMES, BATCHES, REPLAYS,
-              RESOURCES, ALERTS, CRASHES)
+              RESOURCES, ALERTS, CRASHES, SPAN_DIGEST)
 }
 
 #: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.
@@ -500,5 +530,35 @@ COMPACTABLE: dict[str, tuple[str, ...]] = {
     "resources": ("time_ns",),
 }
 
+# --- part files -------------------------------------------------------------------------------
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def safe_name(text: str) -> str:
+    """A file-name piece from any text: letters, digits, `_.-` only (no glob characters, no
+    separators) and never a leading dot, so readers cannot mistake the part for a hidden file."""
+    name = _UNSAFE.sub("_", str(text))[:48] or "_"
+    return "_" + name[1:] if name.startswith(".") else name
+
+
+#: A process's parts are `<process_id>-<seq>.parquet` as flushed, `<process_id>-m<seq>.parquet` once it
+#: merged them (`rltrace.store.merge`); `rltrace compact` writes `c-<id>.parquet`.
+WRITERS = ".writers"  # lock files of live writers: <process_id>.lock, in the run dir
+
+
+def process_of(part_name: str) -> str:
+    """The process id in a part's name."""
+    return part_name[: -len(".parquet")].rsplit("-", 1)[0] if part_name.endswith(".parquet") else part_name
+
+
+def merged_name(process_id: str, seq: int) -> str:
+    return f"{process_id}-m{seq:08d}.parquet"
+
+
+def is_flush_part(name: str) -> bool:
+    """A part as a writer flushed it (`<process_id>-<digits>.parquet`), not a merged one."""
+    return name.endswith(".parquet") and name[: -len(".parquet")].rsplit("-", 1)[-1].isdigit()
+
+
 RUN_MANIFEST = "run.json"
-RUN_SCHEMA_VERSION = 1
+RUN_SCHEMA_VERSION = 2  # 2: span and trace ids stored as integers and bytes (runs of version 1 are read)

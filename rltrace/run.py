@@ -3,8 +3,9 @@
 It owns an OpenTelemetry `TracerProvider` (its own, not the global one, so it coexists with a
 user's OTel setup) whose pipeline is SDK parts plus rltrace's small wrappers:
 
-    span start/end -> OpenSpanProcessor -> CountingBatchProcessor(BatchSpanProcessor)
-                                              -> ParquetSpanExporter -> spans/ and open_spans/ parts
+    span start/end -> LiveSpans (open spans) -> CountingBatchProcessor(BatchSpanProcessor)
+                                                   -> ParquetSpanExporter -> spans/ parts
+                                                      (and open_spans/, from LiveSpans)
                    -> CountingBatchProcessor(BatchSpanProcessor) -> OTLPSpanExporter  (if configured)
 
 and a `BackgroundWriter` for metric and sample rows that also writes the process's heartbeat
@@ -25,13 +26,16 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 
 from rltrace import _names
-from rltrace._config import RltraceConfigError, otlp_traces_url
+from rltrace._config import RltraceConfigError, otlp_traces_url, resolve
 from rltrace.otel.exporter import ParquetSpanExporter
 from rltrace.otel.ids import ForkSafeRandomIdGenerator
 from rltrace.otel.live import LiveSpans
-from rltrace.otel.processor import CountingBatchProcessor, OpenSpanProcessor
+from rltrace.otel.processor import CountingBatchProcessor
 from rltrace.store import layout, objstore, rows
-from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child, write_part
+from rltrace.store.digest import live_of
+from rltrace.store.merge import Merger, Summaries
+from rltrace.store.parts import write_part
+from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child
 
 logger = logging.getLogger("rltrace")
 
@@ -100,12 +104,22 @@ class Run:
             resource=self._resource(), id_generator=ForkSafeRandomIdGenerator(), span_limits=limits,
             shutdown_on_exit=False,
         )
-        self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name, self.drops)
+        # one processor on the calling thread: live spans (open records; closed with an error if the
+        # process exits while they are open) and the hand-over of finished ones to the batch queue
+        # this process's own parts are merged in the background and at exit (rltrace.store.merge)
+        source = self._spool.source if self._spool else None
+        self.merger = Merger(self.run_dir, self.process, enabled=resolve("merge_parts"), grace_s=resolve("merge_grace"),
+                             source=source, replaced=self._spool.replaced if self._spool else None,
+                             lock=self._spool is None,
+                             summaries=Summaries(self.process, lambda: live_of(self.live_spans.snapshot()), source))
+        if self._spool is not None:
+            self._spool.grace_s = self.merger.grace_s
+        self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name, self.drops,
+                                             on_part=lambda path, n: self.merger.wrote(_names.SPANS, path, n))
         self._store_pipeline = CountingBatchProcessor(
             self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval
         )
-        self.tracer_provider.add_span_processor(OpenSpanProcessor(self._store_pipeline))
-        self.live_spans = LiveSpans()  # closed with an error if the process exits while they are open
+        self.live_spans = self._exporter.live = LiveSpans(self._store_pipeline)
         self.tracer_provider.add_span_processor(self.live_spans)
         self._otlp_pipeline: CountingBatchProcessor | None = None
         if otlp_endpoint:
@@ -123,6 +137,7 @@ class Run:
             max_pending_rows=max_pending_rows,
             on_tick=self._heartbeat,
             drops=self.drops,
+            merger=self.merger,
         )
         self.write_process_row()
         after_fork_in_child(self._after_fork)
@@ -183,6 +198,8 @@ class Run:
         return rows.dumps(records) if records else None
 
     def _heartbeat(self) -> None:
+        """The writer thread's tick: open spans to disk when they changed, the process row now and then."""
+        self._exporter.sync_open()
         if time.monotonic() - self._last_heartbeat >= _HEARTBEAT_S:
             self.write_process_row()
 
@@ -263,6 +280,8 @@ class Run:
             logger.warning("rltrace: could not close the phases left open: %s", exc)
         self._each_companion("close")
         self.tracer_provider.shutdown()
+        if self._spool is None:  # nothing left open: no record of open spans (in a bucket the last one stays, empty)
+            self._exporter.forget_open()
         self._rows.close()
         self._ended_ns = time.time_ns()
         try:

@@ -28,7 +28,8 @@ import pyarrow as pa
 from rltrace import _names
 from rltrace.store import layout
 from rltrace.store import rows as store_rows
-from rltrace.store.writer import safe_name, write_part
+from rltrace._names import safe_name
+from rltrace.store.parts import write_part
 
 T0_NS = 1_700_000_000 * 10**9
 

@@ -17,11 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(autouse=True)
 def clean_rltrace(monkeypatch, tmp_path_factory):
     """No RLTRACE_*/OTEL_* settings leak in from the environment; no run outlives its test; the
-    per-step summary cache of each test is its own."""
+    per-step summary cache of each test is its own; parts a writer merges in this process are
+    deleted at once (tests of readers during merges set a grace of their own)."""
     for var in list(os.environ):
         if var.startswith(("RLTRACE_", "OTEL_")) or var in ("RANK", "TRACEPARENT", "BAGGAGE"):
             monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path_factory.mktemp("summaries")))
+    monkeypatch.setenv("RLTRACE_MERGE_GRACE", "0")
     rltrace.shutdown()
     monkeypatch.setattr(api, "_env_checked", False)
     yield
@@ -41,7 +43,7 @@ def summaries_match_the_oracle(monkeypatch):
 
     def checked(spans, checks):
         got = fast(spans, checks)
-        oracle_compute.assert_same(got, oracle_compute.compute(spans.table.to_pandas(), checks))
+        oracle_compute.assert_same(got, oracle_compute.compute(oracle_compute.frame(spans.table), checks))
         return got
 
     monkeypatch.setattr(_compute, "compute", checked)

@@ -13,9 +13,12 @@ from rltrace import store
 from .conftest import PYTHON, REPO, python_env
 
 
-def test_spans_survive_sigkill_and_open_phases_stay_visible(run_dir):
+@pytest.mark.parametrize("flush", [None, "0.02"], ids=["default", "merging"])
+def test_spans_survive_sigkill_and_open_phases_stay_visible(run_dir, flush):
+    """With flushes every 20 ms the writer merges its parts all the while (every 32 flushes), so the
+    kill also lands in or between merges."""
     proc = subprocess.Popen(
-        [PYTHON, "-m", "tests.writer_process", str(run_dir), "--forever"],
+        [PYTHON, "-m", "tests.writer_process", str(run_dir), "--forever", *(["--flush-interval", flush] if flush else [])],
         cwd=REPO,
         env=python_env(),
         stdout=subprocess.PIPE,
@@ -42,6 +45,9 @@ def test_spans_survive_sigkill_and_open_phases_stay_visible(run_dir):
     con = store.connect(snap)
     stored = {s for (s,) in con.execute("SELECT step FROM spans WHERE phase = 'step' AND NOT is_open").fetchall()}
     assert must_have <= stored, f"lost {sorted(must_have - stored)[:10]}"
+    assert con.execute("SELECT count(*) - count(DISTINCT span_id) FROM spans WHERE NOT is_open").fetchone() == (0,)
+    if flush:
+        assert any("-m" in p.name for p in (run_dir / "spans").iterdir())  # it had merged parts when killed
     open_rows = con.execute("SELECT phase, step, attr(attributes, 'rl.note'), end_ns FROM spans WHERE is_open").fetchall()
     assert ("train", -1, "never ends", None) in open_rows
     (ended_ns,) = con.execute("SELECT ended_ns FROM processes").fetchone()

@@ -174,10 +174,11 @@ def sample_timeline(run: RunRef, first: int, last: int) -> pd.DataFrame:
 
 def _span(con, span_id: str) -> dict | None:
     found = con.execute(
-        """SELECT trace_id, span_id, parent_span_id, name, coalesce(phase, name) AS phase, step, weight_version,
+        """SELECT trace_hex(trace_id) AS trace_id, span_hex(span_id) AS span_id, span_hex(parent_span_id) AS parent_span_id,
+                  name, coalesce(phase, name) AS phase, step, weight_version,
                   start_ns, end_ns, duration_s, is_open, status, status_message, kind, thread_id, thread_name,
                   process_id, role, rank, host, pid, attributes, events, links
-           FROM spans WHERE span_id = ? LIMIT 1""",
+           FROM _spans WHERE span_id = span_int(?) LIMIT 1""",  # stored ids: the filter reads one int column
         [span_id],
     ).df()
     if found.empty:

@@ -20,7 +20,8 @@ import pyarrow as pa
 from rltrace import _names, store
 from rltrace.alerts.deliver import Delivery
 from rltrace.alerts.rules import Alert, Settings, evaluate
-from rltrace.store.writer import _safe, write_part
+from rltrace._names import safe_name
+from rltrace.store.parts import write_part
 
 logger = logging.getLogger("rltrace")
 
@@ -44,7 +45,7 @@ class Watcher:
         self.last_firing: list[Alert] = []
         self.run_ended = False  # every process that wrote has ended cleanly
         self._seq = itertools.count()
-        self._name = f"watch-{_safe(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._name = f"watch-{safe_name(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
     def check(self, now_ns: int | None = None) -> tuple[list[Alert], list[dict]]:
         now_ns = time.time_ns() if now_ns is None else now_ns

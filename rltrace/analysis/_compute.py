@@ -51,14 +51,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rltrace import _names
-from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
+from rltrace.analysis import _intervals as iv
+from rltrace.store.ids import span_hex
 
-VERSION = 7  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 8  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
 # 6: a container's own time with nothing running anywhere is its work, not idle; no waits from a step with no work
 # 7: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
+# 8: ties broken by what rows hold (phase, process names), so spans and per-part summaries give one answer
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -119,11 +121,14 @@ class Spans:
     end: np.ndarray
     prow: np.ndarray  # parent's row in this order, -1 when the parent is not loaded
     sync_bytes: np.ndarray  # float, NaN where none
+    count: np.ndarray  # spans a row stands for: 1, or more in a per-part summary's union (`rltrace.store.digest`)
+    total: np.ndarray  # their summed durations (ns)
 
     @classmethod
     def from_arrow(cls, table: pa.Table) -> Spans:
         """From columns span_id, parent_span_id, phase, name, step, process_id, thread_id,
-        start_ns, end_ns, waiting_for, sync_bytes, sync_method."""
+        start_ns, end_ns, waiting_for, sync_bytes, sync_method, and (rows of per-part summaries)
+        count and total_ns."""
         def ints(name, fill):
             return np.asarray(table[name].fill_null(fill).to_numpy(), _I64)
 
@@ -135,6 +140,8 @@ class Spans:
         first = np.where(first >= 0, inverse[np.maximum(first, 0)], -1)  # each parent id's row, in start order
         phase, phase_names = _codes(table["phase"])
         proc, proc_names = _codes(table["process_id"])
+        end = ints("end_ns", 0)
+        weighted = "count" in table.column_names
         return cls(
             table=table,
             row=order,
@@ -146,9 +153,11 @@ class Spans:
             proc_names=proc_names,
             thread=ints("thread_id", -1)[order],
             start=start[order],
-            end=ints("end_ns", 0)[order],
+            end=end[order],
             prow=first[parent[order]],
             sync_bytes=table["sync_bytes"].cast(pa.float64()).fill_null(np.nan).to_numpy()[order],
+            count=(ints("count", 1) if weighted else np.ones(len(start), _I64))[order],
+            total=(ints("total_ns", 0) if weighted else end - start)[order],
         )
 
     def __len__(self) -> int:
@@ -168,6 +177,10 @@ class Spans:
             mine = which == c
             out[mine] = chunks[c].take(pa.array(at[mine] - starts[c])).to_pylist()
         return out
+
+    def span_ids(self, rows: np.ndarray) -> np.ndarray:
+        """Span ids of some rows as hex text (the summary rows people read), None for none."""
+        return np.array([span_hex(v) for v in self.strings("span_id", rows)], dtype=object)
 
     def by_phase(self, table: dict, default) -> np.ndarray:
         """`table[phase]` for each phase code, the default last (what code -1, no phase, indexes)."""
@@ -245,10 +258,10 @@ def _union_by(columns: list[tuple[np.ndarray, int]], a: np.ndarray, b: np.ndarra
     return [k[g] for k in keys], us, ue
 
 
-def _sum_by(columns: list[tuple[np.ndarray, int]], weights: np.ndarray | None = None):
-    """(each group's column values, row count, summed weights) for groups of `columns`."""
+def _sum_by(columns: list[tuple[np.ndarray, int]], weights: np.ndarray | None = None, counts: np.ndarray | None = None):
+    """(each group's column values, row count (or summed `counts`), summed weights) for groups of `columns`."""
     gid, n, keys = _group(*columns)
-    count = np.bincount(gid, minlength=n)
+    count = np.bincount(gid, minlength=n) if counts is None else np.bincount(gid, weights=counts, minlength=n).astype(_I64)
     total = None if weights is None else np.bincount(gid, weights=weights, minlength=n)
     return keys, count, total
 
@@ -330,9 +343,9 @@ class _Batch:
         """Per (step, process, phase) of the batch: keys (bucket, process + 1, phase + 1), span
         count and summed durations; computed once (phase rows and wait attribution use it)."""
         if not hasattr(self, "_per_phase"):
-            dur = (self.s.end - self.s.start).astype(np.float64)
             (kb, kp, kph), count, total = _sum_by(
-                [(self.bucket, self.nb + 1), (self.proc1, self.nproc), (self.phase1, self.nphase)], dur)
+                [(self.bucket, self.nb + 1), (self.proc1, self.nproc), (self.phase1, self.nphase)],
+                self.s.total.astype(np.float64), self.s.count)
             mine = kb < self.nb  # bucket nb: spans of other steps, or of none
             self._per_phase = (kb[mine], kp[mine], kph[mine]), count[mine], total[mine]
         return self._per_phase
@@ -386,7 +399,7 @@ def _child_rows(x: _Batch) -> pd.DataFrame:
     if not len(kid):
         return pd.DataFrame()
     columns = [(x.bucket[kid], x.nb + 1), (parent + 1, x.nphase), (x.phase1[kid], x.nphase)]
-    (kb, kp, kc), count, _ = _sum_by(columns)
+    (kb, kp, kc), count, _ = _sum_by(columns, counts=s.count[kid])
     (mb, mp, mc), ma, me = _union_by(columns, s.start[kid], s.end[kid])
     _, _, covered = _sum_by([(mb, x.nb + 1), (mp, x.nphase), (mc, x.nphase)], (me - ma).astype(np.float64))
     names = np.append(s.phase_names, None)
@@ -409,7 +422,7 @@ def _sync_rows(x: _Batch) -> pd.DataFrame:
         process_id=s.proc_names[s.proc[sync]],
         phase=s.phase_names[s.phase[sync]],
         other=s.strings("sync_method", sync),
-        span_id=s.strings("span_id", sync),
+        span_id=s.span_ids(sync),
         start_ns=s.start[sync],
         end_ns=s.end[sync],
         seconds=(s.end[sync] - s.start[sync]) / 1e9,
@@ -458,7 +471,9 @@ def _nesting(code: np.ndarray, up: np.ndarray):
     inner = np.flatnonzero((code >= 0) & (up >= 0))
     anc = up[inner]
     outer_l, inner_l = [], []
-    while len(inner):
+    for _ in range(len(code)):  # a chain is never longer, unless stored ids loop (a span its own parent)
+        if not len(inner):
+            break
         live = anc >= 0
         inner, anc = inner[live], anc[live]
         hit = (code[anc] >= 0) & (code[anc] != code[inner])
@@ -520,8 +535,8 @@ def _stage_rows(x: _Batch):
         rr = x.reward_phase[s.phase[rows]]
         srows = np.concatenate([rows[rt >= 0], rows[rr]])
         stags = np.concatenate([rt[rt >= 0], np.full(int(rr.sum()), len(TERMS), _I64)])
-        dur = (s.end - s.start)[srows].astype(np.float64)
-        (cb, ct), count, total = _sum_by([(x.bucket[srows], x.nb + 1), (stags, len(_TAGS))], dur)
+        (cb, ct), count, total = _sum_by([(x.bucket[srows], x.nb + 1), (stags, len(_TAGS))],
+                                         s.total[srows].astype(np.float64), s.count[srows])
         key = _key([(gb, x.nb + 1), (gt, len(_TAGS))])
         ckey = _key([(cb, x.nb + 1), (ct, len(_TAGS))])
         frames.append(_rows("stage", step=x.steps[gb], phase=np.array(_TAGS, object)[gt],
@@ -804,7 +819,7 @@ def _who_ran(x: _Batch, waits: pd.DataFrame) -> np.ndarray:
     other = np.flatnonzero(s.has_step & ~x.in_batch)  # spans of neighbouring steps in the loaded window
     scode, sval = pd.factorize(s.step[other])
     (ob, op, oph), _, ototal = _sum_by([(scode.astype(_I64), len(sval)), (x.proc1[other], x.nproc),
-                                         (x.phase1[other], x.nphase)], (s.end - s.start)[other].astype(np.float64))
+                                         (x.phase1[other], x.nphase)], s.total[other].astype(np.float64))
     step = np.concatenate([x.steps[kb], np.asarray(sval, _I64)[ob]])
     proc, phase = np.concatenate([kp, op]), np.concatenate([kph, oph])
     known = (proc > 0) & (phase > 0)
@@ -829,7 +844,9 @@ def _who_ran(x: _Batch, waits: pd.DataFrame) -> np.ndarray:
 
 
 def _last_child(s: Spans, parents: np.ndarray) -> dict[int, int]:
-    """For each row in `parents`, its child that ends last (latest loaded on ties), if any."""
+    """For each row in `parents`, its child that ends last; on ties, the one whose phase and then
+    process sort last by name (what the rows hold, not where they were read: a per-part summary
+    holds a union of children where the spans hold each)."""
     kids = np.flatnonzero(s.prow >= 0)
     if not len(kids) or not len(parents):
         return {}
@@ -838,11 +855,22 @@ def _last_child(s: Spans, parents: np.ndarray) -> dict[int, int]:
     kids = kids[wanted[s.prow[kids]]]
     if not len(kids):
         return {}
-    order = np.lexsort((s.row[kids], s.end[kids], s.prow[kids]))
+    phase_rank = _rank(s.phase_names)[s.phase[kids]]
+    proc_rank = _rank(s.proc_names)[s.proc[kids]]
+    order = np.lexsort((proc_rank, phase_rank, s.end[kids], s.prow[kids]))
     kids = kids[order]
     is_last = np.ones(len(kids), bool)
     is_last[:-1] = s.prow[kids[1:]] != s.prow[kids[:-1]]
     return dict(zip(s.prow[kids[is_last]].tolist(), kids[is_last].tolist()))
+
+
+def _rank(names: np.ndarray) -> np.ndarray:
+    """Each code's rank in name order, the last entry (code -1: none) first."""
+    order = np.argsort(np.array([str(n) for n in names], dtype=object), kind="stable")
+    rank = np.empty(len(names) + 1, _I64)
+    rank[order] = np.arange(1, len(names) + 1)
+    rank[-1] = 0
+    return rank
 
 
 def _path_rows(x: _Batch) -> pd.DataFrame:
@@ -898,7 +926,7 @@ def _path_rows(x: _Batch) -> pd.DataFrame:
         other=np.where(has_child, phase_names[s.phase[np.maximum(child, 0)]], None),
         other_process_id=np.where(has_child, proc_names[proc[np.maximum(child, 0)]], None),
         detail=s.strings("name", links),
-        span_id=s.strings("span_id", links),
+        span_id=s.span_ids(links),
         start_ns=start[links],
         end_ns=end[links],
         seconds=(end[links] - start[links]) / 1e9,

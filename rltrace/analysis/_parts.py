@@ -22,9 +22,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rltrace import _names
 from rltrace._config import resolve
 from rltrace.store import views
-from rltrace.store.writer import safe_name
+from rltrace._names import safe_name
 
 logger = logging.getLogger("rltrace")
 PARTS_KEY = b"rltrace.span_parts"  # footer of a cache file: JSON [[name, rows, size], ...] of the span parts it covers
@@ -104,13 +105,17 @@ def cache_files(con, kind: str = "summary") -> tuple[Path | None, list[Path]]:
     return main, sorted(main.parent.glob(f"{main.stem}.new-*.parquet"), reverse=True)
 
 
-def table(con, kind: str, schema: pa.Schema, select: str) -> str:
+def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = False) -> str:
     """The name of a temporary table holding, for every span part of the connection, the rows
     `select` gives for it; computed once per connection, from the sidecar and the new parts.
 
     `schema` starts with part, rows, size (the part's name, rows and bytes: a part rewritten under
     the same name is another part). `select` is SQL over `part_spans` (the finished spans of the
-    parts to scan, with their file in `filename`) returning `filename` and the other columns.
+    parts to scan, with their file in `filename`) returning `filename` and the other columns: rows
+    per span, or sums, minima and maxima per part (a part merged from parts seen before gets their
+    rows, unscanned: merging never changes spans).
+    With `summaries`, a part with a per-part summary in force is read from it (its rows have the
+    analysis columns, `count` and `total_ns`; a span's own rows get count 1 and its duration).
     The sidecar is a file per report that met new parts (a live run's report writes only its
     new parts' rows), folded into one file after `ADDITIONS` of them.
     """
@@ -119,10 +124,14 @@ def table(con, kind: str, schema: pa.Schema, select: str) -> str:
         return name
     con.register("_rltrace_schema", schema.empty_table())
     con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {name} AS SELECT * FROM _rltrace_schema")
+    con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {name}_inputs AS SELECT * FROM _rltrace_schema")
     con.unregister("_rltrace_schema")
     main, additions = cache_files(con, kind)
     files = [] if main is None else [*additions, main]
     now, taken, main_read = parts_now(con), set(), False
+    merged = replaced(con)  # a part merged from others holds their rows: theirs, cached, are its
+    inputs = {n for p in now if p[0] in merged for n in merged[p[0]]}
+    taken_inputs: set[str] = set()
     for path in files:  # newest first; each part's rows from one file
         if not path.is_file():
             continue
@@ -130,19 +139,37 @@ def table(con, kind: str, schema: pa.Schema, select: str) -> str:
             table = views.read_whole(path)  # one read: a concurrent report may replace the file
             listed = listed_parts(table.schema)
             mine = (listed & now) - taken
+            theirs = {p for p in listed if p[0] in inputs and p[0] not in taken_inputs}
+            rows_ = table.select(schema.names).cast(schema)
             if mine:
-                _insert(con, name, table.select(schema.names).cast(schema), None if mine == listed else mine)
+                _insert(con, name, rows_, None if mine == listed else mine)
+            if theirs:
+                _insert(con, f"{name}_inputs", rows_, theirs)
         except (OSError, KeyError, ValueError, TypeError, pa.ArrowException, duckdb.Error) as exc:
             logger.debug("rltrace: ignoring the cache file %s: %s", path, exc)
             continue
         taken |= mine
+        taken_inputs |= {p[0] for p in theirs}
         main_read |= path == main
     new = now - taken
-    if new:
-        _scan(con, name, schema, select, new)
-        if main is not None:
-            _save(con, name, schema, main, [f for f in files if f != main], main_read, new)
+    for part in sorted(new):
+        if part[0] in merged and set(merged[part[0]]) <= taken_inputs:
+            rest = ", ".join(schema.names[3:])
+            con.execute(f"INSERT INTO {name} SELECT ?, ?, ?, {rest} FROM {name}_inputs WHERE list_contains(?, part)",
+                        [*part, merged[part[0]]])
+            taken.add(part)
+    con.execute(f"DROP TABLE {name}_inputs")
+    scan = now - taken
+    if scan:
+        _scan(con, name, schema, select, scan, summaries)
+    if new and main is not None:
+        _save(con, name, schema, main, [f for f in files if f != main], main_read, new)
     return name
+
+
+def replaced(con) -> dict[str, list[str]]:
+    """For each span part of the connection merged from others: the names of the parts it replaces."""
+    return {n: list(r) for n, r in con.execute(f"SELECT name, replaces FROM {_PARTS} WHERE len(replaces) > 0").fetchall()}
 
 
 def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]] | None) -> None:
@@ -163,17 +190,25 @@ def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]] | N
         con.unregister("_rltrace_known")
 
 
-def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]]) -> None:
+def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]], summaries: bool) -> None:
     con.register("_rltrace_parts", _parts_table(parts))
     try:
-        paths = [Path(p) for (p,) in con.execute(
-            f"SELECT path FROM {_PARTS} s SEMI JOIN _rltrace_parts p ON s.name = p.part AND s.rows = p.rows "
-            "AND s.size = p.size").fetchall()]
+        found = con.execute(
+            f"SELECT path, rows, size, version, digest FROM {_PARTS} s SEMI JOIN _rltrace_parts p ON s.name = p.part "
+            "AND s.rows = p.rows AND s.size = p.size").fetchall()
     finally:
         con.unregister("_rltrace_parts")
+    raw = [views.Part(path=Path(p), rows=r, size=z, version=v) for p, r, z, v, d in found if not (summaries and d)]
+    sources = []
+    if raw:
+        counted = ", CAST(1 AS BIGINT) AS count, end_ns - start_ns AS total_ns" if summaries else ""
+        sources.append(f"SELECT *{counted} FROM ({views.parts_sql(_names.SPANS, raw, ', filename = true')})")
+    digests = [Path(d) for *_, d in found if summaries and d]
+    if digests:  # named like their span part: filename gives the part's name
+        sources.append(f"SELECT * FROM read_parquet({views.sql_paths(digests)}, filename = true)")
     rest = ", ".join(f"f.{c}" for c in schema.names[3:])
     con.execute(f"""INSERT INTO {name}
-        WITH part_spans AS (SELECT * FROM read_parquet({views.sql_paths(paths)}, filename = true, union_by_name = true))
+        WITH part_spans AS ({" UNION ALL BY NAME ".join(sources)})
         SELECT p.name, p.rows, p.size, {rest} FROM ({select}) f
         JOIN {_PARTS} p ON parse_filename(f.filename) = p.name""")
 

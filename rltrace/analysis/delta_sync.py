@@ -36,14 +36,14 @@ def delta_children(con, steps: Steps = None) -> pd.DataFrame:
     delta = "coalesce(" + ", ".join(f"TRY_CAST(attr(s.attributes, '{k}') AS DOUBLE)" for k in _DELTA_KEYS) + ")"
     return con.execute(
         f"""WITH RECURSIVE syncs AS (
-                SELECT span_id, step, duration_s, TRY_CAST(attr(attributes, 'rl.bytes') AS DOUBLE) AS bytes FROM spans
+                SELECT span_id, step, duration_s, TRY_CAST(attr(attributes, 'rl.bytes') AS DOUBLE) AS bytes FROM _spans
                 WHERE coalesce(phase, name) = 'weight_sync' AND NOT is_open AND {where}),
             {BELOW_SYNCS},
             kids AS (
                 SELECT b.sync_id, s.process_id, coalesce(s.phase, s.name) AS child, s.duration_s AS seconds,
                        {delta} AS bytes_delta
-                FROM below b JOIN spans s ON s.span_id = b.span_id WHERE b.depth > 0 AND NOT s.is_open)
-            SELECT k.sync_id AS sync_span_id, y.step, y.bytes AS sync_bytes, y.duration_s AS sync_s, k.process_id,
+                FROM below b JOIN _spans s ON s.span_id = b.span_id WHERE b.depth > 0 AND NOT s.is_open)
+            SELECT span_hex(k.sync_id) AS sync_span_id, y.step, y.bytes AS sync_bytes, y.duration_s AS sync_s, k.process_id,
                    k.child, k.seconds, k.bytes_delta
             FROM kids k JOIN syncs y ON y.span_id = k.sync_id
             WHERE k.child IN ({marks}) OR k.bytes_delta IS NOT NULL

@@ -106,11 +106,14 @@ def _sql(keep: str, source: str, where: str) -> str:
             f"ELSE coalesce({mb} * {MIB} / nullif({gb_s} * {GIB}, 0), {num['kv_transfer_s']}) END")
     plain = ", ".join(f"{num[c]} AS {c}" for c in _OUT if c not in ("kv_bytes", "kv_transfer_s"))
     pd_names = ", ".join(_q(n) for n in PD_SPANS)
+    # ids as hex text, as the `spans` view shows them (parts store them as integers)
+    ids = ("span_hex(span_id) AS span_id, span_hex(parent_span_id) AS parent_span_id" if source == "part_spans"
+           else "span_id, parent_span_id")
     return f"""SELECT {keep}kind, span_id, parent_span_id, name, process_id, service_name, rank, step, weight_version,
                start_ns, end_ns, timed, request_id, role, {', '.join(_OUT)}
         FROM (SELECT {keep}CASE WHEN {sglang} OR {gen_ai} THEN 'request' WHEN name IN ({pd_names}) THEN 'pd'
                               WHEN {segment} THEN 'pd_segment' WHEN {is_kv} THEN 'kv_transfer' END AS kind,
-                     span_id, parent_span_id, name, process_id, service_name, rank, step, weight_version, start_ns,
+                     {ids}, name, process_id, service_name, rank, step, weight_version, start_ns,
                      end_ns, coalesce({timed}, false) AS timed, {first['request_id']} AS request_id,
                      lower(coalesce({first['role']}, CASE WHEN name LIKE 'prefill Req %' THEN 'prefill'
                                                           WHEN name LIKE 'decode Req %' THEN 'decode' END)) AS role,

@@ -50,6 +50,7 @@ def _profiled(con) -> str:
         con.execute(
             f"""CREATE TEMP TABLE {_PROFILED} AS
                 SELECT {', '.join('p.' + c for c in _COLS)}, s.duration_s, s.step, coalesce(s.phase, s.name) AS phase
-                FROM profiles p JOIN spans s ON s.span_id = p.span_id WHERE {'true' if any_profile else 'false'}"""
+                FROM profiles p JOIN _spans s ON s.span_id = span_int(p.span_id)
+                WHERE {'true' if any_profile else 'false'}"""
         )
     return _PROFILED

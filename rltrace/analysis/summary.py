@@ -12,8 +12,9 @@ never go stale), and a report over every step leaves them in a local summary cac
 (`RLTRACE_SUMMARY_CACHE_DIR`: a Parquet file per run id, plus small additions holding a live
 run's newest steps) with the list of span parts they were computed from. The next report reuses every cached step whose own fingerprint still holds and
 whose time range no new span part touches, so a report on a live run computes only the new
-steps, with no `rltrace compact`. When parts were merged or removed since, the cache is not
-trusted and its steps are computed again (`rltrace compact` stores summaries of its own).
+steps, with no `rltrace compact`. A part merged from parts the cache listed holds no new span
+(writers merge their parts all the while); a part merged from others may, so the steps it reaches
+are computed again.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import pyarrow as pa
 
 from rltrace import _names
 from rltrace.analysis import _compute, _parts
+from rltrace.analysis._load import load as _load_batch
 from rltrace.analysis._steps import Steps, step_filter
 from rltrace.store import views
 
@@ -42,7 +44,7 @@ _FILLED = "_rltrace_filled"  # exists once the connection's cache holds every st
 _WINDOWS = "_rltrace_windows"
 _PART_STEPS = "_rltrace_part_steps"  # per span part and step (NULL too): count, first start, last end, summed ns
 logger = logging.getLogger("rltrace")
-BATCH_SPANS = (250_000, 1_000_000)  # spans loaded at once: a quarter of the run, within these bounds
+BATCH_SPANS = (400_000, 1_000_000)  # rows loaded at once: a quarter of the run, within these bounds
 
 
 def _order(alias: str = "") -> str:
@@ -53,13 +55,14 @@ def _order(alias: str = "") -> str:
 
 
 def checks(con, steps: Steps = None) -> pd.DataFrame:
-    """Per step: step, count (finished spans), start_ns, end_ns, total_ns (summed durations)."""
+    """Per step: step, count (finished spans), start_ns, end_ns, total_ns (summed durations), loaded
+    (rows read to compute its summary: fewer than its spans where per-part summaries merged some)."""
     if not _parts.has_table(con, _CHECKS):
         _part_steps(con)
         con.execute(
             f"""CREATE TEMP TABLE {_CHECKS} AS
             SELECT step, CAST(sum(count) AS BIGINT) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
-                   CAST(sum(total_ns) AS BIGINT) AS total_ns
+                   CAST(sum(total_ns) AS BIGINT) AS total_ns, CAST(sum(loaded) AS BIGINT) AS loaded
             FROM {_PART_STEPS} WHERE step IS NOT NULL GROUP BY step"""
         )
     where, params = step_filter(steps)
@@ -69,14 +72,14 @@ def checks(con, steps: Steps = None) -> pd.DataFrame:
 def _part_steps(con) -> None:
     """Fill `_PART_STEPS`: each span part's per-step aggregates (`_parts`: computed once per part)."""
     _parts.table(con, "steps", _PART_STEPS_SCHEMA, """
-        SELECT filename, step, count(*) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
-               CAST(sum(end_ns - start_ns) AS BIGINT) AS total_ns
-        FROM part_spans GROUP BY filename, step""")
+        SELECT filename, step, CAST(sum(count) AS BIGINT) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+               CAST(sum(total_ns) AS BIGINT) AS total_ns, count(*) AS loaded
+        FROM part_spans GROUP BY filename, step""", summaries=True)
 
 
 _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
                                 ("count", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
-                                ("total_ns", pa.int64())])
+                                ("total_ns", pa.int64()), ("loaded", pa.int64())])
 
 
 def windows(con, steps: pd.DataFrame) -> pd.DataFrame:
@@ -218,12 +221,12 @@ def _computed(con, batches: list[pd.DataFrame]):
     numpy's sorts run without the interpreter lock, so loading one batch overlaps computing another)."""
     if len(batches) < 2:
         for batch in batches:
-            yield _compute.compute(_load(con, batch), batch)
+            yield _compute.compute(_load_batch(con, batch), batch)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     def work(batch):
-        return _compute.compute(_load(con.cursor(), batch), batch)
+        return _compute.compute(_load_batch(con.cursor(), batch), batch)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield from pool.map(work, batches)
@@ -241,12 +244,17 @@ class _Cached:
 
 def _reuse_cached(con, missing: pd.DataFrame) -> _Cached:
     """Copy the cached rows of the `missing` steps that still hold into the connection's cache,
-    from the newest cache file to the oldest (a step recomputed later is in a newer file)."""
+    from the newest cache file to the oldest (a step recomputed later is in a newer file).
+
+    A cached step holds while its own spans are unchanged (its fingerprint) and no span part new
+    since reaches into its time range. A part merged from parts the cache was computed from (a
+    writer merges its parts all the while) holds no new span; a part merged from others may."""
     full, additions = _parts.cache_files(con)
     out = _Cached(additions=additions)
     if full is None:
         return out
     now = _parts.parts_now(con)
+    merged = _parts.replaced(con)
     for i, path in enumerate([*additions, full]):
         try:
             cached = views.read_whole(path)
@@ -255,14 +263,13 @@ def _reuse_cached(con, missing: pd.DataFrame) -> _Cached:
         except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
             logger.debug("rltrace: ignoring the summary cache %s: %s", path, exc)
             continue
-        if not then <= now:  # parts were merged or removed since (compact stores its own summaries)
-            continue
+        known = {n for n, _, _ in then}
+        fresh = [n for n, _, _ in now - then if not (n in merged and set(merged[n]) <= known)]
         out.exact |= i == 0 and then == now
         if path == full:
             out.full_rows = len(cached)
         left = missing[~missing["step"].isin(_done(con))]
-        # only new parts since: a cached step holds unless a new part reaches into its window
-        candidates = left[~_touched(con, [n for n, _, _ in now - then], left)]
+        candidates = left[~_touched(con, fresh, left)]  # and each step's fingerprint, below
         if candidates.empty:
             continue
         before = _done(con)
@@ -357,32 +364,17 @@ def _copy_matching(con, source: str, candidates: pd.DataFrame, windows_too: bool
 
 
 def _batches(missing: pd.DataFrame):
-    """Consecutive steps cut into groups of spans: at least 4 groups (two threads stay busy) of
-    BATCH_SPANS[0] to BATCH_SPANS[1] spans (bigger ones re-read fewer Parquet row groups)."""
+    """Consecutive steps cut into groups of rows to load: at least 4 groups (two threads stay busy)
+    of BATCH_SPANS[0] to BATCH_SPANS[1] rows (bigger ones re-read fewer Parquet row groups)."""
     missing = missing.sort_values("step")
     low, high = BATCH_SPANS
-    size = min(high, max(low, int(missing["count"].sum()) // 4))
+    rows_ = missing["loaded"] if "loaded" in missing else missing["count"]
+    size = min(high, max(low, int(rows_.sum()) // 4))
     start, total = 0, 0
-    for i, n in enumerate(missing["count"].to_numpy()):
+    for i, n in enumerate(rows_.to_numpy()):
         if i > start and total + n > size:
             yield missing.iloc[start:i]
             start, total = i, 0
         total += n
     if start < len(missing):
         yield missing.iloc[start:]
-
-
-def _load(con, batch: pd.DataFrame) -> _compute.Spans:
-    """Finished spans overlapping the batch's steps in time (other steps' spans keep processes busy)."""
-    lo, hi = int(batch["start_ns"].min()), int(batch["end_ns"].max())
-    table = con.sql(
-        f"""SELECT span_id, parent_span_id, coalesce(phase, name, '') AS phase, name, step, process_id,
-                   thread_id, start_ns, end_ns,
-                   CASE WHEN phase = 'wait' THEN attr(attributes, '{_names.WAITING_FOR}') END AS waiting_for,
-                   CASE WHEN phase = 'weight_sync'
-                        THEN TRY_CAST(attr(attributes, '{_names.SYNC_BYTES}') AS DOUBLE) END AS sync_bytes,
-                   CASE WHEN phase = 'weight_sync' THEN attr(attributes, '{_names.SYNC_METHOD}') END AS sync_method
-            FROM spans WHERE NOT is_open AND end_ns >= $lo AND start_ns <= $hi""",
-        params={"lo": lo, "hi": hi},
-    ).to_arrow_table()
-    return _compute.Spans.from_arrow(table)

@@ -22,7 +22,7 @@ MAX_DEPTH = 6  # levels below weight_sync searched for its children
 BELOW_SYNCS = f"""below(sync_id, span_id, depth) AS (
                 SELECT span_id, span_id, 0 FROM syncs
                 UNION ALL
-                SELECT b.sync_id, s.span_id, b.depth + 1 FROM below b JOIN spans s ON s.parent_span_id = b.span_id
+                SELECT b.sync_id, s.span_id, b.depth + 1 FROM below b JOIN _spans s ON s.parent_span_id = b.span_id
                 WHERE b.depth < {MAX_DEPTH})"""
 
 
@@ -43,16 +43,16 @@ def sync_children(con, steps: Steps = None) -> pd.DataFrame:
                                      "processes"])
     return con.execute(
         f"""WITH RECURSIVE syncs AS (
-                SELECT span_id, step, start_ns, duration_s FROM spans
+                SELECT span_id, step, start_ns, duration_s FROM _spans
                 WHERE coalesce(phase, name) = 'weight_sync' AND NOT is_open AND {where}),
             {BELOW_SYNCS},
             kids AS (
                 SELECT b.sync_id, s.process_id, coalesce(s.phase, s.name) AS child, sum(s.duration_s) AS seconds,
                        max(TRY_CAST(attr(s.attributes, 'rl.bytes') AS BIGINT)) AS bytes
-                FROM below b JOIN spans s ON s.span_id = b.span_id
+                FROM below b JOIN _spans s ON s.span_id = b.span_id
                 WHERE b.depth > 0 AND NOT s.is_open AND coalesce(s.phase, s.name) IN ({marks})
                 GROUP BY ALL)
-            SELECT k.sync_id AS sync_span_id, y.step, y.start_ns, y.duration_s AS sync_s, k.child,
+            SELECT span_hex(k.sync_id) AS sync_span_id, y.step, y.start_ns, y.duration_s AS sync_s, k.child,
                    max(k.seconds) AS seconds, max(k.bytes) AS bytes, count(*) AS processes
             FROM kids k JOIN syncs y ON y.span_id = k.sync_id
             GROUP BY ALL ORDER BY y.start_ns, k.child""",

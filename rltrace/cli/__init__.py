@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             code = args.func(args) or 0
         except Exception as exc:
-            if _vanished(exc):  # a compaction removed parts after this command listed them
+            if _vanished(exc):  # a part merged or compacted away after this command listed it
                 code = _once_more(args)
             elif _damaged_parts(args, exc):  # a part whose footer reads but whose data pages do not
                 code = args.func(args) or 0  # --skip-corrupt: once more, without the damaged parts
@@ -96,10 +96,13 @@ def _quiet_stdout() -> None:
 
 
 def _vanished(exc: Exception) -> bool:
-    """DuckDB could not find a part it was given: the run changed while the command read it."""
+    """Whether a query failed because a part it listed is gone: its writer merged it into a larger
+    part (deleted after `RLTRACE_MERGE_GRACE`), or a compaction replaced it, while this command ran."""
     import duckdb
 
-    return isinstance(exc, duckdb.IOException) and any(s in str(exc) for s in ("No files found", "No such file"))
+    text = str(exc)
+    return isinstance(exc, (duckdb.IOException, FileNotFoundError)) and (
+        "No files found" in text or "No such file" in text)
 
 
 def _once_more(args: argparse.Namespace) -> int:
@@ -110,9 +113,9 @@ def _once_more(args: argparse.Namespace) -> int:
         if not _vanished(exc):
             raise
         raise RltraceError(
-            "the run's parts changed twice while this command read them (a compaction with a short --grace "
-            "removed the ones it had listed): run it again, and give `rltrace compact` a longer --grace "
-            "(the default, 5 s, covers most reads)"
+            "the run's parts changed twice while this command read them (a compaction with a short --grace, "
+            "or writers with a short RLTRACE_MERGE_GRACE, removed the ones it had listed): run it again, and "
+            "give `rltrace compact` a longer --grace (the default, 5 s, covers most reads)"
         ) from None
 
 

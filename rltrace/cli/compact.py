@@ -13,7 +13,7 @@ from rltrace.analysis import summary
 from rltrace.cli import _options
 from rltrace.cli._progress import analysing
 from rltrace.store.compact import GRACE_S, TARGET_ROWS, writing_into
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,17 +45,23 @@ def main(args: argparse.Namespace) -> int:
     for r in results:
         console.print(f"{r.table}: {r.parts_before} parts -> {r.parts_after} ({r.rows} rows)")
     with analysing(console, "precomputing per-step summaries…"):
-        with writing_into(Path(args.run_dir)):
+        with writing_into(args.run_dir):
             rows = write_summaries(args.run_dir, skip_corrupt=args.skip_corrupt)
     console.print(f"step_summary: {rows} rows (reports reuse them while the steps are unchanged)")
     return 0
 
 
 def write_summaries(run_dir, *, skip_corrupt: bool = False) -> int:
-    """Store every step's summary (docs/analysis.md) so reports over large runs stay fast."""
-    con = store.open(run_dir, skip_corrupt=skip_corrupt)
+    """Store every step's summary (docs/analysis.md) so reports over large runs stay fast (an
+    `s3://` run's: written in the local copy the connection read, then uploaded)."""
+    from rltrace.store import objstore
+
+    snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
+    con = store.connect(snap)
     table = analysis.summary_table(con)
-    folder = Path(run_dir) / _names.STEP_SUMMARY.folder
+    folder = Path(snap.run_dir) / _names.STEP_SUMMARY.folder
     digest = summary.parts_digest(con)  # the span parts this summary was computed from
-    write_part(folder, "step_summary.parquet", table, _names.STEP_SUMMARY, {_names.META_SUMMARY_OF: digest.encode()})
+    path = write_part(folder, "step_summary.parquet", table, _names.STEP_SUMMARY, {_names.META_SUMMARY_OF: digest.encode()})
+    if objstore.is_uri(run_dir):
+        objstore.upload(run_dir, snap.run_dir, path)
     return table.num_rows

@@ -34,7 +34,9 @@ from rltrace import _names
 from rltrace.collect import decode
 from rltrace.collect.server import TRACES_PATH, Full, listen
 from rltrace.store import layout, objstore, rows
-from rltrace.store.writer import BackgroundWriter, ProcessInfo, safe_name, write_part
+from rltrace._names import safe_name
+from rltrace.store.parts import write_part
+from rltrace.store.writer import BackgroundWriter, ProcessInfo
 
 logger = logging.getLogger("rltrace")
 

@@ -233,7 +233,7 @@ class SpanWriter:
 
     def write(self) -> None:
         from rltrace.store import rows as store_rows
-        from rltrace.store.writer import write_part
+        from rltrace.store.parts import write_part
 
         with self.lock:
             rows, self.rows, self.queued = self.rows, [], False

@@ -1,8 +1,9 @@
-"""`ParquetSpanExporter`: turns a batch of spans into one Parquet part of the run's `spans` table.
+"""`ParquetSpanExporter`: turns a batch of finished spans into one Parquet part of the run's
+`spans` table, and keeps `open_spans/<process>.parquet` in step with the process's live spans.
 
-It also keeps the process's open spans: an open record (the live span, sent at its start by
-`OpenSpanProcessor`) is remembered until the span ends. When the set
-on disk differs from the set in memory, `open_spans/<process>.parquet` is rewritten. So after
+The live spans come from `rltrace.otel.live.LiveSpans` (nothing is queued at a span's start).
+Whenever the set of open spans differs from the set on disk (checked after every export, on
+every `flush` and on the writer thread's tick), the open-spans file is rewritten. So after
 `kill -9` the store shows what was running, and a clean exit leaves only spans that never ended.
 """
 
@@ -11,33 +12,37 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
-from opentelemetry.sdk.trace import ReadableSpan, Span
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from rltrace import _names
+from rltrace.otel.live import LiveSpans
 from rltrace.store import rows
-from rltrace.store.writer import PartNamer, ProcessInfo, after_fork_in_child, write_part
+from rltrace.store.parts import write_part
+from rltrace.store.writer import PartNamer, ProcessInfo, after_fork_in_child
 
 logger = logging.getLogger("rltrace")
 
 
 class ParquetSpanExporter(SpanExporter):
-    def __init__(self, run_dir: Path, process: ProcessInfo, service_name: str, drops: rows.Drops | None = None):
+    def __init__(self, run_dir: Path, process: ProcessInfo, service_name: str, drops: rows.Drops | None = None,
+                 live: LiveSpans | None = None, on_part: Callable[[Path, int], None] | None = None):
         self.drops = drops if drops is not None else rows.Drops()
         self._spans_dir = Path(run_dir) / _names.SPANS.folder
         self._open_dir = Path(run_dir) / _names.OPEN_SPANS.folder
         self._process = process
         self._service_name = service_name
         self._namer = PartNamer(process)
+        self.live = live  # the process's open spans (set once the pipeline that feeds it exists)
+        self._on_part = on_part  # told of every part written (the process's own merger)
         self._reset()
         after_fork_in_child(self._after_fork)
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._open: dict[int, ReadableSpan] = {}
-        self._open_on_disk: set[int] = set()
+        self._open_on_disk: frozenset[int] = frozenset()
         self.spans_written = 0
         self.write_failures = 0  # spans lost because a part could not be written
 
@@ -47,23 +52,14 @@ class ParquetSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         with self._lock:
-            finished = []
-            for span in spans:
-                span_id = span.context.span_id
-                if isinstance(span, Span):  # the live span, sent at its start
-                    if span.end_time is None:
-                        self._open[span_id] = span
-                else:
-                    self._open.pop(span_id, None)
-                    finished.append(span)
-            for span_id in [i for i, span in self._open.items() if span.end_time is not None]:
-                del self._open[span_id]  # ended: its finished record came, comes later, or was dropped
-            ok = True
-            if finished:
-                ok = self._write_finished(finished)
-            if self._open.keys() != self._open_on_disk:
-                ok = self._write_open() and ok
+            ok = self._write_finished(list(spans)) if spans else True
+            ok = self._sync_open() and ok
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def sync_open(self) -> bool:
+        """Rewrite the open-spans file if the live spans differ from it (the writer thread's tick)."""
+        with self._lock:
+            return self._sync_open()
 
     def _write_finished(self, finished: list[ReadableSpan]) -> bool:
         """One part of finished spans; a span that cannot be stored is dropped alone, with its reason."""
@@ -73,7 +69,7 @@ class ParquetSpanExporter(SpanExporter):
         if table is None:
             return False
         try:
-            write_part(self._spans_dir, self._namer.next(), table, _names.SPANS)
+            path = write_part(self._spans_dir, self._namer.next(), table, _names.SPANS)
         except Exception as exc:
             reason = f"part could not be written ({type(exc).__name__}: {rows.text(str(exc))[:160]})"
             self.write_failures += kept
@@ -81,11 +77,18 @@ class ParquetSpanExporter(SpanExporter):
             logger.warning("rltrace: lost %d spans: %s", kept, reason)
             return False
         self.spans_written += kept
+        if self._on_part is not None:
+            self._on_part(path, kept)
         return kept == len(finished)
 
-    def _write_open(self) -> bool:
+    def _sync_open(self) -> bool:
+        if self.live is None:
+            return True
+        spans = self.live.snapshot()
+        ids = frozenset(s.context.span_id for s in spans)
+        if ids == self._open_on_disk:
+            return True
         try:
-            spans = list(self._open.values())
             table = rows.spans_table(spans, self._process, self._service_name, still_open=True, drops=rows.Drops())
             if table is None:
                 table = _names.SPANS_SCHEMA.empty_table()
@@ -93,13 +96,17 @@ class ParquetSpanExporter(SpanExporter):
         except Exception as exc:
             logger.warning("rltrace: could not record open spans: %s", exc)
             return False
-        self._open_on_disk = set(self._open)
+        self._open_on_disk = ids
         return True
 
     def shutdown(self) -> None:
+        self.sync_open()
+
+    def forget_open(self) -> None:
+        """At a clean exit with no span left open: remove the (empty) open-spans file."""
         with self._lock:
-            if self._open.keys() != self._open_on_disk:
-                self._write_open()
+            if not self._open_on_disk:
+                (self._open_dir / f"{self._process.process_id}.parquet").unlink(missing_ok=True)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+        return self.sync_open()

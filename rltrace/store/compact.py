@@ -1,16 +1,22 @@
 """`compact`: merge many small parts into few large ones, sorted by step, while writers run.
 
-Why: every flush of every process writes a part, and thousands of small files make every query
-slow. Merged parts are sorted by (step, time) with 128k-row groups, so a one-step query reads
-only the row groups of that step.
+Why: writers merge their own parts (`rltrace.store.merge`), but a process killed (`kill -9`), a
+writer of an older version, an importer or a run written with `RLTRACE_MERGE_PARTS=0` leaves
+small parts, and thousands of small files make every query slow. Merged parts are sorted by
+(step, time) with 128k-row groups, so a one-step query reads only the row groups of that step.
 
 How it stays exact with no coordination: parts are immutable and writers only add new names.
 Each merged part lists, in its footer, the names of the parts it replaces; it becomes visible by
 `os.replace` only after its row count is checked, and readers ignore any part that a visible
 merged part replaces. A crash at any point leaves either the inputs or the merged part in force,
 never both and never neither. The inputs are deleted `grace_s` seconds later, so a reader that
-listed them just before the merge can still finish its queries. Only one compaction runs at a
-time per run (a lock file); writers never take it.
+listed them just before the merge can still finish its queries. The parts of a writer that is
+still running are its own to merge (it holds a lock file); compact leaves them alone. Only one
+compaction runs at a time per run (a lock file).
+
+An `s3://` run is compacted in the reader's local copy: merged parts are uploaded, then the
+parts they replace are deleted from the bucket after the grace. A writer there counts as running
+while its process row has no end and a heartbeat less than `LIVE_S` old.
 """
 
 from __future__ import annotations
@@ -20,22 +26,21 @@ import errno
 import fcntl
 import json
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import duckdb
-import pyarrow.parquet as pq
-
 from rltrace import _names
+from rltrace.store import merge as merging
 from rltrace.store.layout import StoreError, read_manifest
-from rltrace.store.views import Part, scan, sql_paths
+from rltrace.store.merge import TARGET_ROWS
+from rltrace.store.views import Part, scan
 
-ROW_GROUP_ROWS = 131_072
-TARGET_ROWS = 2_000_000  # rows per merged part
 GRACE_S = 5.0  # seconds a replaced part stays on disk for readers that listed it
+LIVE_S = 60.0  # s3:// runs: a writer whose heartbeat is younger than this (and never ended) is running
 _STALE_TMP_S = 3600  # temp files older than this were left by killed writers
 
 
@@ -47,9 +52,11 @@ class CompactResult:
     rows: int
 
 
-def _groups(parts: list[Part], target_rows: int) -> list[list[Part]]:
-    """Small parts in write order, cut into groups of about `target_rows` rows."""
-    small = sorted((p for p in parts if p.rows < target_rows // 2), key=lambda p: (p.path.stat().st_mtime, p.path.name))
+def _groups(parts: list[Part], target_rows: int, version: int) -> list[list[Part]]:
+    """Small parts in write order, cut into groups of about `target_rows` rows; a part of an older
+    schema version is rewritten even when it is large or alone (converted once, not on every read)."""
+    small = sorted((p for p in parts if p.rows < target_rows // 2 or p.version < version),
+                   key=lambda p: (p.path.stat().st_mtime, p.path.name))
     groups, current, rows = [], [], 0
     for part in small:
         if current and rows + part.rows > target_rows:
@@ -59,40 +66,7 @@ def _groups(parts: list[Part], target_rows: int) -> list[list[Part]]:
         rows += part.rows
     if current:
         groups.append(current)
-    return [g for g in groups if len(g) > 1]
-
-
-def _merge(folder: Path, table: _names.Table, group: list[Part], order: tuple[str, ...]) -> None:
-    """Write the group as one sorted part that replaces it; the inputs are left for the caller."""
-    names = json.dumps([p.path.name for p in group])
-    out = folder / f"c-{uuid.uuid4().hex[:12]}.parquet"
-    tmp = folder / f".{out.name}.tmp"
-    files = sql_paths([p.path for p in group])
-
-    def lit(text: str) -> str:
-        return "'" + text.replace("'", "''") + "'"
-
-    run_id = read_manifest(folder.parent)["run_id"]
-    kv = (
-        f"{{{lit(_names.META_TABLE.decode())}: {lit(table.name)}, "
-        f"{lit(_names.META_RUN_ID.decode())}: {lit(run_id)}, "
-        f"{lit(_names.META_VERSION.decode())}: {lit(str(table.version))}, "
-        f"{lit(_names.META_REPLACES.decode())}: {lit(names)}}}"
-    )
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute(
-            f"COPY (SELECT * FROM read_parquet({files}, union_by_name=true) ORDER BY {', '.join(order)}) "
-            f"TO {lit(str(tmp))} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {ROW_GROUP_ROWS}, KV_METADATA {kv})"
-        )
-        expected = sum(p.rows for p in group)
-        written = pq.read_metadata(tmp).num_rows
-        if written != expected:
-            raise StoreError(f"compaction of {folder} wrote {written} rows for {expected}; the inputs were kept")
-        os.replace(tmp, out)
-    finally:
-        con.close()
-        tmp.unlink(missing_ok=True)
+    return [g for g in groups if len(g) > 1 or g[0].version < version]
 
 
 def compact(
@@ -113,7 +87,7 @@ def compact(
     from rltrace.store import objstore
 
     if objstore.is_uri(run_dir):
-        raise StoreError(f"{run_dir}: compact works on run directories on disk, not on object-store runs yet")
+        return _compact_uri(run_dir, target_rows=target_rows, grace_s=grace_s, progress=progress, skip_corrupt=skip_corrupt)
     run_dir = Path(run_dir)
     tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
     read_manifest(run_dir)  # a clear error for a path that is not a run, before taking the lock
@@ -122,7 +96,7 @@ def compact(
 
 
 @contextlib.contextmanager
-def writing_into(run_dir: Path):
+def writing_into(run_dir: str | Path):
     """A run that compaction cannot write into (permissions, a read-only mount) is one line saying what to do."""
     try:
         yield
@@ -143,29 +117,112 @@ def _compact(run_dir: Path, tables: dict, target_rows: int, grace_s: float, prog
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StoreError(f"another `rltrace compact` is running on {run_dir}; wait for it to finish") from None
-        snap = scan(run_dir, tables=tables, skip_corrupt=skip_corrupt)
-        for path in snap.replaced:  # a previous compaction stopped before deleting its inputs
-            path.unlink(missing_ok=True)
+        snap = scan(run_dir, tables={**tables, _names.SPAN_DIGEST.name: _names.SPAN_DIGEST}, skip_corrupt=skip_corrupt)
+        for path in snap.replaced:  # a previous compaction stopped before deleting its inputs (and their summaries)
+            merging.delete(path)
         now = time.time()
         for name in tables:
             for tmp in (run_dir / tables[name].folder).glob(".*.tmp"):
                 if now - tmp.stat().st_mtime > _STALE_TMP_S:
                     tmp.unlink(missing_ok=True)
-        results, superseded = [], []
-        for name, table in tables.items():
-            parts = snap.parts[name]
-            groups = _groups(parts, target_rows)
-            for i, group in enumerate(groups):
-                _merge(run_dir / table.folder, table, group, _names.COMPACTABLE[name])
-                superseded.extend(p.path for p in group)
-                if progress is not None:
-                    progress(name, i + 1, len(groups))
-            merged = sum(len(g) for g in groups)
-            results.append(
-                CompactResult(name, len(parts), len(parts) - merged + len(groups), sum(p.rows for p in parts))
-            )
+        live = {p for p in {merging.process_of(part.path.name) for parts in snap.parts.values() for part in parts}
+                if merging.writer_alive(run_dir, p)}
+        results, superseded, _ = merge_tables(run_dir, snap, tables, target_rows, progress, live)
         if superseded:
             time.sleep(grace_s)  # readers that listed the old parts just before the merge finish first
-        for path in superseded:
-            path.unlink(missing_ok=True)
+        for path in [*superseded, *snap.replaced]:
+            merging.delete(path)
+        _forget_dead_writers(run_dir, live)
         return results
+
+
+def merge_tables(run_dir: Path, snap, tables: dict, target_rows: int, progress, live: set[str]):
+    """Merge the small parts of `tables` in `snap` (parts of the running writers `live` excepted):
+    (a result per table, the parts replaced, the merged parts written)."""
+    results, superseded, written = [], [], []
+    summaries = merging.Summaries()  # one, so parents seen in one group are known in the next
+    for name, table in tables.items():
+        parts = snap.parts[name]
+        groups = _groups([p for p in parts if merging.process_of(p.path.name) not in live], target_rows, table.version)
+        folder = run_dir / table.folder
+        summarise = (lambda merged, out, inputs: summaries(merged, out, inputs, folder)) if table is _names.SPANS else None
+        for i, group in enumerate(groups):
+            written.append(merging.merge(folder, table, [p.path for p in group], f"c-{uuid.uuid4().hex[:12]}.parquet",
+                                         before_visible=summarise))
+            if summarise is not None and merging.summary_path(written[-1]).exists():
+                written.append(merging.summary_path(written[-1]))
+            superseded.extend(p.path for p in group)
+            if progress is not None:
+                progress(name, i + 1, len(groups))
+        merged = sum(len(g) for g in groups)
+        results.append(CompactResult(name, len(parts), len(parts) - merged + len(groups), sum(p.rows for p in parts)))
+    return results, superseded, written
+
+
+def _forget_dead_writers(run_dir: Path, live: set[str]) -> None:
+    """Lock files of writers that ended (killed ones leave theirs) once their parts are merged."""
+    folder = run_dir / merging.WRITERS
+    if not folder.is_dir():
+        return
+    for lock in folder.glob("*.lock"):
+        if lock.stem not in live and not merging.writer_alive(run_dir, lock.stem):
+            lock.unlink(missing_ok=True)
+
+
+_LOCK = ".compact.lock"
+_LOCK_STALE_S = 3600  # a compaction lock older than this was left by a compaction that died
+
+
+def _compact_uri(uri: str, *, target_rows: int, grace_s: float, progress=None, skip_corrupt: bool = False):
+    """`rltrace compact` on an `s3://` run: merged in the local copy, merged parts uploaded, the
+    parts they replace deleted from the bucket `grace_s` later. Writers still running (a process
+    row without an end, with a heartbeat younger than `compact.LIVE_S`) merge their own parts.
+    One compaction at a time per run is asked for with a lock object (an S3 bucket offers no real lock)."""
+    from pyarrow import fs
+
+    from rltrace.store import objstore
+    from rltrace.store.views import read_whole
+
+    base, s3 = objstore.split(uri), objstore.filesystem()
+    lock = f"{base}/{_LOCK}"
+    try:
+        info = s3.get_file_info(lock)
+        if info.type == fs.FileType.File and time.time_ns() - (info.mtime_ns or 0) < _LOCK_STALE_S * 1e9:
+            raise StoreError(f"another `rltrace compact` is running on {uri}; wait for it to finish "
+                             f"(or delete {_LOCK} in the run if it died)")
+        objstore.put(s3, lock, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode())
+    except OSError as exc:
+        raise objstore.unreachable(uri, exc) from None
+    try:
+        local = objstore.mirror(uri)
+        tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
+        snap = scan(local, tables={**tables, "processes": _names.PROCESSES, _names.SPAN_DIGEST.name: _names.SPAN_DIGEST},
+                    skip_corrupt=skip_corrupt)
+        now, live = time.time_ns(), set()
+        for part in snap.parts.get("processes", []):
+            try:
+                row = read_whole(part.path, columns=["process_id", "heartbeat_ns", "ended_ns"]).to_pylist()
+            except (OSError, ValueError):
+                continue
+            for r in row:
+                if r["ended_ns"] is None and (r["heartbeat_ns"] or 0) > now - LIVE_S * 1e9:
+                    live.add(r["process_id"])
+        results, superseded, written = merge_tables(local, snap, tables, target_rows, progress, live)
+        for path in written:
+            objstore.upload(uri, local, path)
+        if superseded:
+            time.sleep(grace_s)  # readers that listed the old parts just before the merge fetch them first
+        doomed = [*superseded, *snap.replaced]
+        doomed += [s for s in map(merging.summary_path, superseded) if s is not None and s.exists()]
+        for path in doomed:
+            try:
+                s3.delete_file(f"{base}/{Path(path).relative_to(local).as_posix()}")
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise objstore.unreachable(uri, exc) from None
+            Path(path).unlink(missing_ok=True)
+        return results
+    finally:
+        with contextlib.suppress(OSError):
+            s3.delete_file(lock)

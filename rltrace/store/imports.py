@@ -39,7 +39,9 @@ import pyarrow as pa
 from rltrace import _names
 from rltrace.store import rows
 from rltrace.store.layout import StoreError, create_or_join
-from rltrace.store.writer import ProcessInfo, safe_name, stage_part
+from rltrace._names import safe_name
+from rltrace.store.parts import stage_part
+from rltrace.store.writer import ProcessInfo
 
 IMPORTS_FOLDER = "imports"  # RUN_DIR/imports/: the ledger of finished imports
 #: the service of every importing process: how a report tells imported spans from traced ones

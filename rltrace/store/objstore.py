@@ -8,6 +8,11 @@ If the store is unreachable the files wait in the spool and are retried with bac
 over `RLTRACE_SPOOL_MAX_MB` drops its oldest parts, counted with their reason. A spool left by
 a process that died is uploaded by the next process of the same run on that host.
 
+The process merges its own parts as on disk (`rltrace.store.merge`): an uploaded flush part is
+kept in the spool (`.kept/`) until a merged part replaces it; once the merged part is up, the parts
+it replaces are deleted from the bucket after the merge grace (readers that listed them can still
+fetch them), and from the spool.
+
 Readers copy the run's objects into a local cache folder (only new or changed ones) and read
 that copy as a local run, so every view and check is the same as for a run on disk.
 Credentials and endpoint: the standard AWS variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, …).
@@ -15,6 +20,7 @@ Credentials and endpoint: the standard AWS variables (AWS_ENDPOINT_URL, AWS_ACCE
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,8 +37,8 @@ from urllib.parse import urlparse
 
 from rltrace import _names
 from rltrace._config import resolve
+from rltrace._names import safe_name
 from rltrace.store import layout, rows
-from rltrace.store.writer import safe_name
 
 logger = logging.getLogger("rltrace")
 
@@ -41,7 +47,18 @@ SCHEMES = ("s3://",)
 MUTABLE = frozenset((_names.OPEN_SPANS.folder, _names.PROCESSES.folder))
 _CANDIDATES = "_rltrace_new_run"  # manifests proposed by processes racing to create the run
 _OWNER = ".owner"
+_KEPT = ".kept"  # uploaded flush parts waiting for the merge that replaces them
+_KEPT_MAX_AGE_S = 900  # kept longer than this, a part is an orphan (of a forked child that died)
 _SETTLE_S = 1.0  # the uploader leaves a file this long after its last change
+
+
+def _mergeable(rel: str) -> bool:
+    """Whether a spooled file is a flush part its process merges later (kept after upload until then)."""
+    folder, _, name = rel.partition("/")
+    return folder in _MERGED_FOLDERS and _names.is_flush_part(name)
+
+
+_MERGED_FOLDERS = frozenset(_names.TABLES[t].folder for t in _names.COMPACTABLE)
 
 
 def is_uri(run_dir: Any) -> bool:
@@ -77,7 +94,7 @@ def filesystem(attempts: int = 3):
     return fs.S3FileSystem(**kwargs)
 
 
-def _put(s3, key: str, data: bytes) -> None:
+def put(s3, key: str, data: bytes) -> None:
     with s3.open_output_stream(key) as out:
         out.write(data)
 
@@ -100,7 +117,7 @@ def _parse_manifest(uri: str, data: bytes) -> dict:
     return manifest
 
 
-def _unreachable(uri: str, exc: Exception) -> layout.StoreError:
+def unreachable(uri: str, exc: Exception) -> layout.StoreError:
     why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return layout.StoreError(f"{uri}: object store not reachable or access refused ({why[:200]}); "
                              "check AWS_ENDPOINT_URL and the AWS credentials")
@@ -135,7 +152,7 @@ def create_or_join(uri: str, *, run_name: str | None, config: Any) -> dict:
             if missing is not None:
                 raise missing
             mine = layout.new_manifest(run_name or base.rsplit("/", 1)[-1], config)
-            _put(s3, f"{base}/{_CANDIDATES}/{mine['created_ns']:020d}-{mine['run_id']}.json",
+            put(s3, f"{base}/{_CANDIDATES}/{mine['created_ns']:020d}-{mine['run_id']}.json",
                  layout.manifest_text(mine).encode())
             time.sleep(0.5)  # let racing processes propose theirs
             data = _get(s3, key)
@@ -144,11 +161,11 @@ def create_or_join(uri: str, *, run_name: str | None, config: Any) -> dict:
 
                 names = sorted(i.path for i in s3.get_file_info(fs.FileSelector(f"{base}/{_CANDIDATES}")))
                 data = _get(s3, names[0]) or layout.manifest_text(mine).encode()
-                _put(s3, key, data)  # every racer writes the same winner
+                put(s3, key, data)  # every racer writes the same winner
     except layout.StoreError:
         raise
     except OSError as exc:
-        raise _unreachable(uri, exc) from None
+        raise unreachable(uri, exc) from None
     return _parse_manifest(uri, data)
 
 
@@ -203,6 +220,9 @@ class Spool:
         self._s3 = filesystem(attempts=1)
         self._sent: dict[str, tuple[int, int]] = {}  # key -> (mtime_ns, size) of mutable files uploaded
         self._lock = threading.Lock()
+        self.grace_s = 5.0  # replaced parts stay in the bucket this long after the merged part is up
+        self._retire_after: dict[str, list[str]] = {}  # merged part (rel) -> parts it replaces (rels)
+        self._retiring: list[tuple[float, list[str]]] = []  # (delete from the bucket after, rels)
         self._start()
 
     def _start(self) -> None:
@@ -224,6 +244,7 @@ class Spool:
     def after_fork(self) -> None:
         """In a forked child: a fresh uploader thread over the same spool folder."""
         self._lock = threading.Lock()
+        self._retire_after, self._retiring = {}, []
         self.spans_dropped = self.rows_dropped = self.failures = self.uploaded_bytes = 0  # the child's own counts
         self._own(add=os.getpid())
         self._start()
@@ -296,7 +317,7 @@ class Spool:
                     except FileNotFoundError:
                         continue
                     try:
-                        _put(self._s3, f"{self.base}/{rel}", data)
+                        put(self._s3, f"{self.base}/{rel}", data)
                     except OSError as exc:
                         self.failures += 1
                         if not self._failing:  # once per outage, not once per retry
@@ -310,11 +331,83 @@ class Spool:
                         logger.warning("rltrace: %s reachable again, uploading the spooled parts", self.uri)
                     if mutable and folder == self.dir:
                         self._sent[f"{folder}/{rel}"] = state
+                    elif folder == self.dir and _mergeable(rel):  # until the merge that replaces it
+                        kept = self.dir / _KEPT / rel
+                        kept.parent.mkdir(parents=True, exist_ok=True)
+                        with contextlib.suppress(FileNotFoundError):  # a forked process sharing the spool moved it
+                            os.replace(path, kept)
                     else:
                         path.unlink(missing_ok=True)
+                    replaced = self._retire_after.pop(rel, None)
+                    if replaced:
+                        self._retiring.append((time.monotonic() + self.grace_s, replaced))
                 if folder != self.dir:  # an orphan spool, fully uploaded
                     shutil.rmtree(folder, ignore_errors=True)
+            self._retire(time.monotonic())
             return ok
+
+    # --- merged parts ------------------------------------------------------------------------------
+    def source(self, folder: str, name: str) -> Path | None:
+        """Where a part of this spool is now (still waiting, or kept after upload), fetched from the
+        bucket if neither (a merged part, merged again); None if it cannot be had."""
+        rel = f"{folder}/{name}"
+        with self._lock:  # not while the uploader moves it
+            for path in (self.dir / rel, self.dir / _KEPT / rel):
+                if path.exists():
+                    return path
+        dest = self.dir / _KEPT / rel
+        try:
+            data = _get(self._s3, f"{self.base}/{rel}")
+        except OSError:
+            return None
+        if data is None:
+            return None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+        return dest
+
+    def replaced(self, folder: str, names: list[str], by: str) -> None:
+        """Parts of this spool that the merged part `by` replaces: those not uploaded yet never will
+        be (the merged part holds their rows); the others are deleted from the bucket `grace_s`
+        after `by` is up, and from the spool."""
+        with self._lock:
+            uploaded = []
+            for name in names:
+                rel = f"{folder}/{name}"
+                waiting = self.dir / rel
+                if waiting.exists():
+                    waiting.unlink(missing_ok=True)
+                else:
+                    uploaded.append(rel)
+            if not uploaded:
+                return
+            if (self.dir / folder / by).exists():
+                self._retire_after[f"{folder}/{by}"] = uploaded
+            else:  # the merged part is up already
+                self._retiring.append((time.monotonic() + self.grace_s, uploaded))
+
+    def _retire(self, now: float, everything: bool = False) -> None:
+        """Delete from the bucket (and the spool) the replaced parts whose grace is over."""
+        due = [r for r in self._retiring if everything or r[0] <= now]
+        self._retiring = [r for r in self._retiring if not (everything or r[0] <= now)]
+        for _, rels in due:
+            for rel in rels:
+                try:
+                    self._s3.delete_file(f"{self.base}/{rel}")
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:  # left in the bucket: readers ignore a replaced part; compact deletes it
+                    logger.debug("rltrace: could not delete the replaced part %s: %s", rel, exc)
+                (self.dir / _KEPT / rel).unlink(missing_ok=True)
+        kept = self.dir / _KEPT
+        if kept.is_dir():
+            old = time.time() - _KEPT_MAX_AGE_S
+            for path in kept.rglob("*.parquet"):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < old:
+                        path.unlink()
 
     def _trim(self, files: list[tuple[Path, str, os.stat_result]]) -> None:
         """Over the size limit: drop the oldest immutable parts, counted with their reason."""
@@ -373,6 +466,11 @@ class Spool:
             logger.warning("rltrace: %s still unreachable; %d parts kept in %s, uploaded by the next "
                            "process of this run on this host", self.uri, self.pending(), self.dir)
             return
+        with self._lock:  # the process is leaving: replaced parts wait out a short grace, not all of it
+            wait = max((t for t, _ in self._retiring), default=0.0) - time.monotonic()
+            if wait > 0:
+                time.sleep(min(wait, 1.0))
+            self._retire(time.monotonic(), everything=True)
         if not any(_alive(p) for p in self._own(remove=os.getpid())):  # a forked child may still write here
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -406,7 +504,7 @@ def mirror(uri: str, *, tables: tuple[str, ...] | None = None) -> Path:
     except layout.StoreError:
         raise
     except OSError as exc:
-        raise _unreachable(uri, exc) from None
+        raise unreachable(uri, exc) from None
     local.mkdir(parents=True, exist_ok=True)
     keep = set()
     todo = []
@@ -443,7 +541,7 @@ def mirror(uri: str, *, tables: tuple[str, ...] | None = None) -> Path:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(fetch, todo))
     except OSError as exc:
-        raise _unreachable(uri, exc) from None
+        raise unreachable(uri, exc) from None
     if tables is None:  # a full listing: drop local copies of objects gone from the store
         for dirpath, _, filenames in os.walk(local):
             for name in filenames:
@@ -451,3 +549,13 @@ def mirror(uri: str, *, tables: tuple[str, ...] | None = None) -> Path:
                 if path not in keep and not name.startswith("."):
                     path.unlink(missing_ok=True)
     return local
+
+
+# --- compaction --------------------------------------------------------------------------------
+def upload(uri: str, local_run: Path, path: Path) -> None:
+    """Put a file of the reader's local copy `local_run` of the run at `uri` into the bucket."""
+    rel = Path(path).relative_to(local_run).as_posix()
+    try:
+        put(filesystem(), f"{split(uri)}/{rel}", Path(path).read_bytes())
+    except OSError as exc:
+        raise unreachable(uri, exc) from None

@@ -15,10 +15,12 @@ import json
 import threading
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 from opentelemetry.trace import SpanKind, StatusCode
 
 from rltrace import _json, _names
+from rltrace.store import ids
 from rltrace.store.convert import (  # noqa: F401 - re-exported: producers need only this module
     INT64_MAX,
     INT64_MIN,
@@ -106,12 +108,12 @@ def process_table(
 # --- spans ----------------------------------------------------------------------------------------
 def span_row(
     *,
-    trace_id: str,
-    span_id: str,
+    trace_id: str | int | bytes,
+    span_id: str | int,
     name: str,
     start_ns: int,
     end_ns: int | None,
-    parent_span_id: str | None = None,
+    parent_span_id: str | int | None = None,
     phase: str | None = None,
     step: int | None = None,
     weight_version: int | None = None,
@@ -125,11 +127,12 @@ def span_row(
     links: list | None = None,
 ) -> dict[str, Any]:
     """One `spans` row (without process columns) from plain values: for producers that do not
-    hold OTel spans (hand-built runs, importers). Attributes, events and links become JSON."""
+    hold OTel spans (hand-built runs, importers). Ids may be integers, hex text or any text
+    (`rltrace.store.ids`); attributes, events and links become JSON."""
     return {
-        "trace_id": trace_id,
-        "span_id": span_id,
-        "parent_span_id": parent_span_id,
+        "trace_id": ids.trace_bytes(trace_id),
+        "span_id": ids.span_int(span_id),
+        "parent_span_id": ids.span_int(parent_span_id),
         "name": name,
         "phase": phase,
         "step": step,
@@ -163,11 +166,15 @@ def span_rows_table(rows: Sequence[Mapping[str, Any]], process, service_name: st
 def span_columns_table(columns: Mapping[str, Any], n: int, process, service_name: str) -> pa.Table:
     """`n` spans of one process given as whole columns (Arrow arrays or lists), for producers that
     build many at once (`rltrace import metrics`): columns not given are null, `status` and `kind`
-    default as in `span_row`. The caller makes `attributes` JSON as `dumps` writes it."""
+    default as in `span_row`, ids may be given as in `span_row`. The caller makes `attributes`
+    JSON as `dumps` writes it."""
     defaults = {"status": "UNSET", "kind": "INTERNAL"}
+    convert_ids = {"trace_id": ids.trace_column, "span_id": ids.span_ints, "parent_span_id": ids.span_ints}
     cols = {}
     for f in _names.SPANS_SCHEMA:
-        if f.name in columns:
+        if f.name in convert_ids and f.name in columns:
+            cols[f.name] = convert_ids[f.name](columns[f.name])
+        elif f.name in columns:
             cols[f.name] = columns[f.name]
         elif f.name in defaults:
             cols[f.name] = pa.repeat(pa.scalar(defaults[f.name], f.type), n)
@@ -190,16 +197,16 @@ def _as_int(value) -> int | None:
         return None
 
 
-def _event_json(span) -> str | None:
-    if not span.events:
+def _event_json(events) -> str | None:
+    if not events:
         return None
-    return dumps([{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events])
+    return dumps([{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in events])
 
 
-def _links_json(span) -> str | None:
-    if not span.links:
+def _links_json(links) -> str | None:
+    if not links:
         return None
-    return dumps([{"trace_id": f"{l.context.trace_id:032x}", "span_id": f"{l.context.span_id:016x}"} for l in span.links])
+    return dumps([{"trace_id": f"{l.context.trace_id:032x}", "span_id": f"{l.context.span_id:016x}"} for l in links])
 
 
 def _span_attributes(span) -> dict:
@@ -212,14 +219,36 @@ def _span_attributes(span) -> dict:
     return {}
 
 
+def _finished_attributes(span) -> dict:
+    """The attributes of a finished span, read in place: an SDK span keeps them in a dict that is
+    immutable once it has ended (its `attributes` property wraps it in a proxy whose iteration costs
+    microseconds a span); spans of other kinds (received over OTLP) hold a plain dict."""
+    inner = getattr(getattr(span, "_attributes", None), "_dict", None)
+    return inner if type(inner) is dict else _span_attributes(span)
+
+
+def _sequence(span, private: str, public: str):
+    """A span's events or links, empty ones without the copy its public property makes (SDK spans
+    keep a `BoundedList`, whose deque is looked at directly; copied in one step when not empty, as
+    a live span may add to it meanwhile); spans of other kinds hold a list."""
+    inner = getattr(span, private, None)
+    inner = getattr(inner, "_dq", inner)
+    if inner is None:
+        return getattr(span, public, None)
+    return tuple(inner) if inner else None
+
+
 _STATUS = {code: code.name for code in StatusCode}
 _KIND = {kind: kind.name for kind in SpanKind}
+_UNSET, _INTERNAL = StatusCode.UNSET, SpanKind.INTERNAL  # most spans: compared by identity (an enum hashes in Python)
+_PROMOTED = frozenset((_names.PHASE, _names.STEP, _names.WEIGHT_VERSION, _names.THREAD_ID, _names.THREAD_NAME))
+_JSON_CACHE: dict[tuple, str] = {}  # the JSON of attribute sets seen recently (most spans repeat a few)
+_JSON_CACHE_MAX = 4096
 
 
 def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: bool, local: bool = True) -> pa.Table:
-    trace_ids, span_ids, parents, names, phases, steps, versions = [], [], [], [], [], [], []
-    starts, ends, statuses, messages, kinds, thread_ids, thread_names = [], [], [], [], [], [], []
-    attributes, events, links = [], [], []
+    """The columns of `spans`, field by field: the export thread shares the interpreter lock with
+    the training loop, so this is a few list comprehensions and one pass over the attributes."""
     fast = json.JSONEncoder(separators=(",", ":"), default=str, allow_nan=False).encode  # ASCII: surrogates escaped
 
     def encode(value):
@@ -228,32 +257,46 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
         except ValueError:  # NaN/inf: null with the spelling kept beside it (strict JSON, rltrace._json)
             return fast(_json.strict(value, keep_text=True))
 
-    # this process's thread names, looked up here, off the hot path (a remote span's ids are not ours)
-    known_threads = {t.ident: t.name for t in threading.enumerate()} if local else {}
-    for span in spans:
-        ctx = span.context
-        attrs = _span_attributes(span)
-        trace_ids.append(f"{ctx.trace_id:032x}")
-        span_ids.append(f"{ctx.span_id:016x}")
-        parent = span.parent
-        parents.append(None if parent is None else f"{parent.span_id:016x}")
-        names.append(span.name)
-        phases.append(attrs.pop(_names.PHASE, None))
-        steps.append(_as_int(attrs.pop(_names.STEP, None)))
-        versions.append(_as_int(attrs.pop(_names.WEIGHT_VERSION, None)))
-        starts.append(span.start_time)
-        ends.append(None if still_open else span.end_time)
-        status = span.status
-        statuses.append(_STATUS[status.status_code])
-        messages.append(status.description)
-        kinds.append(_KIND[span.kind])
-        thread_id = _as_int(attrs.pop(_names.THREAD_ID, None))
-        thread_ids.append(thread_id)
-        thread_names.append(attrs.pop(_names.THREAD_NAME, None) or known_threads.get(thread_id))
-        attributes.append(encode(attrs) if attrs else "{}")
-        events.append(_event_json(span))
-        links.append(_links_json(span))
     n = len(spans)
+    read = _span_attributes if still_open else _finished_attributes
+    contexts = [s.context for s in spans]
+    parents = [s.parent for s in spans]
+    roots = np.fromiter((p is None for p in parents), bool, n)
+    statuses = [s.status for s in spans]
+    phases, steps, versions, thread_ids, thread_names, attributes = [], [], [], [], [], []
+    cache = _JSON_CACHE
+    for span in spans:
+        attrs = read(span)
+        get = attrs.get
+        phases.append(get(_names.PHASE))
+        step = get(_names.STEP)
+        steps.append(step if step is None or type(step) is int else _as_int(step))
+        version = get(_names.WEIGHT_VERSION)
+        versions.append(version if version is None or type(version) is int else _as_int(version))
+        thread = get(_names.THREAD_ID)
+        thread_ids.append(thread if thread is None or type(thread) is int else _as_int(thread))
+        thread_names.append(get(_names.THREAD_NAME))
+        rest = {k: v for k, v in attrs.items() if k not in _PROMOTED}
+        if not rest:
+            attributes.append("{}")
+            continue
+        try:
+            key = tuple(rest.items())
+            text_ = cache.get(key)
+        except TypeError:  # an unhashable value (a list from a plain dict): encode it every time
+            key, text_ = None, None
+        if text_ is None:
+            text_ = encode(rest)
+            if key is not None:
+                if len(cache) >= _JSON_CACHE_MAX:
+                    cache.clear()
+                cache[key] = text_
+        attributes.append(text_)
+    if not all(thread_names):  # this process's thread names, looked up here, off the hot path
+        known = {t.ident: t.name for t in threading.enumerate()} if local else {}  # a remote span's ids are not ours
+        thread_names = [name or known.get(tid) for name, tid in zip(thread_names, thread_ids)]
+    names = [s.name for s in spans]
+    messages = [st.description for st in statuses]
     if cleaned:  # the retry after a failed conversion: every text valid UTF-8, every name a string
         names, phases, messages, thread_names = (
             [None if v is None else text(v if isinstance(v, str) else str(v)) for v in column]
@@ -262,28 +305,40 @@ def _span_columns(spans, process, service_name: str, still_open: bool, cleaned: 
         service_name = text(str(service_name))
     return pa.table(
         {
-            "trace_id": trace_ids,
-            "span_id": span_ids,
-            "parent_span_id": parents,
+            "trace_id": _trace_ids(contexts),
+            "span_id": pa.array(np.fromiter((c.span_id for c in contexts), np.uint64, n).view(np.int64)),
+            "parent_span_id": pa.array(np.fromiter((0 if p is None else p.span_id for p in parents), np.uint64, n)
+                                       .view(np.int64), mask=roots),
             "name": names,
             "phase": phases,
             "step": steps,
             "weight_version": versions,
-            "start_ns": starts,
-            "end_ns": ends,
-            "status": statuses,
+            "start_ns": [s.start_time for s in spans],
+            "end_ns": [None] * n if still_open else [s.end_time for s in spans],
+            "status": ["UNSET" if st.status_code is _UNSET else _STATUS[st.status_code] for st in statuses],
             "status_message": messages,
-            "kind": kinds,
+            "kind": ["INTERNAL" if s.kind is _INTERNAL else _KIND[s.kind] for s in spans],
             "thread_id": thread_ids,
             "thread_name": thread_names,
             **process_columns(process, n),
-            "service_name": [service_name] * n,
+            "service_name": pa.repeat(pa.scalar(service_name, pa.string()), n),
             "attributes": attributes,
-            "events": events,
-            "links": links,
+            "events": [_event_json(_sequence(s, "_events", "events")) for s in spans],
+            "links": [_links_json(_sequence(s, "_links", "links")) for s in spans],
         },
         schema=_names.SPANS_SCHEMA,
     )
+
+
+def _trace_ids(contexts) -> pa.Array:
+    """16 bytes per span; spans of one trace usually come together, so each trace id is converted once."""
+    out, last, last_bytes = [], None, None
+    for c in contexts:
+        t = c.trace_id
+        if t != last:
+            last, last_bytes = t, t.to_bytes(16, "big")
+        out.append(last_bytes)
+    return pa.array(out, ids.TRACE_TYPE)
 
 
 def _span_why(span, exc: Exception) -> tuple[str | None, str]:

@@ -46,6 +46,8 @@ class Part:
     size: int
     replaces: tuple[str, ...] = ()
     summary_of: str | None = None  # step_summary parts: digest of the span parts they were computed from
+    version: int = 1  # the schema version of its table that the part was written with
+    digest_of: tuple[str, int] | None = None  # span_digest parts: (name, rows) of the span part they summarise
 
 
 @dataclass
@@ -77,7 +79,13 @@ def _kind(typ: pa.DataType) -> str:
     return str(typ)
 
 
-def _check_types(path: Path, table: _names.Table, schema: pa.Schema) -> None:
+#: Columns whose type changed with a table's schema version: (table, column) -> the kind parts of
+#: older versions hold (span parts of version 1: ids as hex text; read converted, `rltrace.store.ids`).
+_OLDER = {("spans", "trace_id"): "text", ("spans", "span_id"): "text", ("spans", "parent_span_id"): "text",
+          ("open_spans", "trace_id"): "text", ("open_spans", "span_id"): "text", ("open_spans", "parent_span_id"): "text"}
+
+
+def _check_types(path: Path, table: _names.Table, schema: pa.Schema, version: int) -> None:
     """A documented column must hold its documented kind of value (ids: text or integers)."""
     if table.name not in _TYPED:
         return
@@ -88,6 +96,8 @@ def _check_types(path: Path, table: _names.Table, schema: pa.Schema) -> None:
         ok = {wanted, "null"}
         if field.name in _names.ID_COLUMNS and table.name == "samples":
             ok.add("int")  # parts written before ids were text
+        if version < table.version and (table.name, field.name) in _OLDER:
+            ok = {_OLDER[(table.name, field.name)], "null"}
         if found not in ok:
             raise CorruptPartError(
                 f"{path}: column {field.name!r} holds {field.type}, but {table.name}.{field.name} is {table.schema.field(field.name).type}"
@@ -129,7 +139,7 @@ def _check_part(path: Path, table: _names.Table, run_id: str | None = None) -> P
             f"{path}: belongs to run {owner.decode('utf-8', 'replace')}, not to this run ({run_id}); "
             "a part copied or linked in from another run"
         )
-    _check_types(path, table, schema)
+    _check_types(path, table, schema, version)
     replaces = ()
     if _names.META_REPLACES in kv:
         try:
@@ -140,8 +150,16 @@ def _check_part(path: Path, table: _names.Table, run_id: str | None = None) -> P
             raise CorruptPartError(f"{path}: unreadable {_names.META_REPLACES.decode()} footer key (not a JSON list of part names)")
         replaces = tuple(replaces)
     summary_of = kv.get(_names.META_SUMMARY_OF)
+    digest_of = None
+    if _names.META_DIGEST_OF in kv:
+        try:
+            name, rows = json.loads(kv[_names.META_DIGEST_OF])
+            digest_of = (str(name), int(rows))
+        except (ValueError, TypeError):
+            raise CorruptPartError(f"{path}: unreadable {_names.META_DIGEST_OF.decode()} footer key") from None
     return Part(path=path, rows=meta.num_rows, size=path.stat().st_size, replaces=replaces,
-                summary_of=summary_of.decode("utf-8", "replace") if summary_of else None)
+                summary_of=summary_of.decode("utf-8", "replace") if summary_of else None, version=version,
+                digest_of=digest_of)
 
 
 def spans_digest(snap: Snapshot) -> str:
@@ -170,6 +188,11 @@ def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _
             raise StoreError(f"{run_dir / table.folder}: parts keep disappearing while reading; retry")
         snap.parts[table.name] = parts
         snap.replaced.extend(replaced)
+    if _names.SPAN_DIGEST.name in snap.parts:  # a per-part summary is in force while its span part is
+        live = {(p.path.name, p.rows) for p in snap.parts.get("spans", [])}
+        digests = snap.parts[_names.SPAN_DIGEST.name]
+        snap.parts[_names.SPAN_DIGEST.name] = [d for d in digests if d.digest_of in live]
+        snap.replaced.extend(d.path for d in digests if d.digest_of not in live)
     return snap
 
 
@@ -340,6 +363,24 @@ def skipping_damaged(run_dir: str | Path, skip_corrupt: bool, read: Callable[[],
     return (reread or read)()  # its scan names each part it skips
 
 
+#: How rows of an older version's parts read as the current version (SQL over the part's columns).
+_UPGRADE = {
+    ("spans", 1): "* REPLACE (trace_bytes(trace_id) AS trace_id, span_int(span_id) AS span_id, "
+                  "span_int(parent_span_id) AS parent_span_id)",
+}
+
+
+def parts_sql(table: _names.Table, parts: list[Part], options: str = "") -> str:
+    """SQL reading the rows of `parts` (any schema version, as the current one: an older part's
+    columns converted) with `read_parquet(..., union_by_name=true{options})`; '' when none."""
+    selects = []
+    for version in sorted({p.version for p in parts}, reverse=True):
+        files = _sql_list([p.path for p in parts if p.version == version])
+        upgrade = _UPGRADE.get((table.name, version), "*") if version < table.version else "*"
+        selects.append(f"SELECT {upgrade} FROM read_parquet({files}, union_by_name=true{options})")
+    return " UNION ALL BY NAME ".join(selects)
+
+
 def _source(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Part]) -> str:
     """SQL for all rows of a table: its parts, unioned with an empty table of the full schema so
     that every documented column exists even when no part has it yet."""
@@ -349,8 +390,7 @@ def _source(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Par
     con.unregister("_schema")
     if not parts:
         return f"SELECT * FROM {empty}"
-    files = _sql_list([p.path for p in parts])
-    return f"SELECT * FROM read_parquet({files}, union_by_name=true) UNION ALL BY NAME SELECT * FROM {empty}"
+    return f"{parts_sql(table, parts)} UNION ALL BY NAME SELECT * FROM {empty}"
 
 
 #: Tables whose parts their writers replace in place while the run goes on (a process's open spans,
@@ -368,7 +408,7 @@ def _read_now(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[P
     tables = []
     for part in parts:
         try:
-            tables.append(read_whole(part.path))
+            tables.append(upgrade(table, read_whole(part.path), part.version))
         except FileNotFoundError:
             continue  # removed since the scan: its writer finished (open spans all ended)
         except (OSError, pa.ArrowException) as exc:
@@ -387,23 +427,47 @@ def _read_now(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[P
     return f"SELECT * FROM {name}"
 
 
+def upgrade(table: _names.Table, rows: pa.Table, version: int) -> pa.Table:
+    """Rows of a part of an older schema version as the current version (span ids from hex text)."""
+    if version >= table.version or table.schema is not _names.SPANS_SCHEMA:
+        return rows
+    from rltrace.store import ids
+
+    for name, convert in (("trace_id", ids.trace_column), ("span_id", ids.span_ints), ("parent_span_id", ids.span_ints)):
+        if name in rows.column_names:
+            rows = rows.set_column(rows.column_names.index(name), name, convert(rows.column(name)))
+    return rows
+
+
 def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with a view per table of the snapshot."""
+    """An in-memory DuckDB connection with a view per table of the snapshot.
+
+    `spans` shows span and trace ids as hex text (as OTel tools print them, computed only for the
+    rows a query reads); `_spans` is the same rows with the ids as stored (int64 and 16 bytes),
+    for analyses that join or group on ids."""
+    from rltrace.store import ids
+
     con = duckdb.connect(":memory:")
     con.execute("SET parquet_metadata_cache = true")
     # DuckDB draws its own progress bar on stdout for long queries: it would land inside
     # `rltrace report --json` output and break the terminal report
     con.execute("SET enable_progress_bar = false")
     con.execute("""CREATE MACRO attr(attributes, key) AS json_extract_string(attributes, '$."' || key || '"')""")
+    for macro in ids.SQL_MACROS:
+        con.execute(macro)
     done = set()
     if "spans" in snap.parts:
         finished = _source(con, _names.SPANS, snap.parts["spans"])
         still_open = _read_now(con, _names.OPEN_SPANS, snap.parts.get("open_spans", []), snap)
         con.execute(
-            f"""CREATE VIEW spans AS
+            f"""CREATE VIEW _spans AS
             SELECT *, (end_ns - start_ns) / 1e9 AS duration_s, false AS is_open FROM ({finished})
             UNION ALL BY NAME
             SELECT *, CAST(NULL AS DOUBLE) AS duration_s, true AS is_open FROM ({still_open})"""
+        )
+        con.execute(
+            """CREATE VIEW spans AS SELECT * REPLACE (trace_hex(trace_id) AS trace_id, span_hex(span_id) AS span_id,
+                                                      span_hex(parent_span_id) AS parent_span_id) FROM _spans"""
         )
         at_exit = _names.UNFINISHED_AT_EXIT.replace("'", "''")
         con.execute(  # what `rltrace info` lists as open: never ended, or ended by rltrace as the process exited
@@ -428,13 +492,18 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
         "INSERT INTO _rltrace_meta VALUES ('spans_digest', ?), ('summary_of', ?), ('run_id', ?)",
         [spans_digest(snap), summary_of[0] if len(summary_of) == 1 else None, snap.manifest.get("run_id")],
     )
-    # the span parts read (what the per-step summary cache compares against, `analysis.summary`)
+    # the span parts read (what the per-step summary cache compares against, `analysis.summary`),
+    # and each one's per-part summary in force, if any (`rltrace.store.digest`)
     parts = snap.parts.get("spans", [])
+    digest_of = {d.digest_of[0]: str(d.path) for d in snap.parts.get(_names.SPAN_DIGEST.name, [])}
     con.register("_parts", pa.table({
         "name": pa.array([p.path.name for p in parts], pa.string()),
         "rows": pa.array([p.rows for p in parts], pa.int64()),
         "size": pa.array([p.size for p in parts], pa.int64()),
         "path": pa.array([str(p.path) for p in parts], pa.string()),
+        "version": pa.array([p.version for p in parts], pa.int64()),
+        "digest": pa.array([digest_of.get(p.path.name) for p in parts], pa.string()),
+        "replaces": pa.array([list(p.replaces) for p in parts], pa.list_(pa.string())),
     }))
     con.execute("CREATE TABLE _rltrace_span_parts AS SELECT * FROM _parts")
     con.unregister("_parts")

@@ -11,7 +11,6 @@ import collections
 import itertools
 import logging
 import os
-import re
 import socket
 import threading
 import uuid
@@ -21,24 +20,13 @@ from pathlib import Path
 from typing import Callable, Iterator, Union
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from rltrace import _names
-from rltrace.store import layout, rows
+from rltrace._names import safe_name
+from rltrace.store import rows
+from rltrace.store.merge import Merger
 
 logger = logging.getLogger("rltrace")
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-def safe_name(text: str) -> str:
-    """A file-name piece from any text: letters, digits, `_.-` only (no glob characters, no
-    separators) and never a leading dot, so readers cannot mistake the part for a hidden file."""
-    name = _UNSAFE.sub("_", str(text))[:48] or "_"
-    return "_" + name[1:] if name.startswith(".") else name
-
-
-_safe = safe_name
 
 
 @dataclass
@@ -62,60 +50,11 @@ class ProcessInfo:
         """New pid and process id, e.g. in the child after `fork`."""
         self.pid = os.getpid()
         rank = "" if self.rank is None else str(self.rank)
-        self.process_id = f"{_safe(self.role)}{rank}-{_safe(self.host)}-{self.pid}-{uuid.uuid4().hex[:6]}"
+        self.process_id = f"{safe_name(self.role)}{rank}-{safe_name(self.host)}-{self.pid}-{uuid.uuid4().hex[:6]}"
 
     def columns(self, n: int) -> dict[str, pa.Array]:
         """The process columns for `n` rows (dictionary-encoded in Parquet, so nearly free)."""
         return rows.process_columns(self, n)
-
-
-def write_part(
-    folder: Path,
-    name: str,
-    table: pa.Table,
-    spec: _names.Table,
-    extra_metadata: dict | None = None,
-    write_options: dict | None = None,
-) -> Path:
-    """Write `table` as `folder/name` atomically, tagged with the table's name and schema version.
-
-    `write_options` go to `pyarrow.parquet.write_table` (e.g. per-column compression); zstd by default.
-    """
-    tmp = stage_part(folder, name, table, spec, extra_metadata, write_options)
-    final = folder / name
-    try:
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return final
-
-
-def stage_part(
-    folder: Path,
-    name: str,
-    table: pa.Table,
-    spec: _names.Table,
-    extra_metadata: dict | None = None,
-    write_options: dict | None = None,
-) -> Path:
-    """Write `table` under a hidden temp name beside `folder/name` (readers skip it) and return
-    that path: `os.replace` it onto `folder/name` to make the part visible whole."""
-    folder.mkdir(parents=True, exist_ok=True)
-    metadata = dict(table.schema.metadata or {})
-    metadata[_names.META_TABLE] = spec.name.encode()
-    metadata[_names.META_VERSION] = str(spec.version).encode()
-    run_id = layout.run_id_of(folder.parent)
-    if run_id is not None:
-        metadata[_names.META_RUN_ID] = run_id.encode()
-    metadata.update(extra_metadata or {})
-    table = table.replace_schema_metadata(metadata)
-    tmp = folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        pq.write_table(table, tmp, **{"compression": "zstd", **(write_options or {})})
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
 
 
 class PartNamer:
@@ -149,7 +88,9 @@ class BackgroundWriter:
     """Buffers rows in memory and writes one part per table every `interval` seconds.
 
     Bounded: beyond `max_pending_rows` waiting rows, new rows are dropped and counted
-    (`rows_dropped`), never silently. `on_tick` runs after each write cycle (the heartbeat).
+    (`rows_dropped`), never silently. `on_tick` runs after each write cycle (the heartbeat); then
+    the process's `merger` (`rltrace.store.merge.Merger`, one is made when none is given) merges
+    the parts that are due, on this thread, and everything left when the writer closes.
     """
 
     def __init__(
@@ -161,8 +102,13 @@ class BackgroundWriter:
         max_pending_rows: int,
         on_tick: Callable[[], None] | None = None,
         drops: rows.Drops | None = None,
+        merger=None,
     ):
+        from rltrace._config import resolve
+
         self._run_dir = Path(run_dir)
+        self.merger = merger if merger is not None else Merger(
+            run_dir, process, enabled=resolve("merge_parts"), grace_s=resolve("merge_grace"))
         self._namer = PartNamer(process)
         self._interval = interval
         self._max_pending_rows = max_pending_rows
@@ -185,6 +131,7 @@ class BackgroundWriter:
 
     def _after_fork(self) -> None:
         # The parent's rows are the parent's to write; the child starts empty with its own thread.
+        self.merger.after_fork()
         self._namer.reset()
         self.rows_written = 0
         self.rows_dropped = 0
@@ -231,6 +178,7 @@ class BackgroundWriter:
         self._wake.set()
         self._thread.join(timeout=30)
         self._drain()
+        self.merger.close()
 
     def _loop(self) -> None:
         while not self._closed:
@@ -240,6 +188,10 @@ class BackgroundWriter:
                 self._drain()
             except Exception:  # never let the writer thread die: count and go on
                 logger.exception("rltrace: writing metrics/samples failed")
+            try:
+                self.merger.tick()
+            except Exception:
+                logger.exception("rltrace: merging this process's parts failed")
 
     def _drain(self) -> None:
         with self._write_lock:
@@ -281,14 +233,15 @@ class BackgroundWriter:
         """One part for all of a table's rows; if that fails, one part per call, so a batch
         that cannot be written costs only itself."""
         try:
-            write_part(self._run_dir / spec.folder, self._namer.next(), rows.concat(tables), spec)
-            self.rows_written += sum(t.num_rows for t in tables)
+            table = rows.concat(tables)
+            self.merger.wrote(spec, write_part(self._run_dir / spec.folder, self._namer.next(), table, spec), table.num_rows)
+            self.rows_written += table.num_rows
             return
         except Exception:  # noqa: BLE001 - retried call by call below
             pass
         for table in tables:
             try:
-                write_part(self._run_dir / spec.folder, self._namer.next(), table, spec)
+                self.merger.wrote(spec, write_part(self._run_dir / spec.folder, self._namer.next(), table, spec), table.num_rows)
                 self.rows_written += table.num_rows
             except Exception as exc:
                 reason = f"part could not be written ({type(exc).__name__}: {rows.text(str(exc))[:160]})"

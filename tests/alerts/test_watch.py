@@ -15,7 +15,7 @@ import pytest
 from rltrace.alerts import AlertRuleError, Delivery, Settings, Threshold, Watcher, evaluate
 from rltrace.cli import main as cli
 from rltrace import _names, store
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 from rltrace.testing import T0_NS, RunBuilder
 
 

@@ -48,15 +48,30 @@ from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
 
-VERSION = 7  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 8  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
 # 6: a container's own time with nothing running anywhere is its work, not idle; no waits from a step with no work
 # 7: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
+# 8: ties broken by what rows hold (phase, process names), so spans and per-part summaries give one answer
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
     "step kind seq process_id phase other other_process_id detail span_id start_ns end_ns seconds count total_ns version"
 ).split()
+
+
+def frame(table) -> pd.DataFrame:
+    """The spans a batch loaded (an Arrow table) as the frame this reference reads: span ids as hex
+    text, as they were when it was written (stored ids are integers, `rltrace.store.ids`)."""
+    import pyarrow as pa
+
+    from rltrace.store import ids
+
+    for name in ("span_id", "parent_span_id"):
+        if name in table.column_names and not pa.types.is_string(table.schema.field(name).type):
+            column = pa.array([ids.span_hex(v) for v in table.column(name).to_pylist()], pa.string())
+            table = table.set_column(table.column_names.index(name), name, column)
+    return table.to_pandas()
 
 
 def _rows(kind: str, **cols) -> pd.DataFrame:
@@ -75,9 +90,11 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
     sync_method.
     """
     spans = spans.reset_index(drop=True)
+    if "count" not in spans:  # rows of per-part summaries stand for `count` spans of `total_ns` summed; a span for itself
+        spans = spans.assign(count=1, total_ns=spans["end_ns"] - spans["start_ns"])
     phases = pd.factorize(spans["phase"])
     parent_row = pd.Series(np.arange(len(spans)), index=spans["span_id"])
-    parent_row = parent_row[~parent_row.index.duplicated()]
+    parent_row = parent_row[parent_row.index.notna() & ~parent_row.index.duplicated()]  # a union of a summary has no id
     prow = spans["parent_span_id"].map(parent_row).fillna(-1).astype(np.int64).to_numpy()
     phase = spans["phase"].to_numpy(object)
     has_parent = prow >= 0
@@ -148,7 +165,7 @@ def _union_seconds(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     groups = frame.groupby(keys, sort=True, dropna=False)
     codes = groups.ngroup().to_numpy()
     covered = iv.total(codes, frame["start_ns"].to_numpy(), frame["end_ns"].to_numpy(), groups.ngroups)
-    out = groups.agg(count=("span_id", "size"), total_ns=("duration_ns", "sum")).reset_index()
+    out = groups.agg(count=("count", "sum"), total_ns=("duration_ns", "sum")).reset_index()
     out["seconds"] = covered / 1e9
     return out
 
@@ -156,7 +173,7 @@ def _union_seconds(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 def _phase_rows(spans: pd.DataFrame) -> pd.DataFrame:
     if spans.empty:
         return pd.DataFrame()
-    spans = spans.assign(duration_ns=spans["end_ns"] - spans["start_ns"])
+    spans = spans.assign(duration_ns=spans["total_ns"])
     per_process = _union_seconds(spans, ["step", "process_id", "phase"])
     overall = _union_seconds(spans, ["step", "phase"]).assign(process_id=None)
     both = pd.concat([per_process, overall], ignore_index=True)
@@ -201,7 +218,9 @@ def _own_stage_time(spans: pd.DataFrame, phases: tuple, prow: np.ndarray):
     inner = np.flatnonzero(code >= 0)
     anc = up[inner]
     outer_l, inner_l = [], []
-    while len(inner):
+    for _ in range(len(code)):  # a chain is never longer, unless stored ids loop (a span its own parent)
+        if not len(inner):
+            break
         live = anc >= 0
         inner, anc = inner[live], anc[live]
         hit = (code[anc] >= 0) & (code[anc] != code[inner])
@@ -237,10 +256,12 @@ def _stage_rows(spans: pd.DataFrame, phases: tuple, own, in_batch: np.ndarray) -
     if len(tagged):
         groups = tagged.groupby(["step", "tag"], sort=True)
         covered = iv.total(groups.ngroup().to_numpy(), tagged["a"].to_numpy(), tagged["b"].to_numpy(), groups.ngroups)
-        dur = spans["end_ns"].to_numpy(np.int64) - spans["start_ns"].to_numpy(np.int64)
+        dur = spans["total_ns"].to_numpy(np.int64)
+        weight = spans["count"].to_numpy(np.int64)
         per_row = tagged.drop_duplicates(["step", "tag", "row"])
-        agg = per_row.assign(d=dur[per_row["row"].to_numpy()]).groupby(["step", "tag"], sort=True).agg(
-            count=("row", "size"), total_ns=("d", "sum")).reset_index()
+        rows_ = per_row["row"].to_numpy()
+        agg = per_row.assign(d=dur[rows_], w=weight[rows_]).groupby(["step", "tag"], sort=True).agg(
+            count=("w", "sum"), total_ns=("d", "sum")).reset_index()
         out.append(_rows("stage", step=agg["step"].to_numpy(), phase=np.array(_TAGS, object)[agg["tag"].to_numpy()],
                          seconds=covered / 1e9, count=agg["count"].to_numpy(), total_ns=agg["total_ns"].to_numpy()))
     out.append(_nested_rows(spans, phases, outer, inner, in_batch))
@@ -459,7 +480,7 @@ def _attribute(pieces: pd.DataFrame, spans: pd.DataFrame, prow, busy, own) -> pd
 def _who_ran(spans: pd.DataFrame, waits: pd.DataFrame) -> np.ndarray:
     """For each wait row, the other process where the awaited phase ran longest in that step, or the
     waiting process itself when the phase ran only there (on another thread)."""
-    ran = spans.assign(ns=spans["end_ns"] - spans["start_ns"]).groupby(["step", "phase", "process_id"])["ns"].sum()
+    ran = spans.assign(ns=spans["total_ns"]).groupby(["step", "phase", "process_id"])["ns"].sum()
     ran = ran.reset_index().sort_values("ns", ascending=False)
     best: dict[tuple, list[str]] = {}
     for step, ph, proc in zip(ran["step"], ran["phase"], ran["process_id"]):
@@ -488,7 +509,9 @@ def _path_rows(spans, prow, busy, in_batch, phases, nesting) -> pd.DataFrame:
     link_start = start.copy()
     np.maximum.at(link_start, outer, np.where(end[inner] <= end[outer], end[inner], start[outer]))
     with_parent = np.flatnonzero(prow >= 0)
-    order = np.lexsort((end[with_parent], prow[with_parent]))
+    # the child that ends last; on ties the one whose phase, then process, sorts last by name
+    names = lambda col: pd.Series(spans[col].to_numpy(object)[with_parent]).fillna("").astype(str).to_numpy()  # noqa: E731
+    order = np.lexsort((names("process_id"), names("phase"), end[with_parent], prow[with_parent]))
     kids = with_parent[order]
     is_last = np.ones(len(kids), bool)
     is_last[:-1] = prow[kids[1:]] != prow[kids[:-1]]

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 import rltrace
 from rltrace import _names, analysis, store
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 
 
 def test_uuid_and_integer_ids_from_two_processes_read_as_one_table(run_dir):

@@ -6,7 +6,7 @@ import pytest
 
 from rltrace import _names, analysis, store
 from rltrace.analysis import summary
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 from rltrace.testing import RunBuilder
 
 

@@ -95,9 +95,12 @@ def test_a_late_span_without_a_step_recomputes_the_cached_steps_it_overlaps(tmp_
     assert "reward" in set(waits[waits["step"] == 1]["waited_for"].dropna())
 
 
-def test_merged_parts_are_not_trusted_and_a_damaged_cache_is_ignored(tmp_path, monkeypatch, computed):
+def test_a_cache_holds_across_merges_of_its_parts_and_a_damaged_cache_is_ignored(tmp_path, monkeypatch, computed):
+    """Writers merge their parts all the while: a part merged from the parts a cache listed holds
+    the same spans, so the cache still holds; a part merged with parts the cache never saw may hold
+    new spans, and the steps it reaches are computed again."""
     monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
-    b, _, _ = _run(tmp_path)
+    b, trainer, _ = _run(tmp_path)
     want = _answer(b.run_dir)
     cache, _ = _files(tmp_path / "cache")
 
@@ -109,9 +112,18 @@ def test_merged_parts_are_not_trusted_and_a_damaged_cache_is_ignored(tmp_path, m
     before = cache.read_bytes()
     assert main(["compact", str(b.run_dir), "--grace", "0"]) == 0
     shutil.rmtree(b.run_dir / _names.STEP_SUMMARY.folder)
-    cache.write_bytes(before)  # a cache of the parts before they were merged: its listing no longer holds
+    cache.write_bytes(before)  # a cache of the parts before they were merged
     computed.clear()
-    assert _answer(b.run_dir) == want and computed == [4]
+    assert _answer(b.run_dir) == want and computed == []  # the merged part holds exactly what the cache saw
+
+    trainer.span("reward", 13.5, 14.5, step=1)  # a late span of step 1, then merged with the cached part
+    b.write()
+    assert main(["compact", str(b.run_dir), "--grace", "0"]) == 0
+    shutil.rmtree(b.run_dir / _names.STEP_SUMMARY.folder)
+    computed.clear()
+    assert _answer(b.run_dir) == _fresh(b.run_dir, tmp_path, monkeypatch)
+    assert 1 in {int(s) for s in summary.checks(store.open(b.run_dir)).query("count == 4")["step"]}
+    assert computed and sum(computed) <= 4  # the steps the merged part reaches, at most all of them
 
 
 def test_a_cache_that_cannot_be_written_never_fails_a_report(tmp_path, monkeypatch):

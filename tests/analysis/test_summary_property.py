@@ -130,9 +130,8 @@ def _table(specs: list[dict]) -> pa.Table:
         return spec["attrs"].get(key) if spec["phase"] == phase else None
 
     return pa.table({
-        "span_id": pa.array([f"{s['key'] + 1:016x}" for s in specs], pa.string()),
-        "parent_span_id": pa.array([None if s["parent"] is None else f"{s['parent'] + 1:016x}" for s in specs],
-                                   pa.string()),
+        "span_id": pa.array([s["key"] + 1 for s in specs], pa.int64()),
+        "parent_span_id": pa.array([None if s["parent"] is None else s["parent"] + 1 for s in specs], pa.int64()),
         "phase": pa.array([s["phase"] for s in specs], pa.string()),
         "name": pa.array([s["name"] for s in specs], pa.string()),
         "step": pa.array([s["step"] for s in specs], pa.int64()),

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 from rltrace import _names, analysis, report, store
 from rltrace.analysis import _compute
 from rltrace.cli import main
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 from rltrace.testing import RunBuilder
 
 

@@ -11,7 +11,7 @@ import rltrace
 import rltrace.replay
 from rltrace import _names
 from rltrace.cli import main
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 from rltrace.testing import RunBuilder
 
 CLEAR = "\x1b[2J"  # clears the screen

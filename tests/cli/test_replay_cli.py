@@ -149,7 +149,7 @@ def test_bad_parts_are_one_line_errors(capsys, run_dir, damage, message):
         import pyarrow.parquet as pq
 
         from rltrace import _names
-        from rltrace.store.writer import write_part
+        from rltrace.store.parts import write_part
 
         newer = _names.Table("batches", "batches", _names.BATCHES_SCHEMA, 99, ())
         write_part(part.parent, part.name, pq.read_table(part), newer)

@@ -39,7 +39,11 @@ def post(url, body: bytes, content_type: str = PB, encoding: str | None = None):
 
 
 def spans_of(run_dir) -> list[dict]:
-    cur = duckdb.connect().execute(f"SELECT * FROM read_parquet('{run_dir}/spans/*.parquet', union_by_name=true) ORDER BY start_ns")
+    """The stored span rows, ids as hex (parts store them as int64 and 16 bytes)."""
+    cur = duckdb.connect().execute(
+        f"""SELECT * REPLACE (lower(hex(trace_id)) AS trace_id, printf('%016x', span_id) AS span_id,
+                              printf('%016x', parent_span_id) AS parent_span_id)
+            FROM read_parquet('{run_dir}/spans/*.parquet', union_by_name=true) ORDER BY start_ns""")
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
 

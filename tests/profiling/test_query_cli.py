@@ -14,7 +14,7 @@ from rltrace import _names
 from rltrace import store
 from rltrace.cli import main
 from rltrace.profiling import UnsafePathError, artefact_path, dump_stacks, profiles_for_spans
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 
 from .conftest import PYSPY, wait_for_profiles
 

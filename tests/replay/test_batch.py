@@ -13,7 +13,7 @@ import rltrace.replay as replay
 from rltrace import _names
 from rltrace.replay.errors import ReplayError, TokenizerMismatchError
 from rltrace.store import StoreError
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 from tests.replay.tiny import CharTokenizer, make_run, same_bits
 
 

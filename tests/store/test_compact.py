@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pyarrow.parquet as pq
@@ -14,13 +15,18 @@ from rltrace.store import StoreError
 
 
 def record(run_dir, steps: int) -> None:
-    rltrace.init(run_dir, flush_interval=0.01)
-    for step in reversed(range(steps)):  # written out of step order: compaction sorts
-        with rltrace.phase("step", step=step):
-            pass
-        rltrace.log_metrics(step, loss=float(step))
-        rltrace.flush()  # one part per step
-    rltrace.shutdown()
+    """A writer that leaves its parts as written (as a process killed, or of an older version, does)."""
+    os.environ["RLTRACE_MERGE_PARTS"] = "0"
+    try:
+        rltrace.init(run_dir, flush_interval=0.01)
+        for step in reversed(range(steps)):  # written out of step order: compaction sorts
+            with rltrace.phase("step", step=step):
+                pass
+            rltrace.log_metrics(step, loss=float(step))
+            rltrace.flush()  # one part per step
+        rltrace.shutdown()
+    finally:
+        del os.environ["RLTRACE_MERGE_PARTS"]
 
 
 def test_compact_merges_and_sorts_by_step(run_dir, capsys):

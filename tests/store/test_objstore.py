@@ -206,8 +206,40 @@ def test_missing_run_and_unreachable_store_are_one_line_errors(s3_run, monkeypat
     with pytest.raises(store.StoreError, match="not reachable"):
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
         store.open(uri)
-    with pytest.raises(store.StoreError, match="object-store"):
+    with pytest.raises(store.StoreError, match="not reachable"):
         store.compact(uri)
+
+
+def test_writers_merge_their_parts_in_the_bucket_and_compact_merges_the_rest(s3_run, capsys):
+    """Writers merge their own parts (the replaced ones leave the bucket); `rltrace compact` merges
+    what writers that do not merge left (here: merging turned off), and readers see every row once."""
+    uri, env, _ = s3_run
+    merging = _writer(uri, env, 0, 60, 0.01)  # ~60 flush parts of 0.2 s: merged at exit at the latest
+    plain = _writer(uri, {**env, "RLTRACE_MERGE_PARTS": "0"}, 1, 30, 0.02)
+    for w in (merging, plain):
+        _, err = w.communicate(timeout=90)
+        assert w.returncode == 0, err
+    spans = _objects(uri, "spans")
+    mine = [n for n in spans if n.startswith("rollout0-")]
+    assert len(mine) == 1 and "-m" in mine[0]  # one merged part, its inputs gone from the bucket
+    assert sum(1 for n in spans if n.startswith("rollout1-")) > 3  # left as written
+    con = store.open(uri)
+    assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (270, 270)
+    assert main(["compact", uri, "--grace", "0"]) == 0
+    spans = _objects(uri, "spans")
+    assert not any(n.startswith("rollout1-") for n in spans) and sum(1 for n in spans if n.startswith("c-")) == 1
+    assert "summary" in {i.split("/")[0] for i in _all_objects(uri)}  # the stored summaries went up too
+    con = store.open(uri)
+    assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (270, 270)
+    assert con.execute("SELECT count(*) FROM metrics").fetchone() == (90,)
+
+
+def _all_objects(uri: str) -> list[str]:
+    from pyarrow import fs
+
+    base = objstore.split(uri)
+    infos = objstore.filesystem().get_file_info(fs.FileSelector(base, recursive=True))
+    return [i.path[len(base) + 1:] for i in infos if i.type == fs.FileType.File]
 
 
 def test_export_replay_and_dashboard_accept_the_uri(s3_run, capsys, tmp_path):
@@ -265,7 +297,7 @@ def test_a_full_spool_drops_the_oldest_parts_counted_and_uploads_the_rest(s3_run
 
     from rltrace import _names
     from rltrace.store import rows
-    from rltrace.store.writer import write_part
+    from rltrace.store.parts import write_part
 
     uri, _, _ = s3_run
     manifest = objstore.create_or_join(uri, run_name=None, config=None)

@@ -167,7 +167,7 @@ def test_open_spans_rewritten_while_a_reader_opens_the_run_are_read_whole(record
     import time
 
     from rltrace import _names
-    from rltrace.store.writer import write_part
+    from rltrace.store.parts import write_part
 
     spans = pq.read_table(first_part(recorded)).cast(_names.SPANS_SCHEMA)
     spans = pa.concat_tables([spans] * 4)

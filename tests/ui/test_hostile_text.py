@@ -10,7 +10,7 @@ from markdown_it import MarkdownIt
 
 from rltrace import _names
 from rltrace.analysis import _format as fmt
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 from rltrace.testing import RunBuilder
 
 from .conftest import no_exceptions

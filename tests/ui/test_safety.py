@@ -16,7 +16,7 @@ from rltrace import _names
 from rltrace.analysis import _format as fmt
 from rltrace.cli import build_parser
 from rltrace.cli import ui as ui_cli
-from rltrace.store.writer import write_part
+from rltrace.store.parts import write_part
 from rltrace.testing import RunBuilder
 from rltrace.ui import data, runs
 

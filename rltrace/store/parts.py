@@ -1,0 +1,82 @@
+"""One part file: a table of the store written whole, so a reader never sees half a file (a
+hidden temp name in the same folder, then `os.replace`), tagged with its table, schema version
+and run in the Parquet footer (what `rltrace.store.views` checks)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rltrace import _names
+from rltrace.store import layout
+
+
+def write_part(
+    folder: Path,
+    name: str,
+    table: pa.Table,
+    spec: _names.Table,
+    extra_metadata: dict | None = None,
+    write_options: dict | None = None,
+) -> Path:
+    """Write `table` as `folder/name` atomically, tagged with the table's name and schema version.
+
+    `write_options` go to `pyarrow.parquet.write_table` (e.g. per-column compression); zstd by default.
+    """
+    tmp = stage_part(folder, name, table, spec, extra_metadata, write_options)
+    final = folder / name
+    try:
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+def stage_part(
+    folder: Path,
+    name: str,
+    table: pa.Table,
+    spec: _names.Table,
+    extra_metadata: dict | None = None,
+    write_options: dict | None = None,
+) -> Path:
+    """Write `table` under a hidden temp name beside `folder/name` (readers skip it) and return
+    that path: `os.replace` it onto `folder/name` to make the part visible whole (an import makes
+    several parts visible together this way).
+
+    Parts of the tables with a fixed schema of plain types (`_LEAN`) get a smaller footer: no copy of
+    the Arrow schema (their types read back the same without it) and min/max statistics only for the
+    columns readers skip row groups by; a small part is mostly its footer.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    metadata = dict(table.schema.metadata or {})
+    metadata[_names.META_TABLE] = spec.name.encode()
+    metadata[_names.META_VERSION] = str(spec.version).encode()
+    run_id = layout.run_id_of(folder.parent)
+    if run_id is not None:
+        metadata[_names.META_RUN_ID] = run_id.encode()
+    metadata.update(extra_metadata or {})
+    table = table.replace_schema_metadata(metadata)
+    tmp = folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    options = {"compression": "zstd", **(write_options or {})}
+    try:
+        if spec.name in _LEAN:
+            row_group_size = options.pop("row_group_size", None)
+            with pq.ParquetWriter(tmp, table.schema, store_schema=False,
+                                  write_statistics=[c for c in _PRUNED_BY if c in table.column_names], **options) as out:
+                out.write_table(table, row_group_size=row_group_size)
+                out.add_key_value_metadata(metadata)  # the Arrow schema is left out, and its metadata with it
+        else:
+            pq.write_table(table, tmp, **options)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+_LEAN = frozenset(("spans", "open_spans", "processes", "span_digest"))
+_PRUNED_BY = ("step", "start_ns", "end_ns", "status")  # what readers filter parts and row groups by (status: spans that failed)

@@ -1,0 +1,157 @@
+"""Writers merge their own parts: in the background and at exit, without a reader ever seeing a
+row twice or missing one, and leaving `rltrace compact` only the parts of writers that are gone."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import subprocess
+import threading
+
+import pyarrow.parquet as pq
+import pytest
+
+import rltrace
+from rltrace import store
+from rltrace.store import merge
+
+from ..conftest import PYTHON, REPO, python_env
+
+
+def _parts(run_dir, folder="spans"):
+    return sorted(p.name for p in (run_dir / folder).glob("*.parquet"))
+
+
+def test_a_run_is_compact_once_its_writer_exits(run_dir):
+    rltrace.init(run_dir, flush_interval=0.01)
+    for step in range(40):
+        with rltrace.phase("step", step=step):
+            with rltrace.phase("train"):
+                pass
+        rltrace.log_metrics(step, loss=float(step))
+        rltrace.flush()  # a part per step and table
+    assert len(_parts(run_dir)) >= 20 or any("-m" in n for n in _parts(run_dir))
+    rltrace.shutdown()
+    spans, metrics = _parts(run_dir), _parts(run_dir, "metrics")
+    assert len(spans) == 1 and "-m" in spans[0] and len(metrics) == 1  # nothing replaced is left behind
+    steps = pq.read_table(run_dir / "spans" / spans[0], columns=["step"]).column("step").to_pylist()
+    assert steps == sorted(steps)  # merged parts are sorted by step
+    con = store.open(run_dir)
+    assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (80, 80)
+    assert con.execute("SELECT count(*) FROM metrics").fetchone() == (40,)
+    assert not list((run_dir / merge.WRITERS).glob("*.lock"))  # a clean exit leaves no lock file
+
+
+def test_readers_never_see_a_row_twice_or_miss_one_while_a_writer_merges(run_dir, monkeypatch):
+    monkeypatch.setattr(merge, "FLUSH_PARTS", 4)  # merge every few flushes, and the merged parts again
+    monkeypatch.setattr(merge, "TIER", 2)
+    monkeypatch.setenv("RLTRACE_MERGE_GRACE", "2")
+    run = rltrace.init(run_dir, flush_interval=0.02)
+    flushed, seen, errors = [0], [], []
+    done = threading.Event()
+
+    def reader():
+        while not done.is_set():
+            try:
+                before = flushed[0]
+                con = store.open(run_dir)
+                total, distinct = con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans WHERE NOT is_open").fetchone()
+                seen.append((before, total, distinct))
+            except Exception as exc:  # a torn view or a part gone too early would show here
+                errors.append(exc)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for step in range(150):
+            with rltrace.phase("step", step=step):
+                pass
+            rltrace.flush()
+            flushed[0] = step + 1
+    finally:
+        done.set()
+        t.join()
+    assert not errors, errors[:3]
+    assert run.merger.merges >= 10  # merged many times while the reader read
+    assert seen and all(total == distinct for _, total, distinct in seen)  # never a row twice
+    assert all(total >= before for before, total, _ in seen)  # never a flushed row missing
+    totals = [total for _, total, _ in seen]
+    assert totals == sorted(totals)
+    rltrace.shutdown()
+    assert store.open(run_dir).execute("SELECT count(*) FROM spans").fetchone() == (150,)
+
+
+def test_a_merge_that_fails_on_a_full_disk_loses_nothing(run_dir, monkeypatch):
+    real = merge.merge
+    full = [True]
+
+    def no_space(*args, **kwargs):
+        if full[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(merge, "merge", no_space)
+    monkeypatch.setattr(merge, "FLUSH_PARTS", 4)
+    run = rltrace.init(run_dir, flush_interval=0.01)
+    for step in range(20):
+        with rltrace.phase("step", step=step):
+            pass
+        rltrace.flush()
+    run.merger.tick()
+    assert run.merger.merges == 0 and len(_parts(run_dir)) == 20  # every part stays as written, readable
+    assert store.open(run_dir).execute("SELECT count(*) FROM spans").fetchone() == (20,)
+    full[0] = False  # space again: the merge at exit goes through
+    rltrace.shutdown()
+    assert len(_parts(run_dir)) == 1
+    assert store.open(run_dir).execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (20, 20)
+
+
+KILLED = """
+import sys, time, rltrace
+rltrace.init(sys.argv[1], role="rollout", flush_interval=0.01)
+for i in range(100):
+    with rltrace.phase("step", step=i):
+        pass
+    rltrace.flush()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_compact_merges_a_killed_writers_parts_and_leaves_a_live_writers_alone(run_dir):
+    proc = subprocess.Popen([PYTHON, "-c", KILLED, str(run_dir)], cwd=REPO, env=python_env(RLTRACE_MERGE_PARTS="0"),
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    killed = _parts(run_dir)
+    assert len(killed) == 100
+    live = rltrace.init(run_dir, role="trainer", flush_interval=0.01)  # this process: a writer still running
+    for i in range(5):
+        with rltrace.phase("train", step=i):
+            pass
+        rltrace.flush()
+    mine = [n for n in _parts(run_dir) if n.startswith(live.process.process_id)]
+    assert len(mine) == 5
+    assert merge.writer_alive(run_dir, live.process.process_id)
+    store.compact(run_dir, grace_s=0)
+    after = _parts(run_dir)
+    assert set(mine) <= set(after)  # the live writer's parts are its own to merge
+    assert not set(killed) & set(after) and sum(n.startswith("c-") for n in after) == 1
+    rltrace.shutdown()
+    con = store.open(run_dir)
+    assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (105, 105)
+    assert len(_parts(run_dir)) == 2
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+def test_a_bad_merge_grace_fails_init_naming_the_variable(run_dir, monkeypatch, value):
+    monkeypatch.setenv("RLTRACE_MERGE_GRACE", value)
+    with pytest.raises(ValueError, match="RLTRACE_MERGE_GRACE"):
+        rltrace.init(run_dir)
+
+
+def test_merged_names_keep_the_process_and_flush_parts_are_told_apart():
+    name = merge.merged_name("rollout3-host-12-ab12cd", 7)
+    assert merge.process_of(name) == merge.process_of("rollout3-host-12-ab12cd-00000001.parquet") == "rollout3-host-12-ab12cd"
+    assert merge.is_flush_part("rollout3-host-12-ab12cd-00000001.parquet") and not merge.is_flush_part(name)
