@@ -25,6 +25,7 @@ from rltrace import _names
 from rltrace._names import safe_name
 from rltrace.store import rows
 from rltrace.store.merge import Merger
+from rltrace.store.parts import write_part
 
 logger = logging.getLogger("rltrace")
 
