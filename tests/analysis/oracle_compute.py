@@ -133,12 +133,13 @@ def _child_rows(spans: pd.DataFrame, prow: np.ndarray, in_batch: np.ndarray) -> 
     if not len(kid):
         return pd.DataFrame()
     frame = pd.DataFrame({"step": spans["step"].to_numpy()[kid], "parent": parent, "child": child,
-                          "a": spans["start_ns"].to_numpy(np.int64)[kid], "b": spans["end_ns"].to_numpy(np.int64)[kid]})
+                          "a": spans["start_ns"].to_numpy(np.int64)[kid], "b": spans["end_ns"].to_numpy(np.int64)[kid],
+                          "w": spans["count"].to_numpy(np.int64)[kid]})  # a union row stands for `count` spans
     groups = frame.groupby(["step", "parent", "child"], sort=True)
     covered = iv.total(groups.ngroup().to_numpy(), frame["a"].to_numpy(), frame["b"].to_numpy(), groups.ngroups)
-    keys = groups.size().reset_index()
+    keys = groups["w"].sum().reset_index()
     return _rows("child", step=keys["step"].to_numpy(), phase=keys["parent"].to_numpy(object),
-                 other=keys["child"].to_numpy(object), seconds=covered / 1e9, count=keys[0].to_numpy())
+                 other=keys["child"].to_numpy(object), seconds=covered / 1e9, count=keys["w"].to_numpy())
 
 
 def _sync_rows(spans: pd.DataFrame) -> pd.DataFrame:

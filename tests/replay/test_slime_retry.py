@@ -32,18 +32,18 @@ def dumps(tmp_path):
 def test_a_failed_import_leaves_nothing_and_the_retry_stores_each_sample_once(tmp_path, dumps, monkeypatch):
     """The disk fills while the second step is written: nothing of the import is visible (not the
     first step either), and the retry stores the 5 samples once (not 7 rows for 5 samples)."""
-    real, calls = pq.write_table, []
+    real, calls = pq.ParquetWriter.write_table, []
 
-    def full_disk(table, where, **kwargs):
-        calls.append(where)
+    def full_disk(writer, table, *args, **kwargs):  # every part file is written through a ParquetWriter
+        calls.append(writer.where)
         if len(calls) == 5:  # the first step's batch, spans and samples are written by now
             raise OSError(28, "No space left on device")
-        return real(table, where, **kwargs)
+        return real(writer, table, *args, **kwargs)
 
-    monkeypatch.setattr(pq, "write_table", full_disk)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full_disk)
     with pytest.raises(OSError, match="No space left"):
         import_slime([dumps], tmp_path / "run")
-    monkeypatch.setattr(pq, "write_table", real)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", real)
     assert _counts(tmp_path / "run") == (0, 0, 0)
     result = import_slime([dumps], tmp_path / "run")
     assert [(b["step"], b["samples"]) for b in result["batches"]] == [(0, 3), (1, 2)]
