@@ -57,15 +57,7 @@ def _groups(parts: list[Part], target_rows: int, version: int) -> list[list[Part
     schema version is rewritten even when it is large or alone (converted once, not on every read)."""
     small = sorted((p for p in parts if p.rows < target_rows // 2 or p.version < version),
                    key=lambda p: (p.path.stat().st_mtime, p.path.name))
-    groups, current, rows = [], [], 0
-    for part in small:
-        if current and rows + part.rows > target_rows:
-            groups.append(current)
-            current, rows = [], 0
-        current.append(part)
-        rows += part.rows
-    if current:
-        groups.append(current)
+    groups = merging.by_rows(small, target_rows)
     return [g for g in groups if len(g) > 1 or g[0].version < version]
 
 

@@ -108,11 +108,8 @@ def create_or_join(run_dir: Path, *, run_name: str | None, config: Any) -> dict:
 
 
 def read_manifest(run_dir: Path) -> dict:
-    """The manifest of `run_dir`, or a `StoreError` saying why the folder is not a readable run."""
-    from rltrace.store import objstore
-
-    if objstore.is_uri(run_dir):
-        return objstore.read_manifest(str(run_dir))
+    """The manifest of the local run `run_dir`, or a `StoreError` saying why the folder is not a
+    readable run (`store.views.read_manifest` also reads `s3://` runs)."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise StoreError(f"run directory {run_dir} does not exist: check the path (a run is made by rltrace.init)")

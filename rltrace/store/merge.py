@@ -266,17 +266,17 @@ class Merger:
         flush = [p for p in parts if not p.merged]
         merged = [p for p in parts if p.merged and p.rows < TARGET_ROWS // 2]
         if final:
-            groups = _by_size(merged + flush)
+            groups = by_rows(merged + flush)
         else:
             groups = []
             if len(flush) >= FLUSH_PARTS or (flush and time.monotonic() - flush[0].since >= MAX_AGE_S):
-                groups += _by_size(flush)
+                groups += by_rows(flush)
             tiers: dict[int, list[_Part]] = {}
             for p in merged:
                 tiers.setdefault(_tier(p.rows), []).append(p)
             for tier in tiers.values():
                 if len(tier) >= TIER:
-                    groups += _by_size(tier)
+                    groups += by_rows(tier)
         return [g for g in groups if len(g) > 1]
 
     def tick(self, final: bool = False) -> int:
@@ -376,11 +376,13 @@ class Merger:
             self._lock_file = None
 
 
-def _by_size(parts: list[_Part]) -> list[list[_Part]]:
-    """Parts in groups of at most TARGET_ROWS rows, in the order given."""
+def by_rows(parts: list, limit: int | None = None) -> list[list]:
+    """Parts (anything with `.rows`) in groups of at most `limit` rows (`TARGET_ROWS`), in the
+    order given; a part larger than that is a group of its own."""
+    limit = TARGET_ROWS if limit is None else limit
     groups, current, total = [], [], 0
     for p in parts:
-        if current and total + p.rows > TARGET_ROWS:
+        if current and total + p.rows > limit:
             groups.append(current)
             current, total = [], 0
         current.append(p)

@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rltrace import _names
-from rltrace.store.layout import StoreError, read_manifest
+from rltrace.store import layout
+from rltrace.store.layout import StoreError
 
 logger = logging.getLogger("rltrace")
 T = TypeVar("T")
@@ -170,13 +171,21 @@ def spans_digest(snap: Snapshot) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:32]
 
 
+def read_manifest(run_dir: str | Path) -> dict:
+    """The manifest of a run on this machine or at an `s3://` address, or a `StoreError` saying
+    why it is not a readable run."""
+    from rltrace.store import objstore
+
+    return objstore.read_manifest(run_dir) if objstore.is_uri(run_dir) else layout.read_manifest(Path(run_dir))
+
+
 def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _names.Table] | None = None) -> Snapshot:
     """Check every part of every table and return the readable ones (an `s3://` run: of the
     local copy that `objstore.mirror` brings up to date first)."""
     from rltrace.store import objstore
 
     run_dir = objstore.mirror(run_dir) if objstore.is_uri(run_dir) else Path(run_dir)
-    snap = Snapshot(run_dir=run_dir, manifest=read_manifest(run_dir), skip_corrupt=skip_corrupt)
+    snap = Snapshot(run_dir=run_dir, manifest=layout.read_manifest(run_dir), skip_corrupt=skip_corrupt)
     for table in (tables or _names.TABLES).values():
         for attempt in range(5):
             try:
