@@ -188,6 +188,19 @@ META_REPLACES = b"rltrace.replaces"  # compacted parts: JSON list of the part na
 META_RUN_ID = b"rltrace.run_id"  # the run a part belongs to (a part linked in from another run is refused)
 META_SUMMARY_OF = b"rltrace.summary_of"  # step_summary: digest of the span parts it was computed from
 META_DIGEST_OF = b"rltrace.digest_of"  # span_digest: JSON [name, rows] of the span part it summarises
+#: spans parts: b"0" when no span of the part can be an engine request row (`ENGINE_ATTR_MARKS` and the
+#: names below), b"1" when one may; the serving sidecar does not scan a part marked 0. Bump the suffix
+#: whenever the marks change, so parts marked under the old ones are scanned again.
+META_ENGINE_ROWS = b"rltrace.engine_rows.1"
+
+# --- engine request rows (rltrace.analysis.engine_requests) ------------------------------------
+#: Text in a span's attribute JSON that every engine request field's key contains: SGLang's
+#: e2e_latency and each gen_ai.latency.* (`latency`), SGLang's queue_time and decode_throughput
+#: (with the key's closing quote, not its opening one: a search starting with `"`, the commonest
+#: character in JSON, stops at every key).
+ENGINE_ATTR_MARKS = ("latency", 'queue_time"', 'decode_throughput"')
+PD_NAME_PREFIX = "sglang_pd_"  # slime's spans of a disaggregated request and its segments
+KV_TRANSFER = "kv_transfer"  # a span (phase or name) that moved KV: `rl.bytes` over its duration
 
 _PROCESS_COLUMNS = [
     pa.field("process_id", pa.string()),

@@ -105,7 +105,7 @@ def cache_files(con, kind: str = "summary") -> tuple[Path | None, list[Path]]:
     return main, sorted(main.parent.glob(f"{main.stem}.new-*.parquet"), reverse=True)
 
 
-def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = False) -> str:
+def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = False, only: str | None = None) -> str:
     """The name of a temporary table holding, for every span part of the connection, the rows
     `select` gives for it; computed once per connection, from the sidecar and the new parts.
 
@@ -117,7 +117,9 @@ def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = Fals
     With `summaries`, a part with a per-part summary in force is read from it (its rows have the
     analysis columns, `count` and `total_ns`; a span's own rows get count 1 and its duration).
     The sidecar is a file per report that met new parts (a live run's report writes only its
-    new parts' rows), folded into one file after `ADDITIONS` of them.
+    new parts' rows), folded into one file after `ADDITIONS` of them. `only`: SQL over the columns
+    of the span-parts table (`store.views.connect`) true for the parts worth scanning; the others
+    give no rows (what their writer recorded in the footer says `select` finds nothing there).
     """
     name = f"_rltrace_part_{kind}"
     if has_table(con, name):
@@ -161,7 +163,7 @@ def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = Fals
     con.execute(f"DROP TABLE {name}_inputs")
     scan = now - taken
     if scan:
-        _scan(con, name, schema, select, scan, summaries)
+        _scan(con, name, schema, select, scan, summaries, only)
     if new and main is not None:
         _save(con, name, schema, main, [f for f in files if f != main], main_read, new)
     return name
@@ -190,12 +192,13 @@ def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]] | N
         con.unregister("_rltrace_known")
 
 
-def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]], summaries: bool) -> None:
+def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]], summaries: bool,
+          only: str | None = None) -> None:
     con.register("_rltrace_parts", _parts_table(parts))
     try:
         found = con.execute(
             f"SELECT path, rows, size, version, digest FROM {_PARTS} s SEMI JOIN _rltrace_parts p ON s.name = p.part "
-            "AND s.rows = p.rows AND s.size = p.size").fetchall()
+            f"AND s.rows = p.rows AND s.size = p.size WHERE {only or 'true'}").fetchall()
     finally:
         con.unregister("_rltrace_parts")
     raw = [views.Part(path=Path(p), rows=r, size=z, version=v) for p, r, z, v, d in found if not (summaries and d)]
@@ -206,6 +209,8 @@ def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, 
     digests = [Path(d) for *_, d in found if summaries and d]
     if digests:  # named like their span part: filename gives the part's name
         sources.append(f"SELECT * FROM read_parquet({views.sql_paths(digests)}, filename = true)")
+    if not sources:  # every part given is one `only` leaves out
+        return
     rest = ", ".join(f"f.{c}" for c in schema.names[3:])
     con.execute(f"""INSERT INTO {name}
         WITH part_spans AS ({" UNION ALL BY NAME ".join(sources)})

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from rltrace import _model
+from rltrace import _model, _names
 from rltrace.analysis import _parts
 from rltrace.analysis._steps import Steps, step_filter
 
@@ -51,7 +51,7 @@ TEXTS = {"request_id": ("gen_ai.request.id", "sglang_request_id", "rl.request_id
 #: what makes a span a request: SGLang's meta (what slime reads), or any OTel gen_ai latency
 _GEN_AI_LATENCY = tuple(k for keys in NUMBERS.values() for k in keys if k.startswith("gen_ai.latency."))
 PD_SPANS = ("sglang_pd_prefill", "sglang_pd_decode")  # slime's PD children of a request (segments below them)
-KV_TRANSFER = "kv_transfer"  # a span (phase or name) that moved KV: `rl.bytes` over its duration
+KV_TRANSFER = _names.KV_TRANSFER
 DELTA_STEPS = ("snapshot", "diff", "encode", "rebuild")  # what a delta weight sync adds (`delta_sync`)
 DISAGGREGATED = "disaggregated"  # a request seen by its client (slime) with PD durations: engines unknown
 #: slime's spans of the requests it sends to SGLang (through its router: the serving engine is not in its trace)
@@ -69,11 +69,10 @@ _SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.in
 _MARKS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("kind", pa.string()),
                            ("step", pa.int64()), ("weight_version", pa.int64()), ("start_ns", pa.int64()),
                            ("end_ns", pa.int64())])
-#: a cheap text test before the JSON parse, three searches as before vLLM's names were read (each
-#: costs about 0.6 s at 10M spans): `latency` finds SGLang's e2e_latency and every gen_ai.latency.*;
-#: without the keys' opening quote (see rollout._MENTIONS). slime's PD children are found by name.
-_MENTIONS = " OR ".join(f"contains(attributes, '{a}')" for a in ("latency", 'queue_time"', 'decode_throughput"'))
-_PD_NAMES = "name LIKE 'sglang_pd_%'"
+#: a cheap text test before the JSON parse (each search costs about 0.6 s at 10M spans); parts whose
+#: writer found none of these (`_names.META_ENGINE_ROWS`) are not scanned at all
+_MENTIONS = " OR ".join(f"contains(attributes, '{a}')" for a in _names.ENGINE_ATTR_MARKS)
+_PD_NAMES = f"name LIKE '{_names.PD_NAME_PREFIX}%'"
 TABLE = "_rltrace_engine_requests"
 COLUMNS = ["engine", "role", "request_id", "span_id", "name", "process_id", "start_ns", "end_ns", "step", "step_from",
            "weight_version", "version_from", *_OUT, "timed"]
@@ -196,6 +195,12 @@ def _sync_versions(con) -> pa.Table:
                      "s_version": pa.array(versions, pa.int64())})
 
 
+def _requests_by_part(con) -> str:
+    """The request rows of every finished span part (a sidecar), scanning only the parts whose
+    writer did not record that none of their spans can be one."""
+    return _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"), only="engine_rows IS NOT false")
+
+
 def table(con) -> str:
     """The name of the connection's engine-requests temp table (built once per connection).
 
@@ -204,7 +209,7 @@ def table(con) -> str:
     300k requests)."""
     if _parts.has_table(con, TABLE):
         return TABLE
-    finished = _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"))
+    finished = _requests_by_part(con)
     windows = marks(con, "window")
     con.register("_rltrace_windows_now", pa.table({c: pa.array(windows[c].to_numpy(np.int64), pa.int64())
                                                    for c in ("step", "start_ns", "end_ns")}))
@@ -287,7 +292,7 @@ def kv_transfers(con) -> pd.DataFrame:
     if not _parts.has_table(con, "spans"):
         return pd.DataFrame(columns=["start_ns", "kv_bytes", "kv_transfer_s"])
     name = table(con)
-    finished = _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"))
+    finished = _requests_by_part(con)
     return con.execute(f"""SELECT start_ns, kv_bytes, kv_transfer_s FROM {name}
                            WHERE kv_bytes > 0 AND kv_transfer_s > 0
                            UNION ALL

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rltrace import _names
@@ -59,6 +60,8 @@ def stage_part(
     run_id = layout.run_id_of(folder.parent)
     if run_id is not None:
         metadata[_names.META_RUN_ID] = run_id.encode()
+    if spec.name == _names.SPANS.name:
+        metadata[_names.META_ENGINE_ROWS] = b"1" if may_hold_engine_rows(table) else b"0"
     metadata.update(extra_metadata or {})
     table = table.replace_schema_metadata(metadata)
     tmp = folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
@@ -76,6 +79,24 @@ def stage_part(
         tmp.unlink(missing_ok=True)
         raise
     return tmp
+
+
+def may_hold_engine_rows(spans: pa.Table) -> bool:
+    """Whether a span of `spans` could be an engine request row: its attribute text holds one of
+    `_names.ENGINE_ATTR_MARKS`, or its name or phase is slime's PD or a KV transfer (a superset of
+    what the serving sidecar selects, so a part answered False has no row there)."""
+    def any_of(column: str, test) -> bool:
+        if column not in spans.column_names:
+            return False
+        for chunk in spans[column].chunks:
+            values = chunk.dictionary if pa.types.is_dictionary(chunk.type) else chunk  # every value it may hold
+            if len(values) and pc.any(test(values.cast(pa.string()))).as_py():
+                return True
+        return False
+
+    return (any(any_of("attributes", lambda v, m=mark: pc.match_substring(v, m)) for mark in _names.ENGINE_ATTR_MARKS)
+            or any_of("name", lambda v: pc.starts_with(v, _names.PD_NAME_PREFIX))
+            or any(any_of(c, lambda v: pc.equal(v, _names.KV_TRANSFER)) for c in ("name", "phase")))
 
 
 _LEAN = frozenset(("spans", "open_spans", "processes", "span_digest"))

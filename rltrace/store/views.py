@@ -49,6 +49,7 @@ class Part:
     summary_of: str | None = None  # step_summary parts: digest of the span parts they were computed from
     version: int = 1  # the schema version of its table that the part was written with
     digest_of: tuple[str, int] | None = None  # span_digest parts: (name, rows) of the span part they summarise
+    engine_rows: bool | None = None  # spans parts: whether a span may be an engine request (None: not recorded)
 
 
 @dataclass
@@ -158,9 +159,10 @@ def _check_part(path: Path, table: _names.Table, run_id: str | None = None) -> P
             digest_of = (str(name), int(rows))
         except (ValueError, TypeError):
             raise CorruptPartError(f"{path}: unreadable {_names.META_DIGEST_OF.decode()} footer key") from None
+    engine_rows = kv.get(_names.META_ENGINE_ROWS)
     return Part(path=path, rows=meta.num_rows, size=path.stat().st_size, replaces=replaces,
                 summary_of=summary_of.decode("utf-8", "replace") if summary_of else None, version=version,
-                digest_of=digest_of)
+                digest_of=digest_of, engine_rows=None if engine_rows is None else engine_rows != b"0")
 
 
 def spans_digest(snap: Snapshot) -> str:
@@ -513,6 +515,7 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
         "version": pa.array([p.version for p in parts], pa.int64()),
         "digest": pa.array([digest_of.get(p.path.name) for p in parts], pa.string()),
         "replaces": pa.array([list(p.replaces) for p in parts], pa.list_(pa.string())),
+        "engine_rows": pa.array([p.engine_rows for p in parts], pa.bool_()),
     }))
     con.execute("CREATE TABLE _rltrace_span_parts AS SELECT * FROM _parts")
     con.unregister("_parts")

@@ -149,3 +149,48 @@ def test_the_timeline_accounts_for_every_request(tmp_path):
     seconds = sum(r["in_flight"] * r["bin_s"] for r in rows)
     assert seconds == pytest.approx(sum(0.25 + 0.01 * (k % 3) for k in range(30)), rel=1e-6)
     assert sum(r["completed_rps"] * r["bin_s"] for r in rows) == pytest.approx(30)
+
+
+def test_only_span_parts_that_may_hold_engine_requests_are_scanned_for_them(tmp_path, monkeypatch):
+    """Each span part's writer records whether any of its spans could be an engine request
+    (`META_ENGINE_ROWS`): the requests sidecar skips parts marked 0 (a trainer's) and scans the
+    others, marked 1 or written before the mark existed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rltrace import _names
+    from rltrace.store.parts import may_hold_engine_rows, write_part
+
+    b = RunBuilder(tmp_path / "run")
+    trainer, engine = b.process("trainer"), b.process("sglang", 0)
+    trainer.span("train", 0, 1, step=0)
+    for k in range(3):
+        engine.span("generate", k, k + 0.5, step=0, e2e_latency=0.5, request_id=f"r{k}")
+    b.write()
+    parts = {pq.read_table(p, columns=["process_id"])["process_id"][0].as_py(): p
+             for p in (b.run_dir / "spans").glob("*.parquet")}
+    mark = {pid: pq.read_metadata(p).metadata[_names.META_ENGINE_ROWS] for pid, p in parts.items()}
+    assert mark == {trainer.process_id: b"0", engine.process_id: b"1"}
+
+    def requests(cache: str) -> int:
+        monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / cache))
+        return len(engine_requests(store.open(b.run_dir)))
+
+    assert requests("c1") == 3
+    path = parts[engine.process_id]
+    table = pq.read_table(path)
+    write_part(path.parent, path.name, table, _names.SPANS, {_names.META_ENGINE_ROWS: b"0"})  # as if marked 0
+    assert requests("c2") == 0  # not scanned: the mark is trusted
+    meta = {k: v for k, v in pq.read_metadata(path).metadata.items() if k != _names.META_ENGINE_ROWS}
+    pq.write_table(table.replace_schema_metadata(meta), path)  # a part from before the mark: scanned
+    assert requests("c3") == 3
+
+    def spans(**columns) -> pa.Table:
+        return pa.table({c: pa.array(v, pa.string()) for c, v in columns.items()})
+
+    assert may_hold_engine_rows(spans(name=["sglang_pd_prefill"], phase=[None], attributes=["{}"]))
+    assert may_hold_engine_rows(spans(name=["x"], phase=["kv_transfer"], attributes=[None]))
+    assert may_hold_engine_rows(spans(name=["x"], phase=[None], attributes=['{"gen_ai.latency.time_in_queue": 0.1}']))
+    dictionary = pa.table({"name": pa.array(["a", "kv_transfer"]).dictionary_encode(), "attributes": pa.array(["{}", "{}"])})
+    assert may_hold_engine_rows(dictionary)
+    assert not may_hold_engine_rows(spans(name=["forward"], phase=["train"], attributes=['{"rl.micro_batches": 2}']))
