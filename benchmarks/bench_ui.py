@@ -36,9 +36,9 @@ from bench_analysis import generate
 from rltrace import _names, store
 from rltrace.cli import main as cli
 from rltrace.store.parts import write_part
+from ui.state import PAGES  # every page the dashboard has
 
 APP = Path(__file__).resolve().parents[1] / "ui" / "app.py"
-PAGES = ["overview", "timeline", "waits", "reward", "batches", "profiles", "compare"]
 TARGET_S = 2.0
 BATCHES, BATCH_SAMPLES = 4, 256  # frozen batches added to each run, samples in each
 PROFILES, FRAMES = 20, 15  # profiles attached to the longest spans, top frames of each
@@ -100,7 +100,7 @@ def time_pages(run_dir: Path, repeat: int) -> dict[str, tuple[float, float]]:
         for _ in range(repeat):
             st.cache_data.clear()
             st.cache_resource.clear()
-            at.switch_page(f"views/{page}.py")
+            at.switch_page(PAGES[page])
             t = time.perf_counter()
             at.run()
             first.append(time.perf_counter() - t)
