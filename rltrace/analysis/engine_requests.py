@@ -72,7 +72,7 @@ _MARKS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size",
 #: a cheap text test before the JSON parse (each search costs about 0.6 s at 10M spans); parts whose
 #: writer found none of these (`_names.META_ENGINE_ROWS`) are not scanned at all
 _MENTIONS = " OR ".join(f"contains(attributes, '{a}')" for a in _names.ENGINE_ATTR_MARKS)
-_PD_NAMES = f"name LIKE '{_names.PD_NAME_PREFIX}%'"
+_PD_NAMES = f"starts_with(name, '{_names.PD_NAME_PREFIX}')"  # not LIKE: `_` is its wildcard
 TABLE = "_rltrace_engine_requests"
 COLUMNS = ["engine", "role", "request_id", "span_id", "name", "process_id", "start_ns", "end_ns", "step", "step_from",
            "weight_version", "version_from", *_OUT, "timed"]

@@ -110,8 +110,6 @@ def _compact(run_dir: Path, tables: dict, target_rows: int, grace_s: float, prog
         except BlockingIOError:
             raise StoreError(f"another `rltrace compact` is running on {run_dir}; wait for it to finish") from None
         snap = scan(run_dir, tables={**tables, _names.SPAN_DIGEST.name: _names.SPAN_DIGEST}, skip_corrupt=skip_corrupt)
-        for path in snap.replaced:  # a previous compaction stopped before deleting its inputs (and their summaries)
-            merging.delete(path)
         now = time.time()
         for name in tables:
             for tmp in (run_dir / tables[name].folder).glob(".*.tmp"):
@@ -120,12 +118,28 @@ def _compact(run_dir: Path, tables: dict, target_rows: int, grace_s: float, prog
         live = {p for p in {merging.process_of(part.path.name) for parts in snap.parts.values() for part in parts}
                 if merging.writer_alive(run_dir, p)}
         results, superseded, _ = merge_tables(run_dir, snap, tables, target_rows, progress, live)
-        if superseded:
-            time.sleep(grace_s)  # readers that listed the old parts just before the merge finish first
-        for path in [*superseded, *snap.replaced]:
+        doomed = [*superseded, *leftovers(snap, live)]
+        if doomed:
+            time.sleep(grace_s)  # readers that listed these parts just before they were replaced finish first
+        for path in doomed:
             merging.delete(path)
         _forget_dead_writers(run_dir, live)
         return results
+
+
+def leftovers(snap, live: set[str]) -> list[Path]:
+    """The replaced parts and the summaries of no part in `snap` that only a compaction will
+    delete: those of writers no longer running (killed, or an earlier compaction that stopped
+    before deleting its inputs). A running writer (`live`) deletes the inputs of its own merges
+    after its grace, and writes a merged part's summary just before the part appears, so its
+    files are its own to delete."""
+    replacer = {(p.path.parent, name): p.path for parts in snap.parts.values() for p in parts for name in p.replaces}
+    out = []
+    for path in snap.replaced:
+        owner = replacer.get((path.parent, path.name), path)  # a summary of no part: its own name says whose
+        if merging.process_of(owner.name) not in live:
+            out.append(path)
+    return out
 
 
 def merge_tables(run_dir: Path, snap, tables: dict, target_rows: int, progress, live: set[str]):
@@ -202,10 +216,10 @@ def _compact_uri(uri: str, *, target_rows: int, grace_s: float, progress=None, s
         results, superseded, written = merge_tables(local, snap, tables, target_rows, progress, live)
         for path in written:
             objstore.upload(uri, local, path)
-        if superseded:
-            time.sleep(grace_s)  # readers that listed the old parts just before the merge fetch them first
-        doomed = [*superseded, *snap.replaced]
+        doomed = [*superseded, *leftovers(snap, live)]
         doomed += [s for s in map(merging.summary_path, superseded) if s is not None and s.exists()]
+        if doomed:
+            time.sleep(grace_s)  # readers that listed these parts just before they were replaced fetch them first
         for path in doomed:
             try:
                 s3.delete_file(f"{base}/{Path(path).relative_to(local).as_posix()}")

@@ -86,3 +86,54 @@ def test_compact_refuses_a_non_run(tmp_path):
     with pytest.raises(StoreError, match="not an rltrace run"):
         store.compact(tmp_path)
     assert not (tmp_path / ".compact.lock").exists()
+
+
+def _writer_holding_its_lock(run_dir, process_id):
+    """What a running writer holds (`rltrace.store.merge`): its lock file, locked."""
+    import fcntl
+
+    from rltrace.store import merge as merging
+
+    (run_dir / merging.WRITERS).mkdir(exist_ok=True)
+    lock = open(run_dir / merging.WRITERS / f"{process_id}.lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return lock
+
+
+def test_compact_leaves_a_running_writers_replaced_parts_and_new_summaries_to_it(tmp_path):
+    """A running writer merged parts A and B into M and keeps A and B for its grace (a reader may
+    have listed them), and writes M's summary just before M appears: `compact` deletes none of
+    these. Once that writer is gone, `compact` deletes what it left."""
+    from rltrace import _names
+    from rltrace.store import digest
+    from rltrace.store import merge as merging
+    from rltrace.store.parts import write_part
+    from rltrace.testing import RunBuilder
+
+    b = RunBuilder(tmp_path / "run")
+    p = b.process("rollout")
+    root = p.span("rollout", 0, 10, step=0)
+    for i in range(40):
+        p.span("generate", i * 0.2, i * 0.2 + 0.1, step=0, parent=root)
+    b.write()
+    run, spans = b.run_dir, b.run_dir / "spans"
+    (whole,) = spans.glob("*.parquet")
+    table, pid = pq.read_table(whole), merging.process_of(whole.name)
+    whole.unlink()
+    a = write_part(spans, f"{pid}-000001.parquet", table.slice(0, 20), _names.SPANS)
+    b_ = write_part(spans, f"{pid}-000002.parquet", table.slice(20), _names.SPANS)
+    lock = _writer_holding_its_lock(run, pid)
+    reader = store.open(run)  # lists A and B
+    merging.merge(spans, _names.SPANS, [a, b_], merging.merged_name(pid, 1))  # A and B stay for the writer's grace
+    next_name = merging.merged_name(pid, 2)  # its next merge: the summary is written, the part not yet
+    summary = write_part(run / _names.SPAN_DIGEST.folder, next_name, digest.build(table), _names.SPAN_DIGEST,
+                         digest.footer(next_name, table.num_rows))
+
+    store.compact(run, grace_s=0.1)
+    assert a.exists() and b_.exists() and summary.exists()
+    assert reader.execute("SELECT count(*) FROM spans").fetchall() == [(41,)]  # the reader that listed A and B
+
+    lock.close()  # the writer is gone (killed: it never deleted them)
+    store.compact(run, grace_s=0.1)
+    assert not a.exists() and not b_.exists() and not summary.exists()
+    assert store.open(run).execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchall() == [(41, 41)]
