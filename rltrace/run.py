@@ -115,7 +115,8 @@ class Run:
         if self._spool is not None:
             self._spool.grace_s = self.merger.grace_s
         self._exporter = ParquetSpanExporter(self.run_dir, self.process, self.service_name, self.drops,
-                                             on_part=lambda path, n: self.merger.wrote(_names.SPANS, path, n))
+                                             on_part=lambda path, n: self.merger.wrote(_names.SPANS, path, n),
+                                             before_part=self.merger.claim)
         self._store_pipeline = CountingBatchProcessor(
             self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval
         )

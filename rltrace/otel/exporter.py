@@ -28,7 +28,8 @@ logger = logging.getLogger("rltrace")
 
 class ParquetSpanExporter(SpanExporter):
     def __init__(self, run_dir: Path, process: ProcessInfo, service_name: str, drops: rows.Drops | None = None,
-                 live: LiveSpans | None = None, on_part: Callable[[Path, int], None] | None = None):
+                 live: LiveSpans | None = None, on_part: Callable[[Path, int], None] | None = None,
+                 before_part: Callable[[], None] | None = None):
         self.drops = drops if drops is not None else rows.Drops()
         self._spans_dir = Path(run_dir) / _names.SPANS.folder
         self._open_dir = Path(run_dir) / _names.OPEN_SPANS.folder
@@ -37,6 +38,7 @@ class ParquetSpanExporter(SpanExporter):
         self._namer = PartNamer(process)
         self.live = live  # the process's open spans (set once the pipeline that feeds it exists)
         self._on_part = on_part  # told of every part written (the process's own merger)
+        self._before_part = before_part  # called before each part is written (the merger takes its lock)
         self._reset()
         after_fork_in_child(self._after_fork)
 
@@ -69,6 +71,8 @@ class ParquetSpanExporter(SpanExporter):
         if table is None:
             return False
         try:
+            if self._before_part is not None:
+                self._before_part()
             path = write_part(self._spans_dir, self._namer.next(), table, _names.SPANS)
         except Exception as exc:
             reason = f"part could not be written ({type(exc).__name__}: {rows.text(str(exc))[:160]})"

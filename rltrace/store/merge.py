@@ -233,8 +233,8 @@ class Merger:
             self.enabled = False
 
     def after_fork(self) -> None:
-        """In a forked child: its own parts, and its own lock, taken at its first part (its process
-        id is renewed after this runs); the parent's parts and lock are the parent's."""
+        """In a forked child: its own parts, and its own lock, taken before its first part
+        (`claim`: its process id is renewed after this runs); the parent's parts and lock are the parent's."""
         if self._lock_file is not None:
             with contextlib.suppress(OSError):
                 self._lock_file.close()  # the lock stays the parent's (held by its descriptor)
@@ -244,6 +244,14 @@ class Merger:
         self._summaries.after_fork()
 
     # --- what was written ----------------------------------------------------------------------------
+    def claim(self) -> None:
+        """Hold this process's lock before it writes a part (a forked child takes its own at its
+        first part: were it taken after, `rltrace compact` could merge that part as a dead
+        writer's while this process merges it too)."""
+        if self.enabled and self._want_lock and self._lock_file is None:
+            with self._lock:
+                self._hold_lock()
+
     def wrote(self, table: _names.Table, path: Path, nrows: int) -> None:
         """A part of `table` this process wrote (a flush part); merged later if the table is compactable."""
         if not self.enabled or table.name not in _names.COMPACTABLE:

@@ -233,6 +233,8 @@ class BackgroundWriter:
     def _write(self, spec: _names.Table, tables: list[pa.Table]) -> None:
         """One part for all of a table's rows; if that fails, one part per call, so a batch
         that cannot be written costs only itself."""
+        if spec.name in _names.COMPACTABLE:
+            self.merger.claim()
         try:
             table = rows.concat(tables)
             self.merger.wrote(spec, write_part(self._run_dir / spec.folder, self._namer.next(), table, spec), table.num_rows)

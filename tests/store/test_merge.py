@@ -155,3 +155,39 @@ def test_merged_names_keep_the_process_and_flush_parts_are_told_apart():
     name = merge.merged_name("rollout3-host-12-ab12cd", 7)
     assert merge.process_of(name) == merge.process_of("rollout3-host-12-ab12cd-00000001.parquet") == "rollout3-host-12-ab12cd"
     assert merge.is_flush_part("rollout3-host-12-ab12cd-00000001.parquet") and not merge.is_flush_part(name)
+
+
+def test_a_forked_writer_holds_its_lock_before_its_first_part_appears(run_dir, monkeypatch):
+    """A forked child takes its own lock (its parent's is the parent's). Taken only after its first
+    part, `rltrace compact` could merge that part as a dead writer's while the child merges it too."""
+    import fcntl
+
+    from rltrace.otel import exporter
+    from rltrace.store import writer
+
+    run = rltrace.init(run_dir, flush_interval=0.02)
+    run.merger.after_fork()  # what a forked child's merger is: no lock yet
+    lock_path = run_dir / merge.WRITERS / f"{run.process.process_id}.lock"
+    held = []
+
+    def checking(module):
+        real = module.write_part
+
+        def write_part(folder, name, *args, **kwargs):
+            with open(lock_path, "a") as probe:
+                try:
+                    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held.append((name, False))
+                    fcntl.flock(probe, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    held.append((name, True))
+            return real(folder, name, *args, **kwargs)
+        monkeypatch.setattr(module, "write_part", write_part)
+
+    checking(exporter)
+    checking(writer)
+    with rltrace.phase("step", step=0):
+        rltrace.log_metrics(0, loss=1.0)
+    rltrace.flush()
+    rltrace.shutdown()
+    assert held and all(ok for _, ok in held), held
