@@ -223,8 +223,17 @@ class Merger:
         try:
             folder = self.run_dir / WRITERS
             folder.mkdir(parents=True, exist_ok=True)
-            handle = open(folder / f"{self.process.process_id}.lock", "a")
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path = folder / f"{self.process.process_id}.lock"
+            for _ in range(3):
+                handle = open(path, "a")
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                with contextlib.suppress(FileNotFoundError):
+                    if os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino:
+                        break
+                handle.close()  # `rltrace compact` removed the file between our open and our lock: again
+                handle = None
+            else:
+                raise OSError(f"{path} keeps being removed")
             self._lock_file = handle
         except OSError as exc:  # no lock, no merging: `rltrace compact` could take the same parts
             if handle is not None:
