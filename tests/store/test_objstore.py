@@ -222,7 +222,7 @@ def test_writers_merge_their_parts_in_the_bucket_and_compact_merges_the_rest(s3_
     spans = _objects(uri, "spans")
     mine = [n for n in spans if n.startswith("rollout0-")]
     assert len(mine) == 1 and "-m" in mine[0]  # one merged part, its inputs gone from the bucket
-    assert sum(1 for n in spans if n.startswith("rollout1-")) > 3  # left as written
+    assert sum(1 for n in spans if n.startswith("rollout1-")) > 1  # left as written (a merging writer leaves one part)
     con = store.open(uri)
     assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (270, 270)
     assert main(["compact", uri, "--grace", "0"]) == 0
