@@ -215,7 +215,7 @@ def test_writers_merge_their_parts_in_the_bucket_and_compact_merges_the_rest(s3_
     what writers that do not merge left (here: merging turned off), and readers see every row once."""
     uri, env, _ = s3_run
     merging = _writer(uri, env, 0, 60, 0.01)  # ~60 flush parts of 0.2 s: merged at exit at the latest
-    plain = _writer(uri, {**env, "RLTRACE_MERGE_PARTS": "0"}, 1, 30, 0.02)
+    plain = _writer(uri, {**env, "RLTRACE_MERGE_PARTS": "0"}, 1, 30, 0.05)  # ~1.5 s: several 0.2 s flushes
     for w in (merging, plain):
         _, err = w.communicate(timeout=90)
         assert w.returncode == 0, err
