@@ -60,7 +60,7 @@ def stage_part(
     run_id = layout.run_id_of(folder.parent)
     if run_id is not None:
         metadata[_names.META_RUN_ID] = run_id.encode()
-    if spec.name == _names.SPANS.name:
+    if spec.name == _names.SPANS.name and table.num_rows >= MARK_ROWS:
         metadata[_names.META_ENGINE_ROWS] = b"1" if may_hold_engine_rows(table) else b"0"
     metadata.update(extra_metadata or {})
     table = table.replace_schema_metadata(metadata)
@@ -79,6 +79,9 @@ def stage_part(
         tmp.unlink(missing_ok=True)
         raise
     return tmp
+
+
+MARK_ROWS = 20_000  # span parts this large get the engine mark: merged parts, not a writer's frequent small flushes (cheap to scan)
 
 
 def may_hold_engine_rows(spans: pa.Table) -> bool:

@@ -152,15 +152,19 @@ def test_the_timeline_accounts_for_every_request(tmp_path):
 
 
 def test_only_span_parts_that_may_hold_engine_requests_are_scanned_for_them(tmp_path, monkeypatch):
-    """Each span part's writer records whether any of its spans could be an engine request
+    """Each large span part's writer records whether any of its spans could be an engine request
     (`META_ENGINE_ROWS`): the requests sidecar skips parts marked 0 (a trainer's) and scans the
-    others, marked 1 or written before the mark existed."""
+    others, marked 1, or unmarked (small, or written before the mark existed)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from rltrace import _names
+    from rltrace.store import parts as store_parts
     from rltrace.store.parts import may_hold_engine_rows, write_part
 
+    small = _one_span_part(tmp_path)
+    assert _names.META_ENGINE_ROWS not in pq.read_metadata(small).metadata  # small parts: cheap to scan, not marked
+    monkeypatch.setattr(store_parts, "MARK_ROWS", 0)  # mark these small parts as if they were large
     b = RunBuilder(tmp_path / "run")
     trainer, engine = b.process("trainer"), b.process("sglang", 0)
     trainer.span("train", 0, 1, step=0)
@@ -194,3 +198,10 @@ def test_only_span_parts_that_may_hold_engine_requests_are_scanned_for_them(tmp_
     dictionary = pa.table({"name": pa.array(["a", "kv_transfer"]).dictionary_encode(), "attributes": pa.array(["{}", "{}"])})
     assert may_hold_engine_rows(dictionary)
     assert not may_hold_engine_rows(spans(name=["forward"], phase=["train"], attributes=['{"rl.micro_batches": 2}']))
+
+
+def _one_span_part(tmp_path):
+    b = RunBuilder(tmp_path / "one")
+    b.process("trainer").span("train", 0, 1, step=0)
+    b.write()
+    return next((b.run_dir / "spans").glob("*.parquet"))
