@@ -32,30 +32,34 @@ def run_demo(out: Path, *args: str, **settings: str) -> subprocess.CompletedProc
 
 @pytest.mark.slow
 def test_slow_reward_span_gets_a_profile_naming_the_slow_verifier(tmp_path):
-    out = tmp_path / "slow"
     # only reward phases trigger, as for a user chasing a slow reward: on a loaded machine another
     # phase can also run 3x its median and take the one py-spy recording meanwhile
     slow = {"RLTRACE_PROFILE_SLOW": "3", "RLTRACE_PROFILE_MIN_SAMPLES": "2", "RLTRACE_PROFILE_MIN_SECONDS": "0.1",
             "RLTRACE_PROFILE_PHASES": "reward"}
-    proc = run_demo(out, "--steps", "8", "--slow-reward", "0.1", **slow)  # slow calls at steps 2 and 7
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rewards = [p for p in profiles(out) if p["phase"] == "reward"]
-    assert rewards, "a slow reward phase was profiled"
-    con = store.open(out)
-    named = []
-    for profile in rewards:
-        assert (profile["kind"], profile["trigger"]) == ("pyspy_record", "slow")
-        assert profile["status"] in ("ok", "no_samples"), profile  # ended while py-spy attached: no samples
-        (duration,) = con.execute(
-            "SELECT duration_s FROM spans WHERE trace_id = ? AND span_id = ? AND name = 'reward'",
-            [profile["trace_id"], profile["span_id"]],
-        ).fetchone()
-        assert duration > 3 * profile["median_s"]
-        if profile["status"] == "ok":
-            top = frames(out, profile["profile_id"])[0]
-            named.append((top["frame"], top["file"]))
-    # two slow calls give two chances on a loaded machine; a profile names the slow verifier
-    assert any(f == "slow_verifier" and file.endswith("faults.py") for f, file in named), (rewards, named)
+    named, tries = [], []
+    for attempt in range(3):  # a slow call (~0.5 s) can end before py-spy has attached on a loaded machine
+        out = tmp_path / f"slow{attempt}"
+        proc = run_demo(out, "--steps", "8", "--slow-reward", "0.1", **slow)  # slow calls at steps 2 and 7
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rewards = [p for p in profiles(out) if p["phase"] == "reward"]
+        assert rewards, "a slow reward phase was profiled"
+        con = store.open(out)
+        for profile in rewards:
+            assert (profile["kind"], profile["trigger"]) == ("pyspy_record", "slow")
+            assert profile["status"] in ("ok", "no_samples"), profile  # ended while py-spy attached: no samples
+            (duration,) = con.execute(
+                "SELECT duration_s FROM spans WHERE trace_id = ? AND span_id = ? AND name = 'reward'",
+                [profile["trace_id"], profile["span_id"]],
+            ).fetchone()
+            assert duration > 3 * profile["median_s"]
+            if profile["status"] == "ok":
+                top = frames(out, profile["profile_id"])[0]
+                named.append((top["frame"], top["file"]))
+        tries.append([p["status"] for p in rewards])
+        if named:
+            break
+    # a profile with samples names the slow verifier as its top frame
+    assert any(f == "slow_verifier" and file.endswith("faults.py") for f, file in named), (tries, named)
 
 
 @pytest.mark.slow
