@@ -254,9 +254,9 @@ class Merger:
 
     # --- what was written ----------------------------------------------------------------------------
     def claim(self) -> None:
-        """Hold this process's lock before it writes a part (a forked child takes its own at its
-        first part: were it taken after, `rltrace compact` could merge that part as a dead
-        writer's while this process merges it too)."""
+        """Hold this process's lock before it writes a part. A forked child has none until its
+        first part; taken after that part, `rltrace compact` could merge it as a dead writer's
+        while this process merges it too."""
         if self.enabled and self._want_lock and self._lock_file is None:
             with self._lock:
                 self._hold_lock()

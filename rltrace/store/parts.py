@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 from rltrace import _names
 from rltrace.store import layout
 
+MARK_ROWS = 20_000  # span parts this large get the engine mark: merged parts, not a writer's frequent small flushes (cheap to scan)
+
 
 def write_part(
     folder: Path,
@@ -79,9 +81,6 @@ def stage_part(
         tmp.unlink(missing_ok=True)
         raise
     return tmp
-
-
-MARK_ROWS = 20_000  # span parts this large get the engine mark: merged parts, not a writer's frequent small flushes (cheap to scan)
 
 
 def may_hold_engine_rows(spans: pa.Table) -> bool:
