@@ -430,6 +430,7 @@ SPAN_DIGEST_SCHEMA = pa.schema(
         pa.field("total_ns", pa.int64()),  # their summed durations
         pa.field("same_thread", pa.bool_()),  # merged rows: their spans ran on their parent's thread
         pa.field("parent_thread_id", pa.int64()),  # merged rows: that parent's thread (-1 unknown)
+        pa.field("weight_version", pa.int64()),  # version 2: rl.weight_version (a merged row's: its first span's)
     ]
 )
 
@@ -526,7 +527,7 @@ CRASHES = Table("crashes", "crashes", CRASHES_SCHEMA, 1, ("process_id", "exc_typ
 STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 RESOURCES = Table("resources", "resources", RESOURCES_SCHEMA, 1, ("time_ns", "kind"))
 ALERTS = Table("alerts", "alerts", ALERTS_SCHEMA, 1, ("alert_id", "key", "rule", "time_ns"))
-SPAN_DIGEST = Table("span_digest", "span_digests", SPAN_DIGEST_SCHEMA, 1, ("phase", "start_ns", "end_ns", "count"))
+SPAN_DIGEST = Table("span_digest", "span_digests", SPAN_DIGEST_SCHEMA, 2, ("phase", "start_ns", "end_ns", "count"))
 
 #: Every table `rltrace.store.open` makes a view of. Later parts of rltrace add theirs here.
 TABLES: dict[str, Table] = {

@@ -105,7 +105,7 @@ def cache_files(con, kind: str = "summary") -> tuple[Path | None, list[Path]]:
     return main, sorted(main.parent.glob(f"{main.stem}.new-*.parquet"), reverse=True)
 
 
-def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = False, only: str | None = None) -> str:
+def table(con, kind: str, schema: pa.Schema, select: str, digests: int = 0, only: str | None = None) -> str:
     """The name of a temporary table holding, for every span part of the connection, the rows
     `select` gives for it; computed once per connection, from the sidecar and the new parts.
 
@@ -114,8 +114,9 @@ def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = Fals
     parts to scan, with their file in `filename`) returning `filename` and the other columns: rows
     per span, or sums, minima and maxima per part (a part merged from parts seen before gets their
     rows, unscanned: merging never changes spans).
-    With `summaries`, a part with a per-part summary in force is read from it (its rows have the
-    analysis columns, `count` and `total_ns`; a span's own rows get count 1 and its duration).
+    With `digests` (a version), a part with a per-part summary of at least that version in force is
+    read from it (its rows have the analysis columns, `count` and `total_ns`; a span's own rows get
+    count 1 and its duration); 0 reads every part's spans.
     The sidecar is a file per report that met new parts (a live run's report writes only its
     new parts' rows), folded into one file after `ADDITIONS` of them. `only`: SQL over the columns
     of the span-parts table (`store.views.connect`) true for the parts worth scanning; the others
@@ -163,7 +164,7 @@ def table(con, kind: str, schema: pa.Schema, select: str, summaries: bool = Fals
     con.execute(f"DROP TABLE {name}_inputs")
     scan = now - taken
     if scan:
-        _scan(con, name, schema, select, scan, summaries, only)
+        _scan(con, name, schema, select, scan, digests, only)
     if new and main is not None:
         _save(con, name, schema, main, [f for f in files if f != main], main_read, new)
     return name
@@ -192,23 +193,24 @@ def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]] | N
         con.unregister("_rltrace_known")
 
 
-def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]], summaries: bool,
+def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]], digests: int,
           only: str | None = None) -> None:
     con.register("_rltrace_parts", _parts_table(parts))
     try:
         found = con.execute(
-            f"SELECT path, rows, size, version, digest FROM {_PARTS} s SEMI JOIN _rltrace_parts p ON s.name = p.part "
-            f"AND s.rows = p.rows AND s.size = p.size WHERE {only or 'true'}").fetchall()
+            f"SELECT path, rows, size, version, CASE WHEN ? > 0 AND digest_version >= ? THEN digest END "
+            f"FROM {_PARTS} s SEMI JOIN _rltrace_parts p ON s.name = p.part "
+            f"AND s.rows = p.rows AND s.size = p.size WHERE {only or 'true'}", [digests, digests]).fetchall()
     finally:
         con.unregister("_rltrace_parts")
-    raw = [views.Part(path=Path(p), rows=r, size=z, version=v) for p, r, z, v, d in found if not (summaries and d)]
+    raw = [views.Part(path=Path(p), rows=r, size=z, version=v) for p, r, z, v, d in found if not d]
     sources = []
     if raw:
-        counted = ", CAST(1 AS BIGINT) AS count, end_ns - start_ns AS total_ns" if summaries else ""
+        counted = ", CAST(1 AS BIGINT) AS count, end_ns - start_ns AS total_ns" if digests else ""
         sources.append(f"SELECT *{counted} FROM ({views.parts_sql(_names.SPANS, raw, ', filename = true')})")
-    digests = [Path(d) for *_, d in found if summaries and d]
-    if digests:  # named like their span part: filename gives the part's name
-        sources.append(f"SELECT * FROM read_parquet({views.sql_paths(digests)}, filename = true)")
+    summaries = [Path(d) for *_, d in found if d]
+    if summaries:  # named like their span part: filename gives the part's name
+        sources.append(f"SELECT * FROM read_parquet({views.sql_paths(summaries)}, filename = true, union_by_name = true)")
     if not sources:  # every part given is one `only` leaves out
         return
     rest = ", ".join(f"f.{c}" for c in schema.names[3:])

@@ -30,7 +30,7 @@ def delta_children(con, steps: Steps = None) -> pd.DataFrame:
     process_id, child, seconds, bytes_delta."""
     cols = ["sync_span_id", "step", "sync_bytes", "sync_s", "process_id", "child", "seconds", "bytes_delta"]
     if serving_marks(con, "delta_step").empty:  # most runs: no delta sync traced; skip the walk over every span
-        return pd.DataFrame(columns=cols)  # (which parts hold one is read once per part, `serving_marks`)
+        return pd.DataFrame(columns=cols)  # (which parts hold one is read once per part, the serving marks)
     marks = ", ".join("?" for _ in DELTA_STEPS)
     where, params = step_filter(steps, "step")
     delta = "coalesce(" + ", ".join(f"TRY_CAST(attr(s.attributes, '{k}') AS DOUBLE)" for k in _DELTA_KEYS) + ")"

@@ -12,7 +12,7 @@ Sources, all read from the spans (docs/analysis.md, "Serving capacity"):
   stores `rl.prompt_tokens`), and `kv_transfer` spans with `rl.bytes`.
 
 Finding them means reading every span's attribute text, so finished spans are read once per part
-(`_parts` sidecars: `requests` for the request fields, `serving_marks` for rollout windows, weight
+(`_parts` sidecars: `requests` for the request fields, `serving_marks_v2` for rollout windows, weight
 syncs and the model config stored by `init(model=...)`); open spans now. Each connection builds
 the table once.
 """
@@ -74,6 +74,7 @@ _MARKS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size",
 _MENTIONS = " OR ".join(f"contains(attributes, '{a}')" for a in _names.ENGINE_ATTR_MARKS)
 _PD_NAMES = f"starts_with(name, '{_names.PD_NAME_PREFIX}')"  # not LIKE: `_` is its wildcard
 TABLE = "_rltrace_engine_requests"
+MARKS_KIND = "serving_marks_v2"  # the sidecar's name: a new name whenever what it holds changes (2: windows by coalesce(phase, name))
 COLUMNS = ["engine", "role", "request_id", "span_id", "name", "process_id", "start_ns", "end_ns", "step", "step_from",
            "weight_version", "version_from", *_OUT, "timed"]
 
@@ -125,10 +126,11 @@ def _sql(keep: str, source: str, where: str) -> str:
 _MARK_KIND = f"""CASE WHEN name = {_q(_model.MODEL_SPAN)} THEN 'model'
                      WHEN coalesce(phase, name) = 'weight_sync' THEN 'weight_sync'
                      WHEN coalesce(phase, name) IN ({", ".join(_q(n) for n in DELTA_STEPS)}) THEN 'delta_step'
-                     WHEN step IS NOT NULL AND phase IN ('rollout', 'generate') THEN 'window' END"""
+                     WHEN step IS NOT NULL AND coalesce(phase, name) IN ('rollout', 'generate') THEN 'window' END"""
 #: one pass over each part, reading no text but names: rollout windows and delta steps aggregated
 #: (per step / per part), weight syncs and model records one row each (a model's attribute text is
-#: read later, from its part only)
+#: read later, from its part only). A part with a per-part summary is read from it (every column
+#: used is there, a merged row's first and last times are its spans'), a few rows a step.
 _MARKS_SQL = f"""
     SELECT filename, kind, step, any_value(weight_version) AS weight_version, min(start_ns) AS start_ns,
            max(end_ns) AS end_ns
@@ -146,7 +148,7 @@ def marks(con, kind: str) -> pd.DataFrame:
     finished delta-sync step: its first start, last end) rows."""
     if not _parts.has_table(con, "spans"):
         return pd.DataFrame(columns=["part", *_MARKS_SCHEMA.names[3:]])
-    name = _parts.table(con, "serving_marks", _MARKS_SCHEMA, _MARKS_SQL)
+    name = _parts.table(con, MARKS_KIND, _MARKS_SCHEMA, _MARKS_SQL, digests=_names.SPAN_DIGEST.version)
     if kind == "window":
         return con.execute(f"""SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM {name}
                                WHERE kind = 'window' GROUP BY step ORDER BY start_ns, step""").df()

@@ -74,7 +74,7 @@ def _part_steps(con) -> None:
     _parts.table(con, "steps", _PART_STEPS_SCHEMA, """
         SELECT filename, step, CAST(sum(count) AS BIGINT) AS count, min(start_ns) AS start_ns, max(end_ns) AS end_ns,
                CAST(sum(total_ns) AS BIGINT) AS total_ns, count(*) AS loaded
-        FROM part_spans GROUP BY filename, step""", summaries=True)
+        FROM part_spans GROUP BY filename, step""", digests=1)
 
 
 _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),

@@ -140,6 +140,7 @@ def _analysis_columns(spans: pa.Table) -> dict:
         "phase": phase,
         "name": spans["name"].combine_chunks(),
         "step": spans["step"].combine_chunks(),
+        "weight_version": spans["weight_version"].combine_chunks(),
         "process_id": spans["process_id"].combine_chunks(),
         "thread_id": spans["thread_id"].combine_chunks(),
         "start_ns": spans["start_ns"].combine_chunks(),

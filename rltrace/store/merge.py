@@ -163,7 +163,8 @@ class Summaries:
             return None
         try:
             meta = pq.read_metadata(path).metadata or {}
-            return path if json.loads(meta[_names.META_DIGEST_OF]) == [part.name, nrows] else None
+            current = int(meta.get(_names.META_VERSION, b"0")) == _names.SPAN_DIGEST.version  # older ones lack columns
+            return path if current and json.loads(meta[_names.META_DIGEST_OF]) == [part.name, nrows] else None
         except (OSError, KeyError, ValueError, pa.ArrowException):
             return None
 

@@ -506,14 +506,17 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
     # the span parts read (what the per-step summary cache compares against, `analysis.summary`),
     # and each one's per-part summary in force, if any (`rltrace.store.digest`)
     parts = snap.parts.get("spans", [])
-    digest_of = {d.digest_of[0]: str(d.path) for d in snap.parts.get(_names.SPAN_DIGEST.name, [])}
+    digest_of = {d.digest_of[0]: d for d in snap.parts.get(_names.SPAN_DIGEST.name, [])}
     con.register("_parts", pa.table({
         "name": pa.array([p.path.name for p in parts], pa.string()),
         "rows": pa.array([p.rows for p in parts], pa.int64()),
         "size": pa.array([p.size for p in parts], pa.int64()),
         "path": pa.array([str(p.path) for p in parts], pa.string()),
         "version": pa.array([p.version for p in parts], pa.int64()),
-        "digest": pa.array([digest_of.get(p.path.name) for p in parts], pa.string()),
+        "digest": pa.array([str(digest_of[p.path.name].path) if p.path.name in digest_of else None for p in parts],
+                           pa.string()),
+        "digest_version": pa.array([digest_of[p.path.name].version if p.path.name in digest_of else None
+                                    for p in parts], pa.int64()),
         "replaces": pa.array([list(p.replaces) for p in parts], pa.list_(pa.string())),
         "engine_rows": pa.array([p.engine_rows for p in parts], pa.bool_()),
     }))

@@ -11,6 +11,7 @@ parts that started before and end after), remembered from one part to the next.
 from __future__ import annotations
 
 import contextvars
+import os
 import shutil
 import tempfile
 import threading
@@ -26,7 +27,9 @@ from hypothesis import strategies as st
 import rltrace
 from rltrace import _names, store
 from rltrace.analysis import summary
+from rltrace.analysis.engine_requests import marks as serving_marks
 from rltrace.store import digest, merge
+from rltrace.store import views
 from rltrace.store.views import read_whole
 from rltrace.store.parts import write_part
 
@@ -91,8 +94,46 @@ def test_summaries_from_per_part_summaries_equal_those_from_the_spans(specs, par
         from_spans = _summaries(run_dir, root / "cache-spans", batch)
         from_summaries = _summaries(summarised, root / "cache-summaries", batch)
         pd.testing.assert_frame_equal(from_summaries, from_spans)
+        # the serving marks (rollout windows, weight syncs with their versions) too, read from the summaries
+        for kind in ("window", "weight_sync"):
+            os.environ["RLTRACE_SUMMARY_CACHE_DIR"] = str(root / f"marks-spans-{kind}")
+            want = serving_marks(store.open(run_dir), kind)
+            os.environ["RLTRACE_SUMMARY_CACHE_DIR"] = str(root / f"marks-summaries-{kind}")
+            got = serving_marks(store.open(summarised), kind)
+            pd.testing.assert_frame_equal(got, want)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_serving_marks_are_read_from_the_summaries_not_the_spans(run_dir, monkeypatch, tmp_path):
+    """A part with a per-part summary gives its rollout windows and weight syncs (with their
+    versions) from the summary: with its span part unreadable, the marks are still the spans'."""
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    rltrace.init(run_dir, role="rollout", flush_interval=0.01)
+    for step in range(3):
+        with rltrace.phase("rollout", step=step):
+            _generate_on_threads(step)
+        with rltrace.phase("weight_sync", step=step, weight_version=step + 1):
+            time.sleep(0.002)
+        rltrace.flush()
+    rltrace.shutdown()  # merges its parts into one, with its summary
+    assert len(list((run_dir / "span_digests").glob("*.parquet"))) == 1
+    want = {kind: serving_marks(store.open(run_dir), kind) for kind in ("window", "weight_sync")}
+    assert list(want["window"]["step"]) == [0, 1, 2] and list(want["weight_sync"]["weight_version"]) == [1, 2, 3]
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "fresh"))
+    con = store.open(run_dir)
+    read = []
+    real = views.parts_sql
+    monkeypatch.setattr(views, "parts_sql", lambda table, parts, *a: read.append(table.name) or real(table, parts, *a))
+    for kind, frame in want.items():
+        pd.testing.assert_frame_equal(serving_marks(con, kind), frame)
+    assert "spans" not in read  # the span part was not scanned
+    shutil.rmtree(run_dir / "span_digests")  # without its summary, the same marks from the spans
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "spans"))
+    con = store.open(run_dir)
+    for kind, frame in want.items():
+        pd.testing.assert_frame_equal(serving_marks(con, kind), frame)
+    assert "spans" in read
 
 
 def _generate_on_threads(step: int) -> None:
