@@ -56,11 +56,12 @@ from rltrace._phases import term as term_of
 from rltrace.analysis import _intervals as iv
 from rltrace.store.ids import span_hex
 
-VERSION = 8  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 9  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
 # 6: a container's own time with nothing running anywhere is its work, not idle; no waits from a step with no work
 # 7: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
 # 8: ties broken by what rows hold (phase, process names), so spans and per-part summaries give one answer
+# 9: the process that ran an awaited phase longest: ties by name, a phase's 0 ns runs left out (batching changed it)
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -82,6 +83,19 @@ def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(int64 code per row, -1 for null; names as an object array) of a string column."""
     codes, values = _encode(column)
     return codes, np.asarray(values.to_pylist(), dtype=object)
+
+
+def _codes_in(column: pa.ChunkedArray | pa.Array, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_codes` of the column's rows taken in `order`, without taking the text: codes numbered by
+    first appearance in that order, as encoding the reordered column would number them."""
+    codes, names = _codes(column)
+    codes = codes[order]
+    valid = codes >= 0
+    present, first_at = np.unique(codes[valid], return_index=True)
+    by_first = present[np.argsort(first_at, kind="stable")]
+    renumber = np.empty(len(names), _I64)
+    renumber[by_first] = np.arange(len(by_first), dtype=_I64)
+    return np.where(valid, renumber[np.maximum(codes, 0)], -1), names[by_first]
 
 
 def _parents(parent_ids: pa.ChunkedArray, span_ids: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -125,21 +139,20 @@ class Spans:
     total: np.ndarray  # their summed durations (ns)
 
     @classmethod
-    def from_arrow(cls, table: pa.Table) -> Spans:
+    def from_arrow(cls, table: pa.Table, order: np.ndarray | None = None) -> Spans:
         """From columns span_id, parent_span_id, phase, name, step, process_id, thread_id,
         start_ns, end_ns, waiting_for, sync_bytes, sync_method, and (rows of per-part summaries)
-        count and total_ns."""
+        count and total_ns. `order`: the rows' order, by start (default: by start, ties as in
+        `table`); the same as the table taken in that order, without taking its text columns."""
         def ints(name, fill):
             return np.asarray(table[name].fill_null(fill).to_numpy(), _I64)
 
         start = ints("start_ns", 0)
-        order = np.argsort(start, kind="stable")
-        inverse = np.empty(len(order), _I64)
-        inverse[order] = np.arange(len(order), dtype=_I64)
-        parent, first = _parents(table["parent_span_id"], table["span_id"])
-        first = np.where(first >= 0, inverse[np.maximum(first, 0)], -1)  # each parent id's row, in start order
-        phase, phase_names = _codes(table["phase"])
-        proc, proc_names = _codes(table["process_id"])
+        order = np.argsort(start, kind="stable") if order is None else np.asarray(order, _I64)
+        taken = pa.array(order)
+        parent, first = _parents(table["parent_span_id"].take(taken), table["span_id"].take(taken))
+        phase, phase_names = _codes_in(table["phase"], order)
+        proc, proc_names = _codes_in(table["process_id"], order)
         end = ints("end_ns", 0)
         weighted = "count" in table.column_names
         return cls(
@@ -147,14 +160,14 @@ class Spans:
             row=order,
             step=ints("step", 0)[order],
             has_step=table["step"].is_valid().to_numpy(zero_copy_only=False)[order],
-            phase=phase[order],
+            phase=phase,
             phase_names=phase_names,
-            proc=proc[order],
+            proc=proc,
             proc_names=proc_names,
             thread=ints("thread_id", -1)[order],
             start=start[order],
             end=end[order],
-            prow=first[parent[order]],
+            prow=first[parent],  # each span's parent row in this order, -1 when not loaded
             sync_bytes=table["sync_bytes"].cast(pa.float64()).fill_null(np.nan).to_numpy()[order],
             count=(ints("count", 1) if weighted else np.ones(len(start), _I64))[order],
             total=(ints("total_ns", 0) if weighted else end - start)[order],
@@ -826,8 +839,9 @@ def _who_ran(x: _Batch, waits: pd.DataFrame) -> np.ndarray:
     ran = pd.DataFrame({"step": step[known], "phase": np.append(s.phase_names, None)[phase[known] - 1],
                         "process_id": np.append(s.proc_names, None)[proc[known] - 1],
                         "ns": np.round(np.concatenate([total, ototal])[known]).astype(_I64)})
-    ran = ran.sort_values(["step", "phase", "process_id"], kind="stable", ignore_index=True)
-    ran = ran.sort_values("ns", ascending=False)
+    # longest first; ties by name (one answer however the steps were batched); a phase that ran 0 ns did not run
+    ran = ran[ran["ns"] > 0].sort_values(["ns", "step", "phase", "process_id"], ascending=[False, True, True, True],
+                                         kind="stable", ignore_index=True)
     best: dict[tuple, list[str]] = {}
     for step, ph, proc in zip(ran["step"].tolist(), ran["phase"].tolist(), ran["process_id"].tolist()):
         best.setdefault((step, ph), []).append(proc)

@@ -152,8 +152,8 @@ def marks(con, kind: str) -> pd.DataFrame:
     if kind == "window":
         return con.execute(f"""SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM {name}
                                WHERE kind = 'window' GROUP BY step ORDER BY start_ns, step""").df()
-    return con.execute(f"SELECT * EXCLUDE (rows, size) FROM {name} WHERE kind = ? ORDER BY end_ns, start_ns",
-                       [kind]).df()
+    return con.execute(f"SELECT * EXCLUDE (rows, size) FROM {name} WHERE kind = ? "  # one order, ties too
+                       "ORDER BY end_ns, start_ns, part, step, weight_version", [kind]).df()
 
 
 def stored_model(con) -> tuple[dict, str] | None:

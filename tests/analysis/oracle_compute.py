@@ -48,11 +48,12 @@ from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
 
-VERSION = 8  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 9  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
 # 6: a container's own time with nothing running anywhere is its work, not idle; no waits from a step with no work
 # 7: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
 # 8: ties broken by what rows hold (phase, process names), so spans and per-part summaries give one answer
+# 9: the process that ran an awaited phase longest: ties by name, a phase's 0 ns runs left out
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -482,7 +483,9 @@ def _who_ran(spans: pd.DataFrame, waits: pd.DataFrame) -> np.ndarray:
     """For each wait row, the other process where the awaited phase ran longest in that step, or the
     waiting process itself when the phase ran only there (on another thread)."""
     ran = spans.assign(ns=spans["total_ns"]).groupby(["step", "phase", "process_id"])["ns"].sum()
-    ran = ran.reset_index().sort_values("ns", ascending=False)
+    ran = ran.reset_index()
+    ran = ran[ran["ns"] > 0].sort_values(["ns", "step", "phase", "process_id"], ascending=[False, True, True, True],
+                                         kind="stable")  # longest first, ties by name; 0 ns did not run
     best: dict[tuple, list[str]] = {}
     for step, ph, proc in zip(ran["step"], ran["phase"], ran["process_id"]):
         best.setdefault((step, ph), []).append(proc)
