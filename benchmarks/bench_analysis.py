@@ -283,9 +283,13 @@ def _command(argv: list[str], cache: Path) -> dict:
 def _raw(run_dir: Path, written: int, rows: list, meta: bool = False) -> None:
     """The report on a run as its writers left it (nobody compacted it) against a GROUP BY, as
     commands; then a live run's second report, after one more step was flushed."""
+    import subprocess
     import sys
 
     cache = run_dir.parent / f"{run_dir.name}-summaries"
+    # rltrace's bytecode compiled first, as `pip install` leaves it (a checkout run with
+    # PYTHONDONTWRITEBYTECODE would compile every module on each command)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(report.__file__).parent.parent)], check=True)
     group_by = [sys.executable, "-c", "import duckdb; duckdb.sql(\"SELECT step, phase, count(*) AS n, "
                 f"sum(end_ns - start_ns) AS ns FROM read_parquet('{run_dir}/spans/*.parquet') GROUP BY step, phase\").fetchall()"]
     report_cmd = [str(Path(sys.executable).parent / "rltrace"), "report", str(run_dir), "--json"]

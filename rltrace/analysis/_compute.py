@@ -655,9 +655,8 @@ def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
     if attributed.empty:
         return pd.DataFrame()
     attributed["process_id"] = np.insert(s.proc_names, 0, None)[attributed["proc"].to_numpy()]
-    keys = ["step", "process_id", "detail", "in_phase", "waited_for"]
-    agg = attributed.groupby(keys, dropna=False, sort=True).agg(seconds=("ns", "sum"), count=("ns", "size")).reset_index()
-    agg["seconds"] = agg["seconds"] / 1e9
+    agg = _total_by(attributed, ["step", "process_id", "detail", "in_phase", "waited_for"], "ns")
+    agg["seconds"] = agg["ns"] / 1e9
     agg["other_process_id"] = _who_ran(x, agg)
     return _rows(
         "wait",
@@ -670,6 +669,27 @@ def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
         seconds=agg["seconds"].to_numpy(),
         count=agg["count"].to_numpy(),
     )
+
+
+def _total_by(frame: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
+    """One row per distinct combination of `keys` (a missing value is a value of its own, given as
+    None): the keys, `value` summed and `count` rows, in no particular order (summary rows are
+    ordered when read). What `groupby(keys, dropna=False)` gives, without hashing text tuples."""
+    gid = np.zeros(len(frame), _I64)
+    for key in keys:
+        codes, uniques = pd.factorize(frame[key].to_numpy(), use_na_sentinel=True)  # missing: -1
+        gid = pd.factorize(gid * (len(uniques) + 1) + (np.asarray(codes, _I64) + 1))[0].astype(_I64)
+    n = int(gid.max()) + 1 if len(gid) else 0
+    _, first = np.unique(gid, return_index=True)  # a row of each group, for its keys
+    out = {}
+    for key in keys:
+        values = frame[key].to_numpy()[first]
+        if values.dtype == object:
+            values = np.where(pd.isna(values), None, values)
+        out[key] = values
+    out[value] = np.bincount(gid, weights=frame[value].to_numpy(np.float64), minlength=n)
+    out["count"] = np.bincount(gid, minlength=n)
+    return pd.DataFrame(out)
 
 
 def _split_by_containers(x: _Batch, step: np.ndarray, proc: np.ndarray, a: np.ndarray, b: np.ndarray) -> pd.DataFrame:
