@@ -126,6 +126,7 @@ def _sql(keep: str, source: str, where: str) -> str:
 _MARK_KIND = f"""CASE WHEN name = {_q(_model.MODEL_SPAN)} THEN 'model'
                      WHEN coalesce(phase, name) = 'weight_sync' THEN 'weight_sync'
                      WHEN coalesce(phase, name) IN ({", ".join(_q(n) for n in DELTA_STEPS)}) THEN 'delta_step'
+                     WHEN coalesce(phase, name) IN ({", ".join(_q(n) for n in _names.WEIGHT_SYNC_CHILDREN)}) THEN 'sync_child'
                      WHEN step IS NOT NULL AND coalesce(phase, name) IN ('rollout', 'generate') THEN 'window' END"""
 #: one pass over each part, reading no text but names: rollout windows and delta steps aggregated
 #: (per step / per part), weight syncs and model records one row each (a model's attribute text is
@@ -144,8 +145,9 @@ _MARKS_SQL = f"""
 def marks(con, kind: str) -> pd.DataFrame:
     """The run's `window` (per step: first start and last end of its rollout/generate spans),
     `weight_sync` (each finished sync: step, weight_version, start_ns, end_ns), `model` (each
-    `init(model=...)` record: part, start_ns) or `delta_step` (per span part holding a
-    finished delta-sync step: its first start, last end) rows."""
+    `init(model=...)` record: part, start_ns), `delta_step` (per span part holding a finished
+    delta-sync step: its first start, last end) or `sync_child` (likewise for a weight sync's
+    child phases: drain, gather, transfer, ...) rows."""
     if not _parts.has_table(con, "spans"):
         return pd.DataFrame(columns=["part", *_MARKS_SCHEMA.names[3:]])
     name = _parts.table(con, MARKS_KIND, _MARKS_SCHEMA, _MARKS_SQL, digests=_names.SPAN_DIGEST.version)

@@ -15,6 +15,7 @@ import pandas as pd
 from rltrace._names import WEIGHT_SYNC_CHILDREN
 from rltrace.analysis import summary
 from rltrace.analysis._steps import Steps, step_filter
+from rltrace.analysis.engine_requests import marks as serving_marks
 
 MAX_DEPTH = 6  # levels below weight_sync searched for its children
 #: SQL of a recursive CTE `below(sync_id, span_id, depth)`: every span under each span of a CTE
@@ -35,10 +36,8 @@ def sync_children(con, steps: Steps = None) -> pd.DataFrame:
     """
     where, params = step_filter(steps, "step")
     marks = ", ".join("?" for _ in WEIGHT_SYNC_CHILDREN)
-    # coalesce(phase, name) spelled out: the name column is then read only where phase is null
-    any_child = con.execute(f"SELECT 1 FROM spans WHERE phase IN ({marks}) OR (phase IS NULL AND name IN ({marks})) LIMIT 1",
-                            [*WEIGHT_SYNC_CHILDREN, *WEIGHT_SYNC_CHILDREN]).fetchall()
-    if not any_child:  # most runs: no broken-down syncs; skip the recursive walk over every span
+    if serving_marks(con, "sync_child").empty:  # most runs: no broken-down syncs; skip the recursive walk
+        # over every span (whether a finished part holds a child phase is read once per part)
         return pd.DataFrame(columns=["sync_span_id", "step", "start_ns", "sync_s", "child", "seconds", "bytes",
                                      "processes"])
     return con.execute(

@@ -95,7 +95,7 @@ def test_summaries_from_per_part_summaries_equal_those_from_the_spans(specs, par
         from_summaries = _summaries(summarised, root / "cache-summaries", batch)
         pd.testing.assert_frame_equal(from_summaries, from_spans)
         # the serving marks (rollout windows, weight syncs with their versions) too, read from the summaries
-        for kind in ("window", "weight_sync"):
+        for kind in ("window", "weight_sync", "sync_child", "delta_step"):
             os.environ["RLTRACE_SUMMARY_CACHE_DIR"] = str(root / f"marks-spans-{kind}")
             want = serving_marks(store.open(run_dir), kind)
             os.environ["RLTRACE_SUMMARY_CACHE_DIR"] = str(root / f"marks-summaries-{kind}")

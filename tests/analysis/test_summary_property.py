@@ -34,7 +34,7 @@ from rltrace.testing import T0_NS, RunBuilder
 from . import oracle_compute
 
 
-PHASES = [*STAGE_OF, "step", "wait", "eval", "iteration", "prefill"]
+PHASES = [*STAGE_OF, "step", "wait", "eval", "iteration", "prefill", "transfer", "diff"]  # with a weight sync's child and a delta-sync step
 UNIT_NS = 250_000_000  # a coarse grid: equal times are common
 JITTER_NS = 500_000  # half the critical path's tolerance
 
