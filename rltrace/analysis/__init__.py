@@ -39,7 +39,7 @@ from rltrace.analysis.steps import phase_breakdown, phase_rows, phase_totals, st
 from rltrace.analysis.summary import table as summary_table
 from rltrace.analysis.sync import sync_children, sync_growth
 from rltrace.analysis.timeline import sample_timeline, step_timeline
-from rltrace.analysis.waits import top_waits, waits
+from rltrace.analysis.waits import by_step as waits_by_step, top_waits, waits
 
 __all__ = [
     "StepRangeError",
@@ -57,6 +57,7 @@ __all__ = [
     "fit_bandwidth",
     "waits",
     "top_waits",
+    "waits_by_step",
     "critical_path",
     "common_paths",
     "long_tail",

@@ -3,6 +3,8 @@ phases running elsewhere at that moment (other processes, or other threads of th
 
 from __future__ import annotations
 
+import weakref
+
 import pandas as pd
 
 from rltrace._phases import STAGE_OF
@@ -35,8 +37,35 @@ def waits(con, steps: Steps = None) -> pd.DataFrame:
     return out[cols]
 
 
+def by_step(con, steps: Steps = None) -> pd.DataFrame:
+    """Seconds waited per step, process and awaited stage (every wait of the step: the chart of who
+    waits for what). Returns: step, process_id, role, rank, waited_for_group, seconds; by step,
+    process and stage. Grouped before labelling (role and rank follow from the process)."""
+    w = _unlabelled(con, steps)
+    keys = ["step", "process_id", "waited_for_group"]
+    g = w.groupby(keys, dropna=False, sort=True)["seconds"].sum().reset_index()
+    who = _who.processes(con, g["process_id"].dropna().unique())[["process_id", "role", "rank"]]
+    g = g.merge(who, on="process_id", how="left")
+    return g[["step", "process_id", "role", "rank", "waited_for_group", "seconds"]]
+
+
+#: the last `_unlabelled` frame of each connection (`waits`, `top_waits` and `by_step` all read it:
+#: a million wait rows at 100M spans)
+_LAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _unlabelled(con, steps: Steps) -> pd.DataFrame:
-    """`waits` without role and rank (a label per wait row costs a join over every row), in its order."""
+    """`waits` without role and rank (a label per wait row costs a join over every row), in its
+    order; read once per connection and step range (callers never change it)."""
+    last = _LAST.get(con)
+    if last is not None and last[0] == steps:
+        return last[1]
+    out = _read_unlabelled(con, steps)
+    _LAST[con] = (steps, out)
+    return out
+
+
+def _read_unlabelled(con, steps: Steps) -> pd.DataFrame:
     rows = summary.rows(con, steps, kinds=("wait",), columns=(
         "step", "process_id", "detail", "phase", "other", "other_process_id", "seconds", "count"))
     out = pd.DataFrame(

@@ -162,9 +162,7 @@ def _step_range(con, steps: Steps) -> dict:
 def _waits_by_step(con, steps: Steps) -> list[dict]:
     """Per step, process and awaited stage (`waited_for_group`): seconds waited (every wait of
     the step, for the chart of who waits for what; `waits` keeps the longest few, with sentences)."""
-    w = analysis.waits(con, steps)
-    keys = ["step", "process_id", "role", "rank", "waited_for_group"]
-    return plain(w.groupby(keys, dropna=False, sort=True)["seconds"].sum().reset_index())
+    return plain(analysis.waits_by_step(con, steps))
 
 
 def _open_spans(con, now_ns: int) -> list[dict]:
