@@ -295,10 +295,13 @@ def _raw(run_dir: Path, written: int, rows: list, meta: bool = False) -> None:
     report_cmd = [str(Path(sys.executable).parent / "rltrace"), "report", str(run_dir), "--json"]
     build = "report.build(store.open({d!r}))".format(d=str(run_dir))
     base = statistics.median(_command(group_by, cache)["seconds"] for _ in range(3))
-    shutil.rmtree(cache, ignore_errors=True)
-    first = _command(report_cmd, cache)
+    firsts = []
+    for _ in range(3):  # the median of three, each with nothing cached, as the baseline's
+        shutil.rmtree(cache, ignore_errors=True)
+        firsts.append(_command(report_cmd, cache))
+    first = sorted(firsts, key=lambda r: r["seconds"])[1]
     rows.append(("DuckDB GROUP BY step, phase (python -c, a command)", "baseline", f"{base:.2f} s", "", ""))
-    rows.append(("rltrace report --json, nothing cached (a command)", "<= 8x baseline",
+    rows.append(("rltrace report --json, nothing cached (a command, median of 3)", "<= 8x baseline",
                  f"{first['seconds']:.2f} s", f"{base:.2f} s GROUP BY", f"{first['seconds'] / base:.1f}x"))
     rows.append(("  peak memory of that report", "<= 4 GB (10M), < 8 GB (100M)", f"{first['peak_mb'] / 1024:.2f} GB", "", ""))
     shutil.rmtree(cache, ignore_errors=True)

@@ -1,5 +1,3 @@
-import sys
+from rltrace.cli import console
 
-from rltrace.cli import main
-
-sys.exit(main())
+console()
