@@ -61,7 +61,7 @@ def test_wheel_has_only_the_rltrace_import_name(tmp_path):
                 "rltrace/integrations/trl.py", "rltrace/integrations/trl_replay.py"):
         assert pkg in names
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "rltrace = rltrace.cli:main" in entry_points
+    assert "rltrace = rltrace.cli:console" in entry_points
     assert "trl = rltrace.integrations.trl:TRLInstrumentor" in entry_points
     # the version is written once, in rltrace/__init__.py; the wheel's metadata reads it from there
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
