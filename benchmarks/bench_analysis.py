@@ -174,7 +174,8 @@ def process_ids() -> list[str]:
 
 def write_as_writers_do(run_dir: Path, table: pa.Table, names: list[str]) -> None:
     """Spans of several processes as their writers leave them once merged: per process, parts
-    sorted by (step, start) in 128k-row groups, each with its per-part summary (the same code)."""
+    sorted by (step, start) in 128k-row groups, each with its per-part summary and engine request
+    rows (the same code)."""
     proc = table["process_id"]
     for i, process_id in enumerate(process_ids()):
         mine = table.filter(pc.equal(proc, process_id))
@@ -184,6 +185,7 @@ def write_as_writers_do(run_dir: Path, table: pa.Table, names: list[str]) -> Non
         name = names[i]
         path = write_part(run_dir / "spans", name, mine, _names.SPANS, write_options={"row_group_size": merge.ROW_GROUP_ROWS})
         merge.write_summary(path.parent, name, digest.build(mine), mine.num_rows)
+        merge.write_requests(path.parent, name, mine)
 
 
 def generate(run_dir: Path, spans: int, seed: int = 0, meta: bool = False) -> int:

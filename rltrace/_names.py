@@ -188,6 +188,7 @@ META_REPLACES = b"rltrace.replaces"  # compacted parts: JSON list of the part na
 META_RUN_ID = b"rltrace.run_id"  # the run a part belongs to (a part linked in from another run is refused)
 META_SUMMARY_OF = b"rltrace.summary_of"  # step_summary: digest of the span parts it was computed from
 META_DIGEST_OF = b"rltrace.digest_of"  # span_digest: JSON [name, rows] of the span part it summarises
+META_REQUESTS_SQL = b"rltrace.requests_sql"  # span_requests: the version of the SQL that found them
 #: spans parts: b"0" when no span of the part can be an engine request row (`ENGINE_ATTR_MARKS` and the
 #: names below), b"1" when one may; the serving sidecar does not scan a part marked 0. Bump the suffix
 #: whenever the marks change, so parts marked under the old ones are scanned again.
@@ -435,6 +436,18 @@ SPAN_DIGEST_SCHEMA = pa.schema(
 )
 
 
+#: Engine request rows of a span part (`rltrace.store.requests`), stored by the writer that merged
+#: it (`span_requests/<part name>`): what a report would otherwise read every span's attributes for.
+REQUEST_FIELDS = ("e2e_s", "queue_s", "decode_throughput", "prompt_tokens", "completion_tokens", "cached_tokens",
+                  "ttft_s", "prefill_s", "decode_s", "kv_transfer_s", "kv_bytes", "cache_io_s")
+SPAN_REQUESTS_SCHEMA = pa.schema([("kind", pa.string()), ("span_id", pa.string()), ("parent_span_id", pa.string()),
+                                  ("name", pa.string()), ("process_id", pa.string()), ("service_name", pa.string()),
+                                  ("rank", pa.int64()), ("step", pa.int64()), ("weight_version", pa.int64()),
+                                  ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("timed", pa.bool_()),
+                                  ("request_id", pa.string()), ("role", pa.string()),
+                                  *((c, pa.float64()) for c in REQUEST_FIELDS)])
+
+
 #: Uncaught exceptions (docs/integrations.md): one row per exception that reached the top of a
 #: thread (`kind` thread: the thread died) or of the process (`kind` process: it exited).
 CRASHES_SCHEMA = pa.schema(
@@ -528,12 +541,14 @@ STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step",
 RESOURCES = Table("resources", "resources", RESOURCES_SCHEMA, 1, ("time_ns", "kind"))
 ALERTS = Table("alerts", "alerts", ALERTS_SCHEMA, 1, ("alert_id", "key", "rule", "time_ns"))
 SPAN_DIGEST = Table("span_digest", "span_digests", SPAN_DIGEST_SCHEMA, 2, ("phase", "start_ns", "end_ns", "count"))
+SPAN_REQUESTS = Table("span_requests", "span_requests", SPAN_REQUESTS_SCHEMA, 1, ("kind", "start_ns"))
+SPAN_SIDECARS = (SPAN_DIGEST, SPAN_REQUESTS)  # files beside a span part, named like it, in force while it is
 
 #: Every table `rltrace.store.open` makes a view of. Later parts of rltrace add theirs here.
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY, PROFILES, PROFILE_FRAMES, BATCHES, REPLAYS,
-              RESOURCES, ALERTS, CRASHES, SPAN_DIGEST)
+              RESOURCES, ALERTS, CRASHES, SPAN_DIGEST, SPAN_REQUESTS)
 }
 
 #: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.

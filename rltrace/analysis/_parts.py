@@ -105,7 +105,8 @@ def cache_files(con, kind: str = "summary") -> tuple[Path | None, list[Path]]:
     return main, sorted(main.parent.glob(f"{main.stem}.new-*.parquet"), reverse=True)
 
 
-def table(con, kind: str, schema: pa.Schema, select: str, digests: int = 0, only: str | None = None) -> str:
+def table(con, kind: str, schema: pa.Schema, select: str, digests: int = 0, only: str | None = None,
+          stored: tuple[str, str] | None = None) -> str:
     """The name of a temporary table holding, for every span part of the connection, the rows
     `select` gives for it; computed once per connection, from the sidecar and the new parts.
 
@@ -121,6 +122,10 @@ def table(con, kind: str, schema: pa.Schema, select: str, digests: int = 0, only
     new parts' rows), folded into one file after `ADDITIONS` of them. `only`: SQL over the columns
     of the span-parts table (`store.views.connect`) true for the parts worth scanning; the others
     give no rows (what their writer recorded in the footer says `select` finds nothing there).
+    `stored`: (a column of the span-parts table naming a file of the rows `select` gives for the
+    part, which its writer stored; the version they must have, in column `<column>_sql`): such
+    parts are read from those files, never scanned, and left out of the sidecar (the file is there
+    for the next report too).
     """
     name = f"_rltrace_part_{kind}"
     if has_table(con, name):
@@ -163,10 +168,9 @@ def table(con, kind: str, schema: pa.Schema, select: str, digests: int = 0, only
             taken.add(part)
     con.execute(f"DROP TABLE {name}_inputs")
     scan = now - taken
-    if scan:
-        _scan(con, name, schema, select, scan, digests, only)
-    if new and main is not None:
-        _save(con, name, schema, main, [f for f in files if f != main], main_read, new)
+    from_writers = _scan(con, name, schema, select, scan, digests, only, stored) if scan else set()
+    if new - from_writers and main is not None:
+        _save(con, name, schema, main, [f for f in files if f != main], main_read, new - from_writers, now - from_writers)
     return name
 
 
@@ -194,15 +198,27 @@ def _insert(con, name: str, rows: pa.Table, parts: set[tuple[str, int, int]] | N
 
 
 def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, int, int]], digests: int,
-          only: str | None = None) -> None:
+          only: str | None = None, stored: tuple[str, str] | None = None) -> set[tuple[str, int, int]]:
+    """Rows of these parts into the table: from their writers' files (`stored`), their summaries
+    (`digests`) or their spans. Returns the parts read from their writers' files."""
+    column, version = stored if stored else ("NULL", None)
     con.register("_rltrace_parts", _parts_table(parts))
     try:
         found = con.execute(
-            f"SELECT path, rows, size, version, CASE WHEN ? > 0 AND digest_version >= ? THEN digest END "
+            f"SELECT path, rows, size, version, CASE WHEN ? > 0 AND digest_version >= ? THEN digest END, "
+            f"CASE WHEN {column + '_sql' if stored else 'NULL'} = ? THEN {column} END, name "
             f"FROM {_PARTS} s SEMI JOIN _rltrace_parts p ON s.name = p.part "
-            f"AND s.rows = p.rows AND s.size = p.size WHERE {only or 'true'}", [digests, digests]).fetchall()
+            f"AND s.rows = p.rows AND s.size = p.size WHERE {only or 'true'}", [digests, digests, version]).fetchall()
     finally:
         con.unregister("_rltrace_parts")
+    written = [Path(w) for *_, w, _ in found if w]
+    from_writers = {(n, r, z) for _, r, z, _, _, w, n in found if w}
+    if written:  # named like their span part: filename gives the part's name
+        rest = ", ".join(f"f.{c}" for c in schema.names[3:])
+        con.execute(f"""INSERT INTO {name} SELECT p.name, p.rows, p.size, {rest}
+            FROM read_parquet({views.sql_paths(written)}, filename = true) f
+            JOIN {_PARTS} p ON parse_filename(f.filename) = p.name""")
+    found = [row[:5] for row in found if not row[5]]
     raw = [views.Part(path=Path(p), rows=r, size=z, version=v) for p, r, z, v, d in found if not d]
     sources = []
     if raw:
@@ -211,18 +227,20 @@ def _scan(con, name: str, schema: pa.Schema, select: str, parts: set[tuple[str, 
     summaries = [Path(d) for *_, d in found if d]
     if summaries:  # named like their span part: filename gives the part's name
         sources.append(f"SELECT * FROM read_parquet({views.sql_paths(summaries)}, filename = true, union_by_name = true)")
-    if not sources:  # every part given is one `only` leaves out
-        return
+    if not sources:  # every part given is one `only` leaves out, or whose writer stored its rows
+        return from_writers
     rest = ", ".join(f"f.{c}" for c in schema.names[3:])
     con.execute(f"""INSERT INTO {name}
         WITH part_spans AS ({" UNION ALL BY NAME ".join(sources)})
         SELECT p.name, p.rows, p.size, {rest} FROM ({select}) f
         JOIN {_PARTS} p ON parse_filename(f.filename) = p.name""")
+    return from_writers
 
 
-def _save(con, name: str, schema: pa.Schema, main: Path, additions: list[Path], main_read: bool, new: set) -> None:
-    """Write the new parts' rows as an addition to the main file, or everything into the main
-    file when it could not be read or there are `ADDITIONS` additions (then removed)."""
+def _save(con, name: str, schema: pa.Schema, main: Path, additions: list[Path], main_read: bool, new: set,
+          kept: set) -> None:
+    """Write the new parts' rows as an addition to the main file, or the rows of every part `kept`
+    into the main file when it could not be read or there are `ADDITIONS` additions (then removed)."""
     additions = [f for f in additions if f.is_file()]
     if main_read and len(additions) < ADDITIONS:
         con.register("_rltrace_parts", _parts_table(new))
@@ -234,8 +252,16 @@ def _save(con, name: str, schema: pa.Schema, main: Path, additions: list[Path], 
         write_cache(main.with_name(f"{main.stem}.new-{time.time_ns():020d}-{os.getpid()}.parquet"),
                     lambda: with_parts(rows, new))
         return
-    now = parts_now(con)
-    if write_cache(main, lambda: with_parts(con.sql(f"SELECT * FROM {name}").to_arrow_table().cast(schema), now)):
+    def everything() -> pa.Table:
+        con.register("_rltrace_parts", _parts_table(kept))
+        try:
+            rows = con.sql(f"SELECT t.* FROM {name} t SEMI JOIN _rltrace_parts p ON t.part = p.part "
+                           "AND t.rows = p.rows AND t.size = p.size").to_arrow_table().cast(schema)
+        finally:
+            con.unregister("_rltrace_parts")
+        return with_parts(rows, kept)
+
+    if write_cache(main, everything):
         for path in additions:  # folded into the main file
             with contextlib.suppress(OSError):
                 path.unlink()

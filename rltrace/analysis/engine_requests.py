@@ -11,10 +11,11 @@ Sources, all read from the spans (docs/analysis.md, "Serving capacity"):
 - rltrace's own spans carrying the same names (`rltrace.phase("generate", prompt_tokens=...)`
   stores `rl.prompt_tokens`), and `kv_transfer` spans with `rl.bytes`.
 
-Finding them means reading every span's attribute text, so finished spans are read once per part
-(`_parts` sidecars: `requests` for the request fields, `serving_marks_v2` for rollout windows, weight
-syncs and the model config stored by `init(model=...)`); open spans now. Each connection builds
-the table once.
+Finding them means reading every span's attribute text (`rltrace.store.requests` holds that SQL),
+so finished spans are read once per part: the rows a part's writer stored beside it when it merged
+it (`span_requests/`), else the `_parts` sidecars (`requests` for the request fields,
+`serving_marks_v2` for rollout windows, weight syncs and the model config stored by
+`init(model=...)`); open spans now. Each connection builds the table once.
 """
 
 from __future__ import annotations
@@ -28,99 +29,25 @@ import pyarrow as pa
 from rltrace import _model, _names
 from rltrace.analysis import _parts
 from rltrace.analysis._steps import Steps, step_filter
+from rltrace.store import requests
 
-#: column -> attribute names, the first present wins (SGLang/slime plain names, rltrace's `rl.` ones, OTel gen_ai)
-NUMBERS = {
-    "e2e_s": ("e2e_latency", "rl.e2e_latency", "gen_ai.latency.e2e"),
-    "queue_s": ("queue_time", "rl.queue_time", "gen_ai.latency.time_in_queue"),
-    "decode_throughput": ("decode_throughput", "rl.decode_throughput"),
-    "prompt_tokens": ("prompt_tokens", "rl.prompt_tokens", "gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"),
-    "completion_tokens": ("completion_tokens", "rl.completion_tokens", "gen_ai.usage.completion_tokens",
-                          "gen_ai.usage.output_tokens"),
-    "cached_tokens": ("cached_tokens", "rl.cached_tokens", "gen_ai.usage.cached_tokens"),
-    "ttft_s": ("gen_ai.latency.time_to_first_token", "rl.ttft_s"),
-    "prefill_s": ("gen_ai.latency.time_in_model_prefill", "pd_prefill_forward_duration", "rl.prefill_s"),
-    "decode_s": ("gen_ai.latency.time_in_model_decode", "pd_decode_forward_duration", "rl.decode_s"),
-    "kv_transfer_s": ("pd_decode_transfer_duration",),
-    "cache_io_s": ("rl.cache_io_s",),
-    "_kv_mb": ("pd_transfer_total_mb",),  # SGLang: MiB moved for the request's KV ...
-    "_kv_gb_s": ("pd_transfer_speed_gb_s",),  # ... at GiB/s
-    "_bytes": ("rl.bytes",),  # a `kv_transfer` span's payload
-}
-TEXTS = {"request_id": ("gen_ai.request.id", "sglang_request_id", "rl.request_id", "rid"), "role": ("rl.engine.role",)}
-#: what makes a span a request: SGLang's meta (what slime reads), or any OTel gen_ai latency
-_GEN_AI_LATENCY = tuple(k for keys in NUMBERS.values() for k in keys if k.startswith("gen_ai.latency."))
-PD_SPANS = ("sglang_pd_prefill", "sglang_pd_decode")  # slime's PD children of a request (segments below them)
-KV_TRANSFER = _names.KV_TRANSFER
 DELTA_STEPS = ("snapshot", "diff", "encode", "rebuild")  # what a delta weight sync adds (`delta_sync`)
 DISAGGREGATED = "disaggregated"  # a request seen by its client (slime) with PD durations: engines unknown
 #: slime's spans of the requests it sends to SGLang (through its router: the serving engine is not in its trace)
 CLIENT_SPANS = ("sglang_generate", "sglang_generate_stream")
 ROUTER = "sglang router"  # the engine those requests are listed under
-MIB, GIB = 2**20, 2**30
-_OUT = ("e2e_s", "queue_s", "decode_throughput", "prompt_tokens", "completion_tokens", "cached_tokens", "ttft_s",
-        "prefill_s", "decode_s", "kv_transfer_s", "kv_bytes", "cache_io_s")
-_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("kind", pa.string()),
-                     ("span_id", pa.string()), ("parent_span_id", pa.string()), ("name", pa.string()),
-                     ("process_id", pa.string()), ("service_name", pa.string()), ("rank", pa.int64()),
-                     ("step", pa.int64()), ("weight_version", pa.int64()), ("start_ns", pa.int64()),
-                     ("end_ns", pa.int64()), ("timed", pa.bool_()), ("request_id", pa.string()), ("role", pa.string()),
-                     *((c, pa.float64()) for c in _OUT)])
+_OUT = requests.OUT
+_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), *requests.ROWS_SCHEMA])
 _MARKS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("kind", pa.string()),
                            ("step", pa.int64()), ("weight_version", pa.int64()), ("start_ns", pa.int64()),
                            ("end_ns", pa.int64())])
-#: a cheap text test before the JSON parse (each search costs about 0.6 s at 10M spans); parts whose
-#: writer found none of these (`_names.META_ENGINE_ROWS`) are not scanned at all
-_MENTIONS = " OR ".join(f"contains(attributes, '{a}')" for a in _names.ENGINE_ATTR_MARKS)
-_PD_NAMES = f"starts_with(name, '{_names.PD_NAME_PREFIX}')"  # not LIKE: `_` is its wildcard
 TABLE = "_rltrace_engine_requests"
 MARKS_KIND = "serving_marks_v2"  # the sidecar's name: a new name whenever what it holds changes (2: windows by coalesce(phase, name))
 COLUMNS = ["engine", "role", "request_id", "span_id", "name", "process_id", "start_ns", "end_ns", "step", "step_from",
            "weight_version", "version_from", *_OUT, "timed"]
 
 
-def _q(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def _sql(keep: str, source: str, where: str) -> str:
-    """Rows (kind request / pd / pd_segment / kv_transfer) of the spans of `source`: each span's
-    attribute text parsed once for every field."""
-    keys = [k for keys in (*NUMBERS.values(), *TEXTS.values()) for k in keys]
-    at = {k: f"v[{i + 1}]" for i, k in enumerate(keys)}
-    paths = ", ".join(f"'$.\"{k}\"'" for k in keys)
-    first = {c: "coalesce(" + ", ".join(at[k] for k in names) + ")" for c, names in {**NUMBERS, **TEXTS}.items()}
-    num = {c: f"TRY_CAST({first[c]} AS DOUBLE)" for c in NUMBERS}
-    sglang = " OR ".join(f"{at[k]} IS NOT NULL" for c in ("e2e_s", "queue_s", "decode_throughput") for k in NUMBERS[c])
-    gen_ai = " OR ".join(f"{at[k]} IS NOT NULL" for k in _GEN_AI_LATENCY)
-    segment = " OR ".join(f"{at[k]} IS NOT NULL" for k in ("pd_prefill_forward_duration", "pd_decode_forward_duration",
-                                                            "pd_decode_transfer_duration"))
-    timed = " OR ".join(f"{at[k]} IS NOT NULL" for k in (*NUMBERS["e2e_s"], *NUMBERS["decode_throughput"]))
-    event = {c: f"TRY_CAST(json_extract_string(events, '$[*].attributes.{a}')[1] AS DOUBLE)"
-             for c, a in (("_kv_mb", "pd_transfer_total_mb"), ("_kv_gb_s", "pd_transfer_speed_gb_s"))}
-    mb = f"coalesce({num['_kv_mb']}, CASE WHEN contains(events, 'pd_transfer_total_mb') THEN {event['_kv_mb']} END)"
-    gb_s = f"coalesce({num['_kv_gb_s']}, CASE WHEN contains(events, 'pd_transfer_speed_gb_s') THEN {event['_kv_gb_s']} END)"
-    is_kv = f"coalesce(phase, name) = {_q(KV_TRANSFER)}"
-    kv_bytes = f"CASE WHEN {is_kv} THEN {num['_bytes']} ELSE {mb} * {MIB} END"
-    kv_s = (f"CASE WHEN {is_kv} THEN (end_ns - start_ns) / 1e9 "
-            f"ELSE coalesce({mb} * {MIB} / nullif({gb_s} * {GIB}, 0), {num['kv_transfer_s']}) END")
-    plain = ", ".join(f"{num[c]} AS {c}" for c in _OUT if c not in ("kv_bytes", "kv_transfer_s"))
-    pd_names = ", ".join(_q(n) for n in PD_SPANS)
-    # ids as hex text, as the `spans` view shows them (parts store them as integers)
-    ids = ("span_hex(span_id) AS span_id, span_hex(parent_span_id) AS parent_span_id" if source == "part_spans"
-           else "span_id, parent_span_id")
-    return f"""SELECT {keep}kind, span_id, parent_span_id, name, process_id, service_name, rank, step, weight_version,
-               start_ns, end_ns, timed, request_id, role, {', '.join(_OUT)}
-        FROM (SELECT {keep}CASE WHEN {sglang} OR {gen_ai} THEN 'request' WHEN name IN ({pd_names}) THEN 'pd'
-                              WHEN {segment} THEN 'pd_segment' WHEN {is_kv} THEN 'kv_transfer' END AS kind,
-                     {ids}, name, process_id, service_name, rank, step, weight_version, start_ns,
-                     end_ns, coalesce({timed}, false) AS timed, {first['request_id']} AS request_id,
-                     lower(coalesce({first['role']}, CASE WHEN name LIKE 'prefill Req %' THEN 'prefill'
-                                                          WHEN name LIKE 'decode Req %' THEN 'decode' END)) AS role,
-                     {plain}, {kv_bytes} AS kv_bytes, {kv_s} AS kv_transfer_s
-              FROM (SELECT {keep}*, json_extract_string(attributes, [{paths}]) AS v FROM {source}
-                    WHERE {where} AND ({_MENTIONS} OR {_PD_NAMES} OR {is_kv})))
-        WHERE kind IS NOT NULL"""
+_q, _sql = requests.q, requests.sql
 
 
 _MARK_KIND = f"""CASE WHEN name = {_q(_model.MODEL_SPAN)} THEN 'model'
@@ -202,7 +129,8 @@ def _sync_versions(con) -> pa.Table:
 def _requests_by_part(con) -> str:
     """The request rows of every finished span part (a sidecar), scanning only the parts whose
     writer did not record that none of their spans can be one."""
-    return _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"), only="engine_rows IS NOT false")
+    return _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"), only="engine_rows IS NOT false",
+                        stored=("requests", requests.SQL_VERSION.decode()))
 
 
 def table(con) -> str:

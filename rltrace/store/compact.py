@@ -109,7 +109,7 @@ def _compact(run_dir: Path, tables: dict, target_rows: int, grace_s: float, prog
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StoreError(f"another `rltrace compact` is running on {run_dir}; wait for it to finish") from None
-        snap = scan(run_dir, tables={**tables, _names.SPAN_DIGEST.name: _names.SPAN_DIGEST}, skip_corrupt=skip_corrupt)
+        snap = scan(run_dir, tables={**tables, **{t.name: t for t in _names.SPAN_SIDECARS}}, skip_corrupt=skip_corrupt)
         now = time.time()
         for name in tables:
             for tmp in (run_dir / tables[name].folder).glob(".*.tmp"):
@@ -155,8 +155,8 @@ def merge_tables(run_dir: Path, snap, tables: dict, target_rows: int, progress, 
         for i, group in enumerate(groups):
             written.append(merging.merge(folder, table, [p.path for p in group], f"c-{uuid.uuid4().hex[:12]}.parquet",
                                          before_visible=summarise))
-            if summarise is not None and merging.summary_path(written[-1]).exists():
-                written.append(merging.summary_path(written[-1]))
+            if summarise is not None:
+                written += [p for p in merging.sidecar_paths(written[-1]) if p.exists()]
             superseded.extend(p.path for p in group)
             if progress is not None:
                 progress(name, i + 1, len(groups))
@@ -202,7 +202,7 @@ def _compact_uri(uri: str, *, target_rows: int, grace_s: float, progress=None, s
     try:
         local = objstore.mirror(uri)
         tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
-        snap = scan(local, tables={**tables, "processes": _names.PROCESSES, _names.SPAN_DIGEST.name: _names.SPAN_DIGEST},
+        snap = scan(local, tables={**tables, "processes": _names.PROCESSES, **{t.name: t for t in _names.SPAN_SIDECARS}},
                     skip_corrupt=skip_corrupt)
         now, live = time.time_ns(), set()
         for part in snap.parts.get("processes", []):
@@ -217,7 +217,7 @@ def _compact_uri(uri: str, *, target_rows: int, grace_s: float, progress=None, s
         for path in written:
             objstore.upload(uri, local, path)
         doomed = [*superseded, *leftovers(snap, live)]
-        doomed += [s for s in map(merging.summary_path, superseded) if s is not None and s.exists()]
+        doomed += [s for p in superseded for s in merging.sidecar_paths(p) if s.exists()]
         if doomed:
             time.sleep(grace_s)  # readers that listed these parts just before they were replaced fetch them first
         for path in doomed:

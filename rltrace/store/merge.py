@@ -38,8 +38,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rltrace import _names
-from rltrace.store import digest, rows
-from rltrace.store.parts import write_part
+from rltrace.store import digest, requests, rows
+from rltrace.store.parts import MARK_ROWS, may_hold_engine_rows, write_part
 
 logger = logging.getLogger("rltrace")
 
@@ -103,12 +103,31 @@ def summary_path(part: Path) -> Path | None:
     return part.parent.parent / _names.SPAN_DIGEST.folder / part.name
 
 
+def sidecar_paths(part: Path) -> list[Path]:
+    """Where the files beside a span part live (its per-part summary, its engine request rows);
+    none for other tables."""
+    part = Path(part)
+    if part.parent.name != _names.SPANS.folder:
+        return []
+    return [part.parent.parent / t.folder / part.name for t in _names.SPAN_SIDECARS]
+
+
 def delete(part: Path) -> None:
-    """Delete a replaced part, and its per-part summary if it has one."""
-    for path in (Path(part), summary_path(part)):
-        if path is not None:
-            with contextlib.suppress(OSError):
-                path.unlink()
+    """Delete a replaced part, and the files beside it if it has any."""
+    for path in (Path(part), *sidecar_paths(part)):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def write_requests(spans_folder: Path, part_name: str, spans: pa.Table) -> Path | None:
+    """Store the engine request rows of span part `part_name` (`spans`: its rows) beside it, when it
+    is large enough that a report would rather not scan it (`parts.MARK_ROWS`) and some of its
+    spans may be requests (None otherwise: a report scans a small part, and skips one marked 0)."""
+    if spans.num_rows < MARK_ROWS or not may_hold_engine_rows(spans):
+        return None
+    meta = {**digest.footer(part_name, spans.num_rows), _names.META_REQUESTS_SQL: requests.SQL_VERSION}
+    return write_part(Path(spans_folder).parent / _names.SPAN_REQUESTS.folder, part_name, requests.rows_of(spans),
+                      _names.SPAN_REQUESTS, meta)
 
 
 def write_summary(spans_folder: Path, part_name: str, summary: pa.Table, rows_: int) -> Path | None:
@@ -151,6 +170,10 @@ class Summaries:
             write_summary(folder, out_name, digest.combine(done) if len(done) > 1 else done[0], merged.num_rows)
         except Exception as exc:  # the part is read as spans, slower but the same
             logger.warning("rltrace: no per-part summary for %s (%s); reports read its spans", out_name, exc)
+        try:
+            write_requests(folder, out_name, merged)
+        except Exception as exc:  # the part's attributes are read by the report, slower but the same
+            logger.warning("rltrace: no engine request rows for %s (%s); reports read its spans", out_name, exc)
 
     def _summary_of(self, part: Path, nrows: int) -> Path | None:
         """An input's summary, if it has one that is its own (names a part of its name and rows)."""
@@ -356,8 +379,9 @@ class Merger:
             self._doomed.append((time.monotonic() + self.grace_s, paths))
         if self._replaced is not None:
             self._replaced(table.folder, [p.name for p in group], out_name)
-            if table is _names.SPANS:  # their summaries (merged inputs have one) go with them
-                self._replaced(_names.SPAN_DIGEST.folder, [p.name for p in group if p.merged], out_name)
+            if table is _names.SPANS:  # the files beside them (merged inputs may have some) go with them
+                for sidecar in _names.SPAN_SIDECARS:
+                    self._replaced(sidecar.folder, [p.name for p in group if p.merged], out_name)
         self.merges += 1
         return 1
 

@@ -101,5 +101,5 @@ def may_hold_engine_rows(spans: pa.Table) -> bool:
             or any(any_of(c, lambda v: pc.equal(v, _names.KV_TRANSFER)) for c in ("name", "phase")))
 
 
-_LEAN = frozenset(("spans", "open_spans", "processes", "span_digest"))
+_LEAN = frozenset(("spans", "open_spans", "processes", "span_digest", "span_requests"))
 _PRUNED_BY = ("step", "start_ns", "end_ns", "status")  # what readers filter parts and row groups by (status: spans that failed)

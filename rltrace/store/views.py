@@ -48,8 +48,9 @@ class Part:
     replaces: tuple[str, ...] = ()
     summary_of: str | None = None  # step_summary parts: digest of the span parts they were computed from
     version: int = 1  # the schema version of its table that the part was written with
-    digest_of: tuple[str, int] | None = None  # span_digest parts: (name, rows) of the span part they summarise
+    digest_of: tuple[str, int] | None = None  # span_digest/span_requests parts: (name, rows) of their span part
     engine_rows: bool | None = None  # spans parts: whether a span may be an engine request (None: not recorded)
+    requests_sql: str | None = None  # span_requests parts: the version of the SQL that found them
 
 
 @dataclass
@@ -160,9 +161,11 @@ def _check_part(path: Path, table: _names.Table, run_id: str | None = None) -> P
         except (ValueError, TypeError):
             raise CorruptPartError(f"{path}: unreadable {_names.META_DIGEST_OF.decode()} footer key") from None
     engine_rows = kv.get(_names.META_ENGINE_ROWS)
+    requests_sql = kv.get(_names.META_REQUESTS_SQL)
     return Part(path=path, rows=meta.num_rows, size=path.stat().st_size, replaces=replaces,
                 summary_of=summary_of.decode("utf-8", "replace") if summary_of else None, version=version,
-                digest_of=digest_of, engine_rows=None if engine_rows is None else engine_rows != b"0")
+                digest_of=digest_of, engine_rows=None if engine_rows is None else engine_rows != b"0",
+                requests_sql=requests_sql.decode("ascii", "replace") if requests_sql else None)
 
 
 def spans_digest(snap: Snapshot) -> str:
@@ -199,11 +202,12 @@ def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _
             raise StoreError(f"{run_dir / table.folder}: parts keep disappearing while reading; retry")
         snap.parts[table.name] = parts
         snap.replaced.extend(replaced)
-    if _names.SPAN_DIGEST.name in snap.parts:  # a per-part summary is in force while its span part is
-        live = {(p.path.name, p.rows) for p in snap.parts.get("spans", [])}
-        digests = snap.parts[_names.SPAN_DIGEST.name]
-        snap.parts[_names.SPAN_DIGEST.name] = [d for d in digests if d.digest_of in live]
-        snap.replaced.extend(d.path for d in digests if d.digest_of not in live)
+    live = {(p.path.name, p.rows) for p in snap.parts.get("spans", [])}
+    for sidecar in _names.SPAN_SIDECARS:  # a file beside a span part is in force while its span part is
+        if sidecar.name in snap.parts:
+            found = snap.parts[sidecar.name]
+            snap.parts[sidecar.name] = [d for d in found if d.digest_of in live]
+            snap.replaced.extend(d.path for d in found if d.digest_of not in live)
     return snap
 
 
@@ -507,6 +511,7 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
     # and each one's per-part summary in force, if any (`rltrace.store.digest`)
     parts = snap.parts.get("spans", [])
     digest_of = {d.digest_of[0]: d for d in snap.parts.get(_names.SPAN_DIGEST.name, [])}
+    requests_of = {d.digest_of[0]: d for d in snap.parts.get(_names.SPAN_REQUESTS.name, [])}
     con.register("_parts", pa.table({
         "name": pa.array([p.path.name for p in parts], pa.string()),
         "rows": pa.array([p.rows for p in parts], pa.int64()),
@@ -518,6 +523,11 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
         "digest_version": pa.array([digest_of[p.path.name].version if p.path.name in digest_of else None
                                     for p in parts], pa.int64()),
         "replaces": pa.array([list(p.replaces) for p in parts], pa.list_(pa.string())),
+        # the engine request rows its writer stored, and the version of the SQL that found them
+        "requests": pa.array([str(requests_of[p.path.name].path) if p.path.name in requests_of else None
+                              for p in parts], pa.string()),
+        "requests_sql": pa.array([requests_of[p.path.name].requests_sql if p.path.name in requests_of else None
+                                  for p in parts], pa.string()),
         "engine_rows": pa.array([p.engine_rows for p in parts], pa.bool_()),
     }))
     con.execute("CREATE TABLE _rltrace_span_parts AS SELECT * FROM _parts")
