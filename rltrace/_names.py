@@ -193,6 +193,9 @@ META_REQUESTS_SQL = b"rltrace.requests_sql"  # span_requests: the version of the
 #: names below), b"1" when one may; the serving sidecar does not scan a part marked 0. Bump the suffix
 #: whenever the marks change, so parts marked under the old ones are scanned again.
 META_ENGINE_ROWS = b"rltrace.engine_rows.1"
+#: spans parts of MARK_ROWS or more: b"0" when no span's attribute text holds `MISMATCH_MISSING`
+#: (what `rltrace.analysis.mismatch.missing` looks for), b"1" when one may
+META_MISMATCH_MISSING = b"rltrace.mismatch_missing.1"
 
 # --- engine request rows (rltrace.analysis.engine_requests) ------------------------------------
 #: Text in a span's attribute JSON that every engine request field's key contains: SGLang's

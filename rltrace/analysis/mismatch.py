@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from rltrace import _names
 from rltrace._names import MISMATCH_METRICS
-from rltrace.analysis import _who
+from rltrace.analysis import _parts, _who
 from rltrace.analysis._steps import Steps, step_filter
 from rltrace.analysis.metrics import step_metrics
 
@@ -156,6 +156,14 @@ def trends(values: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+#: the rollout spans marked, read once per span part (a sidecar), and not at all from a part whose
+#: writer found no span marked (`_names.META_MISMATCH_MISSING`): the attribute text is the run's largest column
+_MISSING_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()),
+                             ("process_id", pa.string()), ("step", pa.int64()), ("reason", pa.string())])
+_MISSING_SQL = f"""SELECT filename, process_id, step, attr(attributes, '{_names.MISMATCH_MISSING}') AS reason
+                   FROM part_spans WHERE phase = 'rollout' AND contains(attributes, '{_names.MISMATCH_MISSING}')"""
+
+
 def missing(con, steps: Steps = None) -> pd.DataFrame:
     """Where mismatch could not be recorded, and why: rollout spans an integration marked with
     `rl.mismatch_missing` (e.g. TRL with `model.generate` wrapped by a plain function, so no
@@ -165,13 +173,10 @@ def missing(con, steps: Steps = None) -> pd.DataFrame:
     row per process and reason.
     """
     where, params = step_filter(steps)
-    key = _names.MISMATCH_MISSING
+    marked = _parts.table(con, "mismatch_missing", _MISSING_SCHEMA, _MISSING_SQL, only="mismatch_missing IS NOT false")
     frame = con.execute(
         f"""SELECT process_id, reason, count(DISTINCT step) AS steps, min(step) AS first_step, max(step) AS last_step
-            FROM (SELECT process_id, step, attr(attributes, ?) AS reason FROM spans
-                  WHERE NOT is_open AND phase = 'rollout' AND contains(attributes, ?) AND {where})
-            WHERE reason IS NOT NULL GROUP BY process_id, reason ORDER BY first_step, process_id, reason""",
-        [key, key, *params],
-    ).df()
+            FROM {marked} WHERE reason IS NOT NULL AND {where}
+            GROUP BY process_id, reason ORDER BY first_step, process_id, reason""", params).df()
     frame = _who.label(frame, con)
     return frame[["process_id", "role", "rank", "reason", "steps", "first_step", "last_step"]]

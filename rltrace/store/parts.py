@@ -64,6 +64,7 @@ def stage_part(
         metadata[_names.META_RUN_ID] = run_id.encode()
     if spec.name == _names.SPANS.name and table.num_rows >= MARK_ROWS:
         metadata[_names.META_ENGINE_ROWS] = b"1" if may_hold_engine_rows(table) else b"0"
+        metadata[_names.META_MISMATCH_MISSING] = b"1" if _any_text(table, "attributes", _names.MISMATCH_MISSING) else b"0"
     metadata.update(extra_metadata or {})
     table = table.replace_schema_metadata(metadata)
     tmp = folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
@@ -81,6 +82,17 @@ def stage_part(
         tmp.unlink(missing_ok=True)
         raise
     return tmp
+
+
+def _any_text(spans: pa.Table, column: str, text: str) -> bool:
+    """Whether a value of a text column holds `text` (a dictionary column: any value it may hold)."""
+    if column not in spans.column_names:
+        return False
+    for chunk in spans[column].chunks:
+        values = chunk.dictionary if pa.types.is_dictionary(chunk.type) else chunk
+        if len(values) and pc.any(pc.match_substring(values.cast(pa.string()), text)).as_py():
+            return True
+    return False
 
 
 def may_hold_engine_rows(spans: pa.Table) -> bool:

@@ -51,6 +51,7 @@ class Part:
     digest_of: tuple[str, int] | None = None  # span_digest/span_requests parts: (name, rows) of their span part
     engine_rows: bool | None = None  # spans parts: whether a span may be an engine request (None: not recorded)
     requests_sql: str | None = None  # span_requests parts: the version of the SQL that found them
+    mismatch_missing: bool | None = None  # spans parts: whether a span may mark mismatch not recorded
 
 
 @dataclass
@@ -162,10 +163,12 @@ def _check_part(path: Path, table: _names.Table, run_id: str | None = None) -> P
             raise CorruptPartError(f"{path}: unreadable {_names.META_DIGEST_OF.decode()} footer key") from None
     engine_rows = kv.get(_names.META_ENGINE_ROWS)
     requests_sql = kv.get(_names.META_REQUESTS_SQL)
+    no_mismatch = kv.get(_names.META_MISMATCH_MISSING)
     return Part(path=path, rows=meta.num_rows, size=path.stat().st_size, replaces=replaces,
                 summary_of=summary_of.decode("utf-8", "replace") if summary_of else None, version=version,
                 digest_of=digest_of, engine_rows=None if engine_rows is None else engine_rows != b"0",
-                requests_sql=requests_sql.decode("ascii", "replace") if requests_sql else None)
+                requests_sql=requests_sql.decode("ascii", "replace") if requests_sql else None,
+                mismatch_missing=None if no_mismatch is None else no_mismatch != b"0")
 
 
 def spans_digest(snap: Snapshot) -> str:
@@ -529,6 +532,7 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
         "requests_sql": pa.array([requests_of[p.path.name].requests_sql if p.path.name in requests_of else None
                                   for p in parts], pa.string()),
         "engine_rows": pa.array([p.engine_rows for p in parts], pa.bool_()),
+        "mismatch_missing": pa.array([p.mismatch_missing for p in parts], pa.bool_()),
     }))
     con.execute("CREATE TABLE _rltrace_span_parts AS SELECT * FROM _parts")
     con.unregister("_parts")

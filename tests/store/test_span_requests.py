@@ -105,3 +105,30 @@ def test_a_part_without_requests_stores_none(tmp_path, monkeypatch):
     rltrace.shutdown()
     assert len(list((tmp_path / "run" / "spans").glob("*.parquet"))) == 1
     assert not list((tmp_path / "run" / _names.SPAN_REQUESTS.folder).glob("*.parquet"))
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_merged_part_says_whether_a_rollout_marks_mismatch_not_recorded(tmp_path, monkeypatch, marked):
+    """The footer mark `rltrace.mismatch_missing.1` is 1 exactly when a span holds the key, and a
+    report finds the marked rollouts (a part marked 0 is not read for them)."""
+    from rltrace.store import parts
+
+    monkeypatch.setattr(parts, "MARK_ROWS", 10)
+    monkeypatch.setattr(merge, "FLUSH_PARTS", 4)
+    monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path / "cache"))
+    rltrace.init(tmp_path / "run", role="rollout", flush_interval=0.01)
+    for step in range(6):
+        extra = {"mismatch_missing": "generate is wrapped"} if marked and step >= 4 else {}
+        with rltrace.phase("rollout", step=step, **extra):
+            for _ in range(5):
+                with rltrace.phase("generate"):
+                    pass
+        rltrace.flush()
+    rltrace.shutdown()
+    part = next((tmp_path / "run" / "spans").glob("*.parquet"))
+    assert pq.read_metadata(part).metadata[_names.META_MISMATCH_MISSING] == (b"1" if marked else b"0")
+    found = analysis.mismatch_missing(store.open(tmp_path / "run"))
+    if marked:
+        assert found[["reason", "steps", "first_step", "last_step"]].values.tolist() == [["generate is wrapped", 2, 4, 5]]
+    else:
+        assert found.empty
