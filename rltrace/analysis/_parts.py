@@ -241,27 +241,21 @@ def _save(con, name: str, schema: pa.Schema, main: Path, additions: list[Path], 
           kept: set) -> None:
     """Write the new parts' rows as an addition to the main file, or the rows of every part `kept`
     into the main file when it could not be read or there are `ADDITIONS` additions (then removed)."""
+    def rows_of(parts: set) -> pa.Table:
+        con.register("_rltrace_parts", _parts_table(parts))
+        try:
+            rows = con.sql(f"SELECT t.* FROM {name} t SEMI JOIN _rltrace_parts p ON t.part = p.part "
+                           "AND t.rows = p.rows AND t.size = p.size").to_arrow_table().cast(schema)
+        finally:
+            con.unregister("_rltrace_parts")
+        return with_parts(rows, parts)
+
     additions = [f for f in additions if f.is_file()]
     if main_read and len(additions) < ADDITIONS:
-        con.register("_rltrace_parts", _parts_table(new))
-        try:
-            rows = con.sql(f"SELECT t.* FROM {name} t SEMI JOIN _rltrace_parts p ON t.part = p.part "
-                           "AND t.rows = p.rows AND t.size = p.size").to_arrow_table().cast(schema)
-        finally:
-            con.unregister("_rltrace_parts")
-        write_cache(main.with_name(f"{main.stem}.new-{time.time_ns():020d}-{os.getpid()}.parquet"),
-                    lambda: with_parts(rows, new))
+        rows = rows_of(new)
+        write_cache(main.with_name(f"{main.stem}.new-{time.time_ns():020d}-{os.getpid()}.parquet"), lambda: rows)
         return
-    def everything() -> pa.Table:
-        con.register("_rltrace_parts", _parts_table(kept))
-        try:
-            rows = con.sql(f"SELECT t.* FROM {name} t SEMI JOIN _rltrace_parts p ON t.part = p.part "
-                           "AND t.rows = p.rows AND t.size = p.size").to_arrow_table().cast(schema)
-        finally:
-            con.unregister("_rltrace_parts")
-        return with_parts(rows, kept)
-
-    if write_cache(main, everything):
+    if write_cache(main, lambda: rows_of(kept)):
         for path in additions:  # folded into the main file
             with contextlib.suppress(OSError):
                 path.unlink()
