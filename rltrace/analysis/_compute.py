@@ -90,6 +90,8 @@ def _codes_in(column: pa.ChunkedArray | pa.Array, order: np.ndarray) -> tuple[np
     first appearance in that order, as encoding the reordered column would number them."""
     codes, names = _codes(column)
     codes = codes[order]
+    if not len(names):  # every value null
+        return codes, names
     valid = codes >= 0
     present, first_at = np.unique(codes[valid], return_index=True)
     by_first = present[np.argsort(first_at, kind="stable")]

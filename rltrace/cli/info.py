@@ -33,7 +33,13 @@ def collect(run_dir: str, *, skip_corrupt: bool = False) -> dict:
     snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
     store.check_pages(snap)
     con = store.connect(snap)
+    try:  # closed here: DuckDB removes what it spilled to disk when its connection closes
+        return _collect(con, snap, run_dir)
+    finally:
+        con.close()
 
+
+def _collect(con, snap, run_dir: str) -> dict:
     def rows(sql: str, params: list | None = None) -> list[dict]:
         cur = con.execute(sql, params or [])
         cols = [d[0] for d in cur.description]

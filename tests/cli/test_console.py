@@ -85,3 +85,22 @@ def test_info_ends_with_its_whole_output(run):
     assert done.returncode == 0, done.stderr.decode()
     info = json.loads(done.stdout)  # whole: the quick exit came after the flush
     assert info["run_dir"] == str(run) and info["rows"]["spans"] == 900
+
+
+@pytest.mark.parametrize("command", ["report", "info"])
+def test_the_commands_that_end_without_teardown_close_their_connections(run, monkeypatch, command):
+    """A DuckDB connection removes what it spilled to disk when it closes: `report` and `info`
+    close theirs before the process ends without the interpreter's teardown."""
+    import duckdb
+
+    from rltrace import store
+    from rltrace.cli import info, report
+
+    made = []
+    real = store.connect
+    monkeypatch.setattr(store, "connect", lambda snap: made.append(real(snap)) or made[-1])
+    (report if command == "report" else info).collect(str(run))
+    assert made
+    for con in made:
+        with pytest.raises(duckdb.ConnectionException):
+            con.execute("SELECT 1")
