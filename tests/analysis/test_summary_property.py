@@ -34,7 +34,10 @@ from rltrace.testing import T0_NS, RunBuilder
 from . import oracle_compute
 
 
-PHASES = [*STAGE_OF, "step", "wait", "eval", "iteration", "prefill", "transfer", "diff"]  # with a weight sync's child and a delta-sync step
+PHASES = [*STAGE_OF, "step", "wait", "eval", "iteration", "prefill"]
+#: a weight sync's child and a delta-sync step (what the serving marks look for), in runs that are
+#: not steady: in steady ones more phases make fewer runs show the same relations in every window
+SYNC_PHASES = ["transfer", "diff"]
 UNIT_NS = 250_000_000  # a coarse grid: equal times are common
 JITTER_NS = 500_000  # half the critical path's tolerance
 
@@ -95,7 +98,7 @@ def runs(draw, max_top: int = 7, steady: bool = False):
             step = parent["step"] if draw(st.integers(0, 5)) else draw(st.one_of(st.none(), step_numbers))
             if steady and step != parent["step"]:
                 step = None
-        phase = draw(st.sampled_from(PHASES))
+        phase = draw(st.sampled_from(PHASES if steady else PHASES + SYNC_PHASES))
         spec = {"key": len(specs), "parent": None if parent is None else parent["key"], "proc": proc,
                 "thread": thread, "phase": phase, "start_ns": start, "end_ns": end, "step": step,
                 "attrs": attrs(phase), "name": draw(st.sampled_from([phase, phase, "other"]))}
