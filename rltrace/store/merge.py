@@ -97,10 +97,7 @@ def merge(
 
 def summary_path(part: Path) -> Path | None:
     """Where the per-part summary of a span part lives (`span_digests/<name>`), None for other tables."""
-    part = Path(part)
-    if part.parent.name != _names.SPANS.folder:
-        return None
-    return part.parent.parent / _names.SPAN_DIGEST.folder / part.name
+    return next((p for p in sidecar_paths(part) if p.parent.name == _names.SPAN_DIGEST.folder), None)
 
 
 def sidecar_paths(part: Path) -> list[Path]:
