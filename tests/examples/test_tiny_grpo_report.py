@@ -47,9 +47,13 @@ def test_straggler_samples_are_named(demo, report_of):
     sentence = next(f for f in data["findings"] if "straggler sample(s)" in f)
     latest = max(data["stragglers"], key=lambda s: s["after_median_s"])
     assert f"worst: sample {latest['sample_id']} at step {latest['step']}" in sentence
-    # the 96-token sample keeps generating long after the median one finished (a ratio within
-    # generation: a share of the step's wall time moved with machine load)
-    assert all(t["tail_s"] > 2 * t["median_gen_s"] and t["tail_share"] > 0 for t in data["long_tail"])
+    # the 96-token sample keeps generating long after the median one finished: ~84 more decode steps
+    # against the median's ~12 and its prefill. Wall times move with machine load (a stall inside the
+    # median sample's window, the first step's warm-up), so every step is held to 1x and one to 2x.
+    tails = data["long_tail"]
+    assert [t["step"] for t in tails] == [0, 1, 2] and all(t["max_len"] >= 4 * t["median_len"] for t in tails)
+    assert all(t["tail_s"] > t["median_gen_s"] and t["tail_share"] > 0 for t in tails)
+    assert max(t["tail_s"] / t["median_gen_s"] for t in tails) > 2
     assert "Stragglers" in text and sentence in text
 
 
