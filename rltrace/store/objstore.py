@@ -410,19 +410,31 @@ class Spool:
                         path.unlink()
 
     def _trim(self, files: list[tuple[Path, str, os.stat_result]]) -> None:
-        """Over the size limit: drop the oldest immutable parts, counted with their reason."""
+        """Over the size limit: drop the oldest immutable parts, counted with their reason.
+
+        Files a writer derives from a span part (its per-part summary, its engine request rows)
+        go first, uncounted: they hold no row of their own, and a report computes them again
+        from the span part when they are missing."""
         total = sum(st.st_size for _, _, st in files)
         if total <= self.max_bytes:
             return
         import pyarrow.parquet as pq
 
         by_folder = {t.folder: t for t in _names.TABLES.values()}
+        derived = {t.folder for t in _names.SPAN_SIDECARS}
         reason = "object store unreachable and the local spool is full (raise RLTRACE_SPOOL_MAX_MB)"
-        for path, rel, st in list(files):
+        oldest_first = sorted(files, key=lambda f: f[1].split("/", 1)[0] not in derived)  # stable: by age within each
+        for path, rel, st in oldest_first:
             if total <= self.max_bytes:
                 break
             folder = rel.split("/", 1)[0]
             if folder in MUTABLE:
+                continue
+            if folder in derived:
+                path.unlink(missing_ok=True)
+                files.remove((path, rel, st))
+                total -= st.st_size
+                logger.debug("rltrace: spool full, %s left out (reports compute it from its span part)", rel)
                 continue
             try:
                 n = pq.read_metadata(path).num_rows if rel.endswith(".parquet") else 0

@@ -325,6 +325,64 @@ def test_a_full_spool_drops_the_oldest_parts_counted_and_uploads_the_rest(s3_run
     assert not spool.dir.exists()
 
 
+def test_a_full_spool_leaves_out_a_span_parts_summary_first_and_counts_no_row_lost(s3_run, monkeypatch, tmp_path, capsys):
+    """A per-part summary is derived from its span part: when the spool must shrink, it goes before
+    any part holding rows (even an older one), no row is counted as dropped, and the report reads
+    the span part alone."""
+    import shutil
+
+    import pyarrow as pa
+
+    import rltrace
+    from rltrace import _names
+    from rltrace.store import rows
+    from rltrace.store.parts import write_part
+
+    from rltrace.store import merge
+
+    monkeypatch.setattr(merge, "SUMMARISE_ROWS", 0)  # a summary for this small part too
+    uri, _, _ = s3_run
+    manifest = objstore.create_or_join(uri, run_name=None, config=None)
+    local = tmp_path / "local"  # the same run, written to a folder: a merged span part and its summary
+    local.mkdir()
+    (local / _names.RUN_MANIFEST).write_text(json.dumps(manifest))
+    rltrace.init(local, role="trainer", flush_interval=0.01)
+    for step in range(3):
+        with rltrace.phase("train", step=step):
+            for _ in range(20):
+                with rltrace.phase("forward"):
+                    pass
+        rltrace.flush()
+    rltrace.shutdown()  # merges its parts into one, with its summary beside it
+    (span_part,) = (local / "spans").glob("*.parquet")
+    assert (local / "span_digests" / span_part.name).is_file()
+    live = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    drops = rows.Drops()
+    spool = objstore.Spool(uri, manifest, drops=drops, interval=3600)  # uploads only when called here
+    table = pa.table({"step": pa.array(range(100), pa.int64()), "name": ["loss"] * 100,
+                      "value": pa.array([float(i) for i in range(100)])})
+    write_part(spool.dir / "metrics", "p-00000000.parquet", table, _names.METRICS_TABLE)
+    os.utime(spool.dir / "metrics" / "p-00000000.parquet", ns=(10**9, 10**9))  # the oldest file
+    for folder in ("spans", "span_digests"):
+        (spool.dir / folder).mkdir()
+        shutil.copy(local / folder / span_part.name, spool.dir / folder / span_part.name)
+    files = [p for p in spool.dir.rglob("*.parquet")]
+    spool.max_bytes = sum(p.stat().st_size for p in files) - 1  # one file must go
+    assert spool.upload_once() is False  # unreachable: kept, and trimmed to the limit
+    assert not (spool.dir / "span_digests" / span_part.name).exists()  # the summary went, though newer
+    assert (spool.dir / "spans" / span_part.name).is_file() and (spool.dir / "metrics" / "p-00000000.parquet").is_file()
+    assert (spool.rows_dropped, spool.spans_dropped, drops.records()) == (0, 0, [])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", live)
+    spool._s3 = objstore.filesystem(attempts=1)  # the store is back
+    spool.close(timeout=30)
+    con = store.open(uri)
+    assert con.execute("SELECT count(*) FROM spans").fetchone() == (63,)
+    assert con.execute("SELECT count(*) FROM _rltrace_span_parts WHERE digest IS NOT NULL").fetchone() == (0,)
+    steps = _cli_json(capsys, "report", uri)["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+
+
 def test_collect_receives_otlp_into_an_s3_run(s3_run, capsys):
     from rltrace.collect.receiver import Limits, Receiver
     from tests.collect.test_receiver import JS, otlp_json, post
