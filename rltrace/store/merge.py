@@ -365,6 +365,10 @@ class Merger:
             merge(folder, table, list(paths), out_name, read=read, before_visible=summarise)
         except Exception as exc:  # never into the writer: the inputs stay as they are, readable
             logger.warning("rltrace: could not merge %d %s parts (%s); they stay as written", len(group), table.name, exc)
+            if not (folder / out_name).exists():  # what was written beside the part that never came
+                for path in sidecar_paths(folder / out_name):
+                    with contextlib.suppress(OSError):
+                        path.unlink()
             self._paused[table.name] = time.monotonic() + MAX_AGE_S  # try again later, not at every tick
             return 0
         rows_ = sum(p.rows for p in group)

@@ -7,6 +7,7 @@ import errno
 import signal
 import subprocess
 import threading
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -103,6 +104,33 @@ def test_a_merge_that_fails_on_a_full_disk_loses_nothing(run_dir, monkeypatch):
     full[0] = False  # space again: the merge at exit goes through
     rltrace.shutdown()
     assert len(_parts(run_dir)) == 1
+    assert store.open(run_dir).execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (20, 20)
+
+
+def test_a_merge_that_fails_after_its_summary_was_written_leaves_no_summary_behind(run_dir, monkeypatch):
+    real = merge.write_part
+    full = [True]
+
+    def no_space_for_spans(folder, name, *args, **kwargs):
+        if full[0] and Path(folder).name == "spans" and "-m" in name:  # the merged part, after its summary
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(folder, name, *args, **kwargs)
+
+    monkeypatch.setattr(merge, "write_part", no_space_for_spans)
+    monkeypatch.setattr(merge, "SUMMARISE_ROWS", 0)  # every merged part gets a summary
+    monkeypatch.setattr(merge, "FLUSH_PARTS", 4)
+    run = rltrace.init(run_dir, flush_interval=0.01)
+    for step in range(20):
+        with rltrace.phase("step", step=step):
+            pass
+        rltrace.flush()
+    run.merger.tick()
+    assert run.merger.merges == 0 and len(_parts(run_dir)) == 20
+    assert not _parts(run_dir, "span_digests")  # the summary of the part that never came is gone
+    full[0] = False
+    rltrace.shutdown()
+    (merged,) = _parts(run_dir)
+    assert _parts(run_dir, "span_digests") == [merged]
     assert store.open(run_dir).execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (20, 20)
 
 
