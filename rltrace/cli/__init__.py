@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+import time
 
 from rltrace._config import RltraceError
 from rltrace.analysis._format import shown
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             code = args.func(args) or 0
         except Exception as exc:
             if _vanished(exc):  # a part merged or compacted away after this command listed it
-                code = _once_more(args)
+                code = _again(args)
             elif _damaged_parts(args, exc):  # a part whose footer reads but whose data pages do not
                 code = args.func(args) or 0  # --skip-corrupt: once more, without the damaged parts
             else:
@@ -129,18 +130,25 @@ def _vanished(exc: Exception) -> bool:
         "No files found" in text or "No such file" in text)
 
 
-def _once_more(args: argparse.Namespace) -> int:
-    """The command again, on the parts as they are now; a second loss is a one-line error."""
-    try:
-        return args.func(args) or 0
-    except Exception as exc:
-        if not _vanished(exc):
-            raise
-        raise RltraceError(
-            "the run's parts changed twice while this command read them (a compaction with a short --grace, "
-            "or writers with a short RLTRACE_MERGE_GRACE, removed the ones it had listed): run it again, and "
-            "give `rltrace compact` a longer --grace (the default, 5 s, covers most reads)"
-        ) from None
+#: Reads of a run whose parts vanished before a command gives up: writers that exit one after
+#: another each remove their merged-away parts within a second (`merge.EXIT_GRACE_S`).
+READS = 5
+
+
+def _again(args: argparse.Namespace) -> int:
+    """The command again, on the parts as they are now, up to `READS` reads in all; then a one-line error."""
+    for attempt in range(2, READS + 1):
+        try:
+            return args.func(args) or 0
+        except Exception as exc:
+            if not _vanished(exc):
+                raise
+            time.sleep(0.2 * attempt)  # what removes them (writers leaving, a compaction) is at work
+    raise RltraceError(
+        f"the run's parts changed on each of {READS} reads of this command (writers merging their parts or "
+        "exiting, or a compaction with a short --grace, removed the ones it had listed): run it again once "
+        "they are done, and give `rltrace compact` a longer --grace (the default, 5 s, covers most reads)"
+    ) from None
 
 
 def _damaged_parts(args: argparse.Namespace, exc: Exception) -> bool:
