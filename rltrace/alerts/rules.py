@@ -25,6 +25,7 @@ import pandas as pd
 from rltrace._config import RltraceError
 from rltrace.analysis._format import number_text, seconds_text
 from rltrace.analysis._format import process_name as _who
+from rltrace.analysis import health
 from rltrace.analysis.health import processes as _run_processes
 from rltrace.analysis.metrics import step_metrics
 
@@ -68,9 +69,9 @@ class Settings:
     heartbeat_s: float = 60.0  # processes write a heartbeat at least every 10 s
     starved_s: float = 60.0
     hang_s: float | None = None  # one limit for every phase; None: hang_factor x the phase's median
-    hang_factor: float = 10.0
-    hang_min_s: float = 300.0
-    hang_min_samples: int = 5  # finished runs of a phase before its median is trusted (else hang_min_s)
+    hang_factor: float = health.HANG_FACTOR
+    hang_min_s: float = health.HANG_MIN_S
+    hang_min_samples: int = health.HANG_MIN_SAMPLES  # finished runs of a phase before its median is trusted
     thresholds: tuple[Threshold, ...] = ()
     rules: tuple[str, ...] = RULES
 
@@ -231,25 +232,15 @@ def starved(con, s: Settings, now_ns: int, open_spans: pd.DataFrame) -> list[Ale
 
 
 def hang(con, s: Settings, now_ns: int, open_spans: pd.DataFrame) -> list[Alert]:
-    medians = dict(con.execute(
-        """SELECT coalesce(phase, name), median(duration_s) FROM spans WHERE NOT is_open
-           GROUP BY ALL HAVING count(*) >= ?""", [s.hang_min_samples]).fetchall())
-    dumped = dict(con.execute(
-        "SELECT span_id, max(elapsed_s) FROM profiles WHERE trigger = 'hang' GROUP BY span_id").fetchall())
+    work = open_spans[~open_spans["phase"].isin([*NOT_WORK, "wait"])]  # a long wait is the starved rule's
+    medians = health.phase_medians(con, work["phase"], s.hang_min_samples)
+    dumped = health.hang_dumps(con, work["span_id"])
     out = []
-    for _, o in open_spans.iterrows():
-        if o["phase"] in NOT_WORK or o["phase"] == "wait":
-            continue  # a long wait is the starved rule's (or its upstream's hang)
+    for _, o in work.iterrows():
         age = (now_ns - o["start_ns"]) / 1e9
-        if s.hang_s is not None:
-            limit, why = s.hang_s, "the hang limit"
-        elif o["phase"] in medians:
-            limit = max(s.hang_factor * medians[o["phase"]], s.hang_min_s)
-            why = f"{s.hang_factor:g}x its median {seconds_text(medians[o['phase']])}, at least {seconds_text(s.hang_min_s)}"
-        else:
-            limit, why = s.hang_min_s, "no median yet"
-        if o["span_id"] in dumped:  # the process's own watchdog already judged it hung
-            limit, why = min(limit, dumped[o["span_id"]] or limit), "RLTRACE_HANG_TIMEOUT"
+        limit, why = health.hang_limit(medians.get(o["phase"]), dumped=o["span_id"] in dumped,
+                                       dumped_s=dumped.get(o["span_id"]), limit_s=s.hang_s,
+                                       factor=s.hang_factor, min_s=s.hang_min_s)
         if age <= limit:
             continue
         fields = _span_fields(o)

@@ -7,8 +7,55 @@ import time
 import pandas as pd
 
 from rltrace.analysis import summary
+from rltrace.analysis._format import seconds_text
 
 STALE_AFTER_S = 30.0  # a process silent this long has stopped: three missed heartbeats (written every 10 s)
+#: When a live process's open span counts as hung (`rltrace watch`'s hang rule, and the report's
+#: findings): open for HANG_FACTOR x the median of its phase's finished spans (with at least
+#: HANG_MIN_SAMPLES of them), and never before HANG_MIN_S; sooner if the process's own watchdog
+#: dumped its stacks for it (RLTRACE_HANG_TIMEOUT).
+HANG_FACTOR = 10.0
+HANG_MIN_S = 300.0
+HANG_MIN_SAMPLES = 5
+
+
+def phase_medians(con, phases, min_samples: int = HANG_MIN_SAMPLES) -> dict[str, float]:
+    """Median duration (seconds) of the finished spans of each of `phases` that has `min_samples`."""
+    phases = sorted({p for p in phases if isinstance(p, str)})
+    if not phases:
+        return {}
+    return dict(con.execute(
+        """SELECT coalesce(phase, name), median(duration_s) FROM spans
+           WHERE NOT is_open AND list_contains(?, coalesce(phase, name)) GROUP BY ALL HAVING count(*) >= ?""",
+        [phases, min_samples]).fetchall())
+
+
+def hang_dumps(con, span_ids) -> dict[str, float | None]:
+    """span_id -> seconds it had been open when its process's hang watchdog dumped its stacks."""
+    from rltrace.analysis.profiles import has_profiles
+
+    ids = sorted({s for s in span_ids if isinstance(s, str)})
+    if not ids or not has_profiles(con):
+        return {}
+    return dict(con.execute("SELECT span_id, max(elapsed_s) FROM profiles WHERE trigger = 'hang' "
+                            "AND list_contains(?, span_id) GROUP BY span_id", [ids]).fetchall())
+
+
+def hang_limit(median: float | None, *, dumped: bool = False, dumped_s: float | None = None,
+               limit_s: float | None = None, factor: float = HANG_FACTOR,
+               min_s: float = HANG_MIN_S) -> tuple[float, str]:
+    """How long a span of a phase whose finished spans have this `median` may stay open before it
+    counts as hung, and why (`limit_s`: one limit for every phase instead; `dumped`: the process's
+    watchdog dumped its stacks `dumped_s` into the span)."""
+    if limit_s is not None:
+        limit, why = limit_s, "the hang limit"
+    elif median is not None:
+        limit, why = max(factor * median, min_s), f"{factor:g}x its median {seconds_text(median)}, at least {seconds_text(min_s)}"
+    else:
+        limit, why = min_s, "no median yet"
+    if dumped:  # the process's own watchdog already judged it hung
+        limit, why = min(limit, dumped_s or limit), "RLTRACE_HANG_TIMEOUT"
+    return limit, why
 
 
 def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:

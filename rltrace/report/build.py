@@ -15,6 +15,7 @@ import pandas as pd
 from rltrace import analysis
 from rltrace import _names
 from rltrace._phases import COST_COLUMN, phases_of
+from rltrace.analysis import health
 from rltrace.analysis._steps import Steps
 from rltrace.analysis.steps import PHASE_COLUMNS
 from rltrace.importers.metrics import SERVICE_NAME as IMPORTER
@@ -166,11 +167,21 @@ def _waits_by_step(con, steps: Steps) -> list[dict]:
 
 
 def _open_spans(con, now_ns: int) -> list[dict]:
-    """Open spans, each with the profiles (e.g. a py-spy hang dump) attached to it."""
+    """Open spans, each with the profiles (e.g. a py-spy hang dump) attached to it, and whether it
+    is work in progress (`in_progress`: its process is alive and it is within the hang limit that
+    `rltrace watch` applies; the findings name only the others)."""
     spans = plain(analysis.open_spans(con, now_ns=now_ns))
     profiles = plain(analysis.attached(con, [o["span_id"] for o in spans]))
     for o in spans:
         o["profiles"] = [p for p in profiles if p["span_id"] == o["span_id"]]
+    running = [o for o in spans if o["state"] == "running"]
+    dumped = health.hang_dumps(con, [o["span_id"] for o in running])
+    # every limit is at least HANG_MIN_S: only a span open longer needs its phase's median
+    medians = health.phase_medians(con, [o["phase"] for o in running if o["age_s"] > health.HANG_MIN_S])
+    for o in spans:
+        limit, _ = health.hang_limit(medians.get(o["phase"]), dumped=o["span_id"] in dumped,
+                                     dumped_s=dumped.get(o["span_id"]))
+        o["in_progress"] = o["state"] == "running" and o["age_s"] <= limit
     return spans
 
 

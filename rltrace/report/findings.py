@@ -305,8 +305,8 @@ def _reward(r: dict) -> list[str]:
 def _hangs(r: dict) -> list[str]:
     out = []
     for o in r["open_spans"]:
-        if o.get("state") == "crashed":
-            continue  # the crash's sentence says the crash ended it
+        if o.get("state") == "crashed" or o.get("in_progress"):
+            continue  # the crash's sentence says the crash ended it; a live step's span is not a hang
         step = "" if o.get("step") is None else f" at step {o['step']}"
         thread_name = o.get("thread_name") or "MainThread"
         named = thread_name != "MainThread" and not thread_name.startswith("Dummy-")  # Dummy-N: a foreign thread

@@ -185,7 +185,7 @@ def _open_spans(r: dict) -> Table | None:
         started = dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
         t.add_row(term(_who(o["role"], o["rank"])), term(o.get("thread_name") or ""), term(o["phase"]),
                   "" if o["step"] is None else str(o["step"]), started, sec(o["stalled_s"]),
-                  state.get(o.get("state"), "hung or killed"))
+                  "alive: in progress" if o.get("in_progress") else state.get(o.get("state"), "hung or killed"))
     for col in t.columns[1:3]:
         col.justify = "left"
     return t

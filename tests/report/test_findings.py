@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from rltrace import report, store
-from rltrace.testing import RunBuilder
+from rltrace.testing import T0_NS, RunBuilder
 
 from ..cli.test_report import _run
 
@@ -114,3 +114,32 @@ def test_plain_frames_equal_plain_of_each_record():
     assert [type(v) for v in got[1].values()] == [type(v) for v in want[1].values()]
     assert got[1]["f"] is None and got[1]["s"] is None and got[1]["n"] is None and got[1]["t"] is None
     assert plain(frame.iloc[:, :0]) == [{}, {}, {}] and plain(frame.iloc[:0]) == []
+
+
+def test_a_live_runs_young_open_spans_are_work_in_progress_not_hangs(tmp_path):
+    """A live process's span open for less than the hang limit of `rltrace watch` (10x its phase's
+    median, at least 300 s) is work in progress: listed, not a finding. One open past the limit,
+    or whose process's watchdog dumped its stacks, is named."""
+    b = RunBuilder(tmp_path / "run")
+    tr = b.process("trainer")
+    for step in range(6):
+        tr.span("generate", 2.0 * step - 420, 2.0 * step - 419, step=step)  # median 1 s
+    young = tr.span("generate", 2.0, None, step=7)
+    old = tr.span("generate", -400.0, None, step=6)
+    b.write()
+    con = store.open(b.run_dir)
+    data = report.build(con, now_ns=T0_NS + 10 * 10**9)  # its heartbeat (at t0) is 10 s old: alive
+    state = {o["span_id"]: (o["state"], o["in_progress"]) for o in data["open_spans"]}
+    assert state == {young.span_id: ("running", True), old.span_id: ("running", False)}
+    said = [f for f in data["findings"] if f.startswith("Open span")]
+    assert len(said) == 1 and "at step 6" in said[0]  # the young one gets no sentence
+    con.execute(  # the process's watchdog dumped its stacks 5 s into the young span: it is hung
+        "CREATE OR REPLACE VIEW profiles AS SELECT * FROM (VALUES "
+        f"('t', '{young.span_id}', 'p1', 'pyspy_dump', 'profiles/files/p1.txt', 'hang', 5.0)) "
+        "AS v(trace_id, span_id, profile_id, kind, path, trigger, elapsed_s)")
+    data = report.build(con, now_ns=T0_NS + 10 * 10**9)
+    assert not any(o["in_progress"] for o in data["open_spans"])
+    assert sum(f.startswith("Open span") for f in data["findings"]) == 2
+    out = io.StringIO()
+    report.render(report.build(store.open(b.run_dir), now_ns=T0_NS + 10 * 10**9), Console(file=out, width=120))
+    assert "alive: in progress" in out.getvalue()

@@ -21,8 +21,9 @@ st.title(fmt.md(info["name"]))
 span_text = "no steps yet" if steps is None else f"steps {steps[0]}–{steps[1]} of {info['first_step']}–{info['last_step']}"
 live = data.is_live(info, time.time_ns())
 status = ":red-badge[:material/circle: live]" if live else ":gray-badge[finished]"
-if report["open_spans"]:
-    status += f" :orange-badge[:material/warning: {len(report['open_spans'])} open span(s)]"
+stuck = [o for o in report["open_spans"] if not o.get("in_progress")]  # in progress: a live step's spans
+if stuck:
+    status += f" :orange-badge[:material/warning: {len(stuck)} open span(s)]"
 created = dt.datetime.fromisoformat(info["created"]).strftime("%Y-%m-%d %H:%M UTC") if info["created"] else "?"
 n_procs = len(info["processes"])
 st.markdown(f"{status} &nbsp; {span_text} · {info['spans']:,} spans · {n_procs} process{'es' if n_procs != 1 else ''} · "
@@ -79,7 +80,8 @@ with right:
 
 st.subheader("Health")
 h = st.columns(3)
-h[0].metric("Open spans", len(report["open_spans"]), help="started and never ended: hung, or the process was killed")
+h[0].metric("Open spans", len(stuck), help="started and never ended: hung, or the process was killed (not counted: "
+            "spans of a live process within the hang limit of `rltrace watch`, work in progress)")
 h[1].metric("Dropped spans", report["dropped"]["spans"], help="lost before reaching the store (full queue, failed write)")
 h[2].metric("Dropped rows", report["dropped"]["rows"], help="metric and sample rows lost before the store")
 if report["open_spans"]:
@@ -87,12 +89,15 @@ if report["open_spans"]:
     hangs["who"] = [fmt.process_name(r, k) for r, k in zip(hangs["role"], hangs["rank"])]
     st.markdown("**Open spans** — select one to see it on the Timeline")
     picked = st.dataframe(
-        hangs[["who", "phase", "name", "step", "state", "stalled_s", "ended_cleanly", "span_id"]], hide_index=True,
+        hangs[["who", "phase", "name", "step", "state", "in_progress", "stalled_s", "ended_cleanly", "span_id"]],
+        hide_index=True,
         on_select="rerun", selection_mode="single-row", key="overview_hangs", width="stretch",
         column_config={"stalled_s": st.column_config.NumberColumn("open before last write (s)", format="%.3f"),
                        "state": st.column_config.TextColumn("state", help="crashed: its process died of an uncaught "
                                                             "exception; killed: it stopped without one; running: still "
                                                             "alive (hung, or still going); exited: it shut down"),
+                       "in_progress": st.column_config.CheckboxColumn("in progress", help="its process is alive and "
+                                                                      "it is within the hang limit of rltrace watch"),
                        "ended_cleanly": st.column_config.CheckboxColumn("process shut down")},
     )
     if picked.selection.rows:
