@@ -102,3 +102,36 @@ def test_pyarrow_dataset_alone_gets_the_reports_per_phase_totals(run_dir, capsys
     summaries = {p.name for p in (run_dir / "span_digests").iterdir()}
     assert summaries and summaries < {p.name for p in (run_dir / "spans").iterdir()}
     assert pq.read_schema(next((run_dir / "span_digests").iterdir())).field("count").type == pa.int64()
+
+
+def test_the_documented_pyarrow_reader_leaves_out_parts_a_killed_writer_left_replaced(run_dir, capsys):
+    """A writer killed right after a merge leaves the merged part and the parts it replaces: every
+    file read counts their spans twice; the reader docs/scale.md shows (footers, pyarrow alone)
+    reads each span once, as `rltrace report` does."""
+    import pathlib
+
+    from rltrace import _names
+    from rltrace.store import merge
+
+    rltrace.init(run_dir, role="trainer", flush_interval=0.01)
+    for step in range(4):
+        with rltrace.phase("train", step=step):
+            pass
+        rltrace.flush()
+    rltrace.shutdown()
+    flushed = sorted((run_dir / "spans").glob("*.parquet"))  # as the writer left them at exit
+    # a merge of them whose writer was killed before it deleted its inputs
+    merge.merge(run_dir / "spans", _names.SPANS, flushed, "trainer-killed-m00000099.parquet")
+    assert len(list((run_dir / "spans").glob("*.parquet"))) == len(flushed) + 1
+    every = ds.dataset(run_dir / "spans", format="parquet").to_table()
+
+    RUN_DIR = run_dir  # the snippet of docs/scale.md, as written there
+    files = sorted(pathlib.Path(RUN_DIR, "spans").glob("*.parquet"))
+    replaced = {name for f in files
+                for name in json.loads((pq.read_metadata(f).metadata or {}).get(b"rltrace.replaces", b"[]"))}
+    spans = ds.dataset([str(f) for f in files if f.name not in replaced], format="parquet").to_table()
+
+    assert cli(["report", str(run_dir), "--json"]) == 0
+    counted = sum(p["spans"] for p in json.loads(capsys.readouterr().out)["phases"])
+    assert spans.num_rows == len(pc.unique(spans["span_id"])) == counted == 4
+    assert every.num_rows == 2 * counted  # every file: each span twice
