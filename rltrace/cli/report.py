@@ -45,7 +45,7 @@ def collect(run_dir: str, *, steps=None, skip_corrupt: bool = False, serving: di
         try:
             if serving:
                 configure_serving(con, **serving)
-            return report.build(con, steps=steps), snap.manifest
+            return report.build(con, steps=steps, skipped=snap.skipped), snap.manifest
         finally:
             con.close()
 

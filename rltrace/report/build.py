@@ -70,8 +70,9 @@ def _records(frame: pd.DataFrame) -> list[dict]:
     return [dict(zip(keys, row)) for row in zip(*columns)]
 
 
-def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
-    """The report of one run (a connection from `rltrace.store.open`) over a step range."""
+def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[str] | tuple = ()) -> dict:
+    """The report of one run (a connection from `rltrace.store.open`) over a step range; `skipped`:
+    the damaged parts its snapshot left out ("path: why", `store.scan(..., skip_corrupt=True)`)."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     per_step = analysis.step_breakdown(con, steps)
     costs = analysis.cost_model(con, steps)
@@ -117,6 +118,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None) -> dict:
         "dropped": _dropped(con),
         "imported_spans": _imported_spans(con),
         "idle_devices": plain(analysis.idle_devices(con, steps)),
+        "skipped_parts": list(skipped),
     }
     report["findings"] = findings.sentences(report)
     return report

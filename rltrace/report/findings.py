@@ -33,10 +33,19 @@ MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest di
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_imported, _crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
+    for part in (_skipped, _imported, _crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
                  _async, _drops, _reward, _staleness, _mismatch, _idle_devices, _engine, _serving):
         out.extend(part(r))
     return out
+
+
+def _skipped(r: dict) -> list[str]:
+    """Damaged parts left out (--skip-corrupt): every figure misses their rows."""
+    parts = r.get("skipped_parts") or []
+    if not parts:
+        return []
+    return [f"{len(parts)} damaged part(s) left out (--skip-corrupt): every figure here misses their rows. "
+            + "; ".join(parts)]
 
 
 def _imported(r: dict) -> list[str]:

@@ -119,5 +119,7 @@ def test_info_reads_what_report_reads_and_both_skip_the_same(run, capsys, caplog
     assert code == 0
     report = json.loads(text[:text.rindex("}") + 1])
     kept = 6 - pq.read_metadata(part).num_rows  # the rows of the other part
+    assert [s.split(": ")[0] for s in report["skipped_parts"]] == [str(part)]  # the report says what it lacks
+    assert report["findings"][0].startswith("1 damaged part(s) left out (--skip-corrupt): every figure here misses")
     assert info["spans"]["finished"] == kept
     assert sum(p["spans"] for p in report["phases"] if p["phase"] == "train") == kept
