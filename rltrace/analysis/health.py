@@ -41,6 +41,18 @@ def hang_dumps(con, span_ids) -> dict[str, float | None]:
                             "AND list_contains(?, span_id) GROUP BY span_id", [ids]).fetchall())
 
 
+def mark_in_progress(con, spans: list[dict]) -> None:
+    """Set `in_progress` on each open span (`open_spans` rows as dicts): its process is alive and it
+    has been open no longer than its `hang_limit` (the report names only the others as hangs)."""
+    running = [o for o in spans if o["state"] == "running"]
+    dumped = hang_dumps(con, [o["span_id"] for o in running])
+    # every limit is at least HANG_MIN_S: only a span open longer needs its phase's median
+    medians = phase_medians(con, [o["phase"] for o in running if o["age_s"] > HANG_MIN_S])
+    for o in spans:
+        limit, _ = hang_limit(medians.get(o["phase"]), dumped=o["span_id"] in dumped, dumped_s=dumped.get(o["span_id"]))
+        o["in_progress"] = o["state"] == "running" and o["age_s"] <= limit
+
+
 def hang_limit(median: float | None, *, dumped: bool = False, dumped_s: float | None = None,
                limit_s: float | None = None, factor: float = HANG_FACTOR,
                min_s: float = HANG_MIN_S) -> tuple[float, str]:

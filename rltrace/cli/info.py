@@ -10,8 +10,9 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from rltrace import _json, analysis, store
+from rltrace import _json, _names, analysis, store
 from rltrace.analysis._format import seconds_text, term
+from rltrace.analysis import health
 from rltrace.analysis.health import STALE_AFTER_S
 from rltrace.cli import _options
 from rltrace.report import plain
@@ -58,8 +59,9 @@ def _collect(con, snap, run_dir: str) -> dict:
            FROM spans WHERE NOT is_open GROUP BY 1 ORDER BY total_s DESC NULLS LAST"""
     )
     # and spans rltrace ended because their process exited with them open; state as the report says
-    cols = ["process_id", "role", "rank", "name", "phase", "step", "start_ns", "span_id", "age_s", "state"]
+    cols = ["process_id", "role", "rank", "name", "phase", "step", "start_ns", "span_id", "age_s", "state", "in_progress"]
     open_spans = plain(analysis.open_spans(con, now_ns=now_ns))
+    health.mark_in_progress(con, open_spans)
     at_exit = 0
     for span in open_spans:
         if span["state"] in ("exited", "crashed"):  # how long it was open, until its process exited
@@ -111,6 +113,10 @@ def _reasons(processes: list[dict]) -> list[dict]:
     return [{"table": t, "column": c, "reason": r, "count": n} for (t, c, r), n in total.items()]
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _ago(ns: int | None, now_ns: int) -> str:
     if ns is None:
         return "-"
@@ -123,7 +129,11 @@ def _ago(ns: int | None, now_ns: int) -> str:
 def render(data: dict, console: Console) -> None:
     now_ns = time.time_ns()
     console.print(f"[bold]{term(data['name'])}[/]  run {term(data['run_id'])}  created {term(data['created'])}")
-    console.print(f"{term(data['run_dir'])}  ·  " + ", ".join(f"{n} {k} in {data['parts'][k]} parts" for k, n in data["rows"].items()))
+    derived = {t.name: label for t, label in zip(_names.SPAN_SIDECARS, ("per-part summaries", "stored request rows"))}
+    held = [f"{n:,} {k} in {_count(data['parts'][k], 'part')}" for k, n in data["rows"].items() if n and k not in derived]
+    beside = [f"{label} for {_count(data['parts'][k], 'span part')}" for k, label in derived.items() if data["parts"].get(k)]
+    console.print(f"{term(data['run_dir'])}  ·  " + (", ".join(held) or "nothing recorded yet")
+                  + (f" ({', '.join(beside)})" if beside else ""))
     s = data["spans"]
     steps = "no steps" if s["steps"] == 0 else f"steps {s['first_step']}–{s['last_step']} ({s['steps']} distinct)"
     at_exit = s.get("open_at_exit") or 0
@@ -174,6 +184,7 @@ def render(data: dict, console: Console) -> None:
                 "" if o["step"] is None else str(o["step"]),
                 dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),
                 seconds_text(o["age_s"]),
+                "alive: in progress" if o.get("in_progress") else
                 {"killed": "[red]killed (heartbeat stopped)[/]", "running": "alive: hung or still running",
                  "crashed": "[red]crashed: the crash ended it[/]"}.get(o.get("state"), "exited with it open"),
             )

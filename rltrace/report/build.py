@@ -176,14 +176,7 @@ def _open_spans(con, now_ns: int) -> list[dict]:
     profiles = plain(analysis.attached(con, [o["span_id"] for o in spans]))
     for o in spans:
         o["profiles"] = [p for p in profiles if p["span_id"] == o["span_id"]]
-    running = [o for o in spans if o["state"] == "running"]
-    dumped = health.hang_dumps(con, [o["span_id"] for o in running])
-    # every limit is at least HANG_MIN_S: only a span open longer needs its phase's median
-    medians = health.phase_medians(con, [o["phase"] for o in running if o["age_s"] > health.HANG_MIN_S])
-    for o in spans:
-        limit, _ = health.hang_limit(medians.get(o["phase"]), dumped=o["span_id"] in dumped,
-                                     dumped_s=dumped.get(o["span_id"]))
-        o["in_progress"] = o["state"] == "running" and o["age_s"] <= limit
+    health.mark_in_progress(con, spans)
     return spans
 
 

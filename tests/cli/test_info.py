@@ -65,6 +65,27 @@ def test_info_table_names_the_open_span(hung_run, capsys):
     assert "Open spans" in out and "wait" in out and "Nothing dropped" in out
     assert "rollout" in out and "trainer" in out
     assert "1 open ·" in out
+    assert "alive: in progress" in out  # its process is this one, alive; the wait is seconds old
+    top = " ".join(out.split("\n", 3)[1:3])
+    assert " 0 " not in top and "step_summary" not in top  # tables with nothing in them are not listed
+
+
+def test_info_counts_with_thousands_separators_and_names_the_summaries(run_dir, capsys, monkeypatch):
+    from rltrace.store import merge
+
+    monkeypatch.setattr(merge, "SUMMARISE_ROWS", 0)  # a per-part summary for this small part too
+    rltrace.init(run_dir, role="trainer", flush_interval=0.01)
+    for step in range(3):
+        with rltrace.phase("train", step=step):
+            for _ in range(400):
+                with rltrace.phase("forward"):
+                    pass
+        rltrace.flush()
+    rltrace.shutdown()  # one merged part, its summary beside it
+    assert cli(["info", str(run_dir)]) == 0
+    top = " ".join(capsys.readouterr().out.split())
+    assert "1,203 spans in 1 part" in top and "(per-part summaries for 1 span part)" in top
+    assert "span_digest" not in top
 
 
 def test_a_span_left_open_at_exit_is_counted_where_it_is_listed(run_dir, capsys):
