@@ -16,7 +16,7 @@ def analysing(console: Console, label: str):
     """Show `label` with a spinner; when summaries are computed, how many steps are done."""
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task(label, total=None)
 
         def tell(done: int, total: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
+from rltrace.cli._console import Console
 from rich.progress import Progress
 
 from rltrace import _names, analysis, store
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     console = Console()
-    with Progress(console=console, transient=True) as bar:
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
         tasks: dict[str, int] = {}
 
         def progress(table: str, done: int, total: int) -> None:

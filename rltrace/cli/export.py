@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
+from rltrace.cli._console import Console
 from rich.progress import Progress
 
 from rltrace import store
@@ -79,7 +79,7 @@ def _otlp(args: argparse.Namespace, steps) -> int:
     if not args.endpoint:
         raise RltraceError("--format otlp needs --endpoint URL (e.g. http://localhost:6006)")
     console = Console(stderr=True)
-    with Progress(console=console, transient=True) as bar:
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task("replaying spans", total=None)
         result = otlp.replay(store.open(args.run_dir, skip_corrupt=args.skip_corrupt), args.endpoint, steps=steps,
                              progress=lambda done, total: bar.update(task, completed=done, total=total))

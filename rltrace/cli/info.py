@@ -7,7 +7,7 @@ import datetime as dt
 import json
 import time
 
-from rich.console import Console
+from rltrace.cli._console import Console
 from rich.table import Table
 
 from rltrace import _json, _names, analysis, store

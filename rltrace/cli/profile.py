@@ -9,7 +9,7 @@ import os
 import sys
 
 from rich import box
-from rich.console import Console
+from rltrace.cli._console import Console
 from rich.table import Table
 
 from rltrace import _json, store

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from rich.console import Console
+from rltrace.cli._console import Console
 from rich.progress import Progress
 
 from rltrace import _json
@@ -166,7 +166,7 @@ def _run(args) -> int:
 
     tokenizer = _tokenizer(args)
     console = Console()
-    with Progress(console=console, transient=True) as bar:
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task(f"running {args.entry}", total=args.repeat)
         result = run_entry(
             args.run_dir, args.step, args.entry, repeat=args.repeat, kwargs=dict(args.arg), batch_id=args.batch,
@@ -224,7 +224,7 @@ def _compare(args) -> int:
         sides = [[r for r in load_replays(args.run_dir, step=args.step, replay_id=rid)] for rid in args.replay]
     elif len(args.entry) == 2 and not args.replay:
         sides = []
-        with Progress(console=console, transient=True) as bar:
+        with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
             for entry in args.entry:
                 task = bar.add_task(f"running {entry}", total=args.repeat)
                 run = run_entry(args.run_dir, args.step, entry, repeat=args.repeat, kwargs=dict(args.arg),
@@ -256,7 +256,7 @@ def _decompose(args) -> int:
     versions = sorted({v_t, *v_s})
     console = Console()
     results = {}
-    with Progress(console=console, transient=True) as bar:
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task(f"log-probs at {len(versions)} weight version(s)", total=len(versions))
         for v in versions:
             run = run_entry(args.run_dir, args.step, args.entry, kwargs={**dict(args.arg), "weight_version": v},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rich.console import Console
+from rltrace.cli._console import Console
 
 from rltrace import _json, report, store
 from rltrace.analysis import configure_serving, parse_steps

@@ -52,7 +52,8 @@ def render(r: dict, console: Console, *, full: bool = False) -> None:
     for sentence in r["findings"]:
         findings.add_row(" •", _keep_units(term(sentence)))
     console.print(findings)
-    console.print(_cost_model(r))
+    if steps:  # without a finished step every term would read "not recorded"
+        console.print(_cost_model(r))
     quality = _quality(r)
     if quality is not None:
         console.print(quality)

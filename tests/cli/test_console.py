@@ -80,6 +80,31 @@ def test_a_reader_that_stops_early_ends_the_report_quietly(run):
     assert code == 141
 
 
+@pytest.mark.parametrize("args", [(), ("--full",)], ids=["text", "full"])
+def test_a_reader_that_stops_early_ends_the_text_report_as_the_json_one(run, args):
+    """`rltrace report RUN | head -3`: status 141 too (rich's console would exit with 1, a failure)."""
+    import fcntl
+
+    read, write = os.pipe()
+    fcntl.fcntl(write, 1031, 4096)  # F_SETPIPE_SZ: a 4 KB pipe, so the ~8 KB report cannot fit before its reader leaves
+    proc = subprocess.Popen([sys.executable, "-m", "rltrace", "report", str(run), *args], env=python_env(),
+                            stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    with os.fdopen(read, "rb") as out:
+        first = out.read(100)
+    code = proc.wait(timeout=300)
+    err = proc.stderr.read().decode()
+    assert first and "Traceback" not in err and "Exception ignored" not in err, err
+    assert code == 141
+
+
+def test_a_command_that_fails_prints_its_error_and_nothing_on_stdout(tmp_path):
+    for command in ("report", "compact", "info"):
+        done = _rltrace(command, str(tmp_path), timeout=120)
+        assert done.returncode == 2 and done.stdout == b"", command  # no stray line from a progress display
+        assert done.stderr.decode().startswith("rltrace: error:") and done.stderr.count(b"\n") == 1
+
+
 def test_info_ends_with_its_whole_output(run):
     done = _rltrace("info", str(run), "--json", timeout=300)
     assert done.returncode == 0, done.stderr.decode()

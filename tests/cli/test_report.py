@@ -116,3 +116,14 @@ def test_json_is_strict_and_a_closed_pipe_is_no_traceback(tmp_path):
     pipe.stdout.close()  # the reader hangs up before rltrace writes (as `head` does once it has its lines)
     err = pipe.stderr.read().decode()
     assert pipe.wait(timeout=120) in (0, 141) and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_run_with_no_finished_step_says_so_without_an_empty_cost_model(tmp_path, capsys):
+    import rltrace
+
+    rltrace.init(tmp_path / "run")
+    rltrace.shutdown()  # a run that recorded nothing yet
+    assert main(["report", str(tmp_path / "run")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "no finished span with a step yet: nothing to report" in text
+    assert "Cost model" not in text and "not recorded" not in text
