@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import time
+from pathlib import Path
 
 import pandas as pd
 
@@ -17,6 +19,25 @@ STALE_AFTER_S = 30.0  # a process silent this long has stopped: three missed hea
 HANG_FACTOR = 10.0
 HANG_MIN_S = 300.0
 HANG_MIN_SAMPLES = 5
+
+
+def gone(con, processes: pd.DataFrame) -> set[str]:
+    """The processes of this host known to have stopped although their heartbeat is recent: a writer
+    holds `.writers/<process_id>.lock` while it lives, and the OS releases it when the process ends,
+    `kill -9` included. Other hosts' processes (and writers that held no lock) are judged by their
+    heartbeat alone (`STALE_AFTER_S`)."""
+    from rltrace.analysis._parts import meta
+    from rltrace.store.merge import WRITERS, writer_alive
+
+    run_dir = meta(con, "run_dir")
+    if not run_dir or processes.empty:
+        return set()
+    here = socket.gethostname()
+    out = set()
+    for pid, host in zip(processes["process_id"].tolist(), processes["host"].tolist()):
+        if host == here and (Path(run_dir) / WRITERS / f"{pid}.lock").is_file() and not writer_alive(Path(run_dir), pid):
+            out.add(pid)
+    return out
 
 
 def phase_medians(con, phases, min_samples: int = HANG_MIN_SAMPLES) -> dict[str, float]:
@@ -84,8 +105,8 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
         heartbeat after the span started); state: `crashed` (the process died of an uncaught
         exception, a crash record, with the span open: the crash ended it), `exited` (the process
         exited with the span open, no crash), `killed` (the process stopped without shutting
-        down and without a crash record: no heartbeat for over STALE_AFTER_S, e.g. SIGKILL or
-        out of memory) or `running` (its heartbeat is fresh: hung, or still running).
+        down and without a crash record: no heartbeat for over STALE_AFTER_S, or on this host
+        its writer lock released (`gone`), e.g. SIGKILL or out of memory) or `running` (its heartbeat is fresh: hung, or still running).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
     checks = summary.checks(con)  # per-step first start / last end, cached per connection
@@ -108,7 +129,7 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
     frame["stalled_s"] = ((frame["end_ns"].where(closed, frame["last_ns"]) - frame["start_ns"]) / 1e9).clip(lower=0)
     heard = frame["last_heard_ns"].astype("float64")
     frame["heard_for_s"] = ((heard - frame["start_ns"]) / 1e9).clip(lower=0)
-    stopped = (now_ns - heard) / 1e9 > STALE_AFTER_S
+    stopped = ((now_ns - heard) / 1e9 > STALE_AFTER_S) | frame["process_id"].isin(gone(con, frame)).to_numpy()
     frame["state"] = ["crashed" if shut and crash else "exited" if shut or ended else "killed" if gone else "running"
                       for shut, crash, ended, gone in zip(closed, frame["crashed"].astype(bool),
                                                           frame["ended_cleanly"].astype(bool), stopped.fillna(True))]

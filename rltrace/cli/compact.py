@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rltrace.cli._console import Console
 from rich.progress import Progress
 
+from rltrace.cli._console import Console
 from rltrace import _names, analysis, store
 from rltrace.analysis import summary
 from rltrace.cli import _options

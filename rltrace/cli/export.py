@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rltrace.cli._console import Console
 from rich.progress import Progress
 
+from rltrace.cli._console import Console
 from rltrace import store
 from rltrace.store import objstore
 from rltrace._config import RltraceError

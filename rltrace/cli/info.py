@@ -7,8 +7,10 @@ import datetime as dt
 import json
 import time
 
-from rltrace.cli._console import Console
+import pandas as pd
 from rich.table import Table
+
+from rltrace.cli._console import Console
 
 from rltrace import _json, _names, analysis, store
 from rltrace.analysis._format import seconds_text, term
@@ -73,8 +75,10 @@ def _collect(con, snap, run_dir: str) -> dict:
     counts["open_at_exit"] = at_exit
     crashes = rows("SELECT role, rank, kind, thread_name, exc_type, message, phase, step, process_id FROM crashes ORDER BY time_ns")
     crashed = {c["process_id"] for c in crashes if c["kind"] == "process"}
+    gone = health.gone(con, pd.DataFrame(processes, columns=["process_id", "host"]))  # its writer lock released
     for p in processes:
-        stopped = p["heartbeat_ns"] is None or (now_ns - p["heartbeat_ns"]) / 1e9 > STALE_AFTER_S
+        stopped = (p["heartbeat_ns"] is None or (now_ns - p["heartbeat_ns"]) / 1e9 > STALE_AFTER_S
+                   or p["process_id"] in gone)
         p["state"] = ("crashed" if p["process_id"] in crashed else "ended" if p["ended_ns"]
                       else "killed" if stopped else "running")
     tables = {name: sum(p.rows for p in parts) for name, parts in snap.parts.items()}

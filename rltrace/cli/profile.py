@@ -9,9 +9,9 @@ import os
 import sys
 
 from rich import box
-from rltrace.cli._console import Console
 from rich.table import Table
 
+from rltrace.cli._console import Console
 from rltrace import _json, store
 from rltrace.analysis._format import size_text, process_name, seconds_text, share_text, term
 from rltrace.cli import _options

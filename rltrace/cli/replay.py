@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from rltrace.cli._console import Console
 from rich.progress import Progress
 
+from rltrace.cli._console import Console
 from rltrace import _json
 from rltrace._config import RltraceError
 from rltrace.cli import _options

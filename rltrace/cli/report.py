@@ -6,7 +6,6 @@ import argparse
 import sys
 
 from rltrace.cli._console import Console
-
 from rltrace import _json, report, store
 from rltrace.analysis import configure_serving, parse_steps
 from rltrace.cli import _options

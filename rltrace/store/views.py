@@ -507,8 +507,9 @@ def connect(snap: Snapshot) -> duckdb.DuckDBPyConnection:
     summary_of = [p.summary_of for p in snap.parts.get("step_summary", [])]
     con.execute("CREATE TABLE _rltrace_meta (key VARCHAR, value VARCHAR)")
     con.execute(
-        "INSERT INTO _rltrace_meta VALUES ('spans_digest', ?), ('summary_of', ?), ('run_id', ?)",
-        [spans_digest(snap), summary_of[0] if len(summary_of) == 1 else None, snap.manifest.get("run_id")],
+        "INSERT INTO _rltrace_meta VALUES ('spans_digest', ?), ('summary_of', ?), ('run_id', ?), ('run_dir', ?)",
+        [spans_digest(snap), summary_of[0] if len(summary_of) == 1 else None, snap.manifest.get("run_id"),
+         str(snap.run_dir)],
     )
     # the span parts read (what the per-step summary cache compares against, `analysis.summary`),
     # and each one's per-part summary in force, if any (`rltrace.store.digest`)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -115,3 +116,34 @@ def test_every_command_has_help(command, capsys):
 def test_console_script_runs():
     out = subprocess.run([PYTHON, "-m", "rltrace", "--version"], capture_output=True, text=True, env=python_env(), check=True)
     assert out.stdout.startswith("rltrace ")
+
+
+def test_a_writer_killed_a_moment_ago_is_killed_not_alive(run_dir, capsys):
+    """Its heartbeat is seconds old, but the writer lock it held is released (the OS does that at
+    kill -9): `info` and the report say killed at once, not after the 30 s heartbeat rule."""
+    import signal
+
+    from rltrace import report, store
+
+    proc = subprocess.Popen([PYTHON, "-m", "tests.writer_process", str(run_dir), "--forever"], cwd=REPO,
+                            env=python_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        for _ in range(100):  # until its open phase is flushed (the writer flushes every second)
+            assert cli(["info", str(run_dir), "--json"]) == 0
+            data = json.loads(capsys.readouterr().out)
+            if data["open_spans"]:
+                break
+            time.sleep(0.1)
+        (alive,) = data["processes"]
+        assert alive["state"] == "running" and [o["state"] for o in data["open_spans"]] == ["running"]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert cli(["info", str(run_dir), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (killed,) = data["processes"]
+    assert killed["state"] == "killed"
+    assert {o["state"] for o in data["open_spans"]} == {"killed"}
+    hung = report.build(store.open(run_dir))["open_spans"]
+    assert hung and {o["state"] for o in hung} == {"killed"} and not any(o["in_progress"] for o in hung)
