@@ -155,7 +155,7 @@ def test_after_kill_9_info_and_report_say_killed_not_hung(run_dir, monkeypatch):
     assert data["processes"][0]["state"] == "killed" and data["open_spans"][0]["state"] == "killed"
     console = Console(record=True, width=200)
     info.render(data, console)
-    assert "killed (heartbeat stopped)" in console.export_text()
+    assert "killed (its process stopped)" in console.export_text()
 
 
 def test_a_crash_that_leaves_a_span_open_is_told_once_as_the_crash(run_dir):

@@ -30,7 +30,7 @@ from rltrace.analysis.health import processes as _run_processes
 from rltrace.analysis.metrics import step_metrics
 
 RULES = ("no_progress", "heartbeat", "starved", "hang", "threshold")
-NOT_WORK = ("step",)  # containers: a hang is named on the phase inside them
+NOT_WORK = health.CONTAINERS  # containers: a hang is named on the phase inside them
 
 
 class AlertRuleError(RltraceError, ValueError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -23,21 +24,30 @@ HANG_MIN_SAMPLES = 5
 
 def gone(con, processes: pd.DataFrame) -> set[str]:
     """The processes of this host known to have stopped although their heartbeat is recent: a writer
-    holds `.writers/<process_id>.lock` while it lives, and the OS releases it when the process ends,
-    `kill -9` included. Other hosts' processes (and writers that held no lock) are judged by their
-    heartbeat alone (`STALE_AFTER_S`)."""
+    holds `.writers/<process_id>.lock` while it lives, and the OS frees it when the process ends,
+    `kill -9` included. Only a lock this probe could take counts (a filesystem that cannot lock
+    tells nothing); this process is never probed (its own probe could free its lock on NFS).
+    Other hosts' processes, and writers that held no lock, are judged by their heartbeat alone
+    (`STALE_AFTER_S`)."""
     from rltrace.analysis._parts import meta
-    from rltrace.store.merge import WRITERS, writer_alive
+    from rltrace.store.merge import lock_state
 
     run_dir = meta(con, "run_dir")
     if not run_dir or processes.empty:
         return set()
-    here = socket.gethostname()
+    here, me = socket.gethostname(), os.getpid()
+    pids = processes["pid"].tolist() if "pid" in processes else [None] * len(processes)
     out = set()
-    for pid, host in zip(processes["process_id"].tolist(), processes["host"].tolist()):
-        if host == here and (Path(run_dir) / WRITERS / f"{pid}.lock").is_file() and not writer_alive(Path(run_dir), pid):
-            out.add(pid)
+    for process_id, host, pid in zip(processes["process_id"].tolist(), processes["host"].tolist(), pids):
+        if host != here or pid == me:
+            continue
+        if lock_state(Path(run_dir), process_id) == "free":
+            out.add(process_id)
     return out
+
+
+#: Container phases: the work inside them is what hangs (`rltrace watch` and the report judge it)
+CONTAINERS = ("step",)
 
 
 def phase_medians(con, phases, min_samples: int = HANG_MIN_SAMPLES) -> dict[str, float]:
@@ -63,15 +73,32 @@ def hang_dumps(con, span_ids) -> dict[str, float | None]:
 
 
 def mark_in_progress(con, spans: list[dict]) -> None:
-    """Set `in_progress` on each open span (`open_spans` rows as dicts): its process is alive and it
-    has been open no longer than its `hang_limit` (the report names only the others as hangs)."""
+    """Set `in_progress` on each open span (`open_spans` rows as dicts, with `profiles`): its process
+    is alive, and it is not what `rltrace watch` calls hung: the innermost open work of its thread
+    (no open child; not a `step` container; not a `wait`, the starved rule's) open longer than its
+    `hang_limit`. The report names only the others."""
     running = [o for o in spans if o["state"] == "running"]
-    dumped = hang_dumps(con, [o["span_id"] for o in running])
+    outer = {p for (p,) in con.execute("SELECT DISTINCT parent_span_id FROM open_spans "
+                                       "WHERE parent_span_id IS NOT NULL").fetchall()} if running else set()
+    judged = [o for o in running if o["span_id"] not in outer and o["phase"] not in (*CONTAINERS, "wait")]
+    dumped = hang_dumps(con, [o["span_id"] for o in judged])
     # every limit is at least HANG_MIN_S: only a span open longer needs its phase's median
-    medians = phase_medians(con, [o["phase"] for o in running if o["age_s"] > HANG_MIN_S])
-    for o in spans:
+    medians = phase_medians(con, [o["phase"] for o in judged if o["age_s"] > HANG_MIN_S])
+    hung = set()
+    for o in judged:
         limit, _ = hang_limit(medians.get(o["phase"]), dumped=o["span_id"] in dumped, dumped_s=dumped.get(o["span_id"]))
-        o["in_progress"] = o["state"] == "running" and o["age_s"] <= limit
+        if o["age_s"] > limit:
+            hung.add(o["span_id"])
+    for o in spans:
+        o["in_progress"] = o["state"] == "running" and o["span_id"] not in hung
+
+
+def in_progress_now(span: dict, now_ns: int) -> bool:
+    """`in_progress` of a span from a report made earlier (a cached one), still true at `now_ns`:
+    its process has written a heartbeat within STALE_AFTER_S (a killed process writes nothing
+    more, so nothing would make the report again)."""
+    heard = span.get("last_heard_ns")
+    return bool(span.get("in_progress")) and heard is not None and (now_ns - heard) / 1e9 <= STALE_AFTER_S
 
 
 def hang_limit(median: float | None, *, dumped: bool = False, dumped_s: float | None = None,

@@ -138,12 +138,12 @@ READS = 5
 def _again(args: argparse.Namespace) -> int:
     """The command again, on the parts as they are now, up to `READS` reads in all; then a one-line error."""
     for attempt in range(2, READS + 1):
+        time.sleep(0.2 * (attempt - 1))  # what removes them (writers leaving, a compaction) is at work
         try:
             return args.func(args) or 0
         except Exception as exc:
             if not _vanished(exc):
                 raise
-            time.sleep(0.2 * attempt)  # what removes them (writers leaving, a compaction) is at work
     raise RltraceError(
         f"the run's parts changed on each of {READS} reads of this command (writers merging their parts or "
         "exiting, or a compaction with a short --grace, removed the ones it had listed): run it again once "

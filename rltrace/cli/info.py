@@ -152,7 +152,7 @@ def render(data: dict, console: Console) -> None:
         ended = {
             "crashed": "[red]crashed[/] " + _ago(p["ended_ns"], now_ns),
             "ended": "cleanly " + _ago(p["ended_ns"], now_ns),
-            "killed": "[red]no: its heartbeat stopped (killed)[/]",
+            "killed": "[red]no: it stopped (killed)[/]",
         }.get(p.get("state"), "[yellow]not yet (running or hung)[/]")
         t.add_row(
             term(p["role"]),
@@ -189,7 +189,7 @@ def render(data: dict, console: Console) -> None:
                 dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),
                 seconds_text(o["age_s"]),
                 "alive: in progress" if o.get("in_progress") else
-                {"killed": "[red]killed (heartbeat stopped)[/]", "running": "alive: hung or still running",
+                {"killed": "[red]killed (its process stopped)[/]", "running": "alive: hung or still running",
                  "crashed": "[red]crashed: the crash ended it[/]"}.get(o.get("state"), "exited with it open"),
             )
         console.print(t)

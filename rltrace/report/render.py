@@ -181,7 +181,7 @@ def _open_spans(r: dict) -> Table | None:
         return None
     t = _table("[red]Open spans[/] (started, never ended)",
                ["process", "thread", "phase", "step", "started", "open for", "its process"])
-    state = {"killed": "killed (heartbeat stopped)", "running": "alive: hung or still running", "exited": "exited"}
+    state = {"killed": "killed (its process stopped)", "running": "alive: hung or still running", "exited": "exited"}
     for o in r["open_spans"]:
         started = dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
         t.add_row(term(_who(o["role"], o["rank"])), term(o.get("thread_name") or ""), term(o["phase"]),

@@ -437,10 +437,26 @@ def by_rows(parts: list, limit: int | None = None) -> list[list]:
 
 def writer_alive(run_dir: Path, process_id: str) -> bool:
     """Whether a live writer holds `process_id`'s lock (then its parts are its own to merge)."""
+    return lock_state(run_dir, process_id) == "held"
+
+
+def lock_state(run_dir: Path, process_id: str) -> str:
+    """`held` (a live writer holds `process_id`'s lock), `free` (this probe took it: no process
+    holds it; the OS frees a writer's lock when it ends, kill -9 included) or `unknown` (no lock
+    file, or a filesystem whose locks cannot be probed)."""
     try:
         fd = os.open(Path(run_dir) / WRITERS / f"{process_id}.lock", os.O_RDONLY)
     except OSError:  # no lock file: an older writer, a finished one, or not a writer's part at all
-        return False
+        return "unknown"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return "held"
+    except OSError:  # e.g. ENOSYS or ENOLCK: this filesystem cannot tell
+        return "unknown"
+    finally:
+        os.close(fd)  # also releases the probe's lock
+    return "free"
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -434,6 +434,13 @@ class Spool:
                 path.unlink(missing_ok=True)
                 files.remove((path, rel, st))
                 total -= st.st_size
+                replaced = self._retire_after.pop(rel, None)  # the files it replaced in the bucket ...
+                if replaced:  # ... go once its span part is up instead (or now, if it is)
+                    part = f"{_names.SPANS.folder}/{rel.split('/', 1)[1]}"
+                    if part in self._retire_after:
+                        self._retire_after[part] = [*self._retire_after[part], *replaced]
+                    else:
+                        self._retiring.append((time.monotonic() + self.grace_s, replaced))
                 logger.debug("rltrace: spool full, %s left out (reports compute it from its span part)", rel)
                 continue
             try:

@@ -143,3 +143,29 @@ def test_a_live_runs_young_open_spans_are_work_in_progress_not_hangs(tmp_path):
     out = io.StringIO()
     report.render(report.build(store.open(b.run_dir), now_ns=T0_NS + 10 * 10**9), Console(file=out, width=120))
     assert "alive: in progress" in out.getvalue()
+
+
+def test_only_the_innermost_open_work_past_its_limit_is_a_hang_as_rltrace_watch_says(tmp_path):
+    """A live run whose step has been open 400 s: the step, the rollout around requests that keep
+    finishing, and the trainer's wait for it are work in progress; only a request open past its
+    limit is named, and it is the one `rltrace watch` alerts on."""
+    from rltrace.alerts import Settings, evaluate
+
+    b = RunBuilder(tmp_path / "run")
+    ro, tr = b.process("rollout"), b.process("trainer")
+    step = ro.span("step", -400.0, None, step=9)
+    rollout = ro.span("rollout", -399.0, None, step=9, parent=step)
+    for i in range(6):
+        ro.span("generate", -390.0 + 2 * i, -389.0 + 2 * i, step=9, parent=rollout)  # finished: median 1 s
+    ro.span("generate", 5.0, None, step=9, parent=rollout, thread=2)  # young: in progress
+    stuck = ro.span("generate", -380.0, None, step=9, parent=rollout, thread=3)  # 390 s > 300 s: hung
+    tr.span("wait", -400.0, None, step=9, waiting_for="rollout")
+    b.write()
+    now = T0_NS + 10 * 10**9
+    data = report.build(store.open(b.run_dir), now_ns=now)
+    flagged = [o["span_id"] for o in data["open_spans"] if not o["in_progress"]]
+    assert flagged == [stuck.span_id]
+    said = [f for f in data["findings"] if f.startswith("Open span")]
+    assert len(said) == 1 and said[0].startswith("Open span: generate on rollout0 (thread worker-3) at step 9")
+    hangs = [a for a in evaluate(store.open(b.run_dir), Settings(rules=("hang",)), now_ns=now)]
+    assert [a.key for a in hangs] == [f"hang:{stuck.span_id}"]  # the same one, and only it

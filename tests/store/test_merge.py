@@ -219,3 +219,38 @@ def test_a_forked_writer_holds_its_lock_before_its_first_part_appears(run_dir, m
     rltrace.flush()
     rltrace.shutdown()
     assert held and all(ok for _, ok in held), held
+
+
+def test_a_writer_lock_is_held_free_or_unknown_and_only_free_means_gone(run_dir, monkeypatch):
+    """`health.gone` calls a process stopped only when a probe took its lock: a filesystem that
+    cannot lock (ENOSYS) tells nothing, so a live writer there is never called killed."""
+    import fcntl
+    import os
+
+    lock = run_dir / merge.WRITERS / "w1.lock"
+    lock.parent.mkdir(parents=True)
+    assert merge.lock_state(run_dir, "w0") == "unknown"  # no lock file
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert merge.lock_state(run_dir, "w1") == "held" and merge.writer_alive(run_dir, "w1")
+    assert merge.lock_state(run_dir, "w1") == "free" and not merge.writer_alive(run_dir, "w1")
+
+    def cannot(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(merge.fcntl, "flock", cannot)
+    assert merge.lock_state(run_dir, "w1") == "unknown"
+    import socket
+
+    import pandas as pd
+
+    from rltrace.analysis import health
+
+    rltrace.init(run_dir, role="trainer", flush_interval=0.01)  # a run to connect to (its writer cannot lock)
+    rltrace.shutdown()
+    con = store.open(run_dir)
+    others = pd.DataFrame({"process_id": ["w1"], "host": [socket.gethostname()], "pid": [os.getpid() + 1]})
+    assert health.gone(con, others) == set()  # unknown: not gone
+    monkeypatch.undo()
+    assert health.gone(con, others) == {"w1"}  # free: gone
+    assert health.gone(con, others.assign(pid=os.getpid())) == set()  # this process is never probed

@@ -369,8 +369,13 @@ def test_a_full_spool_leaves_out_a_span_parts_summary_first_and_counts_no_row_lo
         shutil.copy(local / folder / span_part.name, spool.dir / folder / span_part.name)
     files = [p for p in spool.dir.rglob("*.parquet")]
     spool.max_bytes = sum(p.stat().st_size for p in files) - 1  # one file must go
+    # as after a merge: what the part and its summary replace leaves the bucket once they are up
+    spool._retire_after[f"spans/{span_part.name}"] = ["spans/old.parquet"]
+    spool._retire_after[f"span_digests/{span_part.name}"] = ["span_digests/old.parquet"]
     assert spool.upload_once() is False  # unreachable: kept, and trimmed to the limit
     assert not (spool.dir / "span_digests" / span_part.name).exists()  # the summary went, though newer
+    # the summaries it replaced now leave the bucket with the span part's upload, not never
+    assert spool._retire_after == {f"spans/{span_part.name}": ["spans/old.parquet", "span_digests/old.parquet"]}
     assert (spool.dir / "spans" / span_part.name).is_file() and (spool.dir / "metrics" / "p-00000000.parquet").is_file()
     assert (spool.rows_dropped, spool.spans_dropped, drops.records()) == (0, 0, [])
     monkeypatch.setenv("AWS_ENDPOINT_URL", live)
