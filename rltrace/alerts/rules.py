@@ -4,7 +4,8 @@ Each rule returns `Alert`s; an alert's `key` names what it is about (the stalled
 silent process, the span), so the watcher raises it once however often the rules run.
 
 - no_progress: no step has finished for `stall_factor` x the median time between step ends.
-- heartbeat: a process that did not end cleanly has not written to the store for `heartbeat_s`.
+- heartbeat: a process that did not end cleanly has not written to the store for `heartbeat_s`,
+  or (on this host) the writer lock it held is free: it stopped (`analysis.health.gone`).
 - starved: a `wait` (or a span with `rl.waiting_for`) has lasted `starved_s` while nothing it
   waits for runs or has ended since it began (the empty-buffer case).
 - hang: a phase is still open past its limit (`hang_s`, or `hang_factor` x its median, at least
@@ -186,9 +187,11 @@ def no_progress(con, s: Settings, now_ns: int, open_spans: pd.DataFrame) -> list
 
 def heartbeat(con, s: Settings, now_ns: int, open_spans: pd.DataFrame) -> list[Alert]:
     out = []
-    for p in _processes(con).itertuples():
+    procs = _processes(con)
+    gone = health.gone(con, procs[~procs["ended"]])  # on this host, a free writer lock: stopped now
+    for p in procs.itertuples():
         silent = (now_ns - p.heartbeat_ns) / 1e9 if not pd.isna(p.heartbeat_ns) else None
-        if p.ended or silent is None or silent <= s.heartbeat_s:
+        if p.ended or silent is None or (silent <= s.heartbeat_s and p.process_id not in gone):
             continue
         mine = open_spans[open_spans["process_id"] == p.process_id]
         fields = {"process_id": p.process_id, "role": p.role, "rank": _int(p.rank), "host": p.host}
@@ -197,8 +200,12 @@ def heartbeat(con, s: Settings, now_ns: int, open_spans: pd.DataFrame) -> list[A
             row = mine.iloc[0]
             fields.update(phase=row["phase"], step=_int(row["step"]), span_id=row["span_id"])
             doing = f" while in {row['phase']}{_at_step(fields['step'])}"
-        message = (f"{_who(p.role, p.rank)} on {p.host} has not written to the store for {seconds_text(silent)}"
-                   f"{doing} (limit {seconds_text(s.heartbeat_s)}): stopped, killed or frozen.")
+        if silent <= s.heartbeat_s:  # its lock says what its heartbeat cannot yet
+            message = (f"{_who(p.role, p.rank)} on {p.host} stopped{doing}: the writer lock it held is free and it "
+                       f"did not shut down (killed?); last write {seconds_text(silent)} ago.")
+        else:
+            message = (f"{_who(p.role, p.rank)} on {p.host} has not written to the store for {seconds_text(silent)}"
+                       f"{doing} (limit {seconds_text(s.heartbeat_s)}): stopped, killed or frozen.")
         out.append(Alert(f"heartbeat:{p.process_id}:{int(p.heartbeat_ns)}", "heartbeat", message, seconds=silent,
                          limit_s=s.heartbeat_s, **fields))
     return out

@@ -20,9 +20,9 @@ MARGIN_S = 15.0  # a loaded 2-core machine: writes land within ~1 s, the margin 
 def live(run_dir):
     procs = []
 
-    def start(scenario: str) -> subprocess.Popen:
+    def start(scenario: str, **env: str) -> subprocess.Popen:
         p = subprocess.Popen([PYTHON, "-m", "tests.alerts.live_process", str(run_dir), scenario], cwd=REPO,
-                             env=python_env(), stdout=subprocess.PIPE, text=True)
+                             env=python_env(**env), stdout=subprocess.PIPE, text=True)
         procs.append(p)
         assert p.stdout.readline().strip() == "ready"
         return p
@@ -70,7 +70,7 @@ def test_a_wait_with_nothing_upstream_is_starved(live, run_dir):
 
 
 def test_a_killed_process_stops_its_heartbeat(live, run_dir):
-    p = live("silent")
+    p = live("silent", RLTRACE_MERGE_PARTS="0")  # a writer that holds no lock (as one on another host reads)
     watcher = Watcher(run_dir, Settings(heartbeat_s=3.0, rules=("heartbeat",)))
     time.sleep(4.0)
     assert watcher.check()[0] == []  # alive: it writes its heartbeat every 0.2 s
@@ -79,6 +79,19 @@ def test_a_killed_process_stops_its_heartbeat(live, run_dir):
     alert, _ = _wait_for(watcher, "heartbeat", 3.0 + MARGIN_S)
     assert alert.role == "trainer" and alert.phase == "train" and alert.step == 6
     assert "has not written to the store for" in alert.message and "while in train at step 6" in alert.message
+
+
+def test_a_killed_process_on_this_host_is_stopped_at_once_by_its_lock(live, run_dir):
+    """Its heartbeat is fresh for a minute yet, but the writer lock it held here is free."""
+    p = live("silent")
+    watcher = Watcher(run_dir, Settings(heartbeat_s=600.0, rules=("heartbeat",)))
+    time.sleep(2.0)  # its open phase is written
+    assert watcher.check()[0] == []  # alive
+    p.kill()
+    p.wait(timeout=30)
+    alert, took = _wait_for(watcher, "heartbeat", MARGIN_S)
+    assert took < MARGIN_S and alert.role == "trainer" and alert.phase == "train" and alert.step == 6
+    assert "stopped while in train at step 6: the writer lock it held is free" in alert.message
 
 
 def test_a_metric_crossing_its_threshold(live, run_dir):
