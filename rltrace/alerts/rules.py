@@ -188,7 +188,7 @@ def no_progress(con, s: Settings, now_ns: int, open_spans: pd.DataFrame) -> list
 def heartbeat(con, s: Settings, now_ns: int, open_spans: pd.DataFrame) -> list[Alert]:
     out = []
     procs = _processes(con)
-    gone = health.gone(con, procs[~procs["ended"]])  # on this host, a free writer lock: stopped now
+    gone = health.gone(con, procs.loc[~procs["ended"], "process_id"])  # on this host, a free writer lock: stopped now
     for p in procs.itertuples():
         silent = (now_ns - p.heartbeat_ns) / 1e9 if not pd.isna(p.heartbeat_ns) else None
         if p.ended or silent is None or (silent <= s.heartbeat_s and p.process_id not in gone):

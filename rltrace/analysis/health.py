@@ -22,28 +22,22 @@ HANG_MIN_S = 300.0
 HANG_MIN_SAMPLES = 5
 
 
-def gone(con, processes: pd.DataFrame) -> set[str]:
-    """The processes of this host known to have stopped although their heartbeat is recent: a writer
-    holds `.writers/<process_id>.lock` while it lives, and the OS frees it when the process ends,
-    `kill -9` included. Only a lock this probe could take counts (a filesystem that cannot lock
-    tells nothing); this process is never probed (its own probe could free its lock on NFS).
-    Other hosts' processes, and writers that held no lock, are judged by their heartbeat alone
-    (`STALE_AFTER_S`)."""
+def gone(con, process_ids) -> set[str]:
+    """The processes of `process_ids` known to have stopped although their heartbeat may be recent:
+    a writer holds `.writers/<process_id>.lock` while it lives, and the OS frees it when the process
+    ends, `kill -9` included. Only processes of this host count, and only a lock this probe could
+    take (a filesystem that cannot lock tells nothing); this process is never probed (on NFS its
+    own probe could free its lock). The others are judged by their heartbeat (`STALE_AFTER_S`)."""
     from rltrace.analysis._parts import meta
     from rltrace.store.merge import lock_state
 
+    wanted = sorted({p for p in process_ids if isinstance(p, str)})
     run_dir = meta(con, "run_dir")
-    if not run_dir or processes.empty:
+    if not run_dir or not wanted:
         return set()
-    here, me = socket.gethostname(), os.getpid()
-    pids = processes["pid"].tolist() if "pid" in processes else [None] * len(processes)
-    out = set()
-    for process_id, host, pid in zip(processes["process_id"].tolist(), processes["host"].tolist(), pids):
-        if host != here or pid == me:
-            continue
-        if lock_state(Path(run_dir), process_id) == "free":
-            out.add(process_id)
-    return out
+    here = con.execute("SELECT process_id, any_value(pid) FROM processes WHERE host = ? "
+                       "AND list_contains(?, process_id) GROUP BY process_id", [socket.gethostname(), wanted]).fetchall()
+    return {p for p, pid in here if pid != os.getpid() and lock_state(Path(run_dir), p) == "free"}
 
 
 #: Container phases: the work inside them is what hangs (`rltrace watch` and the report judge it)
@@ -133,7 +127,8 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
         exception, a crash record, with the span open: the crash ended it), `exited` (the process
         exited with the span open, no crash), `killed` (the process stopped without shutting
         down and without a crash record: no heartbeat for over STALE_AFTER_S, or on this host
-        its writer lock released (`gone`), e.g. SIGKILL or out of memory) or `running` (its heartbeat is fresh: hung, or still running).
+        its writer lock freed (`gone`); e.g. SIGKILL or out of memory) or `running` (its
+        heartbeat is fresh: hung, or still running).
     """
     now_ns = time.time_ns() if now_ns is None else now_ns
     checks = summary.checks(con)  # per-step first start / last end, cached per connection
@@ -156,9 +151,9 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
     frame["stalled_s"] = ((frame["end_ns"].where(closed, frame["last_ns"]) - frame["start_ns"]) / 1e9).clip(lower=0)
     heard = frame["last_heard_ns"].astype("float64")
     frame["heard_for_s"] = ((heard - frame["start_ns"]) / 1e9).clip(lower=0)
-    stopped = ((now_ns - heard) / 1e9 > STALE_AFTER_S) | frame["process_id"].isin(gone(con, frame)).to_numpy()
-    frame["state"] = ["crashed" if shut and crash else "exited" if shut or ended else "killed" if gone else "running"
-                      for shut, crash, ended, gone in zip(closed, frame["crashed"].astype(bool),
+    stopped = ((now_ns - heard) / 1e9 > STALE_AFTER_S) | frame["process_id"].isin(gone(con, frame["process_id"]))
+    frame["state"] = ["crashed" if shut and crash else "exited" if shut or ended else "killed" if stop else "running"
+                      for shut, crash, ended, stop in zip(closed, frame["crashed"].astype(bool),
                                                           frame["ended_cleanly"].astype(bool), stopped.fillna(True))]
     cols = ["process_id", "role", "rank", "host", "thread_name", "phase", "name", "step", "span_id", "start_ns", "age_s",
             "stalled_s", "last_heard_ns", "ended_cleanly", "heard_for_s", "state"]

@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import time
 
-import pandas as pd
 from rich.table import Table
 
 from rltrace.cli._console import Console
@@ -75,7 +74,7 @@ def _collect(con, snap, run_dir: str) -> dict:
     counts["open_at_exit"] = at_exit
     crashes = rows("SELECT role, rank, kind, thread_name, exc_type, message, phase, step, process_id FROM crashes ORDER BY time_ns")
     crashed = {c["process_id"] for c in crashes if c["kind"] == "process"}
-    gone = health.gone(con, pd.DataFrame(processes, columns=["process_id", "host"]))  # its writer lock released
+    gone = health.gone(con, [p["process_id"] for p in processes])  # on this host, its writer lock freed
     for p in processes:
         stopped = (p["heartbeat_ns"] is None or (now_ns - p["heartbeat_ns"]) / 1e9 > STALE_AFTER_S
                    or p["process_id"] in gone)

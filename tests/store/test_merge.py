@@ -242,15 +242,18 @@ def test_a_writer_lock_is_held_free_or_unknown_and_only_free_means_gone(run_dir,
     assert merge.lock_state(run_dir, "w1") == "unknown"
     import socket
 
-    import pandas as pd
-
     from rltrace.analysis import health
+    from rltrace.testing import RunBuilder
 
-    rltrace.init(run_dir, role="trainer", flush_interval=0.01)  # a run to connect to (its writer cannot lock)
-    rltrace.shutdown()
+    b = RunBuilder(run_dir)  # a run whose process w1 ran on this host
+    b.process("w", 1, host=socket.gethostname())
+    b.write()
+    (w1,) = [p.process_id for p in b.processes]
+    lock.rename(lock.with_name(f"{w1}.lock"))
     con = store.open(run_dir)
-    others = pd.DataFrame({"process_id": ["w1"], "host": [socket.gethostname()], "pid": [os.getpid() + 1]})
-    assert health.gone(con, others) == set()  # unknown: not gone
+    assert health.gone(con, [w1]) == set()  # unknown: not gone
     monkeypatch.undo()
-    assert health.gone(con, others) == {"w1"}  # free: gone
-    assert health.gone(con, others.assign(pid=os.getpid())) == set()  # this process is never probed
+    assert health.gone(con, [w1]) == {w1}  # free: gone
+    con.execute(f"CREATE OR REPLACE TEMP TABLE mine AS SELECT * REPLACE ({os.getpid()}::BIGINT AS pid) FROM processes")
+    con.execute("CREATE OR REPLACE VIEW processes AS SELECT * FROM mine")
+    assert health.gone(con, [w1]) == set()  # this process is never probed
