@@ -23,6 +23,7 @@ import streamlit as st
 
 from rltrace import analysis, profiling, replay, report as report_mod
 from rltrace._json import dumps as strict_dumps
+from rltrace.analysis import health
 from rltrace.analysis._steps import Steps
 from rltrace.export import chrome
 from rltrace.replay import browse, diff, rerun
@@ -107,6 +108,12 @@ def is_live(info_: dict, now_ns: int) -> bool:
 def report(run: RunRef, steps: Steps) -> dict:
     """`rltrace report --json` for these steps (findings, cost model, waits, health, ...)."""
     return report_mod.plain(_with(run, report_mod.build, steps=steps))
+
+
+def open_spans_now(report_: dict, now_ns: int) -> list[dict]:
+    """The report's open spans with `in_progress` as of `now_ns`: a cached report's process may have
+    been killed since, and a killed process writes nothing that would make the report again."""
+    return [{**o, "in_progress": health.in_progress_now(o, now_ns)} for o in report_["open_spans"]]
 
 
 def compare(this: dict, other: dict) -> pd.DataFrame:

@@ -131,6 +131,10 @@ def test_a_live_runs_young_open_spans_are_work_in_progress_not_hangs(tmp_path):
     data = report.build(con, now_ns=T0_NS + 10 * 10**9)  # its heartbeat (at t0) is 10 s old: alive
     state = {o["span_id"]: (o["state"], o["in_progress"]) for o in data["open_spans"]}
     assert state == {young.span_id: ("running", True), old.span_id: ("running", False)}
+    from rltrace.analysis import health  # a cached report read later: in progress while the heartbeat is fresh
+
+    kept = next(o for o in data["open_spans"] if o["span_id"] == young.span_id)
+    assert health.in_progress_now(kept, T0_NS + 29 * 10**9) and not health.in_progress_now(kept, T0_NS + 31 * 10**9)
     said = [f for f in data["findings"] if f.startswith("Open span")]
     assert len(said) == 1 and "at step 6" in said[0]  # the young one gets no sentence
     con.execute(  # the process's watchdog dumped its stacks 5 s into the young span: it is hung

@@ -10,7 +10,6 @@ import pandas as pd
 import streamlit as st
 
 from rltrace.analysis import _format as fmt
-from rltrace.analysis import health
 from rltrace.ui import charts, data, state
 
 run = state.selected()
@@ -23,7 +22,8 @@ span_text = "no steps yet" if steps is None else f"steps {steps[0]}–{steps[1]}
 live = data.is_live(info, time.time_ns())
 status = ":red-badge[:material/circle: live]" if live else ":gray-badge[finished]"
 now_ns = time.time_ns()
-stuck = [o for o in report["open_spans"] if not health.in_progress_now(o, now_ns)]  # in progress: a live step's spans
+open_spans = data.open_spans_now(report, now_ns)
+stuck = [o for o in open_spans if not o["in_progress"]]  # in progress: a live step's spans
 if stuck:
     status += f" :orange-badge[:material/warning: {len(stuck)} open span(s)]"
 created = dt.datetime.fromisoformat(info["created"]).strftime("%Y-%m-%d %H:%M UTC") if info["created"] else "?"
@@ -87,8 +87,7 @@ h[0].metric("Open spans", len(stuck), help="started and never ended: hung, or th
 h[1].metric("Dropped spans", report["dropped"]["spans"], help="lost before reaching the store (full queue, failed write)")
 h[2].metric("Dropped rows", report["dropped"]["rows"], help="metric and sample rows lost before the store")
 if report["open_spans"]:
-    hangs = pd.DataFrame(report["open_spans"])
-    hangs["in_progress"] = [health.in_progress_now(o, now_ns) for o in report["open_spans"]]
+    hangs = pd.DataFrame(open_spans)
     hangs["who"] = [fmt.process_name(r, k) for r, k in zip(hangs["role"], hangs["rank"])]
     st.markdown("**Open spans** — select one to see it on the Timeline")
     picked = st.dataframe(
@@ -135,7 +134,7 @@ if len(refs) > 1:
         rows.append({"run": i["name"], "steps": i["steps"], "t_R (s)": r["t_R"], "t_T (s)": r["t_T"],
                      "t_W (s)": r["t_W"], "t_sync (s)": r["t_sync"], "async bound (s)": r["async_bound"],
                      "step period (s)": r["async"]["period_s"], "reward (last)": r["reward"]["last"],
-                     "open spans": sum(not health.in_progress_now(o, now_ns) for o in r["open_spans"]),
+                     "open spans": sum(not o["in_progress"] for o in data.open_spans_now(r, now_ns)),
                      "path": i["path"]})
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in
