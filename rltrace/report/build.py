@@ -170,8 +170,8 @@ def _waits_by_step(con, steps: Steps) -> list[dict]:
 
 def _open_spans(con, now_ns: int) -> list[dict]:
     """Open spans, each with the profiles (e.g. a py-spy hang dump) attached to it, and whether it
-    is work in progress (`in_progress`: its process is alive and it is within the hang limit that
-    `rltrace watch` applies; the findings name only the others)."""
+    is work in progress (`in_progress`: its process is alive and it is not what `rltrace watch`
+    calls hung, `health.mark_in_progress`; the findings name only the others)."""
     spans = plain(analysis.open_spans(con, now_ns=now_ns))
     profiles = plain(analysis.attached(con, [o["span_id"] for o in spans]))
     for o in spans:
