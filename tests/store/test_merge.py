@@ -82,6 +82,17 @@ def test_readers_never_see_a_row_twice_or_miss_one_while_a_writer_merges(run_dir
     assert store.open(run_dir).execute("SELECT count(*) FROM spans").fetchone() == (150,)
 
 
+def _twenty_parts_then_a_merge(run_dir):
+    """A writer that flushed 20 one-step parts, then one pass of its merger; the writer's run."""
+    run = rltrace.init(run_dir, flush_interval=0.01)
+    for step in range(20):
+        with rltrace.phase("step", step=step):
+            pass
+        rltrace.flush()
+    run.merger.tick()
+    return run
+
+
 def test_a_merge_that_fails_on_a_full_disk_loses_nothing(run_dir, monkeypatch):
     real = merge.merge
     full = [True]
@@ -93,12 +104,7 @@ def test_a_merge_that_fails_on_a_full_disk_loses_nothing(run_dir, monkeypatch):
 
     monkeypatch.setattr(merge, "merge", no_space)
     monkeypatch.setattr(merge, "FLUSH_PARTS", 4)
-    run = rltrace.init(run_dir, flush_interval=0.01)
-    for step in range(20):
-        with rltrace.phase("step", step=step):
-            pass
-        rltrace.flush()
-    run.merger.tick()
+    run = _twenty_parts_then_a_merge(run_dir)
     assert run.merger.merges == 0 and len(_parts(run_dir)) == 20  # every part stays as written, readable
     assert store.open(run_dir).execute("SELECT count(*) FROM spans").fetchone() == (20,)
     full[0] = False  # space again: the merge at exit goes through
@@ -119,12 +125,7 @@ def test_a_merge_that_fails_after_its_summary_was_written_leaves_no_summary_behi
     monkeypatch.setattr(merge, "write_part", no_space_for_spans)
     monkeypatch.setattr(merge, "SUMMARISE_ROWS", 0)  # every merged part gets a summary
     monkeypatch.setattr(merge, "FLUSH_PARTS", 4)
-    run = rltrace.init(run_dir, flush_interval=0.01)
-    for step in range(20):
-        with rltrace.phase("step", step=step):
-            pass
-        rltrace.flush()
-    run.merger.tick()
+    run = _twenty_parts_then_a_merge(run_dir)
     assert run.merger.merges == 0 and len(_parts(run_dir)) == 20
     assert not _parts(run_dir, "span_digests")  # the summary of the part that never came is gone
     full[0] = False
