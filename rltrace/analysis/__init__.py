@@ -40,6 +40,8 @@ from rltrace.analysis.summary import table as summary_table
 from rltrace.analysis.sync import sync_children, sync_growth
 from rltrace.analysis.timeline import sample_timeline, step_timeline
 from rltrace.analysis.waits import by_step as waits_by_step, top_waits, waits
+from rltrace.analysis.whatif import Scenario as WhatIf
+from rltrace.analysis.whatif import whatif
 
 __all__ = [
     "StepRangeError",
@@ -95,4 +97,6 @@ __all__ = [
     "configure_serving",
     "serving_section",
     "delta_sync",
+    "WhatIf",
+    "whatif",
 ]

@@ -1,0 +1,102 @@
+"""The what-if event model on hand-built runs whose answers are known exactly."""
+
+import numpy as np
+import pytest
+
+from rltrace import store
+from rltrace.analysis import whatif
+from rltrace.testing import RunBuilder
+
+
+def _loop(tmp_path, *, gens, train, sync, reward=0.0, steps=8, workers=1, sample_times=True):
+    """A synchronous loop: per step, a generate span per engine as long as its longest sample, then
+    reward, train and weight_sync on the trainer, back to back."""
+    b = RunBuilder(tmp_path / "run")
+    tr = b.process("trainer")
+    engines = [b.process("rollout", r) for r in range(workers)]
+    t = 0.0
+    for step in range(steps):
+        top = max(gens)
+        rows = []
+        for i, g in enumerate(gens):
+            rank = i % workers
+            rows.append({"sample_id": f"{step}-{i}", "response_len": int(g * 1000), "gen_start": t, "gen_end": t + g,
+                         "worker_rank": rank, "weight_version": step, "train_version": step})
+        for rank, e in enumerate(engines):
+            share = [g for i, g in enumerate(gens) if i % workers == rank]
+            e.span("generate", t, t + max(share), step=step)
+        if sample_times:
+            b.samples(step, rows)
+        t += top
+        if reward:
+            tr.span("reward", t, t + reward, step=step)
+            t += reward
+        tr.span("train", t, t + train, step=step)
+        tr.span("weight_sync", t + train, t + train + sync, step=step)
+        t += train + sync
+    b.write()
+    return store.open(b.run_dir)
+
+
+def _predict(cal, **knobs):
+    return whatif.predict(cal, whatif.Scenario(**knobs), replicates=20)
+
+
+def test_a_static_batch_ends_with_its_longest_sample(tmp_path):
+    """One long sample sets the batch: the sync replay is the recorded period, and twice the engines
+    do not move it (a per-phase model that halves the rollout would say 0.55 + 0.6)."""
+    cal = whatif.calibrate(_loop(tmp_path, gens=[0.1, 0.1, 0.2, 1.0], train=0.5, sync=0.1))
+    assert cal.workers == 1 and cal.staleness == 0 and cal.per_sample
+    assert cal.works.shape == (8, 4)
+    assert _predict(cal, staleness=0)["predicted_step_s"] == pytest.approx(1.6, abs=1e-6)
+    two = _predict(cal, staleness=0, rollout_workers=2)
+    assert two["predicted_step_s"] == pytest.approx(1.6, abs=1e-6)
+    assert two["binding"] == "t_R + t_T + t_W" and "longest sample" in two["why"]
+    async_ = _predict(cal, staleness=1)  # rollout 1.0 > train + sync 0.6: the rollout binds
+    assert async_["predicted_step_s"] == pytest.approx(1.0, abs=1e-6)
+    assert async_["binding"] == "t_R"
+    assert async_["staleness_mean"] == pytest.approx(1.0, abs=0.05) and async_["staleness_max"] == 1
+
+
+def test_async_is_bounded_by_train_plus_sync(tmp_path):
+    cal = whatif.calibrate(_loop(tmp_path, gens=[0.3, 0.5], train=1.0, sync=0.2))
+    for k in (1, 2):
+        row = _predict(cal, staleness=k)
+        assert row["predicted_step_s"] == pytest.approx(1.2, abs=1e-6)
+        assert row["binding"] == "t_T + t_W"
+        assert row["staleness_max"] <= k
+    assert _predict(cal, staleness=1, placement="colocated")["predicted_step_s"] == pytest.approx(1.7, abs=1e-6)
+
+
+def test_partial_rollouts_leave_the_long_tail_to_the_next_batch(tmp_path):
+    """Over-sampled batches end when their share finished: the rollout no longer waits for the 1 s sample."""
+    cal = whatif.calibrate(_loop(tmp_path, gens=[0.1] * 7 + [1.0], train=0.2, sync=0.05))
+    full = _predict(cal, staleness=0)["predicted_step_s"]
+    partial = _predict(cal, staleness=0, partial=1.25)
+    assert full == pytest.approx(1.25, abs=1e-6)
+    assert partial["predicted_step_s"] < 0.7 * full
+    assert partial["staleness_max"] >= 1  # a carried sample was started under older weights
+
+
+def test_a_rollout_without_sample_times_replays_whole(tmp_path):
+    cal = whatif.calibrate(_loop(tmp_path, gens=[0.2, 0.4], train=0.3, sync=0.1, sample_times=False))
+    assert not cal.per_sample and "per-sample" in cal.notes[0]
+    assert _predict(cal, rollout_workers=4)["predicted_step_s"] == pytest.approx(0.8, abs=1e-6)
+    assert _predict(cal, staleness=1)["predicted_step_s"] == pytest.approx(0.4, abs=1e-6)
+
+
+def test_whatif_table_has_the_recorded_run_first_with_the_analytic_bound(tmp_path):
+    con = _loop(tmp_path, gens=[0.3, 0.5], train=1.0, sync=0.2, reward=0.1)
+    t = whatif.whatif(con, [whatif.Scenario(staleness=1)], replicates=10)
+    assert list(t["scenario"]) == ["as recorded: sync, 1 rollout worker", "async K=1, 1 rollout worker"]
+    assert t["recorded_step_s"].iloc[0] == pytest.approx(1.8, abs=1e-6)
+    assert t["predicted_step_s"].iloc[0] == pytest.approx(1.8, abs=1e-6)
+    assert t["analytic_s"].tolist() == pytest.approx([1.8, max(0.6, 1.0) + 0.2], abs=1e-6)
+    assert t["predicted_step_s"].iloc[1] == pytest.approx(1.3, abs=1e-6)  # reward rides on the trainer
+
+
+def test_an_empty_run_has_no_rows(tmp_path):
+    b = RunBuilder(tmp_path / "run")
+    b.process("trainer").span("warmup", 0, 1)
+    b.write()
+    assert whatif.whatif(store.open(b.run_dir), [whatif.Scenario(staleness=1)]).empty
