@@ -41,7 +41,7 @@ from rltrace.analysis.sync import sync_children, sync_growth
 from rltrace.analysis.timeline import sample_timeline, step_timeline
 from rltrace.analysis.waits import by_step as waits_by_step, top_waits, waits
 from rltrace.analysis.whatif import Scenario as WhatIf
-from rltrace.analysis.whatif import whatif
+from rltrace.analysis.whatif import whatif as what_if
 
 __all__ = [
     "StepRangeError",
@@ -98,5 +98,5 @@ __all__ = [
     "serving_section",
     "delta_sync",
     "WhatIf",
-    "whatif",
+    "what_if",
 ]
