@@ -49,9 +49,9 @@ def cost_model(con, steps: Steps = None) -> pd.DataFrame:
     out = pd.DataFrame(index=walls.index).join(walls)
     for col, key in (("t_R", "R"), ("t_T", "T"), ("t_W", "W"), ("t_reward", "reward")):
         out[col] = stages[key] if key in stages else np.nan
-    if out["t_R"].notna().any():  # a step with rollout but no reward has reward 0, not "not recorded"
+    if out["t_reward"].notna().any():  # a step with rollout but no reward, in a run that records reward, has reward 0
         out["t_reward"] = out["t_reward"].where(out["t_R"].isna(), out["t_reward"].fillna(0.0))
-    out["t_rollout"] = out["t_R"] - out["t_reward"]
+    out["t_rollout"] = out["t_R"] - out["t_reward"].fillna(0.0)  # a run without reward spans: all of t_R
     for col in _RAW:
         out[col + "_amortised"] = _amortise(out[col])
     out["t_rollout_amortised"] = out["t_R_amortised"] - out["t_reward_amortised"].fillna(0.0)

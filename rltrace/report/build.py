@@ -19,7 +19,7 @@ from rltrace.analysis import health
 from rltrace.analysis._steps import Steps
 from rltrace.analysis.steps import PHASE_COLUMNS
 from rltrace.importers.metrics import SERVICE_NAME as IMPORTER
-from rltrace.report import findings
+from rltrace.report import evidence, findings
 from rltrace.report import stages as stage_figures
 
 WAITS_PER_STEP = 3
@@ -120,6 +120,9 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
         "idle_devices": plain(analysis.idle_devices(con, steps)),
         "skipped_parts": list(skipped),
     }
+    report["figures"] = plain(evidence.figures(report, evidence.sources(con)))
+    if report["figures"]["achieved_speedup"]["kind"] == evidence.NOT_RECORDED:  # not recorded is never a number
+        report["async"] |= {"achieved_speedup": None, "achieved_fraction": None, "concurrent_s": None, "overlapping": None}
     report["findings"] = findings.sentences(report)
     return report
 

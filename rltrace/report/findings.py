@@ -54,8 +54,9 @@ def _imported(r: dict) -> list[str]:
     if not i.get("metrics"):
         return []
     share = "All" if i["metrics"] == i["total"] else f"{i['metrics']} of {i['total']}"
-    return [f"{share} spans come from imported metric logs (source: metrics): stage durations are measured, their "
-            "placement within a step is not, so waits, idle gaps, stragglers and critical paths need traced spans."]
+    return [f"{share} spans come from imported metric logs (source: metrics): stage durations are the logged ones, "
+            "their placement within a step is made up, so overlap, waits, idle gaps, stragglers and critical paths "
+            "need traced spans."]
 
 
 def _term(r: dict, key: str) -> str:
@@ -77,7 +78,7 @@ def _bottleneck(r: dict) -> list[str]:
     share = f", {b['share']:.0%} of step time" if b.get("share") is not None else ""
     culprit = b.get("culprit")
     inside = f"; most of it in {culprit['phase']} ({culprit['share']:.0%})" if culprit else ""
-    rollout = "" if r.get("t_R") is None else f" (rollout {sec(r['t_rollout'])} + reward {sec(r['t_reward'])})"
+    rollout = "" if r.get("t_R") is None else f" (rollout {_term(r, 't_rollout')} + reward {_term(r, 't_reward')})"
     text = (
         f"Bottleneck: {b['stage']}{where}, median {sec(b['median_s'])} per step{every}{share}{inside}; "
         f"t_R = {_term(r, 't_R')}{rollout}, t_T = {_term(r, 't_T')}, t_W = {_term(r, 't_W')}."
@@ -254,9 +255,13 @@ def _async(r: dict) -> list[str]:
     missing = [k for k in ("t_R", "t_T", "t_W") if k not in used]
     terms = f" ({', '.join(missing)} not recorded, left out)" if missing else ""
     bound = f"max(t_R, t_T) + t_W = {sec(r['async_bound'])} ({r['async_speedup_bound']:.2f}x){terms}"
+    overlap = (r.get("figures") or {}).get("achieved_speedup") or {"kind": "measured"}
+    if overlap["kind"] == "not recorded":
+        return [f"Overlap of stages not recorded ({overlap['basis']}): async could at best bring a step from "
+                f"t_sync = {sec(r['t_sync'])} to {bound}, an optimistic bound."]
     if a.get("overlapping"):
         text = (
-            f"Stages overlap (measured): two stages ran at once for {sec(a['concurrent_s'])} of "
+            f"Stages overlap ({overlap['kind']}): two stages ran at once for {sec(a['concurrent_s'])} of "
             f"{sec(a['stage_s'])} of stage time, a {a['achieved_speedup']:.2f}x speed-up over running them one after another"
         )
         if a["achieved_speedup"] > r["async_speedup_bound"]:
@@ -265,7 +270,7 @@ def _async(r: dict) -> list[str]:
         gain = r["async_speedup_bound"] / a["achieved_speedup"]
         return [f"{text}; the async bound {bound} leaves at most {gain:.2f}x to gain."]
     return [(
-        f"Stages ran one after another (no measured overlap): async could at best bring a step from "
+        f"Stages ran one after another (no {overlap['kind']} overlap): async could at best bring a step from "
         f"t_sync = {sec(r['t_sync'])} to {bound}, an optimistic bound."
     )]
 

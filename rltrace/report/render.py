@@ -73,24 +73,37 @@ def _term(r: dict, key: str) -> str:
 
 
 def _cost_model(r: dict) -> Table:
-    a = r["async"]
-    t = _table("Cost model (median per step)", ["", "time", "what"])
+    """The cost model, each figure with its kind (`report.evidence`: measured, imported, derived, not recorded)."""
+    figures = r.get("figures") or {}
+    t = _table("Cost model (median per step)", ["", "time", "kind", "what"])
     every = r.get("amortised") or {}
     note = {k: f", runs every {v} steps (spread)" for k, v in every.items()}
     inside = {s["stage"]: f" (most in {term(s['culprit']['phase'])})" for s in r.get("stages") or [] if s.get("culprit")}
-    rollout = ("" if r.get("t_R") is None else f"rollout {sec(r['t_rollout'])}{inside.get('rollout', '')} + "
-               f"reward {sec(r['t_reward'])}{inside.get('reward', '')}")
-    t.add_row("t_R", _term(r, "t_R"), rollout + note.get("t_R", ""))
-    t.add_row("t_T", _term(r, "t_T"), "train" + inside.get("train", "") + note.get("t_T", ""))
-    t.add_row("t_W", _term(r, "t_W"), "weight sync" + inside.get("weight_sync", "") + note.get("t_W", ""))
-    t.add_row("t_sync", sec(r["t_sync"]), "t_R + t_T + t_W: one synchronous step")
+
+    def kind(key: str) -> str:
+        return figures[key]["kind"] if key in figures else ""
+
+    def source(key: str) -> str:
+        f = figures.get(key) or {}
+        return f" (from {term(f['basis'])})" if f.get("kind") == "imported" and f.get("basis") else ""
+
+    rollout = ("" if r.get("t_R") is None else f"rollout {_term(r, 't_rollout')}{inside.get('rollout', '')} + "
+               f"reward {_term(r, 't_reward')}{inside.get('reward', '')}")
+    t.add_row("t_R", _term(r, "t_R"), kind("t_R"), rollout + note.get("t_R", "") + source("t_R"))
+    t.add_row("t_T", _term(r, "t_T"), kind("t_T"), "train" + inside.get("train", "") + note.get("t_T", "") + source("t_T"))
+    t.add_row("t_W", _term(r, "t_W"), kind("t_W"),
+              "weight sync" + inside.get("weight_sync", "") + note.get("t_W", "") + source("t_W"))
+    t.add_row("t_sync", sec(r["t_sync"]), kind("t_sync"), "t_R + t_T + t_W: one synchronous step")
     bound = r["async_speedup_bound"]
-    t.add_row("async bound", sec(r["async_bound"]),
+    t.add_row("async bound", sec(r["async_bound"]), kind("async_bound"),
               "max(t_R, t_T) + t_W" + ("" if bound is None else f": at best {bound:.2f}x"))
-    if a.get("achieved_speedup"):
-        t.add_row("achieved", f"{a['achieved_speedup']:.2f}x",
-                  "measured: stage time / time with any stage running")
+    overlap = figures.get("achieved_speedup") or {}
+    if overlap.get("value"):
+        t.add_row("achieved", f"{overlap['value']:.2f}x", overlap["kind"], "stage time / time with any stage running")
+    elif overlap.get("kind") == "not recorded" and r["async"].get("stage_s"):
+        t.add_row("achieved", "not recorded", overlap["kind"], term(overlap.get("basis") or ""))
     t.columns[2].justify = "left"
+    t.columns[3].justify = "left"
     return t
 
 

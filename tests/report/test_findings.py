@@ -63,7 +63,7 @@ def test_terminal_report_fits_the_width_without_cutting_values(tmp_path, width):
     assert max(len(line) for line in text.splitlines()) <= width
     assert "…" not in text  # no cell truncated
     assert "Open span: rollout on rollout0 at step 5" in " ".join(text.split())
-    assert "│ t_W         │ 500 ms │ weight sync" in text
+    assert "│ t_W         │ 500 ms │ measured │ weight sync" in text
 
 
 def test_an_occasional_slow_stage_is_named_with_its_profile(tmp_path):

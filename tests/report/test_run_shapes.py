@@ -94,7 +94,8 @@ def test_generation_every_k_steps_is_amortised(tmp_path):
     data = _report(b)
     assert data["t_R"] == pytest.approx(0.1, abs=1e-9)  # 0.2 s serves two steps
     assert data["t_T"] == pytest.approx(0.1, abs=1e-9)
-    assert data["amortised"] == {"t_R": 2, "t_reward": 2}
+    assert data["amortised"] == {"t_R": 2}  # no reward span: t_reward is not recorded, not 0 amortised
+    assert data["t_reward"] is None and data["figures"]["t_reward"]["kind"] == "not recorded"
     assert data["async"]["achieved_speedup"] == 1.0
     assert data["async"]["overlapping"] is False
     steps = {s["step"]: s for s in data["steps"]}

@@ -88,7 +88,7 @@ def test_overview_of_the_async_run_shows_the_hang_and_the_measured_overlap(async
     r = reports[async_run]
     m = metrics(at)
     assert int(m["Open spans"]) == len(r["open_spans"]) >= 1
-    assert m["Measured overlap"] == f"{r['async']['achieved_speedup']:.2f}×"
+    assert m["Overlap"] == f"{r['async']['achieved_speedup']:.2f}×"
     assert r["async"]["overlapping"] and r["async"]["achieved_speedup"] > 1.05
     assert "open span" in texts(at)
     assert any(f.startswith("Open span: generate on rollout0") for f in r["findings"])

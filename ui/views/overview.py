@@ -34,9 +34,10 @@ st.markdown(f"{status} &nbsp; {span_text} · {info['spans']:,} spans · {n_procs
 findings = list(dict.fromkeys(report["findings"]))  # a metric logged both per step and per sample reads twice
 if findings:
     st.info(fmt.md(findings[0]), icon=":material/bolt:")
-    with st.container(border=True):
-        st.markdown("**What stands out**")
-        st.markdown("\n".join(f"- {fmt.md(f)}" for f in findings[1:]) or "Nothing else stands out.")
+    if len(findings) > 1:  # a box that only says nothing else stands out says nothing
+        with st.container(border=True):
+            st.markdown("**What stands out**")
+            st.markdown("\n".join(f"- {fmt.md(f)}" for f in findings[1:]))
 
 st.subheader("Cost model (median seconds per step)")
 cols = st.columns(6)
@@ -56,11 +57,18 @@ cols[4].metric("Async bound", fmt.seconds_text(report["async_bound"]),
                delta=None if fmt.missing(speedup) else f"≤ {speedup:.2f}× faster", delta_color="off",
                help="max(t_R, t_T) + t_W: the optimistic bound for fully async training (after slime's "
                     "async analysis); terms not recorded are left out")
-achieved = report["async"]["achieved_speedup"]
-cols[5].metric("Measured overlap", "-" if fmt.missing(achieved) else f"{achieved:.2f}×",
+overlap = report["figures"]["achieved_speedup"]
+achieved = overlap["value"]
+cols[5].metric("Overlap", "not recorded" if fmt.missing(achieved) else f"{achieved:.2f}×",
                delta=None if fmt.missing(report["async"]["concurrent_s"]) else
                f"{fmt.seconds_text(report['async']['concurrent_s'])} concurrent", delta_color="off",
-               help="stage time / time with any stage running: 1.00× when no two stages ever ran at once")
+               help=f"{overlap['kind']}: stage time / time with any stage running: 1.00× when no two stages ever "
+                    "ran at once")
+with st.expander("What each figure rests on"):
+    st.dataframe(pd.DataFrame([{"figure": k, "value": v["value"], "kind": v["kind"], "from": v["basis"]}
+                               for k, v in report["figures"].items()]),
+                 hide_index=True, width="stretch", key="overview_figures",
+                 column_config={"value": st.column_config.NumberColumn("value", format="%.4g")})
 
 per_step = pd.DataFrame(report["steps"])
 left, right = st.columns([3, 2])
