@@ -36,6 +36,7 @@ from rltrace.store.digest import live_of
 from rltrace.store.merge import Merger, Summaries
 from rltrace.store.parts import write_part
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child
+from rltrace.store.writer import errors as write_errors
 
 logger = logging.getLogger("rltrace")
 
@@ -226,7 +227,11 @@ class Run:
                 argv=sys.argv,
                 resource=dict(self.tracer_provider.resource.attributes),
             )
-            write_part(self.run_dir / _names.PROCESSES.folder, f"{p.process_id}.parquet", table, _names.PROCESSES)
+            try:
+                write_part(self.run_dir / _names.PROCESSES.folder, f"{p.process_id}.parquet", table, _names.PROCESSES)
+            except OSError as exc:  # a full or read-only disk: the next heartbeat writes it
+                write_errors("writing the process row", exc)
+                return
             self._last_heartbeat = time.monotonic()
 
     # --- rows ---------------------------------------------------------------------------------

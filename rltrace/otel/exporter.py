@@ -22,6 +22,7 @@ from rltrace.otel.live import LiveSpans
 from rltrace.store import rows
 from rltrace.store.parts import write_part
 from rltrace.store.writer import PartNamer, ProcessInfo, after_fork_in_child
+from rltrace.store.writer import errors as write_errors
 
 logger = logging.getLogger("rltrace")
 
@@ -78,7 +79,7 @@ class ParquetSpanExporter(SpanExporter):
             reason = f"part could not be written ({type(exc).__name__}: {rows.text(str(exc))[:160]})"
             self.write_failures += kept
             self.drops.add("spans", kept, reason)
-            logger.warning("rltrace: lost %d spans: %s", kept, reason)
+            write_errors("writing a spans part", exc, "its spans are dropped and counted")
             return False
         self.spans_written += kept
         if self._on_part is not None:
@@ -98,7 +99,7 @@ class ParquetSpanExporter(SpanExporter):
                 table = _names.SPANS_SCHEMA.empty_table()
             write_part(self._open_dir, f"{self._process.process_id}.parquet", table, _names.OPEN_SPANS)
         except Exception as exc:
-            logger.warning("rltrace: could not record open spans: %s", exc)
+            write_errors("recording open spans", exc)
             return False
         self._open_on_disk = ids
         return True

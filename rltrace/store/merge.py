@@ -87,12 +87,32 @@ def merge(
         raise OSError(f"merging {folder} gave {merged.num_rows} rows for {expected}; the inputs were kept")
     if before_visible is not None:
         before_visible(merged, out_name, list(zip(inputs, tables)))
-    out = write_part(folder, out_name, merged, table, {_names.META_REPLACES: json.dumps([p.name for p in inputs]).encode()},
+    replaces = [p.name for p in inputs] + still_there(folder, tables)
+    out = write_part(folder, out_name, merged, table, {_names.META_REPLACES: json.dumps(replaces).encode()},
                      write_options={"row_group_size": ROW_GROUP_ROWS})
     written = pq.read_metadata(out).num_rows
     if written != expected:  # never: the part is made visible only whole; checked all the same
         raise OSError(f"{out} holds {written} rows for {expected}")
     return out
+
+
+def still_there(folder: Path, inputs: list[pa.Table]) -> list[str]:
+    """The parts the inputs replace that are still in `folder` (their delete failed: a read-only
+    moment, `chattr +i`): the merged part replaces them too, so they stay hidden once the inputs
+    are gone, and whoever deletes the inputs deletes them."""
+    out = []
+    for t in inputs:
+        try:
+            names = json.loads((t.schema.metadata or {}).get(_names.META_REPLACES, b"[]"))
+        except ValueError:
+            continue
+        out += [n for n in names if isinstance(n, str) and n not in out and (Path(folder) / n).exists()]
+    return out
+
+
+def replaced_by(part: Path) -> list[str]:
+    """The names a part's footer says it replaces."""
+    return json.loads((pq.read_metadata(part).metadata or {}).get(_names.META_REPLACES, b"[]"))
 
 
 def summary_path(part: Path) -> Path | None:
@@ -109,11 +129,18 @@ def sidecar_paths(part: Path) -> list[Path]:
     return [part.parent.parent / t.folder / part.name for t in _names.SPAN_SIDECARS]
 
 
-def delete(part: Path) -> None:
-    """Delete a replaced part, and the files beside it if it has any."""
+def delete(part: Path) -> OSError | None:
+    """Delete a replaced part, and the files beside it if it has any; the error if one could not
+    be deleted (then it stays hidden by the part that replaces it, and is deleted again later)."""
+    failed = None
     for path in (Path(part), *sidecar_paths(part)):
-        with contextlib.suppress(OSError):
+        try:
             path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            failed = failed or exc
+    return failed
 
 
 def write_requests(spans_folder: Path, part_name: str, spans: pa.Table) -> Path | None:
@@ -225,8 +252,12 @@ class Merger:
         self._replaced = replaced
         self._summaries = summaries if summaries is not None else Summaries(source=source)
         self._lock = threading.Lock()
+        self._ticking = threading.Lock()
         self._parts: dict[str, list[_Part]] = {}  # table name -> own parts not yet replaced
         self._doomed: list[tuple[float, list[Path]]] = []  # (delete after, replaced parts)
+        self._undeleted: list[Path] = []  # replaced parts whose delete failed: tried again after _retry_at
+        self._retry_at = 0.0
+        self._said_undeleted = False
         self._seq = 0
         self._paused: dict[str, float] = {}  # table -> no merge before (a merge failed: a full disk)
         self._lock_file = None
@@ -269,8 +300,8 @@ class Merger:
             with contextlib.suppress(OSError):
                 self._lock_file.close()  # the lock stays the parent's (held by its descriptor)
             self._lock_file = None
-        self._lock = threading.Lock()
-        self._parts, self._doomed, self._seq, self._paused = {}, [], 0, {}
+        self._lock, self._ticking = threading.Lock(), threading.Lock()
+        self._parts, self._doomed, self._seq, self._paused, self._undeleted = {}, [], 0, {}, []
         self._summaries.after_fork()
 
     # --- what was written ----------------------------------------------------------------------------
@@ -321,6 +352,10 @@ class Merger:
         """Merge what is due and delete what is past its grace; the number of merges done."""
         if not self.enabled:
             return 0
+        with self._ticking:  # one merge pass at a time (the writer thread's, or a caller's)
+            return self._tick(final)
+
+    def _tick(self, final: bool) -> int:
         done = 0
         for name in list(self._parts):
             if not final and self._paused.get(name, 0.0) > time.monotonic():
@@ -364,7 +399,9 @@ class Merger:
         try:
             merge(folder, table, list(paths), out_name, read=read, before_visible=summarise)
         except Exception as exc:  # never into the writer: the inputs stay as they are, readable
-            logger.warning("rltrace: could not merge %d %s parts (%s); they stay as written", len(group), table.name, exc)
+            from rltrace.store.writer import errors
+
+            errors(f"merging {table.name} parts", exc, "they stay as written and are merged later")
             if not (folder / out_name).exists():  # what was written beside the part that never came
                 for path in sidecar_paths(folder / out_name):
                     with contextlib.suppress(OSError):
@@ -372,14 +409,18 @@ class Merger:
             self._paused[table.name] = time.monotonic() + MAX_AGE_S  # try again later, not at every tick
             return 0
         rows_ = sum(p.rows for p in group)
+        names = {p.name for p in group}
+        try:
+            carried = [n for n in replaced_by(folder / out_name) if n not in names]  # `still_there`
+        except (OSError, ValueError, pa.ArrowException):
+            carried = []
         with self._lock:
             mine = self._parts.setdefault(table.name, [])
-            names = {p.name for p in group}
             mine[:] = [p for p in mine if p.name not in names]
             mine.append(_Part(out_name, rows_, merged=True))
-            self._doomed.append((time.monotonic() + self.grace_s, paths))
+            self._doomed.append((time.monotonic() + self.grace_s, paths + [folder / n for n in carried]))
         if self._replaced is not None:
-            self._replaced(table.folder, [p.name for p in group], out_name)
+            self._replaced(table.folder, [p.name for p in group] + carried, out_name)
             if table is _names.SPANS:  # the files beside them (merged inputs may have some) go with them
                 for sidecar in _names.SPAN_SIDECARS:
                     self._replaced(sidecar.folder, [p.name for p in group if p.merged], out_name)
@@ -402,9 +443,24 @@ class Merger:
             else:
                 due = [d for d in self._doomed if d[0] <= now]
                 self._doomed = [d for d in self._doomed if d[0] > now]
+        if self._undeleted and (final or now >= self._retry_at):
+            due.append((now, self._undeleted))
+            self._undeleted = []
+        failed = None
         for _, paths in due:
             for path in paths:
-                delete(path)
+                exc = delete(path)
+                if exc is not None:
+                    self._undeleted.append(path)
+                    failed = failed or exc
+        if failed is not None:
+            self._retry_at = now + MAX_AGE_S
+            if not self._said_undeleted:  # once until deletes work again: the parts stay hidden meanwhile
+                self._said_undeleted = True
+                logger.warning("rltrace: could not delete %d replaced parts in %s (%s); they stay hidden and are "
+                               "deleted later", len(self._undeleted), self.run_dir, _one_line(failed))
+        elif not self._undeleted:
+            self._said_undeleted = False
 
     def close(self) -> None:
         """At exit: merge every part left (a run is compact once its writers exit), then release the lock."""
@@ -417,6 +473,12 @@ class Merger:
                 os.unlink(self._lock_file.name)
                 self._lock_file.close()
             self._lock_file = None
+
+
+def _one_line(exc: BaseException) -> str:
+    """An error as one line: its type and first line (a warning, never a traceback)."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 def by_rows(parts: list, limit: int | None = None) -> list[list]:

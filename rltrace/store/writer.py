@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
@@ -28,6 +29,36 @@ from rltrace.store.merge import Merger
 from rltrace.store.parts import write_part
 
 logger = logging.getLogger("rltrace")
+
+
+class WriteErrors:
+    """Errors of the write path (a full or read-only disk fails every write at once): each kind
+    (what failed, the error's type) said in one line, no traceback, and again at most every
+    `every` seconds with how many there were since; all of them counted in `counts`."""
+
+    def __init__(self, every: float = 60.0):
+        self.every = every
+        self.counts: collections.Counter = collections.Counter()
+        self._said: dict[tuple[str, str], tuple[float, int]] = {}  # kind -> (said at, count then)
+        self._lock = threading.Lock()
+
+    def __call__(self, what: str, exc: BaseException, detail: str = "") -> None:
+        key = (what, type(exc).__name__)
+        now = time.monotonic()
+        with self._lock:
+            self.counts[key] += 1
+            said = self._said.get(key)
+            if said is not None and now - said[0] < self.every:
+                return
+            since = self.counts[key] - (said[1] if said else 0) - 1
+            self._said[key] = (now, self.counts[key])
+        text = str(exc).splitlines()[0][:200] if str(exc) else ""
+        more = f" ({since} more like it since)" if since > 0 else ""
+        logger.warning("rltrace: %s failed (%s%s)%s%s; rltrace goes on, the same error is counted, not repeated",
+                       what, type(exc).__name__, f": {text}" if text else "", f"; {detail}" if detail else "", more)
+
+
+errors = WriteErrors()  # this process's: every writer of the process says each kind once
 
 
 @dataclass
@@ -187,12 +218,12 @@ class BackgroundWriter:
             self._wake.clear()
             try:
                 self._drain()
-            except Exception:  # never let the writer thread die: count and go on
-                logger.exception("rltrace: writing metrics/samples failed")
+            except Exception as exc:  # never let the writer thread die: count and go on
+                errors("writing metrics/samples", exc)
             try:
                 self.merger.tick()
-            except Exception:
-                logger.exception("rltrace: merging this process's parts failed")
+            except Exception as exc:
+                errors("merging this process's parts", exc)
 
     def _drain(self) -> None:
         with self._write_lock:
@@ -221,13 +252,13 @@ class BackgroundWriter:
             for task in tasks:
                 try:
                     task()
-                except Exception:  # a task counts its own failures; never let it stop the writer
-                    logger.exception("rltrace: a background write failed")
+                except Exception as exc:  # a task counts its own failures; never let it stop the writer
+                    errors("a background write", exc)
             if self._on_tick is not None:
                 try:
                     self._on_tick()
-                except Exception:
-                    logger.exception("rltrace: heartbeat failed")
+                except Exception as exc:
+                    errors("writing the heartbeat", exc)
 
 
     def _write(self, spec: _names.Table, tables: list[pa.Table]) -> None:
@@ -248,7 +279,7 @@ class BackgroundWriter:
                 self.rows_written += table.num_rows
             except Exception as exc:
                 reason = f"part could not be written ({type(exc).__name__}: {rows.text(str(exc))[:160]})"
-                logger.warning("rltrace: dropped %d %s rows: %s", table.num_rows, spec.name, reason)
+                errors(f"writing a {spec.name} part", exc, "its rows are dropped and counted")
                 self._drop(spec, table.num_rows, reason)
 
 

@@ -258,3 +258,72 @@ def test_a_writer_lock_is_held_free_or_unknown_and_only_free_means_gone(run_dir,
     con.execute(f"CREATE OR REPLACE TEMP TABLE mine AS SELECT * REPLACE ({os.getpid()}::BIGINT AS pid) FROM processes")
     con.execute("CREATE OR REPLACE VIEW processes AS SELECT * FROM mine")
     assert health.gone(con, [w1]) == set()  # this process is never probed
+
+
+def test_a_part_whose_delete_failed_stays_hidden_after_its_merged_part_is_merged_again(run_dir, monkeypatch, caplog):
+    """A run dir where the writer's flush parts cannot be deleted for a while (`chattr +i`, a
+    read-only moment): the merged part hiding them is merged again and deleted; the new part must
+    hide them too (never a span twice), and they are deleted once that is possible again."""
+    monkeypatch.setattr(merge, "FLUSH_PARTS", 4)
+    monkeypatch.setattr(merge, "TIER", 2)
+    real_unlink = Path.unlink
+    refusing = [True]
+
+    def unlink(self, *args, **kwargs):
+        if refusing[0] and merge.is_flush_part(self.name):
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(self))
+        return real_unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    run = rltrace.init(run_dir, flush_interval=0.01)
+    for step in range(8):
+        with rltrace.phase("step", step=step):
+            pass
+        rltrace.flush()
+        run.merger.tick()
+    run.merger.tick()
+    names = _parts(run_dir)
+    assert len([n for n in names if "-m" in n]) == 1 and len(names) == 9  # merged, merged again; 8 undeletable
+    assert store.open(run_dir).execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (8, 8)
+    refusing[0] = False
+    rltrace.shutdown()  # deletable again: what could not be deleted is deleted now
+    assert len(_parts(run_dir)) == 1
+    assert store.open(run_dir).execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (8, 8)
+
+
+def test_a_run_dir_unwritable_for_a_while_costs_counted_rows_and_one_line_per_kind_of_error(run_dir, monkeypatch, caplog):
+    """Every write into the run fails for a while (`chattr +i`): the rows of that while are dropped
+    and counted, each kind of error is said once in one line (no traceback), and the spans
+    written before and after are each stored once."""
+    import logging
+    import os
+
+    real_replace = os.replace
+    refusing = [False]
+
+    def replace(src, dst, *args, **kwargs):
+        if refusing[0] and str(run_dir) in str(dst):
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(dst))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(merge, "FLUSH_PARTS", 4)
+    caplog.set_level(logging.WARNING, logger="rltrace")
+    run = rltrace.init(run_dir, flush_interval=0.01)
+    for step in range(30):
+        refusing[0] = 10 <= step < 20
+        with rltrace.phase("step", step=step):
+            pass
+        rltrace.log_metrics(step, loss=1.0)
+        rltrace.flush()
+        run.merger.tick()
+    refusing[0] = False
+    rltrace.shutdown()
+    records = [r for r in caplog.records if r.name == "rltrace"]
+    assert not [r for r in records if r.exc_info], [r.getMessage() for r in records if r.exc_info][:3]
+    assert len(records) <= 6, [r.getMessage() for r in records]
+    con = store.open(run_dir)
+    total, distinct = con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone()
+    assert total == distinct and 20 <= total <= 30
+    (dropped,) = con.execute("SELECT sum(rows_dropped) FROM processes").fetchone()
+    assert dropped >= 30 - total
