@@ -16,7 +16,7 @@ run is not recorded; imported traces give their own timestamps, so theirs is imp
 
 from __future__ import annotations
 
-from rltrace._phases import COST_COLUMN, phases_of
+from rltrace._phases import COST_COLUMN, STAGES, phases_of
 from rltrace.importers.metrics import METRIC_ATTR, SOURCE, SOURCE_ATTR
 from rltrace.store.imports import SERVICE_NAME as IMPORTER
 
@@ -125,7 +125,7 @@ def _overlap(r: dict, src: dict) -> dict:
     value = a.get("achieved_speedup")
     if value is None:
         return _record(None, NOT_RECORDED, "no stage time")
-    stages = [s for s in ("rollout", "reward", "train", "weight_sync") if src[s]["imported"]]
+    stages = [s for s in STAGES if src[s]["imported"]]
     if any(src[s]["from_metrics"] for s in stages):
         return _record(None, NOT_RECORDED, "imported metric logs give how long stages took, not when they ran")
     if stages:
