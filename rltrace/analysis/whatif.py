@@ -53,8 +53,8 @@ class Scenario:
     def label(self) -> str:
         workers = self.rollout_workers
         parts = ["sync" if self.staleness == 0 else f"async K={self.staleness}" if self.staleness else None,
-                 f"{workers} rollout worker{'s' if workers > 1 else ''}" if workers else None,
-                 f"partial rollouts x{self.partial:g}" if self.partial else None,
+                 f"{workers} worker{'s' if workers > 1 else ''}" if workers else None,
+                 f"partial x{self.partial:g}" if self.partial else None,
                  "colocated" if self.placement == "colocated" else None]
         return ", ".join(p for p in parts if p) or "as recorded"
 
@@ -256,7 +256,7 @@ class _Carry:
 def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATES, seed: int = 0) -> dict:
     """The scenario's figures over bootstrap replays of the recorded steps.
 
-    Returns a dict: scenario (its label), staleness, rollout_workers, partial, placement (resolved);
+    Returns a dict: scenario (a label of every knob), staleness, rollout_workers, partial, placement (resolved);
     predicted_step_s (median over replays of each replay's median step period), interval_s ([5 %,
     95 %] of it), staleness_mean, staleness_max (of trained samples, median over replays),
     rollout_util, trainer_util (share of the time each pool was busy), tail_share (share of the
@@ -287,7 +287,7 @@ def _binding(cal: Calibration, sc: Scenario, row: dict) -> dict:
     if sc.staleness == 0 or sc.placement == "colocated":
         why = ("colocated: rollout and training take turns on the same devices, so the step is their sum"
                if sc.placement == "colocated" else "synchronous: each step is rollout + reward + train + sync in turn")
-        return {"binding": "t_R + t_T + t_W", "why": f"{why}; in the rollout, {tail}"}
+        return {"binding": "t_sync", "why": f"{why}; in the rollout, {tail}"}
     if row["trainer_util"] >= BUSY:
         return {"binding": "t_T + t_W", "why": "the trainer is busy all the time (reward, train and weight sync in "
                 "turn): more rollout workers or a larger staleness bound cannot help"}
@@ -302,7 +302,8 @@ def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: i
     """Per scenario, `predict`'s figures, after a row for the recorded run replayed as recorded
     (`recorded_step_s`: its own median step period, to judge the replay by).
 
-    Returns one row per scenario with the columns of `predict` and recorded_step_s, analytic_s
+    Returns one row per scenario with the columns of `predict` (scenario: "as recorded", or the knobs
+    asked; schedule: every knob, as resolved) and recorded_step_s, analytic_s
     (max(t_R, t_T) + t_W for an async scenario, t_sync for a synchronous one, from the medians).
     """
     cal = calibrate(con, steps)
@@ -313,7 +314,8 @@ def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: i
     rows = []
     for i, sc in enumerate([Scenario()] + list(scenarios)):
         row = predict(cal, sc, replicates=replicates)
-        row["scenario"] = ("as recorded: " if i == 0 else "") + row["scenario"]
+        row["schedule"] = row["scenario"]  # every knob, as resolved
+        row["scenario"] = "as recorded" if i == 0 else sc.label()
         synchronous = row["staleness"] == 0 or row["placement"] == "colocated"
         row["analytic_s"] = summary["t_sync"] if synchronous else summary["async_bound"]
         row["recorded_step_s"] = recorded

@@ -16,9 +16,9 @@ import time
 from rltrace._config import RltraceError
 from rltrace.analysis._format import shown
 from rltrace.cli._options import SKIP_CORRUPT_HINT
-from rltrace.cli import collect, compact, export, importer, info, profile, replay, report, run, ui, watch
+from rltrace.cli import collect, compact, export, importer, info, profile, replay, report, run, ui, watch, whatif
 
-COMMANDS = [info, compact, report, replay, importer, export, profile, ui, watch, run, collect]
+COMMANDS = [info, compact, report, whatif, replay, importer, export, profile, ui, watch, run, collect]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 #: Commands that only read a run and print: once their output is flushed the process ends at once,
 #: without the interpreter's teardown of the DuckDB, Arrow and pandas objects they made (~0.1 s of
 #: a report on 1M spans, whose whole run is ~1.3 s). Every file they write is closed by then.
-READ_ONLY = frozenset({"report", "info"})
+READ_ONLY = frozenset({"report", "info", "whatif"})
 
 
 def console() -> None:

@@ -1,0 +1,68 @@
+"""`rltrace whatif`: the predictions as text and JSON, several scenarios, and the options' checks."""
+
+import json
+
+import pytest
+
+from rltrace.cli import main
+from rltrace.testing import RunBuilder
+
+from ..analysis.test_whatif import _loop
+
+
+@pytest.fixture
+def run(tmp_path):
+    _loop(tmp_path, gens=[0.3, 0.5], train=1.0, sync=0.2)  # sync step 1.7 s; async: train + sync, 1.2 s
+    return str(tmp_path / "run")
+
+
+def test_json_has_the_prediction_of_the_scenario_asked(run, capsys):
+    assert main(["whatif", run, "--async", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["predicted_step_s"] == pytest.approx(1.2, abs=1e-6)
+    assert data["recorded"]["recorded_step_s"] == pytest.approx(1.7, abs=1e-6)
+    assert [s["scenario"] for s in data["scenarios"]] == ["async K=1"]
+    row = data["scenarios"][0]
+    assert row["binding"] == "t_T + t_W" and row["staleness_max"] == 1
+    assert row["interval_s"][0] <= row["predicted_step_s"] <= row["interval_s"][1]
+    assert row["analytic_s"] == pytest.approx(1.2, abs=1e-6)
+
+
+def test_several_values_make_one_scenario_each(run, capsys):
+    assert main(["whatif", run, "--async", "0,1", "--rollout-workers", "1,2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["scenario"] for s in data["scenarios"]] == ["sync, 1 worker", "sync, 2 workers",
+                                                          "async K=1, 1 worker", "async K=1, 2 workers"]
+    assert [s["predicted_step_s"] for s in data["scenarios"]] == pytest.approx([1.7, 1.7, 1.2, 1.2], abs=1e-6)
+
+
+def test_text_names_what_binds_and_the_analytic_bound(run, capsys):
+    assert main(["whatif", run]) == 0  # no option: async K=1, K=2 and partial rollouts
+    out = " ".join(capsys.readouterr().out.split())  # the terminal's line breaks aside
+    assert "async K=1" in out and "async K=2" in out and "partial x1.25" in out
+    assert "the trainer is busy all the time" in out and "max(t_R, t_T) + t_W" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--partial", "0.5"], "--partial FACTOR must be >= 1"),
+    (["--rollout-workers", "0"], "--rollout-workers must be >= 1"),
+])
+def test_bad_options_are_one_line_errors(run, capsys, argv, message):
+    assert main(["whatif", run, *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_counts_are_refused_by_the_parser(run, capsys):
+    with pytest.raises(SystemExit):
+        main(["whatif", run, "--async", "one"])
+    assert "whole numbers" in capsys.readouterr().err
+
+
+def test_a_run_without_steps_says_so(tmp_path, capsys):
+    b = RunBuilder(tmp_path / "run")
+    b.process("trainer").span("warmup", 0, 1)
+    b.write()
+    assert main(["whatif", str(b.run_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["predicted_step_s"] is None
+    assert main(["whatif", str(b.run_dir)]) == 0
+    assert "nothing to replay" in capsys.readouterr().out
