@@ -123,8 +123,9 @@ class _Engine(threading.Thread):
 
 
 def run(out: str, shape: Shape | None = None) -> dict:
-    """Record one run of the loop into `out`; returns {"period_s": mean step period after the first
-    steps, "staleness_mean", "staleness_max"} as measured by the loop itself."""
+    """Record one run of the loop into `out`; returns {"period_s": median time between step ends
+    once the pipeline filled (after the first K + 2 steps), "staleness_mean", "staleness_max"}, as
+    the loop itself measured them."""
     s = shape or Shape()
     rltrace.init(out, role="trainer", config=s.__dict__)
     versions, results, done = _Versions(), {}, threading.Condition()
@@ -155,7 +156,7 @@ def run(out: str, shape: Shape | None = None) -> dict:
             e.join(5)
         rltrace.shutdown()
     skip = min(len(ends) - 2, 2 + s.staleness)
-    return {"period_s": (ends[-1] - ends[skip]) / (len(ends) - 1 - skip), "staleness_mean": float(np.mean(ages)),
+    return {"period_s": float(np.median(np.diff(ends)[skip:])), "staleness_mean": float(np.mean(ages)),
             "staleness_max": int(max(ages))}
 
 
