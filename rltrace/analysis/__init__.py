@@ -40,6 +40,7 @@ from rltrace.analysis.summary import table as summary_table
 from rltrace.analysis.sync import sync_children, sync_growth
 from rltrace.analysis.timeline import sample_timeline, step_timeline
 from rltrace.analysis.waits import by_step as waits_by_step, top_waits, waits
+from rltrace.analysis.waits import totals as waits_total
 from rltrace.analysis.whatif import Scenario as WhatIf
 from rltrace.analysis.whatif import whatif as what_if
 
@@ -60,6 +61,7 @@ __all__ = [
     "waits",
     "top_waits",
     "waits_by_step",
+    "waits_total",
     "critical_path",
     "common_paths",
     "long_tail",

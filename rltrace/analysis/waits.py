@@ -84,6 +84,65 @@ def _read_unlabelled(con, steps: Steps) -> pd.DataFrame:
     return out.sort_values(["step", "seconds"], ascending=[True, False], ignore_index=True)
 
 
+def _most_waited_on(w: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per group of `keys`, the awaited process that holds the largest share of its waits (not
+    whichever row came first): `keys` + waited_for_process."""
+    per = w.groupby([*keys, "waited_for_process"], dropna=False)["seconds"].sum().reset_index()
+    per = per.sort_values([*keys, "seconds", "waited_for_process"], ascending=[True] * len(keys) + [False, True],
+                          kind="stable", na_position="last")
+    return per.drop_duplicates(keys)[[*keys, "waited_for_process"]]
+
+
+#: another awaited process is named beside the largest when it holds at least this share of the largest's time
+CLOSE_SHARE = 0.5
+
+
+def totals(con, steps: Steps = None) -> pd.DataFrame:
+    """Every wait of the steps, summed per waiting process and awaited stage, with the processes
+    waited on by their share (what the report's sentences say: a whole wait, never the top few).
+
+    Returns: process_id, role, rank, waited_for (stage group or phase, or `untraced`), seconds,
+    on (list of dicts, largest first: process_id, name (e.g. rollout1), seconds, share of this
+    wait; the waiting process itself when the awaited work ran on another of its threads);
+    largest waits first."""
+    w = _unlabelled(con, steps)
+    cols = ["process_id", "role", "rank", "waited_for", "seconds", "on"]
+    if w.empty:
+        return pd.DataFrame(columns=cols)
+    keys = ["process_id", "waited_for_group"]
+    per = w.groupby([*keys, "waited_for_process"], dropna=False)["seconds"].sum().reset_index()
+    who = _who.processes(con, pd.concat([per["process_id"], per["waited_for_process"]]).dropna().unique())
+    name = {p: process_name(r, k) for p, r, k in zip(who["process_id"], who["role"], who["rank"])}
+    rows = []
+    for (pid, group), mine in per.groupby(keys, dropna=False, sort=False):
+        total = float(mine["seconds"].sum())
+        mine = mine[mine["waited_for_process"].notna()].sort_values(["seconds", "waited_for_process"],
+                                                                     ascending=[False, True])
+        on = [{"process_id": p, "name": name.get(p), "seconds": float(s), "share": float(s) / total if total > 0 else None}
+              for p, s in zip(mine["waited_for_process"], mine["seconds"])]
+        rows.append({"process_id": pid, "waited_for": group, "seconds": total, "on": on})
+    out = pd.DataFrame(rows)
+    out = out.merge(who.rename(columns={"host": "_host"})[["process_id", "role", "rank"]], on="process_id", how="left")
+    return out.sort_values(["seconds", "process_id"], ascending=[False, True], ignore_index=True)[cols]
+
+
+def on_text(on: list[dict], waiting_process: str | None) -> str:
+    """Where a wait's awaited work ran: " on rollout1", " on rollout1 (52%) and rollout0 (48%)" when
+    another process holds at least CLOSE_SHARE of the largest's time, " on another thread"."""
+    if not on:
+        return ""
+    top = on[0]
+    close = [o for o in on[1:3] if top["seconds"] > 0 and o["seconds"] >= CLOSE_SHARE * top["seconds"]]
+
+    def one(o: dict) -> str:
+        return "another thread" if o["process_id"] == waiting_process else (o.get("name") or "?")
+
+    if not close:
+        return f" on {one(top)}"
+    named = [f"{one(o)} ({share_text(o['share'])})" for o in (top, *close)]
+    return " on " + (", ".join(named[:-1]) + " and " + named[-1])
+
+
 def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
     """The `n` longest waits of each step, rolled up to stages, with a sentence each.
 
@@ -99,8 +158,8 @@ def top_waits(con, steps: Steps = None, n: int = 3) -> pd.DataFrame:
                                      "waited_for_process", "waited_for_name", "seconds", "share", "text"])
     # role and rank follow from process_id: grouped without them, labelled once the top n are kept
     keys = ["step", "process_id", "in_phase", "waited_for_group"]
-    g = w.groupby(keys, dropna=False).agg(seconds=("seconds", "sum"), waited_for_process=("waited_for_process", "first"))
-    g = g.reset_index().rename(columns={"waited_for_group": "waited_for"})
+    g = w.groupby(keys, dropna=False)["seconds"].sum().reset_index()
+    g = g.merge(_most_waited_on(w, keys), on=keys, how="left").rename(columns={"waited_for_group": "waited_for"})
     walls = summary.checks(con, steps).set_index("step")
     g["share"] = g["seconds"] / g["step"].map((walls["end_ns"] - walls["start_ns"]) / 1e9)
     g = g.sort_values(["step", "seconds"], ascending=[True, False]).groupby("step").head(n)

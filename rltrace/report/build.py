@@ -101,6 +101,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
         "critical_path": plain(analysis.common_paths(con, steps)),
         "waits": plain(analysis.top_waits(con, steps, n=WAITS_PER_STEP)),
         "waits_by_step": _waits_by_step(con, steps),
+        "waits_total": plain(analysis.waits_total(con, steps)),
         "long_tail": plain(tail),
         "stragglers": plain(analysis.stragglers(con, steps, table=generation)),
         "weight_sync_fit": plain(analysis.weight_sync_fit(con, steps)),

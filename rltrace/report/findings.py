@@ -13,6 +13,7 @@ from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
 from rltrace.analysis._format import size_text
 from rltrace.analysis.health import STALE_AFTER_S
+from rltrace.analysis.waits import on_text
 from rltrace.report.serving_findings import sentences as _serving
 
 TAIL_SHARE = 0.25  # a long tail worth a sentence: this share of the step, median over steps
@@ -159,27 +160,22 @@ def _outliers(r: dict) -> list[str]:
 
 
 def _waits(r: dict) -> list[str]:
+    """The waits worth a sentence, each whole (every wait of the steps) and named after the
+    processes it waited on by their share."""
     total_wall = sum(s["wall_s"] or 0 for s in r["steps"])
-    if not total_wall or not r["waits"]:
+    totals = r.get("waits_total") or []
+    if not total_wall or not totals:
         return []
-    seconds: dict[tuple, float] = defaultdict(float)
-    where: dict[tuple, str] = {}
-    for w in r["waits"]:
-        key = (_who(w["role"], w["rank"]), w["waited_for"])
-        seconds[key] += w["seconds"]
-        if w.get("waited_for_process") == w["process_id"]:
-            where[key] = " on another thread"
-        elif w.get("waited_for_name"):
-            where[key] = f" on {w['waited_for_name']}"
     out = []
-    for (who, what), s in sorted(seconds.items(), key=lambda kv: -kv[1])[:3]:
+    for w in totals[:3]:  # largest first
+        s = w["seconds"]
         if s / total_wall < WAIT_SHARE:
             break
-        text = f"{who} waited {sec(s)} ({s / total_wall:.0%} of step time)"
-        if what == "untraced":
+        text = f"{_who(w['role'], w['rank'])} waited {sec(s)} ({s / total_wall:.0%} of step time)"
+        if w["waited_for"] == "untraced":
             out.append(f"{text} while no recorded phase ran.")
         else:
-            out.append(f"{text} for {what}{where.get((who, what), '')}.")
+            out.append(f"{text} for {w['waited_for']}{on_text(w.get('on') or [], w['process_id'])}.")
     return out
 
 

@@ -76,6 +76,8 @@ if flt:
 span_label = f"step {step}" if last == step else f"steps {step}–{last}"
 waits = data.table(report, "waits", ["step", "seconds", "text"])
 waits = waits[waits["step"].between(step, last)]
+waited = data.table(report, "waits_by_step", ["step", "seconds"])
+waited = waited[waited["step"].between(step, last)]  # every wait of the steps shown, not only the longest
 m = st.columns(5)
 m[0].metric("Wall time", fmt.seconds_text(walls.loc[walls["step"].between(step, last), "wall_s"].sum()),
             help="first span start to last span end, summed over the steps shown")
@@ -83,8 +85,8 @@ m[1].metric("Spans", f"{len(spans):,}")
 m[2].metric("Processes", spans["process_id"].nunique())
 m[3].metric("Open spans", int((spans["is_open"].astype(bool) | spans["span_id"].isin(hung["span_id"])).sum()),
             help="started and never ended (running, hung or killed), or ended only when their process exited")
-m[4].metric("Waiting", fmt.seconds_text(waits["seconds"].sum()) if len(waits) else "0 s",
-            help="longest waits of the steps shown (idle time and wait spans, see Waiting stages)")
+m[4].metric("Waiting", fmt.seconds_text(waited["seconds"].sum()) if len(waited) else "0 s",
+            help="every wait of the steps shown, summed over processes (idle time and wait spans, see Waiting stages)")
 
 open_until = dict(zip(hung["span_id"], hung["start_ns"] + (hung["stalled_s"] * 1e9).astype("int64")))
 laid, left_out = gantt.layout(spans, keep=critical, open_until=open_until)
