@@ -22,8 +22,9 @@ install-dev: install
 	$(BIN)/python -m pip install -q --no-deps 'verl==0.9.1'
 	$(BIN)/python -m pip install -q torch==2.13.0 codetiming 'tensordict>=0.10,<0.11' omegaconf torchdata peft
 
-browser:  # the dashboard's end-to-end test drives Debian's Chromium (Playwright cannot download one here)
+browser:  # Debian's Chromium for the dashboard's end-to-end test (Playwright cannot download one here), Java for Spark's
 	@command -v chromium >/dev/null 2>&1 || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium)
+	@command -v java >/dev/null 2>&1 || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q default-jre-headless)
 
 demo: install
 	$(BIN)/python -m examples.tiny_grpo --out runs/demo --overwrite
