@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextvars
 import functools
 import inspect
 import logging
@@ -31,7 +32,7 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Status, StatusCode, get_current_span, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from rltrace import _crash, _model, _names
+from rltrace import _crash, _model, _names, _phases
 from rltrace._config import PROFILE_TRIGGERS, RltraceConfigError, env_sets_any, is_set, resolve
 from rltrace._values import as_int as _as_int
 from rltrace._values import attributes as _attributes
@@ -258,12 +259,32 @@ def _inherited(parent) -> tuple[int | None, int | None]:
     return _baggage_int(_names.STEP), _baggage_int(_names.WEIGHT_VERSION)
 
 
+#: The step of the last outermost phase (no enclosing phase in this process) that had one, in this
+#: thread or asyncio task (a context variable: concurrent tasks never see each other's). The
+#: README's loop passes `step=` to `rollout` only: its siblings `reward`, `train`, `weight_sync`
+#: that follow take that step, the one the loop is in. Once a `step` container has run, nothing is
+#: taken: containers say where steps end, and what is outside them is in none. Held with its run,
+#: so a new run starts afresh.
+_last_step: contextvars.ContextVar[tuple[Run, int] | None] = contextvars.ContextVar("rltrace_last_step", default=None)
+
+
 def _start_span(run: Run, name: str, step: int | None, version: int | None, attrs: dict[str, Any]):
-    """Start the span of a phase; `step` and `weight_version` default to the enclosing phase's."""
+    """Start the span of a phase; `step` and `weight_version` default to the enclosing phase's, and
+    an outermost phase without a step takes the step of the outermost phase before it (`_last_step`)."""
+    parent = get_current_span()
     if step is None or version is None:
-        parent_step, parent_version = _inherited(get_current_span())
+        parent_step, parent_version = _inherited(parent)
         step = parent_step if step is None else step
         version = parent_version if version is None else version
+    if not parent.is_recording():  # outermost in this process (a remote parent does not record here)
+        last = _last_step.get()
+        last = last if last is not None and last[0] is run else None
+        if name in _phases.ALWAYS_CONTAINER:  # steps marked by containers: what is outside them is in none
+            _last_step.set((run, None))
+        elif step is None:
+            step = last[1] if last is not None else None
+        elif last is None or last[1] is not None:
+            _last_step.set((run, step))
     values = {_names.PHASE: name, _names.THREAD_ID: threading.get_ident()}
     group = _names.SEMCONV_GROUP_OF_PHASE.get(name)
     if group is not None:

@@ -56,6 +56,61 @@ def test_explicit_step_overrides_the_enclosing_phase(run_dir):
     assert (evaluation["step"], evaluation["weight_version"]) == (0, 1)
 
 
+def test_siblings_after_a_stepped_phase_take_its_step_as_the_readme_loop_writes_them(run_dir):
+    """The README passes `step=` to `rollout` only: `reward`, `train`, `weight_sync` after it are in that step."""
+    rltrace.init(run_dir)
+    with rltrace.phase("warmup"):  # before any step: start-up, no step to take
+        pass
+    for step in range(2):
+        with rltrace.phase("rollout", step=step):
+            pass
+        with rltrace.phase("reward"):
+            with rltrace.phase("judge"):
+                pass
+        with rltrace.phase("train"):
+            pass
+    with rltrace.phase("eval", step=9):  # an explicit step still wins, and becomes the last one
+        pass
+    with rltrace.phase("save"):
+        pass
+    rltrace.shutdown()
+    got = [(s["phase"], s["step"]) for s in spans(run_dir)]
+    assert got == [("warmup", None), ("rollout", 0), ("reward", 0), ("judge", 0), ("train", 0),
+                   ("rollout", 1), ("reward", 1), ("judge", 1), ("train", 1), ("eval", 9), ("save", 9)]
+
+
+def test_step_is_never_taken_across_threads_asyncio_tasks_or_runs(run_dir, tmp_path):
+    rltrace.init(run_dir)
+
+    async def task(step):
+        if step is not None:
+            with rltrace.phase("generate", step=step):
+                await asyncio.sleep(0.01)
+        else:
+            await asyncio.sleep(0.005)
+            with rltrace.phase("score"):  # another task's step is not this one's
+                pass
+
+    async def main():
+        await asyncio.gather(task(4), task(None))
+
+    asyncio.run(main())
+    with rltrace.phase("rollout", step=1):
+        pass
+    thread = threading.Thread(target=lambda: rltrace.phase("other_thread").__enter__().__exit__(None, None, None))
+    thread.start()
+    thread.join()
+    rltrace.shutdown()
+    assert {s["phase"]: s["step"] for s in spans(run_dir)} == {"generate": 4, "score": None, "rollout": 1,
+                                                               "other_thread": None}
+    other = tmp_path / "other"
+    rltrace.init(other)
+    with rltrace.phase("reward"):  # a new run: the last run's step 1 is not its step
+        pass
+    rltrace.shutdown()
+    assert spans(other)[0]["step"] is None
+
+
 def test_exception_is_recorded_and_reraised(run_dir):
     rltrace.init(run_dir)
     with pytest.raises(ZeroDivisionError):

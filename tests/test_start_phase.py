@@ -132,7 +132,8 @@ def test_ending_from_another_thread_warns_and_the_first_thread_recovers(run_dir)
     nxt.end()
     rltrace.shutdown()
     s = by_name(run_dir)
-    assert not s["rollout"]["is_open"] and s["train"]["parent_span_id"] is None and s["train"]["step"] is None
+    assert not s["rollout"]["is_open"] and s["train"]["parent_span_id"] is None
+    assert s["train"]["step"] == 3  # not its child: its sibling after it, in its step (as in the README's loop)
 
 
 def test_without_a_run_handles_are_free_no_ops():

@@ -20,7 +20,7 @@ from rltrace.analysis.cache_geometry import geometry as cache_geometry
 from rltrace.analysis.critical_path import common_paths, critical_path
 from rltrace.analysis.delta_sync import delta_sync
 from rltrace.analysis.engine_requests import engine_requests
-from rltrace.analysis.health import crashes, drops, open_spans, processes
+from rltrace.analysis.health import crashes, drops, open_spans, processes, unstepped
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.long_tail import samples as generation_samples
 from rltrace.analysis.metrics import step_metrics
@@ -82,6 +82,7 @@ __all__ = [
     "crashes",
     "drops",
     "processes",
+    "unstepped",
     "step_timeline",
     "sample_timeline",
     "has_profiles",

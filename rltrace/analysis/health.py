@@ -160,6 +160,25 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
     return frame[cols]
 
 
+def unstepped(con) -> dict:
+    """Phase spans that no step holds: an instrumentation mistake, since every per-step figure
+    leaves them out (a phase run from a thread of its own, a process that never got a step).
+    Spans that ended before their process's first stepped span are its start-up (a warm-up, the
+    first weight sync) and are not counted.
+
+    Returns: {spans: how many, phases: [(phase, spans), ...] most first}.
+    """
+    rows = con.execute(
+        """WITH first AS (SELECT process_id, min(start_ns) AS first_ns FROM spans
+                          WHERE step IS NOT NULL GROUP BY process_id)
+           SELECT s.phase, count(*) AS n FROM spans s LEFT JOIN first f USING (process_id)
+           WHERE NOT s.is_open AND s.step IS NULL AND s.phase IS NOT NULL
+             AND (f.first_ns IS NULL OR s.end_ns > f.first_ns)
+           GROUP BY s.phase ORDER BY n DESC, s.phase"""
+    ).fetchall()
+    return {"spans": int(sum(n for _, n in rows)), "phases": [(phase, int(n)) for phase, n in rows]}
+
+
 def crashes(con) -> pd.DataFrame:
     """Uncaught exceptions, in time order (docs/integrations.md).
 

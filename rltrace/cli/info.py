@@ -17,7 +17,7 @@ from rltrace.analysis import health
 from rltrace.analysis.health import STALE_AFTER_S
 from rltrace.cli import _options
 from rltrace.report import plain
-from rltrace.report.findings import crash_sentence
+from rltrace.report.findings import crash_sentence, unstepped_sentence
 from rltrace.store import rows as store_rows
 
 
@@ -93,6 +93,7 @@ def _collect(con, snap, run_dir: str) -> dict:
         "processes": processes,
         "open_spans": open_spans,
         "crashes": crashes,
+        "unstepped": health.unstepped(con),
         "spans_dropped": sum(p["spans_dropped"] or 0 for p in processes),
         "rows_dropped": sum(p["rows_dropped"] or 0 for p in processes),
         "attributes_dropped": sum(p["attributes_dropped"] or 0 for p in processes),
@@ -175,6 +176,8 @@ def render(data: dict, console: Console) -> None:
 
     for c in data.get("crashes", []):
         console.print("[red]Crash:[/] " + term(crash_sentence(c)))
+    if (data.get("unstepped") or {}).get("spans"):
+        console.print("[yellow]No step:[/] " + term(unstepped_sentence(data["unstepped"])))
     if data["open_spans"]:
         t = Table(title="[yellow]Open spans[/] (started, never ended: running, hung or killed)", title_justify="left")
         for col in ("role", "rank", "phase", "step", "started", "open for", "its process"):

@@ -116,6 +116,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
         "serving": plain(analysis.serving_section(con, steps)),
         "crashes": plain(analysis.crashes(con)),
         "open_spans": _open_spans(con, now_ns),
+        "unstepped": analysis.unstepped(con),
         "dropped": _dropped(con),
         "imported_spans": _imported_spans(con),
         "idle_devices": plain(analysis.idle_devices(con, steps)),

@@ -34,7 +34,7 @@ MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest di
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_skipped, _imported, _crashes, _hangs, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
+    for part in (_skipped, _imported, _crashes, _hangs, _unstepped, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
                  _async, _drops, _reward, _staleness, _mismatch, _idle_devices, _engine, _serving):
         out.extend(part(r))
     return out
@@ -58,6 +58,20 @@ def _imported(r: dict) -> list[str]:
     return [f"{share} spans come from imported metric logs (source: metrics): stage durations are the logged ones, "
             "their placement within a step is made up, so overlap, waits, idle gaps, stragglers and critical paths "
             "need traced spans."]
+
+
+def _unstepped(r: dict) -> list[str]:
+    u = r.get("unstepped") or {}
+    return [unstepped_sentence(u)] if u.get("spans") else []
+
+
+def unstepped_sentence(u: dict) -> str:
+    """Spans no step holds (`health.unstepped`), with the fix; `info`, `report` and the Overview say it alike."""
+    names = [phase for phase, _ in u["phases"]]
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    n = u["spans"]
+    return (f"{n:,} span{'' if n == 1 else 's'} ({shown}) {'has' if n == 1 else 'have'} no step, so every per-step "
+            "figure leaves them out: wrap the step in `rltrace.phase(\"step\", step=…)` or pass `step=`.")
 
 
 def _term(r: dict, key: str) -> str:

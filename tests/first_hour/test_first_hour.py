@@ -1,0 +1,77 @@
+"""The first hour of a new user: a loop written from the README as it stands (`user_loop.py`:
+spawned rollout workers, a reward slow on some steps, a slow worker weight load), recorded once
+with slow-phase profiling on, gives the right answers without instrumentation beyond the README's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import rltrace
+from rltrace import report, store
+from rltrace.cli.info import collect
+from tests.conftest import python_env
+from tests.profiling.conftest import PYSPY
+from tests.ui.conftest import app, no_exceptions  # noqa: F401  (app: a fixture)
+
+LOOP = Path(__file__).with_name("user_loop.py")
+STEPS = 14
+NO_STEP = "have no step"
+
+
+@pytest.fixture(scope="module")
+def user_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("first_hour") / "run"
+    done = subprocess.run([sys.executable, str(LOOP), str(out), str(STEPS)], capture_output=True, text=True,
+                          timeout=300, check=False,
+                          env=python_env(RLTRACE_PROFILE_SLOW="3", RLTRACE_PYSPY=PYSPY))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+def test_the_readme_loop_puts_every_phase_in_its_step(user_run):
+    con = store.open(user_run)
+    rows = con.execute("SELECT role, phase, count(*), count(step), min(step), max(step) FROM spans "
+                       "GROUP BY ALL ORDER BY ALL").fetchall()
+    assert {(role, phase) for role, phase, *_ in rows} == {
+        ("trainer", "rollout"), ("trainer", "reward"), ("trainer", "train"), ("trainer", "weight_sync"),
+        ("rollout", "generate"), ("rollout", "weight_load")}
+    for role, phase, n, stepped, first, last in rows:
+        assert (n, stepped, first, last) == (n, n, 0, STEPS - 1), (role, phase)
+    r = report.build(con)
+    assert r["unstepped"]["spans"] == 0 and not any(NO_STEP in f for f in r["findings"])
+    assert r["t_T"] is not None and r["t_W"] is not None and r["t_reward"] > 0
+    assert collect(str(user_run))["unstepped"]["spans"] == 0
+
+
+def test_spans_no_step_holds_are_named_with_the_fix(run_dir, app):
+    """A phase run on a thread of its own takes no step: `info`, `report` and the Overview say so, once."""
+    rltrace.init(run_dir)
+    with rltrace.phase("warmup"):  # before the first step: start-up, not a mistake
+        pass
+    for step in range(3):
+        with rltrace.phase("rollout", step=step):
+            pass
+
+        def score():
+            with rltrace.phase("reward"):
+                pass
+        thread = threading.Thread(target=score)
+        thread.start()
+        thread.join()
+    rltrace.shutdown()
+    sentence = ('3 spans (reward) have no step, so every per-step figure leaves them out: wrap the step in '
+                '`rltrace.phase("step", step=…)` or pass `step=`.')
+    assert collect(str(run_dir))["unstepped"] == {"spans": 3, "phases": [("reward", 3)]}
+    info = subprocess.run([sys.executable, "-m", "rltrace", "info", str(run_dir)], capture_output=True, text=True,
+                          env=python_env(COLUMNS="300"), check=True).stdout
+    assert sentence in info
+    assert [f for f in report.build(store.open(run_dir))["findings"] if NO_STEP in f] == [sentence]
+    at = app(run_dir)  # the Overview
+    no_exceptions(at)
+    shown = "\n".join(str(e.value) for kind in ("info", "markdown") for e in getattr(at, kind)).replace("\\", "")
+    assert sentence in shown

@@ -1,0 +1,108 @@
+"""A loop written from the README as a new user writes one: the README's snippet as it stands.
+
+    python user_loop.py RUN_DIR [STEPS]
+
+The trainer runs rollout -> reward -> train -> weight_sync, passing `step=` only to `rollout`
+(the README's code). Two rollout workers are spawned processes that generate under the
+trainer's carrier and load the weights each step; worker 1 generates twice as slowly as worker 0.
+The reward sleeps on step 3 (a blocked call) and burns CPU on steps 13, 23, ... (a slow
+verifier); worker 0's weight load is slow on step 7.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+import time
+
+import rltrace
+
+SLEEPY_STEPS = {3}
+BUSY_EVERY = 10  # steps 13, 23, ...: the verifier burns CPU
+SLOW_S = 0.8
+SLOW_LOAD_STEP = 7
+
+
+def busy(seconds: float) -> int:
+    end = time.perf_counter() + seconds
+    total = 0
+    while time.perf_counter() < end:
+        for i in range(500):
+            total += i * i
+    return total
+
+
+def slow_verifier(seconds: float) -> int:
+    """CPU-bound: the frame a profile of steps 13, 23, ... must name."""
+    return busy(seconds)
+
+
+def call_remote_judge(seconds: float) -> None:
+    """Blocks (a request to a judge service): the frame the profile of step 3 must name."""
+    time.sleep(seconds)
+
+
+def score(samples: list[int], step: int) -> list[float]:
+    if step in SLEEPY_STEPS:
+        call_remote_judge(SLOW_S)
+    elif step % BUSY_EVERY == 3:
+        slow_verifier(SLOW_S)
+    else:
+        busy(0.01)
+    return [1.0 - 1.0 / (1 + s) for s in samples]
+
+
+def worker(run_dir: str, rank: int, requests, replies) -> None:
+    rltrace.init(run_dir, role="rollout", rank=rank)
+    while (message := requests.get()) is not None:
+        kind, carrier, step = message
+        if kind == "generate":
+            with rltrace.attach(carrier):
+                with rltrace.phase("generate"):
+                    busy(0.02 * (1 + rank))
+            replies.put(step + rank)
+        else:
+            with rltrace.phase("weight_load"):
+                time.sleep(SLOW_S if (rank, step) == (0, SLOW_LOAD_STEP) else 0.005)
+            replies.put(0)
+    rltrace.shutdown()
+
+
+def main(run_dir: str, steps: int) -> None:
+    rltrace.init(run_dir, role="trainer", rank=0)
+    spawn = mp.get_context("spawn")
+    replies = spawn.Queue()
+    requests = [spawn.Queue() for _ in range(2)]
+    workers = [spawn.Process(target=worker, args=(run_dir, rank, q, replies)) for rank, q in enumerate(requests)]
+    for w in workers:
+        w.start()
+    version = 0
+    for step in range(steps):
+        with rltrace.phase("rollout", step=step, weight_version=version):
+            carrier = rltrace.inject()
+            for q in requests:
+                q.put(("generate", carrier, step))
+            samples = [replies.get() for _ in requests]
+        with rltrace.phase("reward"):
+            rewards = score(samples, step)
+        with rltrace.phase("train"):
+            loss = busy(0.02) and 1.0 / (1 + step)
+        with rltrace.phase("weight_sync", method="queue") as sync:
+            for q in requests:
+                q.put(("load", None, step))
+            for _ in requests:
+                replies.get()
+            version += 1
+            sync.set(bytes=1024)
+        rltrace.log_metrics(step, reward_mean=sum(rewards) / len(rewards), loss=loss)
+        rltrace.log_samples(step, [{"sample_id": i, "reward": r, "weight_version": version - 1}
+                                   for i, r in enumerate(rewards)])
+    for q in requests:
+        q.put(None)
+    for w in workers:
+        w.join()
+    rltrace.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 25)
