@@ -135,7 +135,8 @@ def sync_fit(points: pd.DataFrame, fit: dict, *, height: int = 320) -> go.Figure
                         customdata=g["step"], hovertemplate=f"step %{{customdata}}<br>%{{x:.3g}} {unit} in %{{y:.3g}} s<extra></extra>")
     if fit.get("B_W"):
         xs = np.linspace(0, top * 1.05, 50)
-        fig.add_scatter(x=xs / scale, y=xs / fit["B_W"] + fit["t_0"], mode="lines", name="fit S_W / B_W + t_0",
+        fig.add_scatter(x=xs / scale, y=xs / fit["B_W"] + (fit["t_0"] or 0.0), mode="lines",
+                        name="fit S_W / B_W" + (" + t_0" if fit["t_0"] is not None else ""),
                         line={"color": "#27272a", "dash": "dash"}, hoverinfo="skip")
     fig.update_xaxes(rangemode="tozero")
     fig.update_yaxes(rangemode="tozero")

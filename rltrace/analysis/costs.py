@@ -197,50 +197,101 @@ def weight_sync_points(con, steps: Steps = None) -> pd.DataFrame:
 
 
 def weight_sync_fit(con, steps: Steps = None) -> dict:
-    """Least-squares fit of weight-sync time against payload: seconds ≈ bytes / B_W + t_0.
+    """Robust fit of weight-sync time against payload: seconds ≈ bytes / B_W + t_0 (`fit_bandwidth`).
 
-    Returns a dict: n (points), sizes (distinct payload sizes), regime (`bandwidth`: time grows
-    with payload, B_W and t_0 fitted; `latency`: time does not grow with payload over the sizes
-    seen, so t_0 is the mean time and B_W is not measurable; None with fewer than two sizes),
-    B_W (bytes/s, only in the bandwidth regime), t_0 (seconds), r2 (coefficient of
-    determination of the line), rmse_s (root-mean-square residual, seconds), effective_B_W
-    (total bytes / total seconds: what a single size can still tell), min_bytes, max_bytes,
-    methods (distinct `rl.method` values).
+    Returns a dict: n (syncs with a payload size), sizes (distinct payload sizes), regime
+    (`bandwidth`: time grows with payload, B_W fitted; `latency`: time does not grow with payload
+    over the sizes seen, so t_0 is the median time and B_W is not measurable; None with fewer than
+    two sizes), B_W (bytes/s, bandwidth regime only), t_0 (seconds; None when the fit cannot tell
+    it from zero), r2 and rmse_s (of the syncs kept, around the line), effective_B_W (bytes / seconds
+    of the syncs kept: what a single size can still tell), min_bytes, max_bytes, methods (distinct
+    `rl.method` values), kept (syncs the line was fitted to), set_aside (the stalled syncs left
+    out of the fit: step, span_id, bytes, seconds, expected_s from the line; slowest first).
     """
     pts = weight_sync_points(con, steps)
-    return fit_bandwidth(pts["bytes"].to_numpy(float), pts["seconds"].to_numpy(float)) | {
-        "methods": sorted(m for m in pts["method"].dropna().unique())
-    }
+    fit = fit_bandwidth(pts["bytes"].to_numpy(float), pts["seconds"].to_numpy(float))
+    stalled = pts.iloc[fit.pop("set_aside_index")]
+    expected = fit.pop("expected_s")
+    fit["set_aside"] = [
+        {"step": None if pd.isna(step) else int(step), "span_id": span_id, "bytes": float(nbytes), "seconds": float(sec),
+         "expected_s": None if expected is None else float(expected[i])}
+        for i, step, span_id, nbytes, sec in zip(stalled.index, stalled["step"], stalled["span_id"], stalled["bytes"],
+                                                 stalled["seconds"])]
+    fit["set_aside"].sort(key=lambda x: -x["seconds"])
+    return fit | {"methods": sorted(m for m in pts["method"].dropna().unique())}
 
 
-#: Payload explains less than this share of the mean sync time across the sizes seen: latency-bound.
+#: Payload explains less than this share of the median sync time across the sizes seen: latency-bound.
 SIZE_EFFECT = 0.05
+#: A sync slower than the fitted line by this many robust deviations (1.4826 x the median absolute
+#: residual) and by at least STALL_SHARE of the time the line expects is a stall: set aside, named.
+STALL_DEVIATIONS = 5.0
+STALL_SHARE = 0.5
+MAX_GROUPS = 200  # more distinct sizes than this: fitted on the medians of this many size bins
+
+
+def _groups(nbytes: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Median size and median time per payload size (per size bin when sizes are many)."""
+    sizes = np.unique(nbytes)
+    if len(sizes) <= MAX_GROUPS:
+        which = np.searchsorted(sizes, nbytes)
+    else:
+        edges = np.quantile(nbytes, np.linspace(0, 1, MAX_GROUPS + 1)[1:-1])
+        which = np.searchsorted(edges, nbytes, side="right")
+    xs, ys = [], []
+    for g in np.unique(which):
+        mine = which == g
+        xs.append(float(np.median(nbytes[mine])))
+        ys.append(float(np.median(seconds[mine])))
+    return np.array(xs), np.array(ys)
+
+
+def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Median of the pairwise slopes, and the median intercept under it: a few stalls move neither."""
+    i, j = np.triu_indices(len(x), k=1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    slope = float(np.median((y[j] - y[i])[ok] / dx[ok])) if ok.any() else 0.0
+    return slope, float(np.median(y - slope * x))
 
 
 def fit_bandwidth(nbytes: np.ndarray, seconds: np.ndarray) -> dict:
-    """The fit of `weight_sync_fit` on plain arrays.
+    """The fit of `weight_sync_fit` on plain arrays (plus set_aside_index and expected_s arrays).
 
-    The regime is decided by how much time the payload explains across the sizes seen (slope ×
-    size range) against the mean time and the residual noise, never by the sign of a slope
-    that is zero in theory and a rounding error in practice.
+    Robust throughout: the line is the Theil–Sen fit of the median time per payload size, syncs far
+    slower than it are set aside as stalls and the line fitted again on the rest, so a few stalled
+    syncs neither bend it nor decide the regime. The regime is decided by how much time the payload
+    explains across the sizes seen (slope × size range) against the median time and the residual
+    noise, never by the sign of a slope that is zero in theory and a rounding error in practice;
+    t_0 is stated only when the intercept stands clear of that noise.
     """
     n = len(nbytes)
     out = {"n": int(n), "sizes": int(len(np.unique(nbytes))), "regime": None, "B_W": None, "t_0": None,
            "r2": None, "rmse_s": None, "min_bytes": float(nbytes.min()) if n else None,
-           "max_bytes": float(nbytes.max()) if n else None}
+           "max_bytes": float(nbytes.max()) if n else None, "kept": int(n), "set_aside_index": [], "expected_s": None}
+    if n:
+        slope, intercept = _theil_sen(*_groups(nbytes, seconds)) if out["sizes"] >= 2 else (0.0, float(np.median(seconds)))
+        expected = np.maximum(intercept + slope * nbytes, 0.0)
+        residual = seconds - expected
+        scale = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
+        stalled = residual > np.maximum(STALL_DEVIATIONS * scale, STALL_SHARE * expected)
+        if stalled.any() and not stalled.all():
+            out["set_aside_index"], out["expected_s"] = np.flatnonzero(stalled).tolist(), expected
+            nbytes, seconds = nbytes[~stalled], seconds[~stalled]
+            out["kept"] = int(len(nbytes))
     out["effective_B_W"] = float(nbytes.sum() / seconds.sum()) if n and seconds.sum() > 0 else None
-    if n < 2 or out["sizes"] < 2:
+    if n < 2 or len(np.unique(nbytes)) < 2:
         return out
-    scale = float(nbytes.max())  # fit in units of the largest payload: a well-conditioned design
-    design = np.column_stack([nbytes / scale, np.ones(n)])
-    (slope, intercept), *_ = np.linalg.lstsq(design, seconds, rcond=None)
-    residual = seconds - design @ np.array([slope, intercept])
+    slope, intercept = _theil_sen(*_groups(nbytes, seconds))
+    residual = seconds - (intercept + slope * nbytes)
     spread = ((seconds - seconds.mean()) ** 2).sum()
     out["rmse_s"] = float(np.sqrt((residual**2).mean()))
     out["r2"] = float(1.0 - (residual**2).sum() / spread) if spread > 0 else None
-    explained = slope * (nbytes.max() - nbytes.min()) / scale  # seconds the payload adds across the sizes seen
-    if explained > max(SIZE_EFFECT * seconds.mean(), 2 * out["rmse_s"]):
-        out["regime"], out["B_W"], out["t_0"] = "bandwidth", float(scale / slope), float(intercept)
+    noise = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
+    explained = slope * (nbytes.max() - nbytes.min())  # seconds the payload adds across the sizes seen
+    if explained > max(SIZE_EFFECT * float(np.median(seconds)), 2 * noise):
+        out["regime"], out["B_W"] = "bandwidth", float(1.0 / slope)
+        out["t_0"] = float(intercept) if intercept > 2 * noise and intercept > 1e-3 * explained else None
     else:
-        out["regime"], out["t_0"] = "latency", float(seconds.mean())
+        out["regime"], out["t_0"] = "latency", float(np.median(seconds))
     return out

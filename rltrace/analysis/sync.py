@@ -74,21 +74,29 @@ def _syncs(con, steps: Steps) -> pd.DataFrame:
     return out.sort_values(["start_ns", "span_id"], kind="stable", ignore_index=True)
 
 
-def _fit(y: np.ndarray) -> tuple[float, float]:
-    """Least-squares line over sync order: (fitted first value, fitted last value)."""
-    if len(y) < 2:
-        return float(y[0]), float(y[0])
-    slope, intercept = np.polyfit(np.arange(len(y)), y, 1)
-    return float(intercept), float(intercept + slope * (len(y) - 1))
+WINDOW = 100  # syncs at each end of the run whose median is its first and last value, at most ...
+WINDOW_SHARE = 5  # ... and a fifth of the syncs
+
+
+def window(n: int) -> int:
+    """How many syncs at each end a trend compares: a fifth of them, 1 to WINDOW."""
+    return max(1, min(WINDOW, n // WINDOW_SHARE))
+
+
+def _ends(y: np.ndarray, w: int) -> tuple[float, float]:
+    """Median of the first `w` values and of the last `w`: a few stalls at either end move neither."""
+    return float(np.median(y[:w])), float(np.median(y[-w:]))
 
 
 def sync_growth(con, steps: Steps = None) -> dict:
     """How weight sync time changed over the run, and which child phase it came from.
 
-    A line is fitted to each child's seconds over the syncs in order (a child missing from a sync
-    counts 0 there), and to the whole sync's; growth is the fitted last minus the fitted first.
+    Each child's seconds over the syncs in order (a child missing from a sync counts 0 there), and
+    the whole sync's, are compared at both ends: first and last are the medians of the first and
+    last `window` syncs (a fifth of them, at most 100), so stalled syncs cannot make a trend;
+    growth is last minus first.
 
-    Returns a dict: syncs (count), total ({median_s, first_s, last_s, growth_s} of the whole
+    Returns a dict: syncs (count), window (syncs at each end), total ({median_s, first_s, last_s, growth_s} of the whole
     sync), children (one dict per child: child, syncs (how many had it), median_s, share (of
     the median sync), first_s, last_s, growth_s, share_of_growth (of the whole sync's growth),
     bytes (median)), grew (the child that grew most, or None when none grew), largest (the
@@ -96,10 +104,11 @@ def sync_growth(con, steps: Steps = None) -> dict:
     """
     rows = sync_children(con, steps)
     totals = _syncs(con, steps)
-    out: dict = {"syncs": int(len(totals)), "total": None, "children": [], "grew": None, "largest": None}
+    w = window(len(totals))
+    out: dict = {"syncs": int(len(totals)), "window": w, "total": None, "children": [], "grew": None, "largest": None}
     if totals.empty:
         return out
-    first, last = _fit(totals["duration_s"].to_numpy(float))
+    first, last = _ends(totals["duration_s"].to_numpy(float), w)
     median_sync = float(totals["duration_s"].median())
     out["total"] = {"median_s": median_sync, "first_s": first, "last_s": last, "growth_s": last - first}
     if len(rows):  # each child row's place among the syncs in start order
@@ -112,7 +121,7 @@ def sync_growth(con, steps: Steps = None) -> dict:
             continue
         y = np.zeros(len(totals))
         y[mine["at"].to_numpy(np.int64)] = mine["seconds"].to_numpy(float)
-        c_first, c_last = _fit(y)
+        c_first, c_last = _ends(y, w)
         growth = c_last - c_first
         median = float(mine["seconds"].median())
         out["children"].append({

@@ -114,6 +114,8 @@ def figures(r: dict, src: dict) -> dict:
                    "sync time does not grow with payload: bandwidth is not measurable" if key == "B_W" else
                    "the fit does not separate a fixed cost from the payload's")
             out[key] = _record(None, NOT_RECORDED, why)
+        elif fit.get("regime") == "latency":
+            out[key] = _record(fit[key], DERIVED, "median time of the syncs kept: it does not grow with payload")
         else:
             out[key] = _record(fit[key], DERIVED, "robust fit of weight_sync spans: seconds ≈ bytes / B_W + t_0")
     return out

@@ -213,20 +213,28 @@ def _stragglers(r: dict) -> list[str]:
 
 def _weight_sync(r: dict) -> list[str]:
     fit, out = r["weight_sync_fit"], []
+    over = f"{fit.get('kept', fit['n'])} syncs" + (f" of {fit['sizes']} sizes ({size_text(fit['min_bytes'])} to "
+                                                  f"{size_text(fit['max_bytes'])})" if fit.get("sizes", 0) > 1 else "")
     if fit.get("regime") == "bandwidth":
         quality = f" (R² {fit['r2']:.2f})" if fit.get("r2") is not None else ""
-        out.append(f"Weight sync fit over {fit['n']} syncs: B_W = {rate_text(fit['B_W'])}, t_0 = {sec(fit['t_0'])}{quality}.")
+        t_0 = (f"t_0 = {sec(fit['t_0'])}" if fit.get("t_0") is not None else
+               "no fixed cost t_0 stands clear of the noise: the payload explains the time")
+        out.append(f"Weight sync fit over {over}, robust to stalls: B_W = {rate_text(fit['B_W'])}, {t_0}{quality}.")
     elif fit.get("regime") == "latency":
         out.append(
-            f"Weight sync time does not grow with payload over {fit['n']} syncs of {fit['sizes']} sizes "
-            f"({size_text(fit['min_bytes'])} to {size_text(fit['max_bytes'])}): latency-bound, "
-            f"t_0 ≈ {sec(fit['t_0'])}; bandwidth is not what limits it."
+            f"Weight sync time does not grow with payload over {over}: latency-bound, median t_0 ≈ {sec(fit['t_0'])}; "
+            "bandwidth is not what limits it."
         )
     elif fit.get("effective_B_W"):
         out.append(
-            f"Weight sync moved {rate_text(fit['effective_B_W'])} on average over {fit['n']} syncs "
+            f"Weight sync moved {rate_text(fit['effective_B_W'])} on average over {over} "
             "(one payload size: B_W and t_0 need several sizes to separate)."
         )
+    stalls = fit.get("set_aside") or []
+    if stalls:
+        steps = ", ".join(str(x["step"]) for x in stalls[:5]) + (", ..." if len(stalls) > 5 else "")
+        out.append(f"{len(stalls)} stalled weight sync(s) set aside from the fit, {sec(stalls[-1]['seconds'])} to "
+                   f"{sec(stalls[0]['seconds'])} (steps {steps}, slowest first).")
     if r["t_sync"] and r["t_W"] is not None and r["t_W"] / r["t_sync"] >= SYNC_SHARE:
         out.append(
             f"Weight sync takes {r['t_W'] / r['t_sync']:.0%} of the synchronous step (t_W = {sec(r['t_W'])}): "
@@ -249,7 +257,9 @@ def _sync_growth(g: dict) -> list[str]:
     total = g.get("total")
     if not total or g["syncs"] < 3 or total["growth_s"] <= SYNC_GROWTH * max(total["first_s"], 1e-3):
         return []
-    text = f"Weight sync grew from {sec(total['first_s'])} to {sec(total['last_s'])} over {g['syncs']} syncs (fitted)"
+    window = g.get("window") or 1
+    which = "the first and last sync" if window == 1 else f"medians of the first and last {window}"
+    text = f"Weight sync grew from {sec(total['first_s'])} to {sec(total['last_s'])} over {g['syncs']} syncs ({which})"
     grew = next((c for c in g["children"] if c["child"] == g.get("grew")), None)
     if grew is None:
         return [text + "; no recorded child phase (drain, gather, transfer, load, resume) grew with it."]

@@ -49,7 +49,7 @@ def test_json_keeps_seconds_as_numbers_while_text_uses_units(tmp_path):
     assert trainer["text"] == "trainer0 idle 6.00 s (52% of step 1) waiting for reward on reward0"
     text = " ".join(data["findings"])
     assert "t_R = 9.00 s (rollout 3.00 s + reward 6.00 s), t_T = 2.00 s, t_W = 500 ms" in text
-    assert "does not grow with payload" in text and "latency-bound, t_0 ≈ 500 ms" in text
+    assert "does not grow with payload" in text and "latency-bound, median t_0 ≈ 500 ms" in text
     assert "need several sizes" not in text  # four sizes were there: the data say latency-bound
 
 

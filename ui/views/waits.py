@@ -95,13 +95,18 @@ else:
     left.plotly_chart(charts.sync_fit(points, fit), key="waits_sync")
     with right:
         st.metric("B_W", fmt.rate_text(fit.get("B_W")), help="fitted bandwidth")
-        st.metric("t_0", fmt.seconds_text(fit.get("t_0")), help="fitted fixed overhead per sync")
+        st.metric("t_0", fmt.seconds_text(fit.get("t_0")), help="fitted fixed overhead per sync ('-': not separable "
+                  "from the payload's time)")
         st.metric("R²", fmt.number_text(fit.get("r2")))
         st.metric("Syncs", f"{fit['n']} ({style.plural(fit['sizes'], 'size')})")
         if fit.get("regime") == "latency":
             st.caption("Sync time does not grow with payload over the sizes seen: latency-bound, t_0 is the mean time.")
         elif not fit.get("B_W") and fit.get("effective_B_W"):
             st.caption(f"One payload size: effective {fmt.rate_text(fit['effective_B_W'])}. B_W and t_0 need several sizes.")
+        if fit.get("set_aside"):
+            stalls = fit["set_aside"]
+            st.caption(f"{len(stalls)} stalled sync(s) set aside from the fit (steps "
+                       + ", ".join(str(x["step"]) for x in stalls[:5]) + (", ..." if len(stalls) > 5 else "") + ").")
         if fit.get("methods"):
             st.caption("methods: " + ", ".join(fit["methods"]))
 
