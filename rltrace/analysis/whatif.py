@@ -36,7 +36,10 @@ from rltrace.analysis.costs import cost_model, cost_summary
 from rltrace.analysis._steps import Steps, step_filter
 
 REPLICATES = 200
-MIN_STEPS = 30  # each replicate replays at least this many steps (a short run is drawn from again)
+MIN_STEPS = 30  # each replay runs at least this many steps (a short run is drawn from again) ...
+MAX_STEPS = 200  # ... and at most this many
+CALIBRATION_STEPS = 1000  # the most recent steps calibrated on
+WORK = 5e7  # sample-steps over all replays: fewer replays of runs with many samples a step
 BUSY = 0.95  # a pool busy this share of the time binds the step
 PARTIAL_OVERSAMPLE = 1.25  # partial rollouts without a factor: 25 % more samples in flight than kept
 
@@ -77,15 +80,25 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
 
 
-def calibrate(con, steps: Steps = None) -> Calibration:
-    """The recorded run's work, per step."""
-    costs = cost_model(con, steps).set_index("step")
+def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
+              summary: dict | None = None) -> Calibration:
+    """The recorded run's work, per step: the last `CALIBRATION_STEPS` steps of the range with a
+    rollout or train span (what the run does now). `per_step`, `summary`: `cost_model()` and
+    `cost_summary()` of the same steps, when the caller has them."""
+    costs = (cost_model(con, steps) if per_step is None else per_step).set_index("step")
     costs = costs[costs["t_T"].notna() | costs["t_R"].notna()]
+    notes = []
+    if len(costs) > CALIBRATION_STEPS:
+        notes.append(f"calibrated on the last {CALIBRATION_STEPS} of {len(costs)} steps")
+        costs = costs.iloc[-CALIBRATION_STEPS:]
+    if len(costs) and steps is None:
+        steps = (int(costs.index[0]), int(costs.index[-1]))
     per = _sample_frame(con, steps)
+    per = per[per["step"].isin(costs.index)]
     ends = _step_ends(con, steps).reindex(costs.index)
     period = ends.diff().where(pd.Series(costs.index, index=costs.index).diff() == 1).to_numpy(float)
     zero = lambda col: costs[col].fillna(0.0).to_numpy(float)  # noqa: E731 - absent is no cost to replay
-    works, overhead, notes = [], [], []
+    works, overhead = [], []
     groups = dict(tuple(per.groupby("step"))) if len(per) else {}
     for step, rollout in zip(costs.index, zero("t_rollout")):
         s = groups.get(step)
@@ -99,7 +112,7 @@ def calibrate(con, steps: Steps = None) -> Calibration:
     if not per_sample:
         notes.append("no per-sample generation times (gen_start, gen_end): each rollout replays as one piece, "
                      "so more rollout workers and partial rollouts cannot change it")
-    overlapped = bool(cost_summary(con, steps, per_step=costs.reset_index()).get("overlapping"))
+    overlapped = bool((summary or cost_summary(con, steps, per_step=costs.reset_index())).get("overlapping"))
     stage = zero("t_R") + zero("t_T") + zero("t_W")
     extra = np.zeros(len(costs)) if overlapped else np.clip(np.nan_to_num(period - stage, nan=0.0), 0.0, None)
     workers = int(per.groupby("step")["worker_rank"].nunique().max()) if len(per) and per["worker_rank"].notna().any() else 1
@@ -217,6 +230,10 @@ def _static(works: np.ndarray, n: int, rng: np.random.Generator, version: np.nda
     (R × n batch times, R × n × 1 weight versions, R × n sample counts); a rollout recorded as
     one piece goes to engine 0 whole."""
     reps, m = works.shape
+    if n == 1:  # one engine: the whole step is its batch
+        kept = np.isfinite(works).sum(axis=1, keepdims=True)
+        took = np.nanmax(np.where(np.isfinite(works), works, -np.inf), axis=1, keepdims=True)
+        return np.where(kept > 0, took, 0.0), np.where(np.isfinite(works), version, np.nan)[:, None, :], kept
     keys = np.where(np.isfinite(works), rng.random(works.shape), np.inf)
     dealt = np.take_along_axis(works, np.argsort(keys, axis=1), axis=1)  # samples first, padding last
     width = -(-m // n) * n
@@ -265,7 +282,8 @@ def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATE
     """
     sc = resolve(cal, scenario)
     rng = np.random.default_rng(seed)
-    n = max(len(cal.steps), MIN_STEPS)
+    n = min(max(len(cal.steps), MIN_STEPS), MAX_STEPS)
+    replicates = max(20, min(replicates, int(WORK / (n * cal.works.shape[1]))))
     out = simulate(cal, sc, rng.integers(0, len(cal.steps), (replicates, n)), rng)
     warm = min(n - 2, sc.staleness + 2)  # the pipeline fills over the first steps
     period = np.median(np.diff(out["ends"], axis=1)[:, warm:], axis=1)
@@ -298,18 +316,20 @@ def _binding(cal: Calibration, sc: Scenario, row: dict) -> dict:
         f"rollout and train times vary step to step and each waits for the other; in the rollout, {tail}")}
 
 
-def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: int = REPLICATES) -> pd.DataFrame:
+def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: int = REPLICATES,
+           per_step: pd.DataFrame | None = None, summary: dict | None = None) -> pd.DataFrame:
     """Per scenario, `predict`'s figures, after a row for the recorded run replayed as recorded
     (`recorded_step_s`: its own median step period, to judge the replay by).
 
     Returns one row per scenario with the columns of `predict` (scenario: "as recorded", or the knobs
     asked; schedule: every knob, as resolved) and recorded_step_s, analytic_s
     (max(t_R, t_T) + t_W for an async scenario, t_sync for a synchronous one, from the medians).
+    `per_step`, `summary`: `cost_model()` and `cost_summary()` of the same steps, when the caller has them.
     """
-    cal = calibrate(con, steps)
+    cal = calibrate(con, steps, per_step=per_step, summary=summary)
     if not len(cal.steps):
         return pd.DataFrame()
-    summary = cost_summary(con, steps)
+    summary = cost_summary(con, steps, per_step=per_step) if summary is None else summary
     recorded = float(np.nanmedian(cal.period)) if np.isfinite(cal.period).any() else None
     rows = []
     for i, sc in enumerate([Scenario()] + list(scenarios)):

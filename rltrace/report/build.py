@@ -108,6 +108,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
         "weight_sync_points": plain(analysis.weight_sync_points(con, steps)),
         "weight_sync_children": plain(analysis.sync_growth(con, steps)),
         "staleness": _staleness(con, steps),
+        "whatif": _whatif(con, steps, costs, summary),
         "mismatch": _mismatch(con, steps),
         "reward": _reward(con, steps, rollout),
         "metrics": plain(analysis.step_metrics(con, _names.METRICS, steps)),
@@ -183,6 +184,22 @@ def _open_spans(con, now_ns: int) -> list[dict]:
         o["profiles"] = [p for p in profiles if p["span_id"] == o["span_id"]]
     health.mark_in_progress(con, spans)
     return spans
+
+
+#: Replays behind the report's one-step-off prediction (`rltrace whatif` runs 200).
+WHATIF_REPLAYS = 100
+
+
+def _whatif(con, steps: Steps, costs: pd.DataFrame, summary: dict) -> dict | None:
+    """What async could gain, replayed: one-step-off (staleness 1) predicted from the run's own samples
+    and stage times (`analysis.whatif`), for a run whose stages ran one after another; else None."""
+    if summary.get("overlapping") or not {"t_R", "t_T"} <= set(summary.get("recorded") or []):
+        return None
+    table = analysis.what_if(con, [analysis.WhatIf(staleness=1)], steps, replicates=WHATIF_REPLAYS,
+                             per_step=costs, summary=summary)
+    if table.empty or table.iloc[0]["staleness"] != 0:  # already async: the overlap sentence tells
+        return None
+    return plain(table.iloc[1].to_dict())
 
 
 def _staleness(con, steps: Steps) -> dict:

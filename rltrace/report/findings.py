@@ -289,10 +289,21 @@ def _async(r: dict) -> list[str]:
                      "(e.g. weight sync with generation).")]
         gain = r["async_speedup_bound"] / a["achieved_speedup"]
         return [f"{text}; the async bound {bound} leaves at most {gain:.2f}x to gain."]
-    return [(
-        f"Stages ran one after another (no {overlap['kind']} overlap): async could at best bring a step from "
-        f"t_sync = {sec(r['t_sync'])} to {bound}, an optimistic bound."
-    )]
+    text = (f"Stages ran one after another (no {overlap['kind']} overlap): async could at best bring a step from "
+            f"t_sync = {sec(r['t_sync'])} to {bound}, an optimistic bound.")
+    return [text + _replayed(r.get("whatif"), r["t_sync"])]
+
+
+def _replayed(w: dict | None, t_sync: float) -> str:
+    """The one-step-off prediction that replays the run's own samples and stage times (`rltrace whatif`)."""
+    if not w or not w.get("predicted_step_s"):
+        return ""
+    lo, hi = w["interval_s"]
+    base = w.get("recorded_step_s") or t_sync
+    against = "recorded" if w.get("recorded_step_s") else "t_sync"
+    return (f" Replaying this run's samples and stage times one-step-off (staleness 1): {sec(w['predicted_step_s'])} "
+            f"a step against {sec(base)} {against} ({base / w['predicted_step_s']:.2f}x; {sec(lo)}–{sec(hi)} in 90 % "
+            f"of replays), as {w['why']} (rltrace whatif tries other schedules).")
 
 
 def crash_sentence(c: dict) -> str:

@@ -69,6 +69,7 @@ def run_cli(capsys, caplog, args) -> tuple[int, str]:
 COMMANDS = {
     "info": ("spans", ["info", "{run}"]),
     "report": ("spans", ["report", "{run}", "--json"]),
+    "whatif": ("spans", ["whatif", "{run}", "--json"]),
     "compact": ("spans", ["compact", "{run}", "--grace", "0"]),
     "export chrome": ("spans", ["export", "{run}", "--format", "chrome", "--out", "{tmp}/trace.json"]),
     "profile list": ("spans", ["profile", "list", "{run}"]),

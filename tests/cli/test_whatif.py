@@ -66,3 +66,12 @@ def test_a_run_without_steps_says_so(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["predicted_step_s"] is None
     assert main(["whatif", str(b.run_dir)]) == 0
     assert "nothing to replay" in capsys.readouterr().out
+
+
+def test_the_report_puts_the_replayed_prediction_beside_the_analytic_bound(run):
+    from rltrace import report, store
+
+    r = report.build(store.open(run))
+    assert r["whatif"]["predicted_step_s"] == pytest.approx(1.2, abs=1e-6)
+    sentence = next(f for f in r["findings"] if "max(t_R, t_T) + t_W" in f)
+    assert "one-step-off (staleness 1): 1.20 s a step against 1.70 s recorded (1.42x" in sentence
