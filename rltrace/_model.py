@@ -47,6 +47,8 @@ def read_config(model: Any) -> tuple[dict, str]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise RltraceConfigError(f"model: {path} is not readable JSON ({exc})") from None
+    except RecursionError:
+        raise RltraceConfigError(f"model: {path} is nested too deeply to be a config.json") from None
     return _checked(data, str(path)), str(path.resolve())
 
 
@@ -57,6 +59,8 @@ def _checked(data: Any, where: str) -> dict:
         return json.loads(json.dumps(data, default=str))  # plain JSON values only
     except (TypeError, ValueError) as exc:
         raise RltraceConfigError(f"model: {where} cannot be stored as JSON ({exc})") from None
+    except RecursionError:
+        raise RltraceConfigError(f"model: {where} is nested too deeply to be a config.json") from None
 
 
 def to_text(config: dict) -> str:

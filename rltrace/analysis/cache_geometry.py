@@ -123,7 +123,8 @@ def _fill(out: dict, cfg: dict, model: str | None) -> str | None:
             head_dim = cfg["hidden_size"] // heads
         missing = [k for k, v in (("num_key_value_heads", kv_heads), ("head_dim", head_dim)) if not _int(v)]
         if missing:
-            return f"config.json lacks {' and '.join(missing)} for its attention layers (positive integers)"
+            return (f"config.json lacks {' and '.join(missing)} for its attention layers (positive integers up to "
+                    f"{MAX_SIZE:,})")
         per_layer = 2 * kv_heads * head_dim * DTYPE_BITS[kv] // 8
         c_a = per_layer * counts[FULL]
         rows.append({"layer_type": FULL, "layers": counts[FULL], "per": "token", "bytes": c_a, "bytes_per_layer": per_layer,
@@ -153,8 +154,10 @@ def _fill(out: dict, cfg: dict, model: str | None) -> str | None:
 def _layer_kinds(cfg: dict) -> list[str] | str:
     """Each layer's type (`full_attention` / `linear_attention`), or why they cannot be known."""
     n = cfg.get("num_hidden_layers")
-    if not _int(n):
+    if n is None:
         return "config.json lacks num_hidden_layers (a positive integer)"
+    if not _int(n):
+        return f"num_hidden_layers {str(n)[:40]} is not a positive integer up to {MAX_SIZE:,}"
     kinds = cfg.get("layer_types")
     if kinds is None and str(cfg.get("model_type")) == "qwen3_next":  # its config class's own rule
         every = cfg.get("full_attention_interval", 4)
@@ -172,5 +175,8 @@ def _layer_kinds(cfg: dict) -> list[str] | str:
     return kinds
 
 
+MAX_SIZE = 2**20  # a layer count or size beyond this is no model's: refused before anything is allocated
+
+
 def _int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SIZE

@@ -121,13 +121,9 @@ def _quiet_stdout() -> None:
 
 
 def _vanished(exc: Exception) -> bool:
-    """Whether a query failed because a part it listed is gone: its writer merged it into a larger
-    part (deleted after `RLTRACE_MERGE_GRACE`), or a compaction replaced it, while this command ran."""
-    import duckdb
+    from rltrace.store.views import vanished
 
-    text = str(exc)
-    return isinstance(exc, (duckdb.IOException, FileNotFoundError)) and (
-        "No files found" in text or "No such file" in text)
+    return vanished(exc)
 
 
 #: Reads of a run whose parts vanished before a command gives up: writers that exit one after
@@ -137,8 +133,10 @@ READS = 5
 
 def _again(args: argparse.Namespace) -> int:
     """The command again, on the parts as they are now, up to `READS` reads in all; then a one-line error."""
+    from rltrace.store.views import backoff
+
     for attempt in range(2, READS + 1):
-        time.sleep(0.2 * (attempt - 1))  # what removes them (writers leaving, a compaction) is at work
+        time.sleep(max(backoff(attempt + 2), 0.2 * (attempt - 1)))  # what removes them (writers leaving, a compaction) is at work
         try:
             return args.func(args) or 0
         except Exception as exc:

@@ -39,17 +39,25 @@ def _messages():
 
 
 def gunzip(body: bytes, limit: int) -> bytes:
-    """`body` inflated, refusing more than `limit` bytes (a small gzip bomb cannot fill memory)."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise PayloadError(f"body is not valid gzip ({exc})") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise TooLarge(f"body inflates to more than {limit} bytes")
-    if not inflater.eof:
-        raise PayloadError("gzip body is truncated")
-    return out
+    """`body` inflated, every gzip member of it (a valid gzip stream may hold several, one after
+    another), refusing more than `limit` bytes in all (a small gzip bomb cannot fill memory)."""
+    out, rest = [], body
+    size = 0
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            chunk = inflater.decompress(rest, limit + 1 - size)
+        except zlib.error as exc:
+            raise PayloadError(f"body is not valid gzip ({exc})") from None
+        size += len(chunk)
+        out.append(chunk)
+        if size > limit or inflater.unconsumed_tail:
+            raise TooLarge(f"body inflates to more than {limit} bytes")
+        if not inflater.eof:
+            raise PayloadError("gzip body is truncated")
+        rest = inflater.unused_data
+        if not rest.strip(b"\0"):  # the end (padding of zero bytes allowed, as gzip(1) does)
+            return b"".join(out)
 
 
 # OTLP JSON writes trace and span ids as hex; protobuf's JSON mapping reads bytes as base64.
@@ -352,6 +360,11 @@ def invalid(span) -> str | None:
         return "span_id is not 8 bytes (or is all zero)"
     if span.parent_span_id and len(span.parent_span_id) != 8:
         return "parent_span_id is not 8 bytes"
+    for name, value in (("start", span.start_time_unix_nano), ("end", span.end_time_unix_nano)):
+        if value >= 2**63:
+            return f"{name}_time_unix_nano {value} is past the year 2262 (not a time rltrace can store)"
+    if span.end_time_unix_nano < span.start_time_unix_nano:
+        return "ends before it starts (end_time_unix_nano < start_time_unix_nano)"
     return None
 
 

@@ -72,6 +72,61 @@ class Sender:
     written_at: tuple = ()  # the counts last written to its process row
 
 
+RESENT = "already stored: the same span (trace_id, span_id) arrived again (a sender resent its request)"
+
+
+class Seen:
+    """The identities (trace_id, span_id) of the last `keep` to `2 * keep` spans stored, so a
+    request that a sender sends again (after a timeout or a dropped connection, as the OTel SDK and
+    Collector do) is stored once. Two generations of hashed ids: memory stays bounded."""
+
+    def __init__(self, keep: int = 500_000):
+        self.keep = keep
+        self._now: set[int] = set()
+        self._before: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, key: int) -> bool:
+        """Remember `key`; False if it was seen already."""
+        with self._lock:
+            if key in self._now or key in self._before:
+                return False
+            if len(self._now) >= self.keep:
+                self._before, self._now = self._now, set()
+            self._now.add(key)
+            return True
+
+    def seed(self, spans_dir: Path, within_s: float = 600.0) -> None:
+        """Remember the spans of the parts written in the last `within_s` seconds (newest first,
+        `keep` at most): a sender resending to a receiver started again is still stored once."""
+        import pyarrow.parquet as pq
+
+        from rltrace.store.views import list_parts
+
+        now, parts = time.time(), []
+        for path in list_parts(Path(spans_dir)):
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            if now - mtime <= within_s:
+                parts.append((mtime, path))
+        for _, path in sorted(parts, reverse=True):
+            if len(self._now) >= self.keep:
+                break
+            try:
+                ids = pq.read_table(path, columns=["trace_id", "span_id"])
+            except Exception:  # noqa: BLE001 - an old or damaged part: its spans are not remembered
+                continue
+            for trace, span in zip(ids.column("trace_id").to_pylist(), ids.column("span_id").to_pylist()):
+                if isinstance(trace, bytes) and isinstance(span, int):
+                    self.add(identity(trace, span & (2**64 - 1)))
+
+
+def identity(trace_id: bytes, span_id: int) -> int:
+    return hash((trace_id, span_id))
+
+
 def _int(value) -> int | None:
     if isinstance(value, bool):
         return None
@@ -130,6 +185,8 @@ class Receiver:
         self._converted_bytes = 0
         self._ended_ns: int | None = None
         self._last_full_heartbeat = 0.0
+        self.seen = Seen()
+        self.seen.seed(self.run_dir / _names.SPANS.folder)
         self._writer = BackgroundWriter(
             self.run_dir,
             self.process,
@@ -245,7 +302,8 @@ class Receiver:
             return total + bad, "; ".join(filter(None, (reason, bad_message)))
         # Spans with bad ids are dropped (and counted, with the reason) on the writer thread;
         # the sender hears of them now, in the partial success, as OTLP asks.
-        invalid = sum(1 for _, rs, _ in groups for span, _ in decode.spans_of(rs) if decode.invalid(span))
+        whys = [why for _, rs, _ in groups for span, _ in decode.spans_of(rs) if (why := decode.invalid(span))]
+        invalid = len(whys)
         share = nbytes // max(len(groups), 1)
         refused = 0
         for i, (sender, rs, n) in enumerate(groups):
@@ -257,7 +315,9 @@ class Receiver:
                 refused += n
         if refused:
             return refused + bad, "; ".join(filter(None, ("the receiver is shutting down", bad_message)))
-        invalid_message = f"{invalid} spans with a trace_id or span_id of the wrong length (or all zero)" if invalid else ""
+        more = len(set(whys)) - 1
+        invalid_message = (f"{invalid} spans refused: {whys[0]}" + (f" (and {more} more reason{'s' if more > 1 else ''}: "
+                           "rltrace info lists them)" if more else "")) if invalid else ""
         return invalid + bad, "; ".join(filter(None, (invalid_message, bad_message)))
 
     def _count_undecoded(self, undecoded: Sequence[decode.Rejected], senders: list[Sender]) -> tuple[int, str]:
@@ -289,13 +349,16 @@ class Receiver:
     def _thunk(self, sender: Sender, resource_spans, n: int, nbytes: int):
         def build():
             try:
-                spans = []
+                spans, resent = [], 0
                 for span, scope in decode.spans_of(resource_spans):
                     why = decode.invalid(span)
-                    if why is None:
-                        spans.append(decode.RemoteSpan(span, scope))
-                    else:
+                    if why is not None:
                         sender.drops.add("spans", 1, why)
+                    elif not self.seen.add(identity(span.trace_id, int.from_bytes(span.span_id, "big"))):
+                        resent += 1
+                    else:
+                        spans.append(decode.RemoteSpan(span, scope))
+                sender.drops.add("spans", resent, RESENT)
                 table = rows.spans_table(spans, sender.process, sender.process.service_name, drops=sender.drops, local=False)
                 kept = 0 if table is None else table.num_rows
                 with self._lock:

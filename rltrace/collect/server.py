@@ -15,6 +15,7 @@ is answered (a status and a reason) and counted on the receiver's row.
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.server
 import io
 import logging
@@ -30,7 +31,9 @@ from rltrace.store import rows
 logger = logging.getLogger("rltrace")
 
 TRACES_PATH = "/v1/traces"
-IDLE_S = 60.0  # a kept-alive connection waiting for its next request is closed after this
+IDLE_S = 60.0  # a kept-alive connection waiting for its next request is closed after this (sooner when
+# the receiver is full and a new connection needs its place: the longest idle one is closed)
+HEADER_S = 5.0  # a request's line and headers must arrive within this of its first byte
 _WRITE_S = 10.0  # an answer that cannot be written in this long is abandoned
 _CHUNK = 64 * 1024
 _DECODE_WAIT_S = 5.0
@@ -83,16 +86,27 @@ class _Reads(io.RawIOBase):
     def __init__(self, sock: socket.socket, request_timeout: float):
         self.sock, self.request_timeout = sock, request_timeout
         self.deadline: float | None = None
+        self.began = 0.0
+        self.idle_since = time.monotonic()
+        self.in_headers = False
 
     def readable(self) -> bool:
         return True
 
     def new_request(self) -> None:
         self.deadline = None  # idle until the next request's first byte
+        self.idle_since = time.monotonic()
 
     def started(self) -> None:
         if self.deadline is None:
-            self.deadline = time.monotonic() + self.request_timeout
+            self.began = time.monotonic()
+            self.in_headers = True  # the request line and headers: a few seconds (`HEADER_S`), as the OTel Collector allows
+            self.deadline = self.began + min(HEADER_S, self.request_timeout)
+
+    def headers_done(self) -> None:
+        self.in_headers = False
+        if self.deadline is not None:
+            self.deadline = self.began + self.request_timeout
 
     def readinto(self, buffer) -> int:
         if self.deadline is None:
@@ -124,6 +138,7 @@ class Server(http.server.ThreadingHTTPServer):
         self.decoding = threading.BoundedSemaphore(sink.limits.max_inflight)
         self.connections = 0
         self._connections_lock = threading.Lock()
+        self._reads: set[_Reads] = set()  # open connections' readers: which are idle, since when
         self._lingering: collections.deque[tuple[float, socket.socket]] = collections.deque()  # refused, closing soon
         super().__init__(address, _Handler)
 
@@ -135,6 +150,15 @@ class Server(http.server.ThreadingHTTPServer):
         limit = self.sink.limits.max_connections
         with self._connections_lock:
             full = self.connections >= limit
+            if full:  # an idle connection gives up its place: idle clients cannot starve a sender
+                idle = [r for r in self._reads if r.deadline is None]
+                if idle:
+                    oldest = min(idle, key=lambda r: r.idle_since)
+                    self._reads.discard(oldest)
+                    oldest.deadline = time.monotonic()  # not chosen again; a read it still makes is late
+                    with contextlib.suppress(OSError):
+                        oldest.sock.shutdown(socket.SHUT_RDWR)
+                    full = False
             if not full:
                 self.connections += 1
         if full:
@@ -201,6 +225,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.rfile.close()  # the socket's own reader, replaced by one that keeps the request deadline
         self.reads = _Reads(self.connection, self.server.sink.limits.request_timeout)
         self.rfile = io.BufferedReader(self.reads, _CHUNK)
+        with self.server._connections_lock:
+            self.server._reads.add(self.reads)
+
+    def finish(self):
+        with self.server._connections_lock:
+            self.server._reads.discard(self.reads)
+        super().finish()
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         logger.debug("rltrace collect: %s - %s", self.address_string(), format % args)
@@ -220,6 +251,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
             if not self.parse_request():
                 return
+            self.reads.headers_done()
             method = getattr(self, f"do_{self.command}", None)
             if method is None:
                 self.send_error(501, f"Unsupported method ({self.command!r})")
@@ -229,8 +261,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except _Late:
             self.close_connection = True
             timeout = self.server.sink.limits.request_timeout
-            reason = (f"request not received whole within {timeout:g} s of its first byte: a slow sender, dropped "
-                      "(raise --request-timeout if the link is this slow)")
+            if self.reads.in_headers and HEADER_S < timeout:
+                reason = f"request line and headers not received within {HEADER_S:g} s of the first byte: a slow sender, dropped"
+            else:
+                reason = (f"request not received whole within {timeout:g} s of its first byte: a slow sender, dropped "
+                          "(raise --request-timeout if the link is this slow)")
             self.server.sink.reject(reason)
             self._error(408, _INVALID_ARGUMENT, reason, self._content_type())
         except TimeoutError:  # no request on a kept-alive connection for IDLE_S

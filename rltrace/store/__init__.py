@@ -8,7 +8,8 @@ Layout and every column: docs/store.md.
 
 from rltrace.store.compact import compact
 from rltrace.store.layout import StoreError
-from rltrace.store.views import CorruptPartError, Snapshot, check_pages, connect, open, read_manifest, scan, skipping_damaged
+from rltrace.store.views import (CorruptPartError, Snapshot, check_pages, connect, open, read_manifest, reading, scan,
+                                 skipping_damaged)
 
-__all__ = ["open", "scan", "connect", "check_pages", "skipping_damaged", "compact", "read_manifest", "Snapshot", "StoreError",
+__all__ = ["open", "reading", "scan", "connect", "check_pages", "skipping_damaged", "compact", "read_manifest", "Snapshot", "StoreError",
            "CorruptPartError"]

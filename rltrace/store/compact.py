@@ -16,7 +16,8 @@ compaction runs at a time per run (a lock file).
 
 An `s3://` run is compacted in the reader's local copy: merged parts are uploaded, then the
 parts they replace are deleted from the bucket after the grace. A writer there counts as running
-while its process row has no end and a heartbeat less than `LIVE_S` old.
+while its process row has no end and a heartbeat less than `LIVE_S` old at the moment the bucket
+was listed (never judged by a clock read after minutes of copying).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from rltrace.store.merge import TARGET_ROWS
 from rltrace.store.views import Part, scan
 
 GRACE_S = 5.0  # seconds a replaced part stays on disk for readers that listed it
-LIVE_S = 60.0  # s3:// runs: a writer whose heartbeat is younger than this (and never ended) is running
+LIVE_S = 300.0  # s3:// runs: a writer whose heartbeat was younger than this when the bucket was listed (and
+# that never ended) is running: its parts are its own (a writer paused a minute, SIGSTOP or swapping, is alive)
 _STALE_TMP_S = 3600  # temp files older than this were left by killed writers
 
 
@@ -52,13 +54,38 @@ class CompactResult:
     rows: int
 
 
-def _groups(parts: list[Part], target_rows: int, version: int) -> list[list[Part]]:
+def _groups(parts: list[Part], target_rows: int, version: int, copies: set[Path] = frozenset()) -> list[list[Part]]:
     """Small parts in write order, cut into groups of about `target_rows` rows; a part of an older
-    schema version is rewritten even when it is large or alone (converted once, not on every read)."""
-    small = sorted((p for p in parts if p.rows < target_rows // 2 or p.version < version),
+    schema version is rewritten even when it is large or alone (converted once, not on every read).
+    The parts holding copies of one span (`copies`, `holding_copies`) are one group, whatever their
+    size, so the merge keeps each span once."""
+    folding = [p for p in parts if p.path in copies]
+    small = sorted((p for p in parts if p.path not in copies and (p.rows < target_rows // 2 or p.version < version)),
                    key=lambda p: (p.path.stat().st_mtime, p.path.name))
     groups = merging.by_rows(small, target_rows)
-    return [g for g in groups if len(g) > 1 or g[0].version < version]
+    return ([folding] if folding else []) + [g for g in groups if len(g) > 1 or g[0].version < version]
+
+
+def holding_copies(parts: list[Part]) -> set[Path]:
+    """The span parts that hold a span (trace_id, span_id) also held by another of `parts`, or twice
+    (left by a resent export, or by an older rltrace): `compact` merges them into one part."""
+    import duckdb
+
+    from rltrace.store import ids
+    from rltrace.store.views import parts_sql
+
+    if not parts:
+        return set()
+    con = duckdb.connect(":memory:")
+    try:
+        for macro in ids.SQL_MACROS:
+            con.execute(macro)
+        con.execute(f"CREATE TEMP VIEW s AS {parts_sql(_names.SPANS, parts, ', filename=true')}")
+        found = con.execute("""SELECT DISTINCT filename FROM s JOIN (SELECT trace_id, span_id FROM s GROUP BY ALL
+                               HAVING count(*) > 1) USING (trace_id, span_id)""").fetchall()
+    finally:
+        con.close()
+    return {Path(f) for (f,) in found}
 
 
 def compact(
@@ -149,12 +176,14 @@ def merge_tables(run_dir: Path, snap, tables: dict, target_rows: int, progress, 
     summaries = merging.Summaries()  # one, so parents seen in one group are known in the next
     for name, table in tables.items():
         parts = snap.parts[name]
-        groups = _groups([p for p in parts if merging.process_of(p.path.name) not in live], target_rows, table.version)
+        mine = [p for p in parts if merging.process_of(p.path.name) not in live]
+        copies = holding_copies(mine) if table is _names.SPANS else set()
+        groups = _groups(mine, target_rows, table.version, copies)
         folder = run_dir / table.folder
         summarise = (lambda merged, out, inputs: summaries(merged, out, inputs, folder)) if table is _names.SPANS else None
         for i, group in enumerate(groups):
             written.append(merging.merge(folder, table, [p.path for p in group], f"c-{uuid.uuid4().hex[:12]}.parquet",
-                                         before_visible=summarise))
+                                         before_visible=summarise, unique=True))
             if summarise is not None:
                 written += [p for p in merging.sidecar_paths(written[-1]) if p.exists()]
             superseded.extend(p.path for p in group)
@@ -182,7 +211,8 @@ _LOCK_STALE_S = 3600  # a compaction lock older than this was left by a compacti
 def _compact_uri(uri: str, *, target_rows: int, grace_s: float, progress=None, skip_corrupt: bool = False):
     """`rltrace compact` on an `s3://` run: merged in the local copy, merged parts uploaded, the
     parts they replace deleted from the bucket `grace_s` later. Writers still running (a process
-    row without an end, with a heartbeat younger than `compact.LIVE_S`) merge their own parts.
+    row without an end, with a heartbeat younger than `compact.LIVE_S` at the moment the bucket is
+    listed) merge their own parts.
     One compaction at a time per run is asked for with a lock object (an S3 bucket offers no real lock)."""
     from pyarrow import fs
 
@@ -200,11 +230,13 @@ def _compact_uri(uri: str, *, target_rows: int, grace_s: float, progress=None, s
     except OSError as exc:
         raise objstore.unreachable(uri, exc) from None
     try:
+        # The moment the evidence is from: taken before the listing, so a slow bucket (minutes to list
+        # and copy) never makes a writer's heartbeat look old; the process rows fetched later are newer.
+        now, live = time.time_ns(), set()
         local = objstore.mirror(uri)
         tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
         snap = scan(local, tables={**tables, "processes": _names.PROCESSES, **{t.name: t for t in _names.SPAN_SIDECARS}},
                     skip_corrupt=skip_corrupt)
-        now, live = time.time_ns(), set()
         for part in snap.parts.get("processes", []):
             try:
                 row = read_whole(part.path, columns=["process_id", "heartbeat_ns", "ended_ns"]).to_pylist()

@@ -65,6 +65,7 @@ def merge(
     *,
     read: Callable[[Path], pa.Table] | None = None,
     before_visible: Callable[[pa.Table, str, list[tuple[Path, pa.Table]]], None] | None = None,
+    unique: bool = False,
 ) -> Path:
     """Write the rows of `inputs` (parts of `table`, of any schema version) as one part
     `folder/out_name` of the current version, sorted by the table's compaction keys, that replaces
@@ -73,7 +74,8 @@ def merge(
     `read(path)` reads an input (default: from disk through one handle); `before_visible(merged,
     out_name, inputs)` runs on the sorted rows (and the inputs' paths and rows) before the part
     becomes visible: a span part's per-part summary is written there, so a reader never finds the
-    part without it."""
+    part without it. With `unique`, a span whose identity (trace_id, span_id) is in the inputs more
+    than once is kept once (`rltrace compact` folds copies left behind away)."""
     from rltrace.store.views import read_whole, upgrade
 
     tables = [(read or read_whole)(p) for p in inputs]
@@ -83,6 +85,9 @@ def merge(
     if merged.num_rows:
         merged = merged.take(pc.sort_indices(merged, sort_keys=[(k, "ascending") for k in keys]))  # nulls last
     expected = sum(t.num_rows for t in tables)
+    if unique and table.name == _names.SPANS.name and merged.num_rows:
+        merged = first_of_each(merged)
+        expected = merged.num_rows if merged.num_rows <= expected else -1
     if merged.num_rows != expected:
         raise OSError(f"merging {folder} gave {merged.num_rows} rows for {expected}; the inputs were kept")
     if before_visible is not None:
@@ -94,6 +99,18 @@ def merge(
     if written != expected:  # never: the part is made visible only whole; checked all the same
         raise OSError(f"{out} holds {written} rows for {expected}")
     return out
+
+
+def first_of_each(spans: pa.Table) -> pa.Table:
+    """The rows of `spans` with each identity (trace_id, span_id) once: its first row, in order."""
+    import numpy as np
+
+    index = pa.array(np.arange(spans.num_rows, dtype=np.int64))
+    keys = pa.table({"t": spans.column("trace_id"), "s": spans.column("span_id"), "i": index})
+    first = keys.group_by(["t", "s"], use_threads=False).aggregate([("i", "min")]).column("i_min")
+    if len(first) == spans.num_rows:
+        return spans
+    return spans.take(np.sort(first.to_numpy()))
 
 
 def still_there(folder: Path, inputs: list[pa.Table]) -> list[str]:

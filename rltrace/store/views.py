@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -195,14 +196,16 @@ def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _
     run_dir = objstore.mirror(run_dir) if objstore.is_uri(run_dir) else Path(run_dir)
     snap = Snapshot(run_dir=run_dir, manifest=layout.read_manifest(run_dir), skip_corrupt=skip_corrupt)
     for table in (tables or _names.TABLES).values():
-        for attempt in range(5):
+        for attempt in range(SCANS):
             try:
                 parts, replaced = _scan_table(run_dir / table.folder, table, skip_corrupt, snap.skipped, snap.manifest["run_id"])
                 break
-            except FileNotFoundError:
-                continue  # a compaction removed a part while we read: list again
+            except FileNotFoundError:  # a merge or a compaction removed a part while we read: list again, after a while
+                time.sleep(backoff(attempt))
         else:
-            raise StoreError(f"{run_dir / table.folder}: parts keep disappearing while reading; retry")
+            raise StoreError(f"{run_dir / table.folder}: parts kept disappearing on {SCANS} listings over "
+                             f"{sum(map(backoff, range(SCANS))):.0f} s (writers merging, or a compaction with a short "
+                             "--grace); read again once they are done")
         snap.parts[table.name] = parts
         snap.replaced.extend(replaced)
     live = {(p.path.name, p.rows) for p in snap.parts.get("spans", [])}
@@ -212,6 +215,36 @@ def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _
             snap.parts[sidecar.name] = [d for d in found if d.digest_of in live]
             snap.replaced.extend(d.path for d in found if d.digest_of not in live)
     return snap
+
+
+SCANS = 10  # listings of a table whose parts vanish under the reader, ~6 s in all (`backoff`)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before read `attempt + 2` of parts that vanished: 0.02 s doubling, at most 2 s."""
+    return min(0.02 * 2 ** attempt, 2.0)
+
+
+def vanished(exc: BaseException) -> bool:
+    """Whether a read failed because a part it listed is gone: its writer merged it into a larger
+    part (deleted after `RLTRACE_MERGE_GRACE`), or a compaction replaced it, while it read."""
+    text = str(exc)
+    return isinstance(exc, (duckdb.IOException, FileNotFoundError)) and (
+        "No files found" in text or "No such file" in text or isinstance(exc, FileNotFoundError))
+
+
+def reading(read: Callable[[], T], tries: int = SCANS) -> T:
+    """`read()` (which opens the run and queries it), again on the run as it is then while a part
+    it listed vanished under it, waiting longer each time (`backoff`), at most `tries` reads: a
+    view reads its parts when a query runs, so a query on a busy run may meet one merged away."""
+    for attempt in range(tries):
+        try:
+            return read()
+        except Exception as exc:
+            if not vanished(exc) or attempt == tries - 1:
+                raise
+        time.sleep(backoff(attempt))
+    raise AssertionError("unreachable")
 
 
 def list_parts(folder: Path, skipped: list[str] | None = None) -> list[Path]:

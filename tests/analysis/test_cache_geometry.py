@@ -118,3 +118,23 @@ def test_a_refused_model_is_said_once_in_the_findings(tmp_path, capsys):
     findings = json.loads(capsys.readouterr().out)["findings"]
     assert [f for f in findings if "Cache geometry" in f] == [
         "Cache geometry not computed: MLA: measure the cache tensor, the GQA formula does not apply."]
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"num_hidden_layers": 2**62}, "num_hidden_layers 4611686018427387904 is not a positive integer up to 1,048,576"),
+    ({"num_hidden_layers": 10**30, "model_type": "llama"}, "num_hidden_layers 1000000000000000000000000000000 is not"),
+    ({"num_hidden_layers": 1e30}, "num_hidden_layers 1e+30 is not a positive integer"),
+    ({"head_dim": 2**62, "model_type": "llama"}, "lacks head_dim for its attention layers (positive integers up to"),
+])
+def test_hostile_layer_counts_and_sizes_are_refused_before_anything_is_allocated(change, reason):
+    g = geometry({**QWEN3_NEXT, **change})
+    assert reason in g["refused"] and g["layers"] == []
+
+
+def test_a_config_nested_100000_deep_is_one_line(tmp_path):
+    from rltrace._model import read_config
+
+    path = tmp_path / "config.json"
+    path.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(RltraceConfigError, match="nested too deeply to be a config.json"):
+        read_config(path)

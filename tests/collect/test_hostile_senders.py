@@ -52,10 +52,9 @@ def test_twenty_slow_senders_do_not_starve_the_others_and_are_dropped(run_dir):
         trickler = threading.Thread(target=trickle, daemon=True)
         trickler.start()
         started, answers = time.monotonic(), []
-        body = proto_request(10, "legit")
         while time.monotonic() - started < 4.0:  # all while the slow ones hold their connections
             t0 = time.monotonic()
-            status, _, _ = post(url, body, PB)
+            status, _, _ = post(url, proto_request(10, "legit"), PB)
             answers.append((status, time.monotonic() - t0))
             time.sleep(0.25)
         assert len(answers) >= 10
@@ -65,7 +64,7 @@ def test_twenty_slow_senders_do_not_starve_the_others_and_are_dropped(run_dir):
             s.settimeout(10)
             assert s.recv(4096).startswith(b"HTTP/1.1 408 ")
         stop.set()
-        assert post(url, body, PB)[0] == 200  # and the receiver still serves
+        assert post(url, proto_request(10, "legit"), PB)[0] == 200  # and the receiver still serves
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=60)
@@ -196,7 +195,7 @@ def test_a_json_request_keeps_every_span_that_decodes(receiver, run_dir):
     assert status == 200
     partial = json.loads(answer)["partialSuccess"]
     assert partial["rejectedSpans"] == "5"
-    assert partial["errorMessage"].startswith("1 spans with a trace_id or span_id of the wrong length (or all zero); "
+    assert partial["errorMessage"].startswith("1 spans refused: span_id is not 8 bytes (or is all zero); "
                                               "4 spans not stored: span could not be decoded (traceId 'zz' is not hex)")
     receiver.flush()
     assert sorted(s["span_id"] for s in spans_of(run_dir)) == [f"{i:016x}" for i in (1, 7)]
@@ -205,3 +204,33 @@ def test_a_json_request_keeps_every_span_that_decodes(receiver, run_dir):
     assert reasons["span_id is not 8 bytes (or is all zero)"] == 1
     assert reasons["span is nested more than 100 levels deep"] == 1 and any("soon" in r for r in reasons)
     assert any("is str, not an object" in r for r in reasons)
+
+
+def test_idle_and_header_trickling_connections_cannot_starve_a_sender(run_dir, monkeypatch):
+    """Every place taken by connections that send nothing (then more of them), and some that
+    trickle their headers: the longest idle one gives its place to a new connection, headers must
+    arrive within `HEADER_S`, and a legitimate sender gets 200 on every request."""
+    import socket
+
+    from rltrace.collect import server
+
+    monkeypatch.setattr(server, "HEADER_S", 1.0)
+    with Receiver(run_dir, "127.0.0.1", 0, Limits(max_connections=20)) as r:
+        host, port = r.address
+        idle = [socket.create_connection((host, port)) for _ in range(30)]  # more than there are places
+        slow = []
+        for _ in range(3):
+            s = socket.create_connection((host, port))
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n")  # and never the rest of its headers
+            slow.append(s)
+        answers = [post(r.url, proto_request(10, "legit"), PB)[0] for _ in range(10)]
+        assert answers == [200] * 10
+        for s in slow:  # closed with 408 a second after their first byte
+            s.settimeout(10)
+            assert s.recv(4096).startswith(b"HTTP/1.1 408 ")
+        for s in idle + slow:
+            s.close()
+    data = info(str(run_dir))
+    assert {p["role"]: p["spans"] for p in data["processes"]} == {"legit": 100, "collector": 0}
+    reasons = {d["reason"]: d["count"] for d in data["drop_reasons"]}
+    assert reasons == {"request line and headers not received within 1 s of the first byte: a slow sender, dropped": 3}

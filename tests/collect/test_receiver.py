@@ -17,7 +17,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from rltrace.cli import main
 from rltrace.cli.info import collect as info
+from rltrace import store
 from rltrace.collect import Limits, Receiver
+from rltrace.collect import receiver as receiver_module
 
 from ..conftest import PYTHON, python_env
 
@@ -75,12 +77,16 @@ def otlp_json(n: int, *, service: str = "reward-svc", step: int = 5, first: int 
     return {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "reward-lib"}, "spans": spans, "unknownField": 1}]}]}
 
 
-def proto_request(n: int, service: str) -> bytes:
-    """An OTLP protobuf export of `n` spans (built from JSON, so both encodings are one payload)."""
+def proto_request(n: int, service: str, trace: str | None = None) -> bytes:
+    """An OTLP protobuf export of `n` spans (built from JSON, so both encodings are one payload),
+    in a trace of its own (`trace`: hex, or a fresh one): two calls are two requests, not one resent."""
+    import os
+
     from google.protobuf import json_format
 
     data = otlp_json(n, service=service)
     for span in data["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        span["traceId"] = trace or os.urandom(16).hex()
         for key in ("traceId", "spanId", "parentSpanId"):
             span[key] = __import__("base64").b64encode(bytes.fromhex(span[key])).decode()
     del data["resourceSpans"][0]["scopeSpans"][0]["unknownField"]
@@ -208,7 +214,7 @@ def test_spans_with_bad_ids_are_dropped_alone_and_counted(receiver, run_dir):
     status, _, body = post(receiver.url, json.dumps(data).encode(), JS)
     assert status == 200
     assert json.loads(body)["partialSuccess"] == {
-        "rejectedSpans": "1", "errorMessage": "1 spans with a trace_id or span_id of the wrong length (or all zero)"}
+        "rejectedSpans": "1", "errorMessage": "1 spans refused: span_id is not 8 bytes (or is all zero)"}
     receiver.flush()
     assert len(spans_of(run_dir)) == 2
     reasons = info(str(run_dir))["drop_reasons"]
@@ -296,9 +302,8 @@ def test_concurrent_flood_accounts_for_every_span(run_dir):
                 peak[0] = max(peak[0], r._pending_spans)
 
         def flood(name):
-            body = proto_request(100, name)
             for _ in range(60):
-                assert post(r.url, body, PB)[0] == 200
+                assert post(r.url, proto_request(100, name), PB)[0] == 200
 
         watcher = threading.Thread(target=watch)
         watcher.start()
@@ -412,3 +417,51 @@ def test_who_sent_it_from_resource_attributes():
     assert (p.role, p.service_name) == ("unknown_service", "unknown_service")
     assert identify({"rl.rank": 2**70}, "h", "run").rank is None  # does not fit the column: not guessed
     assert identify({"service.name": "a/b"}, "h", "run").process_id.startswith("a_b-h-otlp-")
+
+
+def test_a_resent_request_is_stored_once_also_by_a_receiver_started_again(run_dir):
+    """OTel SDKs and Collectors send a request again after a timeout or a dropped connection:
+    each span (trace_id, span_id) is stored once, and the copies are counted with the reason."""
+    body = proto_request(50, "resender")
+    with Receiver(run_dir, "127.0.0.1", 0) as r:
+        assert post(r.url, body, PB)[0] == 200
+        r.flush()
+        assert post(r.url, body, PB)[0] == 200  # the answer was lost: sent again
+    with Receiver(run_dir, "127.0.0.1", 0) as r:  # the receiver restarted in between
+        assert post(r.url, body, PB)[0] == 200
+        assert post(r.url, proto_request(5, "resender"), PB)[0] == 200  # new spans still land
+    spans = spans_of(run_dir)
+    assert len(spans) == 55 and len({(s["trace_id"], s["span_id"]) for s in spans}) == 55
+    reasons = {d["reason"]: d["count"] for d in info(str(run_dir))["drop_reasons"]}
+    assert reasons == {receiver_module.RESENT: 100}
+    con = store.open(run_dir)
+    assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (55, 55)
+
+
+def test_times_past_int64_and_spans_ending_before_they_start_are_refused_alone_and_counted(receiver, run_dir):
+    data = otlp_json(4)
+    spans = data["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans[0]["startTimeUnixNano"] = str(2**63)
+    spans[1]["endTimeUnixNano"] = str(2**64 - 1)
+    spans[2]["endTimeUnixNano"] = str(int(spans[2]["startTimeUnixNano"]) - 1)  # a negative duration
+    status, _, body = post(receiver.url, json.dumps(data).encode(), JS)
+    assert status == 200
+    answer = json.loads(body)["partialSuccess"]
+    assert answer["rejectedSpans"] == "3" and "past the year 2262" in answer["errorMessage"]
+    receiver.flush()
+    assert [s["span_id"] for s in spans_of(run_dir)] == ["0000000000000004"]
+    reasons = {r["reason"]: r["count"] for r in info(str(run_dir))["drop_reasons"]}
+    assert reasons == {"start_time_unix_nano 9223372036854775808 is past the year 2262 (not a time rltrace can store)": 1,
+                       "end_time_unix_nano 18446744073709551615 is past the year 2262 (not a time rltrace can store)": 1,
+                       "ends before it starts (end_time_unix_nano < start_time_unix_nano)": 1}
+
+
+def test_a_body_of_two_gzip_members_is_read_whole(receiver, run_dir):
+    """`cat a.gz b.gz` is valid gzip: both members' spans are stored (a reader of the first alone kept 5 of 12)."""
+    first = json.dumps(otlp_json(5)).encode()
+    body = gzip.compress(first[: len(first) // 2]) + gzip.compress(first[len(first) // 2:])
+    status, _, answer = post(receiver.url, body, JS, "gzip")
+    assert status == 200 and json.loads(answer) == {}
+    receiver.flush()
+    assert len(spans_of(run_dir)) == 5
+    assert main(["info", str(run_dir)]) == 0

@@ -137,3 +137,26 @@ def test_compact_leaves_a_running_writers_replaced_parts_and_new_summaries_to_it
     store.compact(run, grace_s=0.1)
     assert not a.exists() and not b_.exists() and not summary.exists()
     assert store.open(run).execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchall() == [(41, 41)]
+
+
+def test_compact_folds_copies_of_a_span_away_whatever_parts_hold_them(run_dir):
+    """Copies of spans left in parts that replace nothing (a resent export stored twice by an older
+    rltrace, a compaction that took a live writer's parts): compact keeps each span once, also
+    when a part holding copies is large (`target_rows`)."""
+    import shutil
+
+    record(run_dir, 30)
+    rltrace.init(run_dir)  # a second writer: one part of 30 spans
+    for step in range(30):
+        with rltrace.phase("step", step=step):
+            pass
+    rltrace.shutdown()
+    parts = sorted((run_dir / "spans").glob("*.parquet"))
+    big = next(p for p in parts if pq.read_metadata(p).num_rows == 30)
+    shutil.copy(next(p for p in parts if p != big), run_dir / "spans" / "copy-a.parquet")  # a small part stored twice
+    shutil.copy(big, run_dir / "spans" / "copy-b.parquet")
+    assert store.open(run_dir).execute("SELECT count(*) FROM spans").fetchone() == (91,)
+    store.compact(run_dir, grace_s=0, target_rows=40)  # the part of 30 counts as large
+    con = store.open(run_dir)
+    assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (60, 60)
+    assert store.compact(run_dir, grace_s=0, target_rows=40)[0].rows == 60  # nothing left to fold

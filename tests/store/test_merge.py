@@ -55,8 +55,8 @@ def test_readers_never_see_a_row_twice_or_miss_one_while_a_writer_merges(run_dir
         while not done.is_set():
             try:
                 before = flushed[0]
-                con = store.open(run_dir)
-                total, distinct = con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans WHERE NOT is_open").fetchone()
+                total, distinct = store.reading(lambda: store.open(run_dir).execute(
+                    "SELECT count(*), count(DISTINCT span_id) FROM spans WHERE NOT is_open").fetchone())
                 seen.append((before, total, distinct))
             except Exception as exc:  # a torn view or a part gone too early would show here
                 errors.append(exc)

@@ -437,3 +437,51 @@ def test_a_frozen_batch_reaches_the_bucket_and_replay_reads_it(s3_run, capsys):
     assert [b["step"] for b in listed["batches"]] == [3], listed
     shown = _cli_json(capsys, "replay", "show", uri, "--step", "3")
     assert len(shown["samples"]) == 2
+
+
+class _SlowListing:
+    """The bucket as a slow store lists it: every full listing takes minutes (here: the clock of
+    `rltrace.store.compact` moves on 400 s), as ~400 small objects did on a real bucket."""
+
+    def __init__(self, s3, clock):
+        self._s3, self._clock = s3, clock
+
+    def get_file_info(self, what):
+        from pyarrow import fs
+
+        if isinstance(what, fs.FileSelector):
+            self._clock[0] += 400 * 10**9
+        return self._s3.get_file_info(what)
+
+    def __getattr__(self, name):
+        return getattr(self._s3, name)
+
+
+def test_compaction_on_a_slow_bucket_leaves_a_live_writers_parts_to_it(s3_run, monkeypatch):
+    """A writer is running (merging its own parts, and everything at exit) while `rltrace compact`
+    runs on a bucket whose listing takes minutes: the writer is judged alive from its heartbeat as
+    of the listing, its parts are left to it, and after it exits every span is there once."""
+    import types
+
+    import importlib
+
+    compacting = importlib.import_module("rltrace.store.compact")
+
+    uri, env, _ = s3_run
+    writer = _writer(uri, env, 0, 60, 0.05)  # ~3 s of steps; a flush part every 0.2 s
+    for _ in range(20):  # its first parts are up
+        assert writer.stdout.readline().startswith("step")
+    time.sleep(1.0)
+    assert any(n.startswith("rollout0-") for n in _objects(uri, "spans"))
+    clock, real = [0], objstore.filesystem
+    monkeypatch.setattr(objstore, "filesystem", lambda *a, **k: _SlowListing(real(*a, **k), clock))
+    monkeypatch.setattr(compacting, "time", types.SimpleNamespace(
+        time_ns=lambda: time.time_ns() + clock[0], time=lambda: time.time() + clock[0] / 1e9, sleep=time.sleep))
+    store.compact(uri, grace_s=0)
+    assert clock[0] >= 400 * 10**9  # the listing took "minutes"
+    monkeypatch.setattr(objstore, "filesystem", real)
+    assert not any(n.startswith("c-") for n in _objects(uri, "spans"))  # nothing of the live writer's was taken
+    _, err = writer.communicate(timeout=90)
+    assert writer.returncode == 0, err
+    con = store.open(uri)
+    assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (180, 180)

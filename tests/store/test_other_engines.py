@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextvars
 import json
 import threading
+import textwrap
 import time
 
 import numpy as np
@@ -104,6 +105,44 @@ def test_pyarrow_dataset_alone_gets_the_reports_per_phase_totals(run_dir, capsys
     assert pq.read_schema(next((run_dir / "span_digests").iterdir())).field("count").type == pa.int64()
 
 
+def documented_reader(run_dir):
+    """The spans that the pyarrow snippet of docs/scale.md reads, run as written there."""
+    text = (REPO / "docs" / "scale.md").read_text()
+    snippet = text.split("  ```python\n", 1)[1].split("  ```", 1)[0]
+    namespace = {"RUN_DIR": run_dir}
+    exec(textwrap.dedent(snippet), namespace)  # noqa: S102 - the documentation's own code
+    return namespace["spans"]
+
+
+def test_the_documented_pyarrow_reader_reads_again_when_parts_are_merged_away_under_it(run_dir, monkeypatch):
+    """A compaction replaces and deletes the parts while the snippet of docs/scale.md reads their
+    footers: it lists again and reads each span once, not FileNotFoundError."""
+    from rltrace import _names
+    from rltrace.store import merge
+
+    monkeypatch.setenv("RLTRACE_MERGE_PARTS", "0")
+    rltrace.init(run_dir, role="trainer", flush_interval=0.01)
+    for step in range(4):
+        with rltrace.phase("train", step=step):
+            pass
+        rltrace.flush()
+    rltrace.shutdown()
+    flushed = sorted((run_dir / "spans").glob("*.parquet"))
+    real, compacted = pq.read_metadata, []
+
+    def read_metadata(path, *args, **kwargs):
+        if not compacted:  # the compaction runs between the snippet's listing and its first read
+            compacted.append(True)
+            merge.merge(run_dir / "spans", _names.SPANS, flushed, "c-000000000001.parquet")
+            for part in flushed:
+                part.unlink()
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "read_metadata", read_metadata)
+    spans = documented_reader(run_dir)
+    assert compacted and spans.num_rows == len(pc.unique(spans["span_id"])) == 4
+
+
 def test_the_documented_pyarrow_reader_leaves_out_parts_a_killed_writer_left_replaced(run_dir, capsys):
     """A writer killed right after a merge leaves the merged part and the parts it replaces: every
     file read counts their spans twice; the reader docs/scale.md shows (footers, pyarrow alone)
@@ -125,11 +164,7 @@ def test_the_documented_pyarrow_reader_leaves_out_parts_a_killed_writer_left_rep
     assert len(list((run_dir / "spans").glob("*.parquet"))) == len(flushed) + 1
     every = ds.dataset(run_dir / "spans", format="parquet").to_table()
 
-    RUN_DIR = run_dir  # the snippet of docs/scale.md, as written there
-    files = sorted(pathlib.Path(RUN_DIR, "spans").glob("*.parquet"))
-    replaced = {name for f in files
-                for name in json.loads((pq.read_metadata(f).metadata or {}).get(b"rltrace.replaces", b"[]"))}
-    spans = ds.dataset([str(f) for f in files if f.name not in replaced], format="parquet").to_table()
+    spans = documented_reader(run_dir)
 
     assert cli(["report", str(run_dir), "--json"]) == 0
     counted = sum(p["spans"] for p in json.loads(capsys.readouterr().out)["phases"])

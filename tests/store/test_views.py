@@ -227,3 +227,34 @@ def test_an_open_spans_file_damaged_past_its_footer_costs_only_that_file_when_sk
     con = store.open(b.run_dir, skip_corrupt=True)
     assert con.execute("SELECT process_id FROM spans WHERE is_open").fetchall() == [(trainer.process_id,)]
     assert con.execute("SELECT count(*) FROM spans WHERE NOT is_open").fetchone()[0] == 1
+
+
+def test_a_reader_lists_again_later_while_parts_keep_vanishing_under_it(run_dir, monkeypatch):
+    """Under load, writers merging and a compaction remove parts between a listing and its reads,
+    several times in a row: the reader lists again, waiting longer each time, up to a bound."""
+    from rltrace.store import views
+
+    rltrace.init(run_dir)
+    with rltrace.phase("train", step=1):
+        pass
+    rltrace.shutdown()
+    real, calls, waits = views._scan_table, [0], []
+
+    def vanishing(folder, *args, **kwargs):
+        if folder.name == "spans":
+            calls[0] += 1
+            if calls[0] <= 7:
+                raise FileNotFoundError(2, "No such file or directory", str(folder / "gone.parquet"))
+        return real(folder, *args, **kwargs)
+
+    monkeypatch.setattr(views, "_scan_table", vanishing)
+    monkeypatch.setattr(views.time, "sleep", waits.append)
+    assert store.open(run_dir).execute("SELECT count(*) FROM spans").fetchone() == (1,)
+    assert waits == sorted(waits) and len(waits) == 7 and waits[-1] > waits[0]
+    calls[0] = -100  # vanishing on every listing: a one-line error after the bound, not a hang
+    with pytest.raises(store.StoreError, match="parts kept disappearing on 10 listings"):
+        store.open(run_dir)
+    tries = []
+    with pytest.raises(FileNotFoundError):
+        store.reading(lambda: tries.append(1) or (_ for _ in ()).throw(FileNotFoundError(2, "No such file")))
+    assert len(tries) == views.SCANS
