@@ -40,7 +40,7 @@ MIN_STEPS = 30  # each replay runs at least this many steps (a short run is draw
 MAX_STEPS = 200  # ... and at most this many
 CALIBRATION_STEPS = 1000  # the most recent steps calibrated on
 WORK = 5e7  # sample-steps over all replays: fewer replays of runs with many samples a step
-BUSY = 0.95  # a pool busy this share of the time binds the step
+BOUND = 0.9  # the trainer waited for the rollout on this share of steps (or on 1 - this share at most): one binds
 PARTIAL_OVERSAMPLE = 1.25  # partial rollouts without a factor: 25 % more samples in flight than kept
 
 
@@ -186,14 +186,14 @@ def simulate(cal: Calibration, scenario: Scenario, order: np.ndarray, rng: np.ra
     Returns: ends (R × n: each step's end on the trainer, s); age_sum, age_n, age_max (staleness
     of the trained samples); rollout_busy (engine-seconds generating), trainer_busy (s);
     rollout_s (R × n: the batch time of the step's slowest engine); tail_s (R × n: how much of
-    it came after the median sample)."""
+    it came after the median sample); waited (R × n: 1 where the trainer waited for the rollout)."""
     k, n, colocated = scenario.staleness, scenario.rollout_workers, scenario.placement == "colocated"
     reps, steps = order.shape
     free = np.zeros((reps, n))  # when each engine is free
     ready = np.full((reps, steps + 1), np.inf)  # ready[:, v]: when weights of version v reach the engines
     ready[:, 0] = 0.0
     trainer = np.zeros(reps)
-    out = {key: np.zeros((reps, steps)) for key in ("ends", "rollout_s", "tail_s")}
+    out = {key: np.zeros((reps, steps)) for key in ("ends", "rollout_s", "tail_s", "waited")}
     out |= {key: np.zeros(reps) for key in ("age_sum", "age_n", "age_max", "rollout_busy", "trainer_busy")}
     counts = np.isfinite(cal.works).sum(axis=1)
     medians = cal.overhead + np.nanmedian(np.where(counts[:, None] > 0, cal.works, 0.0), axis=1)
@@ -215,6 +215,7 @@ def simulate(cal: Calibration, scenario: Scenario, order: np.ndarray, rng: np.ra
         out["rollout_s"][:, i] = took.max(axis=1)
         out["tail_s"][:, i] = np.maximum(0.0, took.max(axis=1) - medians[j])
         work = cal.reward[j] + cal.train[j] + cal.extra[j]
+        out["waited"][:, i] = free.max(axis=1) > trainer  # the trainer waited for this step's rollout
         ready[:, i + 1] = np.maximum(trainer, free.max(axis=1)) + work + cal.sync[j]
         trainer = ready[:, i + 1]
         out["trainer_busy"] += work + cal.sync[j]
@@ -277,7 +278,8 @@ def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATE
     predicted_step_s (median over replays of each replay's median step period), interval_s ([5 %,
     95 %] of it), staleness_mean, staleness_max (of trained samples, median over replays),
     rollout_util, trainer_util (share of the time each pool was busy), tail_share (share of the
-    rollout spent after the median sample finished), binding (which constraint sets the period),
+    rollout spent after the median sample finished), trainer_waited_share (share of steps on which
+    the trainer waited for the rollout), binding (which constraint sets the period),
     why (a sentence), notes.
     """
     sc = resolve(cal, scenario)
@@ -295,25 +297,30 @@ def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATE
            "staleness_max": int(round(float(np.median(out["age_max"])))),
            "rollout_util": float(np.median(out["rollout_busy"] / (span * sc.rollout_workers))),
            "trainer_util": float(np.median(out["trainer_busy"] / span)),
-           "tail_share": float(np.median(out["tail_s"].sum(axis=1) / np.maximum(out["rollout_s"].sum(axis=1), 1e-12)))}
+           "tail_share": float(np.median(out["tail_s"].sum(axis=1) / np.maximum(out["rollout_s"].sum(axis=1), 1e-12))),
+           "trainer_waited_share": float(np.median(out["waited"][:, warm:].mean(axis=1)))}
     return row | _binding(cal, sc, row) | {"notes": list(cal.notes)}
 
 
 def _binding(cal: Calibration, sc: Scenario, row: dict) -> dict:
-    """Which constraint sets the period, named by the cost model's terms, and why."""
-    tail = f"the longest sample of each batch: {row['tail_share']:.0%} of the rollout comes after the median sample"
+    """Which constraint sets the period, named by the cost model's terms, and why: what the trainer
+    waited for step by step (a few slow steps do not decide it, as they would a mean)."""
+    tail = ("partial rollouts end each batch when its share of samples is in" if sc.partial else
+            f"the longest sample of each batch: {row['tail_share']:.0%} of the rollout comes after the median sample")
     if sc.staleness == 0 or sc.placement == "colocated":
         why = ("colocated: rollout and training take turns on the same devices, so the step is their sum"
                if sc.placement == "colocated" else "synchronous: each step is rollout + reward + train + sync in turn")
         return {"binding": "t_sync", "why": f"{why}; in the rollout, {tail}"}
-    if row["trainer_util"] >= BUSY:
-        return {"binding": "t_T + t_W", "why": "the trainer is busy all the time (reward, train and weight sync in "
-                "turn): more rollout workers or a larger staleness bound cannot help"}
-    if row["rollout_util"] >= BUSY:
-        return {"binding": "t_R", "why": f"the rollout engines are busy all the time; {tail}"}
+    waited = row["trainer_waited_share"]
+    if waited <= 1 - BOUND:
+        return {"binding": "t_T + t_W", "why": f"the trainer waits for the rollout on {waited:.0%} of steps: reward, "
+                "train and weight sync in turn set the step, and more rollout workers or a larger staleness bound "
+                "cannot help"}
+    if waited >= BOUND:
+        return {"binding": "t_R", "why": f"the trainer waits for the rollout on {waited:.0%} of steps; {tail}"}
     return {"binding": "t_R vs t_T", "why": (
-        f"neither pool is always busy (rollout {row['rollout_util']:.0%}, trainer {row['trainer_util']:.0%}): "
-        f"rollout and train times vary step to step and each waits for the other; in the rollout, {tail}")}
+        f"the trainer waits for the rollout on {waited:.0%} of steps: rollout and train times vary step to step "
+        f"and each waits for the other; in the rollout, {tail}")}
 
 
 def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: int = REPLICATES,

@@ -130,7 +130,7 @@ def render(data: dict, console: Console) -> None:
                   "in 90 % of replays; stale: mean/max weight versions; analytic: "
                   "t_sync for a synchronous schedule, max(t_R, t_T) + t_W for an async one.")
     for row in data["scenarios"]:
-        console.print(f" • {term(row['scenario'])}: rollout engines busy {row['rollout_util']:.0%}, trainer "
-                      f"{row['trainer_util']:.0%}; {term(row['why'])}.")
+        console.print(f" • {term(row['scenario'])}: {term(row['why'])} (busy: rollout engines "
+                      f"{row['rollout_util']:.0%}, trainer {row['trainer_util']:.0%} of the time).")
     for note in rec.get("notes") or []:
         console.print(f" • {term(note)}.")

@@ -40,7 +40,7 @@ def test_text_names_what_binds_and_the_analytic_bound(run, capsys):
     assert main(["whatif", run]) == 0  # no option: async K=1, K=2 and partial rollouts
     out = " ".join(capsys.readouterr().out.split())  # the terminal's line breaks aside
     assert "async K=1" in out and "async K=2" in out and "partial x1.25" in out
-    assert "the trainer is busy all the time" in out and "max(t_R, t_T) + t_W" in out
+    assert "train and weight sync in turn set the step" in out and "max(t_R, t_T) + t_W" in out
 
 
 @pytest.mark.parametrize("argv, message", [
