@@ -147,7 +147,8 @@ try:
                 st.Page(state.PAGES["reward"], title="Reward & mismatch", icon=":material/show_chart:"),
                 st.Page(state.PAGES["batches"], title="Batches", icon=":material/data_table:"),
             ],
-            "Side by side": [st.Page(state.PAGES["compare"], title="Compare", icon=":material/compare_arrows:")],
+            "Side by side": [st.Page(state.PAGES["compare"], title="Compare", icon=":material/compare_arrows:"),
+                             st.Page(state.PAGES["whatif"], title="What if", icon=":material/alt_route:")],
         }
     )
     page.run()

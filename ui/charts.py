@@ -143,6 +143,26 @@ def sync_fit(points: pd.DataFrame, fit: dict, *, height: int = 320) -> go.Figure
     return base(fig, height=height, y="seconds", x=f"payload S_W ({unit})")
 
 
+def whatif_periods(rows: list[dict], recorded_s: float | None, *, height: int = 320) -> go.Figure:
+    """Predicted step period per staleness bound K, with the 90 % range of replays, the analytic
+    bound beside it and the recorded period as a line."""
+    frame = pd.DataFrame(rows)
+    lo = frame["predicted_step_s"] - frame["interval_s"].str[0]
+    hi = frame["interval_s"].str[1] - frame["predicted_step_s"]
+    fig = go.Figure()
+    fig.add_scatter(x=frame["staleness"], y=frame["predicted_step_s"], mode="lines+markers", name="replayed",
+                    error_y={"type": "data", "array": hi, "arrayminus": lo, "visible": True},
+                    line={"color": style.RUN_COLORS[0]},
+                    hovertemplate="K = %{x}: %{y:.3g} s a step<extra></extra>")
+    fig.add_scatter(x=frame["staleness"], y=frame["analytic_s"], mode="lines+markers", name="analytic bound",
+                    line={"color": "#71717a", "dash": "dot"}, hovertemplate="K = %{x}: %{y:.3g} s<extra></extra>")
+    if recorded_s:
+        fig.add_hline(y=recorded_s, line={"color": "#27272a", "dash": "dash"}, annotation_text="recorded")
+    fig.update_xaxes(dtick=1)
+    fig.update_yaxes(rangemode="tozero")
+    return base(fig, height=height, y="step period (s)", x="staleness bound K (0: synchronous)")
+
+
 def metric_lines(frames: dict[str, pd.DataFrame], *, title: str, y: str, height: int = 320,
                  band: dict[str, pd.DataFrame] | None = None, log: bool = False) -> go.Figure:
     """One line per run over steps (`frames`: run label -> step, value); optional ± band per run."""

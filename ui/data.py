@@ -132,6 +132,14 @@ def table(report_: dict, key: str, columns: list[str] | None = None) -> pd.DataF
     return frame
 
 
+@st.cache_data(**CACHE)
+def whatif(run: RunRef, steps: Steps, scenarios: tuple[tuple, ...]) -> list[dict]:
+    """`rltrace whatif --json`'s rows for these steps: the run replayed as recorded, then one row per
+    scenario, each `(staleness, rollout_workers, partial, placement)` (None: as recorded)."""
+    asked = [analysis.WhatIf(*s) for s in scenarios]
+    return report_mod.plain(_with(run, analysis.what_if, asked, steps))
+
+
 # --- drill-downs: one step's detail, per-sample rows ---------------------------------------------
 @st.cache_data(**CACHE)
 def critical_path(run: RunRef, steps: Steps) -> pd.DataFrame:

@@ -78,4 +78,5 @@ PAGES = {
     "profiles": "views/profiles.py",
     "compare": "views/compare.py",
     "engine": "views/engine.py",
+    "whatif": "views/whatif.py",
 }

@@ -18,7 +18,7 @@ from rltrace.analysis import _format as fmt
 
 from .conftest import REPLAY_LABEL, no_exceptions
 
-PAGES = ["overview", "timeline", "waits", "reward", "batches", "profiles", "compare", "engine"]
+PAGES = ["overview", "timeline", "waits", "reward", "batches", "profiles", "compare", "engine", "whatif"]
 
 
 def texts(at) -> str:

@@ -1,0 +1,64 @@
+"""What if: the step time, staleness and what binds under another schedule (staleness bound,
+rollout workers, partial rollouts, placement), replayed from this run's samples and stage times
+(`rltrace whatif`), beside the recorded run and the analytic bound."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from rltrace.analysis import _format as fmt
+from rltrace.analysis.whatif import PARTIAL_OVERSAMPLE
+from rltrace.ui import charts, data, state
+
+CURVE_K = (0, 1, 2, 3, 4)  # the chart's staleness bounds
+
+run = state.selected()
+steps = state.steps()
+st.title("What if")
+if steps is None:
+    st.info("This run has no steps yet.")
+    st.stop()
+recorded = (data.whatif(run, steps, ()) or [None])[0]
+if recorded is None:
+    st.info("No finished step with rollout or train spans in this range: nothing to replay.")
+    st.stop()
+st.caption(f"Steps {steps[0]}–{steps[1]}, recorded as {fmt.md(recorded['schedule'])}, replayed under the schedule "
+           "picked here: each replay draws recorded steps (their samples and stage times) at random; the range is "
+           "90 % of replays. Same figures as `rltrace whatif`.")
+
+c1, c2, c3, c4 = st.columns(4)
+k = c1.number_input("Staleness bound K", min_value=0, max_value=16, value=1, key="whatif_k",
+                    help="0: synchronous; 1: one-step-off; samples may be up to K weight versions old")
+workers = c2.number_input("Rollout workers", min_value=1, max_value=1024, value=int(recorded["rollout_workers"]),
+                          key="whatif_workers", help="engines sharing each step's samples, each a static batch")
+partial = c3.number_input("Partial rollouts (over-sampling, 0: off)", min_value=0.0, max_value=4.0, value=0.0,
+                          step=0.05, key="whatif_partial",
+                          help=f"e.g. {PARTIAL_OVERSAMPLE}: a quarter more samples in flight; a batch ends when its "
+                               "share is in, the rest resume in the next")
+placement = c4.segmented_control("Placement", ["disaggregated", "colocated"], default="disaggregated",
+                                 key="whatif_placement") or "disaggregated"
+if 0 < partial < 1:
+    st.warning("Partial rollouts over-sample: the factor is at least 1 (0 turns them off).")
+    st.stop()
+knobs = (int(workers), partial or None, placement)
+row = data.whatif(run, steps, ((int(k), *knobs),))[1]
+
+base = recorded["recorded_step_s"] or recorded["predicted_step_s"]
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("Predicted step", fmt.seconds_text(row["predicted_step_s"]),
+          delta=f"{row['predicted_step_s'] - base:+.3g} s vs recorded", delta_color="inverse",
+          help=f"recorded: {fmt.seconds_text(base)} (median); the replay as recorded: "
+               f"{fmt.seconds_text(recorded['predicted_step_s'])}")
+lo, hi = row["interval_s"]
+m2.metric("90 % of replays", f"{fmt.seconds_text(lo)}–{fmt.seconds_text(hi)}")
+m3.metric("Staleness (mean, max)", f"{row['staleness_mean']:.2f}, {row['staleness_max']}")
+m4.metric("Analytic bound", fmt.seconds_text(row["analytic_s"]),
+          help="t_sync for a synchronous schedule, max(t_R, t_T) + t_W for an async one")
+st.markdown(f"**Binds: {fmt.md(row['binding'])}** — {fmt.md(row['why'])}. Busy: rollout engines "
+            f"{row['rollout_util']:.0%}, trainer {row['trainer_util']:.0%} of the time.")
+for note in row.get("notes") or []:
+    st.caption(fmt.md(note))
+
+st.subheader("Step period by staleness bound")
+curve = data.whatif(run, steps, tuple((kk, *knobs) for kk in CURVE_K))[1:]
+st.plotly_chart(charts.whatif_periods(curve, recorded["recorded_step_s"]), key="whatif_curve")
