@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,7 @@ class Capturer:
     # --- py-spy record ----------------------------------------------------------------------
     def start_record(self, capture: Capture) -> bool:
         """Launch `py-spy record` on this process; False (and the capture ended) if it cannot run."""
-        path = records.artefact(self.run_dir, self.process, capture, ".speedscope.json")
+        path = records.artefact(self.run_dir, self.process, capture, ".pyspy.trace.json")
         policy = self.policy
         capture.command = pyspy.record_command(
             self.executable,
@@ -48,6 +49,8 @@ class Capturer:
             flags=policy.pyspy_flags,
         )
         records.mark_span(capture)  # before py-spy starts: a phase that ends meanwhile still names its profile
+        capture.busy_start_ns = pyspy.thread_busy_ns(capture.native_thread_id)
+        capture.launched_ns = time.time_ns()
         try:
             capture.recording = pyspy.start_record(capture.command)
         except OSError as exc:
@@ -71,21 +74,41 @@ class Capturer:
             capture.end(*pyspy.classify(returncode, output, os.getpid()))
         else:
             try:
-                frames, samples, note = pyspy.speedscope_frames(path, os.getpid(), capture.native_thread_id)
+                self._clip(capture, path)
             except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
                 capture.end("failed", f"py-spy wrote {capture.path} but it could not be read: {exc}")
-            else:
-                capture.frames, capture.samples = frames, samples
-                if frames:
-                    capture.end("ok", note)
-                else:
-                    capture.end(
-                        "no_samples",
-                        "py-spy took no samples during the phase: it ended before sampling started, or every "
-                        "thread was idle (waiting); add idle to RLTRACE_PYSPY_FLAGS to see where it waits",
-                    )
         records.mark_span(capture)
         self.write(capture)
+
+    def _clip(self, capture: Capture, path: Path) -> None:
+        """The frames of the phase's own thread inside the phase; the share of its samples that
+        were, and of its time it was blocked; a status saying when nothing of the phase was caught."""
+        ended = getattr(capture.span, "end_time", None)
+        end_ns = capture.phase_end_ns or ended or time.time_ns()
+        if ended is None:  # still running (the recording hit its cap)
+            capture.busy_end_ns = pyspy.thread_busy_ns(capture.native_thread_id)
+        zero = capture.launched_ns or capture.started_ns
+        window = ((capture.phase_start_ns or zero) - zero) / 1e3, (end_ns - zero) / 1e3
+        label = f"{capture.thread_name or 'thread'} ({capture.native_thread_id})"
+        clipped = pyspy.chrome_frames(path, os.getpid(), capture.thread_ident, label, window, self.policy.rate)
+        capture.frames, capture.samples = clipped.frames, clipped.samples
+        if clipped.thread_samples:
+            capture.inside_share = min(1.0, clipped.samples / clipped.thread_samples)
+        recorded_ns = end_ns - zero
+        if capture.busy_start_ns is not None and capture.busy_end_ns is not None and recorded_ns > 0:
+            capture.idle_share = min(1.0, max(0.0, 1 - (capture.busy_end_ns - capture.busy_start_ns) / recorded_ns))
+        if not clipped.samples:
+            if clipped.thread_samples:
+                why = (f"all {clipped.thread_samples} samples py-spy took of the phase's thread came after the phase "
+                       f"ended ({clipped.after_s:.2g} s of them): it ended as py-spy began sampling")
+            else:
+                why = f"py-spy took no sample of the phase's thread {label}: the phase ended before sampling started"
+            capture.end("no_samples", why)
+        elif capture.inside_share is not None and capture.inside_share < 0.5:
+            capture.end("ok", f"only {capture.inside_share:.0%} of py-spy's samples of the phase's thread fell inside "
+                              "the phase (it ended soon after sampling began); the frames are from those")
+        else:
+            capture.end("ok")
 
     # --- py-spy dump -------------------------------------------------------------------------
     def dump(self, capture: Capture) -> None:

@@ -54,7 +54,7 @@ class ProfilePolicy:
         min_samples, min_seconds: a phase is slow only after `min_samples` runs and `min_seconds`.
         max_seconds: cap on one py-spy recording; max_profiles: cap on profiles per process.
         pyspy: the py-spy executable; rate: samples per second; pyspy_flags: any of
-            subprocesses, native, idle.
+            subprocesses, native (idle threads are always sampled in recordings).
         torch_rank0_only: torch windows on rank 0 only; record_shapes, with_stack: passed to
             torch.profiler (off: they make traces much larger).
     """

@@ -1,6 +1,6 @@
 """Running py-spy on this process and reading what it wrote.
 
-`record` samples the process into a speedscope file until stopped (SIGINT makes py-spy write
+`record` samples the process into a Chrome trace until stopped (SIGINT makes py-spy write
 the file and exit) or until its `--duration` cap. `dump` prints every thread's stack once, for
 hangs. Never `--nonblocking`: it reads the process while it runs and gives impossible stacks.
 Every failure is returned as a (status, message) pair, never raised: profiling must not break
@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import json
 import math
-import re
 import signal
 import subprocess
 import sysconfig
@@ -22,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NamedTuple
 
-_THREAD = re.compile(r"Thread (\d+)")
-_PROCESS = re.compile(r"Process (\d+)")
 _STOP_TIMEOUT_S = 10.0
 _RESEND_S = 0.05  # SIGINT again this often until py-spy stops (see Recording.stop)
 _DUMP_TIMEOUT_S = 20.0
@@ -124,9 +121,12 @@ def started_sampling(output: str) -> bool:
 def record_command(
     executable: str, pid: int, path: Path, *, rate: int, max_seconds: float, flags: tuple[str, ...]
 ) -> list[str]:
-    command = [executable, "record", "--pid", str(pid), "--format", "speedscope", "--output", str(path)]
-    command += ["--duration", str(max(1, math.ceil(max_seconds))), "--rate", str(rate)]
-    return command + [f"--{flag}" for flag in flags]
+    """A Chrome trace (each stack with its time, so samples are clipped to the phase) of every
+    thread, idle ones too: a slow phase is as often one that waits (a sleep, a lock, I/O) as one
+    that computes, and only with every sample kept does each stack's time stay its own."""
+    command = [executable, "record", "--pid", str(pid), "--format", "chrometrace", "--output", str(path)]
+    command += ["--duration", str(max(1, math.ceil(max_seconds))), "--rate", str(rate), "--idle"]
+    return command + [f"--{flag}" for flag in flags if flag != "idle"]
 
 
 def start_record(command: list[str]) -> Recording:
@@ -191,62 +191,76 @@ def dump_tree(executable: str, pid: int, flags: tuple[str, ...]) -> tuple[int | 
 
 
 # --- reading the output ---------------------------------------------------------------------
-def _thread_label(name: str) -> str:
-    """'Process 7 Thread 9 "worker"' -> 'worker (9)' (py-spy's speedscope profile names)."""
-    thread = _THREAD.search(name)
-    quoted = name.split('"')[1] if name.count('"') >= 2 else ""
-    if thread is None:
-        return name.strip()
-    return f"{quoted} ({thread.group(1)})" if quoted else f"thread {thread.group(1)}"
+class Clipped(NamedTuple):
+    """The phase's part of a recording: its thread's samples inside the phase's window."""
+
+    frames: list[Frame]
+    samples: int  # samples of the phase's thread inside the phase
+    thread_samples: int  # samples of the phase's thread in the whole recording
+    after_s: float  # seconds of the thread's samples that came after the phase ended
 
 
-def speedscope_frames(path: Path, pid: int, thread_id: int | None, top: int = 20) -> tuple[list[Frame], int, str]:
-    """Top frames by self share, from the samples of the phase's thread (all threads if it has none).
+def chrome_frames(path: Path, pid: int, thread_ident: int | None, label: str, window_us: tuple[float, float],
+                  rate: int, top: int = 20) -> Clipped:
+    """Top frames by self time of the phase's thread, from the part of the recording inside the phase.
 
-    Returns (frames, samples of the whole process, note saying which threads were used).
-    """
-    data = json.loads(Path(path).read_text())
-    shared = data.get("shared", {}).get("frames", [])
-    profiles = [p for p in data.get("profiles", []) if p.get("type") == "sampled"]
-    total = sum(len(p.get("samples", [])) for p in profiles)
-
-    def ours(profile: dict) -> bool:
-        name = profile.get("name", "")
-        thread, process = _THREAD.search(name), _PROCESS.search(name)
-        if process and int(process.group(1)) != pid:
-            return False
-        return thread is not None and int(thread.group(1)) == thread_id
-
-    chosen = [p for p in profiles if ours(p) and p.get("samples")]
-    note = ""
-    if not chosen:
-        chosen = [p for p in profiles if p.get("samples")]
-        if chosen:
-            note = f"the phase's thread {thread_id} was not sampled (idle?); frames are from all threads"
-    label = _thread_label(chosen[0]["name"]) if len(chosen) == 1 else "all threads"
+    `window_us`: the phase's start and end in the trace's microseconds (from py-spy's start).
+    py-spy writes a stack once and ends it when the thread's stack changes; with every thread
+    sampled each time (idle included) a stack holds from its `B` to its `E`. Samples are its
+    seconds x `rate`. Frames of other threads (rltrace's writer, a data loader) are never counted."""
+    events = json.loads(Path(path).read_text())
+    if isinstance(events, dict):
+        events = events.get("traceEvents", [])
+    lo, hi = window_us
+    stack: list[tuple[str, str | None, int | None]] = []
+    last_ts = None
+    inside: collections.Counter = collections.Counter()  # stack -> microseconds inside the window
+    whole = after = 0.0
+    for event in events:
+        if event.get("tid") != thread_ident or event.get("pid") != pid:
+            continue
+        ts = float(event.get("ts", 0))
+        if stack and last_ts is not None and ts > last_ts:
+            whole += ts - last_ts
+            overlap = min(ts, hi) - max(last_ts, lo)
+            if overlap > 0:
+                inside[tuple(stack)] += overlap
+            after += max(0.0, ts - max(last_ts, hi))
+        last_ts = ts
+        args = event.get("args") or {}
+        if event.get("ph") == "B":
+            stack.append((event.get("name") or "?", args.get("filename"), args.get("line")))
+        elif event.get("ph") == "E" and stack:
+            stack.pop()
+    total = sum(inside.values())
     selfs: collections.Counter = collections.Counter()
     totals: collections.Counter = collections.Counter()
     lines: dict[tuple, collections.Counter] = collections.defaultdict(collections.Counter)
-    count = 0
-    for profile in chosen:
-        for stack in profile["samples"]:
-            if not stack:
-                continue
-            count += 1
-            keys = []
-            for index in stack:
-                frame = shared[index]
-                keys.append((frame.get("name") or "?", frame.get("file")))
-            leaf = shared[stack[-1]]
-            selfs[keys[-1]] += 1
-            lines[keys[-1]][leaf.get("line")] += 1
-            for key in set(keys):
-                totals[key] += 1
-    frames = [
-        Frame(name, file, lines[(name, file)].most_common(1)[0][0], n / count, totals[(name, file)] / count, n, label)
-        for (name, file), n in selfs.most_common(top)
-    ]
-    return frames, total, note
+    for frames, us in inside.items():
+        keys = [(name, file) for name, file, _ in frames]
+        selfs[keys[-1]] += us
+        lines[keys[-1]][frames[-1][2]] += us
+        for key in set(keys):
+            totals[key] += us
+    per_sample = 1e6 / rate
+    out = [
+        Frame(name, file, lines[(name, file)].most_common(1)[0][0], us / total, totals[(name, file)] / total,
+              max(1, round(us / per_sample)), label)
+        for (name, file), us in selfs.most_common(top)
+    ] if total else []
+    return Clipped(out, round(total / per_sample), round(whole / per_sample), after / 1e6)
+
+
+def thread_busy_ns(native_thread_id: int | None) -> int | None:
+    """Nanoseconds a thread of this process has run or waited for a CPU (Linux schedstat); the
+    rest of its time it was blocked: sleeping, on a lock, on I/O. None where it cannot be read."""
+    if native_thread_id is None:
+        return None
+    try:
+        running, waiting, _ = Path(f"/proc/self/task/{native_thread_id}/schedstat").read_text().split()
+        return int(running) + int(waiting)
+    except (OSError, ValueError):
+        return None
 
 
 def dump_threads(text: str) -> list[dict]:

@@ -17,7 +17,7 @@ from rltrace._config import RltraceError
 #: Python's standard library: where the thread is stuck in your code); join spans on (trace_id, span_id).
 PROFILES_FOR_SPANS_SQL = """
 SELECT p.trace_id, p.span_id, p.profile_id, p.phase, p.step, p.process_id, p.role, p.rank,
-       p.kind, p.trigger, p.status, p.message, p.reason, p.path, p.size_bytes,
+       p.kind, p.trigger, p.status, p.message, p.reason, p.path, p.size_bytes, p.samples, p.inside_share, p.idle_share,
        f.frame AS top_frame, f.file AS top_file, f.line AS top_line, f.self_share AS top_self_share
 FROM profiles p
 LEFT JOIN (
@@ -49,6 +49,7 @@ def profiles_for_spans(con: duckdb.DuckDBPyConnection):
         One row per profile: trace_id, span_id (the span it explains), profile_id, phase, step,
         process_id, role, rank, kind (pyspy_record / pyspy_dump / torch), trigger (slow / hang /
         window / manual), status, message, reason, path (relative to the run dir), size_bytes,
+        samples, inside_share and idle_share (py-spy: see docs/profiling.md),
         and its top frame: top_frame, top_file, top_line, top_self_share (0..1); for a dump, the
         innermost frame outside Python's standard library (where the thread is stuck in your code).
         A span may have several (a recording and a hang dump).
@@ -96,10 +97,25 @@ def artefact_path(run_dir: str | Path, stored: str | None) -> Path | None:
     return path
 
 
+def inside_text(profile: dict) -> str:
+    """What of a py-spy recording is the phase's, in words: '96% inside the phase, blocked 91%' ('' for other kinds).
+
+    Blocked: the phase's thread was neither running nor waiting for a CPU (a sleep, a lock, I/O);
+    py-spy's own pauses count too, so busy code reads 10-40 %."""
+    from rltrace.analysis._format import missing, share_text
+
+    inside, idle = profile.get("inside_share"), profile.get("idle_share")
+    parts = [] if missing(inside) else [f"{share_text(inside)} inside the phase"]
+    if not missing(idle):
+        parts.append(f"blocked {share_text(idle)}")
+    return ", ".join(parts)
+
+
 def how_to_open(kind: str, path: Path) -> str:
     """One line saying which viewer opens this kind of file."""
     if kind == "pyspy_record":
-        return f"speedscope: drop the file on https://www.speedscope.app, or run `npx speedscope {path}`"
+        return (f"Perfetto: open https://ui.perfetto.dev and drop the file (or drop it on https://www.speedscope.app); "
+                f"{path.name} is a Chrome trace of every thread")
     if kind == "torch":
         return (
             f"Perfetto: open https://ui.perfetto.dev and drop the file (or chrome://tracing); {path.name} is gzip JSON"

@@ -61,6 +61,16 @@ class Capture:
     recording: Recording | None = None  # py-spy record in flight
     phase_ended: bool = False
     torch_profiler: Any = None
+    # py-spy record: the phase's thread and window, to clip the recording to the phase
+    thread_ident: int | None = None  # threading.get_ident() of the phase's thread (py-spy's trace `tid`)
+    thread_name: str | None = None
+    phase_start_ns: int | None = None
+    phase_end_ns: int | None = None  # set when the phase ends while recorded
+    launched_ns: int | None = None  # just before py-spy was started: the trace's time zero, to within its start-up
+    busy_start_ns: int | None = None  # the thread's run + run-queue time then (pyspy.thread_busy_ns) ...
+    busy_end_ns: int | None = None  # ... and when the phase ended
+    inside_share: float | None = None
+    idle_share: float | None = None
 
     def end(self, status: str, message: str = "") -> None:
         self.status, self.message = status, message
@@ -113,6 +123,8 @@ def write(run_dir: Path, process: ProcessInfo, capture: Capture) -> None:
         "status": capture.status,
         "message": capture.message or None,
         "samples": capture.samples,
+        "inside_share": capture.inside_share,
+        "idle_share": capture.idle_share,
         "command": json.dumps(capture.command) if capture.command else None,
         "started_ns": capture.started_ns,
         "ended_ns": capture.ended_ns,

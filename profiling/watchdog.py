@@ -25,7 +25,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from rltrace import _names
-from rltrace.profiling import records, torch_prof
+from rltrace.profiling import pyspy, records, torch_prof
 from rltrace.profiling.captures import Capturer
 from rltrace.profiling.policy import ProfilePolicy, pyspy_executable
 from rltrace.profiling.records import Capture
@@ -47,9 +47,10 @@ def _internal_error(what: str) -> None:
 class _Running:
     """A phase that has started and not ended."""
 
-    __slots__ = ("span", "phase", "step", "start_ns", "native_thread_id", "recorded", "dumped", "torch")
+    __slots__ = ("span", "phase", "step", "start_ns", "native_thread_id", "thread", "recorded", "dumped", "torch")
 
-    def __init__(self, span: Span, phase: str, step, start_ns: int, native_thread_id: int):
+    def __init__(self, span: Span, phase: str, step, start_ns: int, native_thread_id: int,
+                 thread: threading.Thread | None = None):
         self.span, self.phase, self.step, self.start_ns, self.native_thread_id = (
             span,
             phase,
@@ -57,6 +58,7 @@ class _Running:
             start_ns,
             native_thread_id,
         )
+        self.thread = thread if thread is not None else threading.current_thread()
         self.recorded = self.dumped = False
         self.torch: Capture | None = None
 
@@ -131,7 +133,11 @@ class Watchdog(SpanProcessor):
             if running.torch is not None:
                 self._stop_window(running.torch)
             recording = self._recording
-            if recording is not None and recording.span is span:
+            # the SDK hands on_end a copy of the span (a ReadableSpan), never the span itself
+            if recording is not None and recording.span.context.span_id == span.context.span_id:
+                recording.phase_end_ns = span.end_time
+                recording.busy_end_ns = pyspy.thread_busy_ns(recording.native_thread_id)  # a /proc read, once a profile
+                recording.phase_ended = True
                 pyspy_run = recording.recording
                 if pyspy_run is not None:
                     pyspy_run.interrupt()  # one signal, no waiting: the file is read on the profiler thread
@@ -153,7 +159,9 @@ class Watchdog(SpanProcessor):
         recording = self._recording
         if recording is not None:
             too_long = (now_ns - recording.started_ns) / 1e9 > self.policy.max_seconds + 5
-            if recording.span.end_time is not None or not recording.recording.running() or too_long:
+            end_ns = recording.span.end_time  # on_end notes the end (and the thread's time) just after it is set
+            ended = recording.phase_ended or (end_ns is not None and now_ns - end_ns > 1e9)
+            if ended or not recording.recording.running() or too_long:
                 self._recording = None
                 self._submit(self._capturer.finish_record, recording)
         with self._lock:
@@ -250,6 +258,9 @@ class Watchdog(SpanProcessor):
             elapsed_s=elapsed,
             threshold_s=threshold,
             median_s=median,
+            thread_ident=phase.thread.ident,
+            thread_name=phase.thread.name,
+            phase_start_ns=phase.start_ns,
         )
 
     # --- py-spy ------------------------------------------------------------------------------

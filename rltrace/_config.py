@@ -304,7 +304,7 @@ PARAMS: dict[str, Param] = {
             ("RLTRACE_PYSPY_FLAGS",),
             _parse_names,
             (),
-            "Extra py-spy record options, comma-separated: subprocesses, native, idle.",
+            "Extra py-spy record options, comma-separated: subprocesses, native (idle threads are always sampled).",
         ),
         Param(
             "torch_rank0_only",

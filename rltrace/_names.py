@@ -365,7 +365,9 @@ PROFILES_SCHEMA = pa.schema(
         pa.field("size_bytes", pa.int64()),
         pa.field("status", pa.string()),  # running / ok / no_samples / missing_executable / permission_denied / failed
         pa.field("message", pa.string()),
-        pa.field("samples", pa.int64()),  # py-spy samples of the process, torch events
+        pa.field("samples", pa.int64()),  # py-spy: samples of the phase's thread inside the phase; torch: events
+        pa.field("inside_share", pa.float64()),  # py-spy: share of its samples of the phase's thread inside the phase
+        pa.field("idle_share", pa.float64()),  # py-spy: share of the recorded time the phase's thread was blocked
         pa.field("command", pa.string()),  # the py-spy command line (JSON list), null for torch
         pa.field("started_ns", pa.int64()),
         pa.field("ended_ns", pa.int64()),
@@ -536,7 +538,7 @@ SAMPLES = Table("samples", "samples", SAMPLES_SCHEMA, 1, ("step",))
 PROCESSES = Table("processes", "processes", PROCESSES_SCHEMA, 1, ("process_id", "role", "pid"))
 PROFILES = Table("profiles", "profiles", PROFILES_SCHEMA, 1, ("profile_id", "trace_id", "span_id", "kind", "status"))
 PROFILE_FRAMES = Table("profile_frames", "profile_frames", PROFILE_FRAMES_SCHEMA, 1, ("profile_id", "rank", "frame"))
-PROFILE_FILES = "profiles/files"  # profile artefacts (speedscope, dumps, torch traces), relative to the run dir
+PROFILE_FILES = "profiles/files"  # profile artefacts (py-spy and torch traces, dumps), relative to the run dir
 BATCHES = Table("batches", "batches", BATCHES_SCHEMA, 1, ("step", "batch_id", "sample_index", "codec"))
 REPLAYS = Table("replays", "replays", REPLAYS_SCHEMA, 1, ("replay_id", "step", "batch_id", "repeat", "sample_index", "codec"))
 CRASHES = Table("crashes", "crashes", CRASHES_SCHEMA, 1, ("process_id", "exc_type"))

@@ -7,6 +7,7 @@ import pandas as pd
 from rltrace.analysis._steps import step_filter
 
 _COLS = ["trace_id", "span_id", "profile_id", "kind", "path"]
+_SHARES = ["status", "inside_share", "idle_share"]  # what of a recording is the phase's (py-spy; docs/profiling.md)
 
 
 def has_profiles(con) -> bool:
@@ -27,12 +28,13 @@ def attached(con, span_ids) -> pd.DataFrame:
 
 
 def for_phase(con, phase: str, steps=None, limit: int = 5) -> pd.DataFrame:
-    """Profiles attached to the longest spans of one phase (what to open next for a slow stage)."""
+    """Profiles attached to the longest spans of one phase (what to open next for a slow stage),
+    with what of each recording is the phase's (`_SHARES`, where the run has them)."""
     if not has_profiles(con):
         return pd.DataFrame(columns=_COLS + ["duration_s", "step"])
     where, params = step_filter(steps)
     return con.execute(
-        f"""SELECT {', '.join(_COLS)}, duration_s, step FROM {_profiled(con)}
+        f"""SELECT * EXCLUDE (phase) FROM {_profiled(con)}
             WHERE phase = ? AND {where} ORDER BY duration_s DESC NULLS LAST LIMIT ?""",
         [phase, *params, limit],
     ).df()
@@ -47,9 +49,11 @@ def _profiled(con) -> str:
     found = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [_PROFILED]).fetchall()[0][0]
     if not found:
         any_profile = con.execute("SELECT count(*) FROM (SELECT 1 FROM profiles LIMIT 1)").fetchall()[0][0]
+        have = {c for (c,) in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'profiles'").fetchall()}
+        cols = _COLS + [c for c in _SHARES if c in have]
         con.execute(
             f"""CREATE TEMP TABLE {_PROFILED} AS
-                SELECT {', '.join('p.' + c for c in _COLS)}, s.duration_s, s.step, coalesce(s.phase, s.name) AS phase
+                SELECT {', '.join('p.' + c for c in cols)}, s.duration_s, s.step, coalesce(s.phase, s.name) AS phase
                 FROM profiles p JOIN _spans s ON s.span_id = span_int(p.span_id)
                 WHERE {'true' if any_profile else 'false'}"""
         )

@@ -52,6 +52,7 @@ def _status(status: str) -> str:
 
 def main_list(args: argparse.Namespace) -> int:
     from rltrace.profiling import list_profiles
+    from rltrace.profiling.query import inside_text
 
     rows = list_profiles(store.open(args.run_dir, skip_corrupt=args.skip_corrupt))
     if args.json:
@@ -72,6 +73,8 @@ def main_list(args: argparse.Namespace) -> int:
                      no_wrap=col not in ("top frame", "kind"), overflow="fold")
     for r in rows:
         top = "-" if r["top_frame"] is None else f"{term(r['top_frame'])} ({share_text(r['top_self_share'])})"
+        if inside_text(r):
+            top += f" · {inside_text(r)}"
         kind = term(r["kind"]) if wide else f"{term(r['kind'])} ({term(r['trigger'])})" + (
             "" if r["status"] == "ok" else f" {_status(r['status'])}")
         t.add_row(
@@ -91,7 +94,7 @@ def main_list(args: argparse.Namespace) -> int:
 
 def main_show(args: argparse.Namespace) -> int:
     from rltrace.profiling import artefact_path, get_profile, top_frames
-    from rltrace.profiling.query import how_to_open
+    from rltrace.profiling.query import how_to_open, inside_text
 
     con = store.open(args.run_dir, skip_corrupt=args.skip_corrupt)
     profile = get_profile(con, args.profile_id)
@@ -110,7 +113,8 @@ def main_show(args: argparse.Namespace) -> int:
     ))
     console.print(term(f"span {p['trace_id']}/{p['span_id']} ({p['span_name']})"))
     console.print(f"why: {term(p['reason'])}")
-    console.print(f"taken {started}{seconds}" + ("" if p["samples"] is None else f", {p['samples']} samples/events"))
+    console.print(f"taken {started}{seconds}" + ("" if p["samples"] is None else f", {p['samples']} samples/events")
+                  + (f" ({inside_text(p)})" if inside_text(p) else ""))
     if p["message"]:
         console.print(f"[yellow]note:[/] {term(p['message'])}")
     if frames:

@@ -14,6 +14,7 @@ from rltrace.analysis._format import seconds_text as sec
 from rltrace.analysis._format import size_text
 from rltrace.analysis.health import STALE_AFTER_S
 from rltrace.analysis.waits import on_text
+from rltrace.profiling.query import inside_text
 from rltrace.report.serving_findings import sentences as _serving
 
 TAIL_SHARE = 0.25  # a long tail worth a sentence: this share of the step, median over steps
@@ -109,7 +110,9 @@ def _bottleneck(r: dict) -> list[str]:
             f"{sec(b0)}–{sec(b1)}; look at both."
         )
     for p in b.get("profiles") or []:
-        out.append(f"Profile of a slow {b['phase']} span (step {p['step']}): {p['kind']} {p['profile_id']} at {p['path']}.")
+        share = inside_text(p)
+        out.append(f"Profile of a slow {b['phase']} span (step {p['step']}): {p['kind']} {p['profile_id']} at {p['path']}"
+                   + (f" ({share})." if share else "."))
     return out
 
 

@@ -75,3 +75,31 @@ def test_spans_no_step_holds_are_named_with_the_fix(run_dir, app):
     no_exceptions(at)
     shown = "\n".join(str(e.value) for kind in ("info", "markdown") for e in getattr(at, kind)).replace("\\", "")
     assert sentence in shown
+
+
+def _profiles(run: Path) -> dict[tuple, dict]:
+    con = store.open(run)
+    rows = con.execute("SELECT * FROM profiles WHERE kind = 'pyspy_record'").df().to_dict("records")
+    out = {}
+    for r in rows:
+        frames = con.execute("SELECT frame, self_share, thread FROM profile_frames WHERE profile_id = ? ORDER BY rank",
+                             [r["profile_id"]]).fetchall()
+        out[(r["role"], r["rank"], r["phase"], r["step"])] = {**r, "frames": frames}
+    return out
+
+
+def test_each_slow_phase_gets_a_profile_of_itself_idle_waits_included(user_run):
+    """The reward waiting on a judge names the wait, the CPU-bound one the verifier, the worker's
+    slow weight load its own load: never the code that ran after the phase, nor another thread."""
+    got = _profiles(user_run)
+    expected = {("trainer", 0, "reward", 5): "call_remote_judge", ("trainer", 0, "reward", 11): "slow_verifier",
+                ("rollout", 0, "weight_load", 7): "load_weights", ("trainer", 0, "weight_sync", 7): None}
+    assert set(expected) <= set(got), sorted(got)
+    for key, frame in expected.items():
+        p = got[key]
+        assert p["status"] == "ok" and p["samples"] > 0, (key, p["status"], p["message"])
+        assert p["inside_share"] > 0 and all("MainThread" in thread for _, _, thread in p["frames"]), key
+        if frame:
+            assert p["frames"][0][:2] == (frame, pytest.approx(1.0, abs=0.2)), (key, p["frames"][:3])
+    assert got[("trainer", 0, "reward", 5)]["idle_share"] > got[("trainer", 0, "reward", 11)]["idle_share"]
+    assert got[("trainer", 0, "reward", 5)]["idle_share"] > 0.6  # a sleep: the thread was blocked

@@ -5,8 +5,8 @@
 The trainer runs rollout -> reward -> train -> weight_sync, passing `step=` only to `rollout`
 (the README's code). Two rollout workers are spawned processes that generate under the
 trainer's carrier and load the weights each step; worker 1 generates twice as slowly as worker 0.
-The reward sleeps on step 3 (a blocked call) and burns CPU on steps 13, 23, ... (a slow
-verifier); worker 0's weight load is slow on step 7.
+The reward is slow every 6 steps: on step 5 it waits on a remote judge (a blocked call), on steps
+11, 17, ... it burns CPU (a slow verifier); worker 0's weight load is slow on step 7.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import time
 
 import rltrace
 
-SLEEPY_STEPS = {3}
-BUSY_EVERY = 10  # steps 13, 23, ...: the verifier burns CPU
-SLOW_S = 0.8
+SLOW_EVERY = 6  # the reward is slow on steps 5, 11, 17, ...
+SLEEPY_STEPS = {5}  # ... waiting on a judge on these, burning CPU on the others
+SLOW_S = 1.2
 SLOW_LOAD_STEP = 7
 
 
@@ -33,23 +33,33 @@ def busy(seconds: float) -> int:
 
 
 def slow_verifier(seconds: float) -> int:
-    """CPU-bound: the frame a profile of steps 13, 23, ... must name."""
-    return busy(seconds)
+    """CPU-bound: the frame a profile of steps 11, 17, ... must name."""
+    end = time.perf_counter() + seconds
+    total = 0
+    while time.perf_counter() < end:
+        for i in range(500):
+            total += i * i
+    return total
 
 
 def call_remote_judge(seconds: float) -> None:
-    """Blocks (a request to a judge service): the frame the profile of step 3 must name."""
+    """Blocks (a request to a judge service): the frame the profile of step 5 must name."""
     time.sleep(seconds)
 
 
 def score(samples: list[int], step: int) -> list[float]:
     if step in SLEEPY_STEPS:
         call_remote_judge(SLOW_S)
-    elif step % BUSY_EVERY == 3:
+    elif step % SLOW_EVERY == SLOW_EVERY - 1:
         slow_verifier(SLOW_S)
     else:
         busy(0.01)
     return [1.0 - 1.0 / (1 + s) for s in samples]
+
+
+def load_weights(seconds: float) -> None:
+    """Waits on storage: the frame the profile of worker 0's slow weight load must name."""
+    time.sleep(seconds)
 
 
 def worker(run_dir: str, rank: int, requests, replies) -> None:
@@ -63,7 +73,7 @@ def worker(run_dir: str, rank: int, requests, replies) -> None:
             replies.put(step + rank)
         else:
             with rltrace.phase("weight_load"):
-                time.sleep(SLOW_S if (rank, step) == (0, SLOW_LOAD_STEP) else 0.005)
+                load_weights(SLOW_S if (rank, step) == (0, SLOW_LOAD_STEP) else 0.005)
             replies.put(0)
     rltrace.shutdown()
 

@@ -55,8 +55,9 @@ def test_recording_names_the_slow_function(slow_run):
     assert "MainThread" in top[0]["thread"]
     path = artefact_path(slow_run, profile["path"])
     assert path.is_relative_to(slow_run.resolve()) and not Path(profile["path"]).is_absolute()
-    speedscope = json.loads(path.read_text())
-    assert "speedscope" in speedscope["$schema"] and path.stat().st_size == profile["size_bytes"]
+    trace = json.loads(path.read_text())  # a Chrome trace (Perfetto opens it): each stack with its time
+    assert {"B", "E"} <= {e["ph"] for e in trace} and path.stat().st_size == profile["size_bytes"]
+    assert path.name.endswith(".pyspy.trace.json")
     assert json.loads(profile["command"])[1:3] == ["record", "--pid"]
 
 
@@ -190,3 +191,41 @@ def test_dump_stacks_attaches_a_manual_dump_to_the_running_phase(tmp_path):
     stack = [f["frame"] for f in frames(tmp_path / "run", profile_id)]
     assert "test_dump_stacks_attaches_a_manual_dump_to_the_running_phase" in stack
     assert rltrace.profiling.dump_stacks() is None  # no phase running
+
+
+def _trace(path: Path, tid: int, pid: int, slices: list[tuple[float, float, list[str]]]) -> Path:
+    """A py-spy Chrome trace by hand: one thread's stacks, each (start_us, end_us, outermost first)."""
+    events = []
+    for start, end, stack in slices:
+        events += [{"ph": "B", "name": f, "tid": tid, "pid": pid, "ts": start, "args": {"filename": "x.py", "line": 1}}
+                   for f in stack]
+        events += [{"ph": "E", "name": f, "tid": tid, "pid": pid, "ts": end, "args": {"filename": "x.py", "line": 1}}
+                   for f in reversed(stack)]
+    events.append({"ph": "B", "name": "writer", "tid": tid + 1, "pid": pid, "ts": 0, "args": {}})  # another thread
+    events.append({"ph": "E", "name": "writer", "tid": tid + 1, "pid": pid, "ts": 10_000_000, "args": {}})
+    path.write_text(json.dumps(events))
+    return path
+
+
+def test_a_recording_is_clipped_to_its_phase_and_its_thread(tmp_path):
+    path = _trace(tmp_path / "t.json", 7, 1, [(0, 500_000, ["loop", "reward", "judge"]),
+                                               (500_000, 1_000_000, ["loop", "train"])])
+    clipped = pyspy_mod.chrome_frames(path, 1, 7, "MainThread (7)", (0, 500_000), rate=100)
+    assert [(f.frame, f.self_share, f.samples) for f in clipped.frames] == [("judge", 1.0, 50)]
+    assert (clipped.samples, clipped.thread_samples, clipped.after_s) == (50, 100, 0.5)
+    nothing = pyspy_mod.chrome_frames(path, 1, 7, "t", (-200_000, -1), rate=100)  # ended before the first sample
+    assert (nothing.frames, nothing.samples, nothing.thread_samples) == ([], 0, 100)
+
+
+def test_a_recording_with_nothing_inside_its_phase_says_so(tmp_path):
+    from rltrace.profiling.captures import Capturer
+    from rltrace.profiling.policy import resolve_policy
+    from rltrace.profiling.records import Capture
+
+    path = _trace(tmp_path / "t.json", 7, os.getpid(), [(300_000, 900_000, ["loop", "train"])])
+    capture = Capture(kind="pyspy_record", trigger="slow", reason="r", span=None, trace_id="0" * 32, span_id="1" * 16,
+                      span_name="reward", phase="reward", step=3, native_thread_id=7, thread_ident=7,
+                      thread_name="MainThread", phase_start_ns=0, phase_end_ns=200_000_000, launched_ns=0)
+    Capturer(tmp_path, None, "py-spy", resolve_policy({}))._clip(capture, path)
+    assert capture.status == "no_samples" and capture.samples == 0 and capture.frames == []
+    assert "all 60 samples py-spy took of the phase's thread came after the phase ended" in capture.message

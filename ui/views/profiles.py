@@ -53,7 +53,7 @@ row = table.iloc[picked.selection.rows[0] if picked.selection.rows else first]
 
 st.subheader(fmt.md(f"{row['kind']} of {row['phase']} (step {'?' if fmt.missing(row['step']) else int(row['step'])}) on {row['who']}"))
 st.markdown(f":gray-badge[{fmt.md(row['trigger'])}] :{'green' if row['status'] == 'ok' else 'orange'}-badge[{fmt.md(row['status'])}] "
-            f"{fmt.md(row['reason'] or '')} {('— ' + fmt.md(row['message'])) if row['message'] else ''}")
+            f"{fmt.md(row['reason'] or '')} {'' if fmt.missing(row['message']) else '— ' + fmt.md(row['message'])}")
 left, right = st.columns([3, 2])
 frames = data.profile_frames(run, row["profile_id"])
 with left:
@@ -75,7 +75,10 @@ with right:
     top_frame = "–" if fmt.missing(row["top_frame"]) else (
         f"{row['top_frame']} ({row['top_file'] or '?'}:{'?' if fmt.missing(row['top_line']) else int(row['top_line'])})")
     facts = {"profile id": row["profile_id"], "span": f"{row['span_id']} (trace {row['trace_id']})",
-             "process": row["process_id"], "top frame": top_frame, "file": row["path"] or "–",
+             "process": row["process_id"], "top frame": top_frame,
+             "samples": "–" if fmt.missing(row["samples"]) else " · ".join(
+                 x for x in (f"{int(row['samples'])}", profiling.query.inside_text(row.to_dict())) if x),
+             "file": row["path"] or "–",
              "size": fmt.size_text(row["size_bytes"])}
     st.dataframe(pd.DataFrame({"": list(facts), "value": [str(v) for v in facts.values()]}), hide_index=True, width="stretch")
     if not fmt.missing(row["step"]) and st.button("Show the span on the Timeline", icon=":material/view_timeline:"):
