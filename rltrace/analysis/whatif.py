@@ -109,6 +109,10 @@ def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
         works.append(s["work"].to_numpy(float))
         overhead.append(max(0.0, rollout - _batch_time(s)))
     per_sample = bool(groups)
+    if len(per) and per["carried"].any():
+        notes.append(f"{int(per['carried'].sum())} samples were carried over from one batch to the next (partial "
+                     "rollouts): each counts only its time in the batch that finished it, so a replay without partial "
+                     "rollouts misses the work done before")
     if not per_sample:
         notes.append("no per-sample generation times (gen_start, gen_end): each rollout replays as one piece, "
                      "so more rollout workers and partial rollouts cannot change it")
@@ -116,7 +120,7 @@ def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
     stage = zero("t_R") + zero("t_T") + zero("t_W")
     extra = np.zeros(len(costs)) if overlapped else np.clip(np.nan_to_num(period - stage, nan=0.0), 0.0, None)
     workers = int(per.groupby("step")["worker_rank"].nunique().max()) if len(per) and per["worker_rank"].notna().any() else 1
-    stale = per["staleness"].max() if len(per) else np.nan
+    stale = per.loc[~per["carried"], "staleness"].max() if len(per) else np.nan  # a carried sample's age is not K
     return Calibration(
         steps=costs.index.to_numpy(), works=_padded(works), overhead=np.array(overhead),
         reward=zero("t_reward"), train=zero("t_T"), sync=zero("t_W"), extra=extra, period=period,
@@ -142,7 +146,29 @@ def _sample_frame(con, steps: Steps) -> pd.DataFrame:
                     f"AND {kept} AND {where}", params).df()
     s = s.astype({c: float for c in ("gen_start", "gen_end", "response_len", "worker_rank", "staleness")})
     s["work"] = (s["gen_end"] - s["gen_start"]).clip(lower=0.0)
-    return _share_batch_time(s)
+    return _carried_over(_share_batch_time(s))
+
+
+def _carried_over(s: pd.DataFrame) -> pd.DataFrame:
+    """Samples an engine started before its previous step's batch ended (partial rollouts carry
+    them over): only their time in this step's batch, from its first fresh sample's start, is work
+    here (`carried` marks them). Needs worker_rank; without it no sample is taken for carried."""
+    s["carried"] = False
+    if s.empty or s["worker_rank"].isna().all():
+        return s
+    key = s["worker_rank"].fillna(-1)
+    last = s.groupby([key, s["step"]])["gen_end"].max().rename("prev_end").reset_index()
+    last["step"] = last["step"] + 1  # each engine's previous step's end, on the next step's rows
+    last = last.rename(columns={"worker_rank": "_w"})
+    prev = s.assign(_w=key).merge(last, on=["_w", "step"], how="left")["prev_end"].to_numpy()
+    carried = s["gen_start"].to_numpy() < prev - 1e-6
+    if not carried.any():
+        return s
+    s["carried"] = carried
+    fresh_start = s["gen_start"].where(~s["carried"]).groupby([key, s["step"]]).transform("min")
+    start = fresh_start.fillna(pd.Series(prev, index=s.index))
+    s.loc[s["carried"], "work"] = (s["gen_end"] - start)[s["carried"]].clip(lower=0.0)
+    return s
 
 
 def _share_batch_time(s: pd.DataFrame) -> pd.DataFrame:

@@ -100,3 +100,28 @@ def test_an_empty_run_has_no_rows(tmp_path):
     b.process("trainer").span("warmup", 0, 1)
     b.write()
     assert whatif.whatif(store.open(b.run_dir), [whatif.Scenario(staleness=1)]).empty
+
+
+def test_a_sample_carried_over_counts_only_its_time_in_the_batch_that_finished_it(tmp_path):
+    """Partial rollouts recorded: each batch has three fresh samples (0.1 s) and one carried from the
+    batch before, finished 0.2 s into this one; train 0.3 s and sync 0.1 s follow. A step is 0.6 s;
+    taken whole (from its first start) the carried sample would make it 1.2 s."""
+    b = RunBuilder(tmp_path / "run")
+    tr, engine = b.process("trainer"), b.process("rollout")
+    for step in range(8):
+        t = 0.6 * step
+        engine.span("generate", t, t + 0.2, step=step)
+        rows = [{"sample_id": f"{step}-{i}", "gen_start": t, "gen_end": t + 0.1, "worker_rank": 0,
+                 "weight_version": step, "train_version": step} for i in range(3)]
+        if step:
+            rows.append({"sample_id": f"{step}-c", "gen_start": t - 0.6, "gen_end": t + 0.2, "worker_rank": 0,
+                         "weight_version": step - 1, "train_version": step})
+        b.samples(step, rows)
+        tr.span("train", t + 0.2, t + 0.5, step=step)
+        tr.span("weight_sync", t + 0.5, t + 0.6, step=step)
+    b.write()
+    cal = whatif.calibrate(store.open(b.run_dir))
+    assert cal.staleness == 0  # a carried sample's age is no staleness bound
+    assert np.nanmax(cal.works[1:], axis=1) == pytest.approx([0.2] * 7, abs=1e-6)
+    assert any("7 samples were carried over" in n for n in cal.notes)
+    assert _predict(cal)["predicted_step_s"] == pytest.approx(0.6, abs=1e-6)
