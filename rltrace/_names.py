@@ -192,7 +192,7 @@ META_REQUESTS_SQL = b"rltrace.requests_sql"  # span_requests: the version of the
 #: spans parts: b"0" when no span of the part can be an engine request row (`ENGINE_ATTR_MARKS` and the
 #: names below), b"1" when one may; the serving sidecar does not scan a part marked 0. Bump the suffix
 #: whenever the marks change, so parts marked under the old ones are scanned again.
-META_ENGINE_ROWS = b"rltrace.engine_rows.1"
+META_ENGINE_ROWS = b"rltrace.engine_rows.2"
 #: spans parts of MARK_ROWS or more: b"0" when no span's attribute text holds `MISMATCH_MISSING`
 #: (what `rltrace.analysis.mismatch.missing` looks for), b"1" when one may
 META_MISMATCH_MISSING = b"rltrace.mismatch_missing.1"
@@ -201,8 +201,9 @@ META_MISMATCH_MISSING = b"rltrace.mismatch_missing.1"
 #: Text in a span's attribute JSON that every engine request field's key contains: SGLang's
 #: e2e_latency and each gen_ai.latency.* (`latency`), SGLang's queue_time and decode_throughput
 #: (with the key's closing quote, not its opening one: a search starting with `"`, the commonest
-#: character in JSON, stops at every key).
-ENGINE_ATTR_MARKS = ("latency", 'queue_time"', 'decode_throughput"')
+#: character in JSON, stops at every key); SGLang's per-thread spans below a request (`thread_label`:
+#: their host_id and pid tell apart servers whose resources are alike).
+ENGINE_ATTR_MARKS = ("latency", 'queue_time"', 'decode_throughput"', 'thread_label"')
 PD_NAME_PREFIX = "sglang_pd_"  # slime's spans of a disaggregated request and its segments
 KV_TRANSFER = "kv_transfer"  # a span (phase or name) that moved KV: `rl.bytes` over its duration
 
@@ -449,7 +450,7 @@ SPAN_REQUESTS_SCHEMA = pa.schema([("kind", pa.string()), ("span_id", pa.string()
                                   ("name", pa.string()), ("process_id", pa.string()), ("service_name", pa.string()),
                                   ("rank", pa.int64()), ("step", pa.int64()), ("weight_version", pa.int64()),
                                   ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("timed", pa.bool_()),
-                                  ("request_id", pa.string()), ("role", pa.string()),
+                                  ("request_id", pa.string()), ("role", pa.string()), ("engine_process", pa.string()),
                                   *((c, pa.float64()) for c in REQUEST_FIELDS)])
 
 

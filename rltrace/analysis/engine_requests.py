@@ -42,9 +42,12 @@ _MARKS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size",
                            ("step", pa.int64()), ("weight_version", pa.int64()), ("start_ns", pa.int64()),
                            ("end_ns", pa.int64())])
 TABLE = "_rltrace_engine_requests"
+FLUSHED = "rl.cache_flushed"  # a weight sync's record of whether the engines' prefix cache was flushed
 MARKS_KIND = "serving_marks_v2"  # the sidecar's name: a new name whenever what it holds changes (2: windows by coalesce(phase, name))
-COLUMNS = ["engine", "role", "request_id", "span_id", "name", "process_id", "start_ns", "end_ns", "step", "step_from",
-           "weight_version", "version_from", *_OUT, "timed"]
+COLUMNS = ["engine", "role", "engine_kind", "request_id", "span_id", "name", "process_id", "start_ns", "end_ns", "step",
+           "step_from", "weight_version", "version_from", "cache_flushed", *_OUT, "timed"]
+VLLM_SPAN = "llm_request"  # the span vLLM's OutputProcessor.do_tracing sends per request
+SGLANG_SPAN = "^(prefill|decode|) Req "  # SGLang's TraceReqContext root span: "{disaggregation mode} Req {rid[:8]}"
 
 
 _q, _sql = requests.q, requests.sql
@@ -115,21 +118,42 @@ def _model_record(con, part: str, start_ns: int) -> tuple[dict, str] | None:
 
 def _sync_versions(con) -> pa.Table:
     """Finished weight syncs by end: s_end and s_version, the version each installed (its
-    `rl.weight_version`; a sync without one counts as the version before it plus one, the first as 1)."""
+    `rl.weight_version`; a sync without one counts as the version before it plus one, the first as 1),
+    and s_flushed: whether it recorded the engines' prefix cache flushed (`rl.cache_flushed`; null
+    when it did not say)."""
     rows = marks(con, "weight_sync")
     rows = rows[rows["end_ns"].notna()]
     versions, last = [], 0
     for v in rows["weight_version"].tolist():
         last = int(v) if not pd.isna(v) else last + 1
         versions.append(last)
+    flushed = _flushed(con, rows)
     return pa.table({"s_end": pa.array(rows["end_ns"].to_numpy(np.int64), pa.int64()),
-                     "s_version": pa.array(versions, pa.int64())})
+                     "s_version": pa.array(versions, pa.int64()),
+                     "s_flushed": pa.array([flushed.get((int(a), int(b))) for a, b in zip(rows["start_ns"], rows["end_ns"])],
+                                           pa.bool_())})
+
+
+def _flushed(con, syncs: pd.DataFrame) -> dict[tuple[int, int], bool]:
+    """(start_ns, end_ns) of each weight sync that recorded `rl.cache_flushed` -> its value, read
+    from the parts holding syncs only."""
+    parts = sorted(set(syncs["part"].dropna()))
+    if not parts:
+        return {}
+    marks_ = ", ".join("?" for _ in parts)
+    paths = [p for (p,) in con.execute(f"SELECT path FROM _rltrace_span_parts WHERE name IN ({marks_})", parts).fetchall()]
+    if not paths:
+        return {}
+    rows = con.execute(f"""SELECT start_ns, end_ns, lower(attr(attributes, {_q(FLUSHED)})) FROM read_parquet(?)
+                           WHERE coalesce(phase, name) = 'weight_sync' AND contains(attributes, {_q(FLUSHED)})""",
+                       [paths]).fetchall()
+    return {(int(a), int(b)): v in ("true", "1") for a, b, v in rows if v in ("true", "false", "1", "0")}
 
 
 def _requests_by_part(con) -> str:
     """The request rows of every finished span part (a sidecar), scanning only the parts whose
     writer did not record that none of their spans can be one."""
-    return _parts.table(con, "requests", _SCHEMA, _sql("filename, ", "part_spans", "true"), only="engine_rows IS NOT false",
+    return _parts.table(con, "requests_" + "".join(c if c.isalnum() else "_" for c in requests.SQL_VERSION.decode()[:8]), _SCHEMA, _sql("filename, ", "part_spans", "true"), only="engine_rows IS NOT false",
                         stored=("requests", requests.SQL_VERSION.decode()))
 
 
@@ -138,7 +162,7 @@ def table(con) -> str:
 
     A request's step and version when it has none of its own are looked up once per distinct start
     time, in narrow ASOF joins (an ASOF join carrying the whole row through its sort took seconds at
-    300k requests)."""
+    300k requests). Its engine is named once per distinct identity (`_engine_names`)."""
     if _parts.has_table(con, TABLE):
         return TABLE
     finished = _requests_by_part(con)
@@ -147,46 +171,103 @@ def table(con) -> str:
                                                    for c in ("step", "start_ns", "end_ns")}))
     con.register("_rltrace_syncs_now", _sync_versions(con))
     resource = ("""(SELECT process_id, json_extract_string(r, '$."rl.engine.role"') AS resource_role,
-                           json_extract_string(r, '$."service.instance.id"') AS instance
+                           json_extract_string(r, '$."service.instance.id"') AS instance,
+                           json_extract_string(r, '$."host.name"') AS host,
+                           coalesce(json_extract_string(r, '$."process.pid"'),
+                                    json_extract_string(r, '$."vllm.process_id"')) AS pid
                     FROM (SELECT process_id, any_value(resource) AS r FROM processes GROUP BY process_id))"""
                 if _parts.has_table(con, "processes") else
-                "(SELECT NULL::VARCHAR AS process_id, NULL::VARCHAR AS resource_role, NULL::VARCHAR AS instance)")
+                "(SELECT NULL::VARCHAR AS process_id, NULL::VARCHAR AS resource_role, NULL::VARCHAR AS instance, "
+                "NULL::VARCHAR AS host, NULL::VARCHAR AS pid)")
     cols = ", ".join(_SCHEMA.names[3:])
+    rows = f"{TABLE}_rows"
     try:
-        con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS {TABLE} AS
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE {rows} AS
             WITH raw AS (SELECT {cols} FROM {finished} UNION ALL {_sql("", "spans", "is_open")}),
             seg AS (SELECT c.parent_span_id AS request_span, sum(s.prefill_s) AS prefill_s, sum(s.decode_s) AS decode_s,
                            sum(s.kv_transfer_s) AS kv_transfer_s
                     FROM raw s JOIN raw c ON s.parent_span_id = c.span_id
                     WHERE s.kind = 'pd_segment' AND c.kind = 'pd' GROUP BY c.parent_span_id),
+            thread AS (SELECT parent_span_id AS request_span, min(engine_process) AS engine_process
+                       FROM raw WHERE kind = 'engine_thread' GROUP BY parent_span_id),
             req AS (SELECT r.* REPLACE (coalesce(r.prefill_s, g.prefill_s) AS prefill_s,
                                         coalesce(r.decode_s, g.decode_s) AS decode_s,
-                                        coalesce(r.kv_transfer_s, g.kv_transfer_s) AS kv_transfer_s),
-                           g.request_span IS NOT NULL OR r.kv_bytes IS NOT NULL AS pd_seen, p.resource_role, p.instance
+                                        coalesce(r.kv_transfer_s, g.kv_transfer_s) AS kv_transfer_s,
+                                        t.engine_process AS engine_process),
+                           g.request_span IS NOT NULL OR r.kv_bytes IS NOT NULL AS pd_seen, p.resource_role, p.instance,
+                           p.host, p.pid,
+                           CASE WHEN r.name = {_q(VLLM_SPAN)} THEN 'vllm'
+                                WHEN regexp_matches(r.name, {_q(SGLANG_SPAN)}) THEN 'sglang' END AS engine_kind
                     FROM raw r LEFT JOIN seg g ON g.request_span = r.span_id
+                    LEFT JOIN thread t ON t.request_span = r.span_id
                     LEFT JOIN {resource} p ON p.process_id = r.process_id WHERE r.kind = 'request'),
             starts AS (SELECT DISTINCT start_ns FROM req),
             stepped AS (SELECT t.start_ns, CASE WHEN t.start_ns <= w.end_ns THEN w.step END AS w_step
                         FROM starts t ASOF LEFT JOIN _rltrace_windows_now w ON t.start_ns >= w.start_ns),
-            synced AS (SELECT t.start_ns, y.s_version
-                       FROM starts t ASOF LEFT JOIN _rltrace_syncs_now y ON t.start_ns > y.s_end)
-            SELECT CASE WHEN name IN ({", ".join(_q(n) for n in CLIENT_SPANS)}) THEN {_q(ROUTER)}
-                        ELSE coalesce(service_name, process_id)
-                             || CASE WHEN instance IS NOT NULL AND instance <> process_id THEN '-' || instance
-                                     WHEN rank IS NOT NULL THEN '-' || rank ELSE '' END END AS engine,
-                   CASE WHEN coalesce(role, resource_role) IS NOT NULL THEN lower(trim(coalesce(role, resource_role)))
-                        WHEN pd_seen THEN {_q(DISAGGREGATED)} ELSE 'unified' END AS role,
-                   request_id, span_id, name, process_id, r.start_ns, end_ns, coalesce(step, w_step) AS step,
+            synced AS (SELECT t.start_ns, y.s_version, y.s_flushed
+                       FROM starts t ASOF LEFT JOIN _rltrace_syncs_now y ON t.start_ns > y.s_end),
+            named AS (SELECT *, CASE WHEN coalesce(role, resource_role) IS NOT NULL
+                                         THEN lower(trim(coalesce(role, resource_role)))
+                                     WHEN pd_seen THEN {_q(DISAGGREGATED)} ELSE 'unified' END AS role_
+                      FROM req)
+            SELECT CASE WHEN name IN ({", ".join(_q(n) for n in CLIENT_SPANS)}) THEN {_q(ROUTER)} END AS router,
+                   coalesce(service_name, process_id) AS e_service,
+                   CASE WHEN role_ IN ('prefill', 'decode') THEN role_ ELSE '' END AS e_role,
+                   coalesce(CASE WHEN instance <> process_id THEN instance END, rank::VARCHAR, pid,
+                            split_part(engine_process, ':', 2), '') AS e_who,
+                   coalesce(host, split_part(engine_process, ':', 1), '') AS e_host,
+                   role_ AS role, engine_kind, request_id, span_id, name, process_id, r.start_ns, end_ns,
+                   coalesce(step, w_step) AS step,
                    CASE WHEN step IS NOT NULL THEN 'own' WHEN w_step IS NOT NULL THEN 'rollout window' END AS step_from,
                    coalesce(weight_version, s_version) AS weight_version,
                    CASE WHEN weight_version IS NOT NULL THEN 'own'
                         WHEN s_version IS NOT NULL THEN 'weight_sync' END AS version_from,
-                   {', '.join(_OUT)}, timed
-            FROM req r JOIN stepped USING (start_ns) JOIN synced USING (start_ns)""")  # unordered: readers sort
+                   s_flushed AS cache_flushed,
+                   {', '.join(c for c in _OUT if c != "prefill_s")},
+                   -- SGLang's time_in_model_prefill runs from dispatch to the first token: its scheduler
+                   -- queue too, not the prefill's compute (docs/analysis.md, "What each engine's attributes mean")
+                   CASE WHEN engine_kind = 'sglang' THEN NULL ELSE prefill_s END AS prefill_s, timed
+            FROM named r JOIN stepped USING (start_ns) JOIN synced USING (start_ns)""")  # unordered: readers sort
     finally:
         con.unregister("_rltrace_windows_now")
         con.unregister("_rltrace_syncs_now")
+    keys = con.execute(f"""SELECT DISTINCT router, e_service, e_role, e_who, e_host, process_id FROM {rows}""").df()
+    con.register("_rltrace_engine_names", _engine_names(keys))
+    try:
+        con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS {TABLE} AS
+            SELECT n.engine, r.* EXCLUDE (router, e_service, e_role, e_who, e_host)
+            FROM {rows} r JOIN _rltrace_engine_names n
+              ON n.router IS NOT DISTINCT FROM r.router AND n.e_service = r.e_service AND n.e_role = r.e_role
+                 AND n.e_who = r.e_who AND n.e_host = r.e_host AND n.process_id = r.process_id""")
+    finally:
+        con.unregister("_rltrace_engine_names")
+        con.execute(f"DROP TABLE IF EXISTS {rows}")
     return TABLE
+
+
+def _engine_names(keys: pd.DataFrame) -> pd.DataFrame:
+    """One name per engine (service, role, host, process): `{service}[-{prefill|decode}][-{instance}]`
+    with the instance its `service.instance.id` (a UUID cut to 8 characters), else its rank, else
+    its pid (the resource's `process.pid` / `vllm.process_id`, or the pid on SGLang's thread spans);
+    engines that would share a name get `@host`, then the process row's id. Prefill 0 and decode 0
+    are two engines; so are two SGLang servers of one host whose OTel SDK sets no instance id."""
+    keys = keys.copy()
+
+    def base(row) -> str:
+        if isinstance(row.router, str):
+            return row.router
+        who = row.e_who[:8] if len(row.e_who) == 36 and row.e_who.count("-") == 4 else row.e_who  # a UUID
+        role = "" if row.e_role in row.e_service.split("-") else row.e_role  # `vllm-prefill` names it already
+        return "-".join(p for p in (row.e_service, role, who) if p)
+
+    keys["engine"] = [base(r) for r in keys.itertuples(index=False)]
+    ident = keys["e_service"] + "\x00" + keys["e_role"] + "\x00" + keys["e_who"] + "\x00" + keys["e_host"]
+    router = keys["router"].notna()
+    for add in (keys["e_host"].radd("@"), keys["process_id"].radd("-")):
+        # one identity seen through several process rows (a receiver restarted) stays one engine
+        clash = ~router & (keys.assign(_i=ident).groupby("engine")["_i"].transform("nunique") > 1)
+        keys.loc[clash, "engine"] += add[clash]
+    return keys
 
 
 def engine_requests(con, steps: Steps = None, *, columns: tuple[str, ...] | None = None) -> pd.DataFrame:

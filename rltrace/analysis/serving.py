@@ -34,8 +34,8 @@ TIMELINE_ENGINES = 64  # engines drawn over time at most (those with the most re
 STALE_LISTED = 100  # stale hits listed one by one (all are counted)
 _NO_VERSION = -1.5  # the group of requests with no known weight version (sorts before every version)
 #: the engine-request columns this module reads
-_COLUMNS = ("engine", "role", "request_id", "span_id", "start_ns", "end_ns", "step", "weight_version", "prompt_tokens",
-            "completion_tokens", "cached_tokens", "prefill_s", "cache_io_s")
+_COLUMNS = ("engine", "role", "engine_kind", "request_id", "span_id", "start_ns", "end_ns", "step", "weight_version",
+            "cache_flushed", "prompt_tokens", "completion_tokens", "cached_tokens", "prefill_s", "cache_io_s")
 
 
 def configure(con, *, model=None, kv_dtype: str | None = None, ssm_dtype: str | None = None,
@@ -139,51 +139,111 @@ def pd_balance(per_engine: pd.DataFrame, kv_bytes_per_request: float | None, kv_
     if kv_rps is not None:
         capacity["kv_transfer"] = kv_rps
     limit = min(capacity, key=capacity.get)
+    engines_now = len(prefill) + len(decode)
     return {
         "prefill_engines": len(prefill), "decode_engines": len(decode), "mu_prefill": mu_p, "mu_decode": mu_d,
         "prefill_capacity_rps": capacity["prefill"], "decode_capacity_rps": capacity["decode"],
         "kv_bandwidth": kv_bandwidth, "kv_bandwidth_from": bandwidth_from if kv_bandwidth else None,
         "kv_bytes_per_request": kv_bytes_per_request, "kv_transfer_rps": kv_rps,
         "lambda_max": capacity[limit], "limit": limit, "prefill_share_balanced": mu_d / (mu_p + mu_d),
+        "split": split(engines_now, mu_p, mu_d, kv_rps),
     }, None
 
 
+def split(engines: int, mu_p: float, mu_d: float, kv_rps: float | None) -> dict | None:
+    """The best whole split of `engines` between prefill and decode (each at least one):
+    prefill, decode, lambda (min(n_P μ_P, n_D μ_D, B_KV / S_KV)) and the stage that limits it;
+    ties go to fewer prefill engines. None with fewer than 2 engines."""
+    if engines < 2:
+        return None
+    best = None
+    for n_p in range(1, engines):
+        capacity = {"prefill": n_p * mu_p, "decode": (engines - n_p) * mu_d}
+        if kv_rps is not None:
+            capacity["kv_transfer"] = kv_rps
+        limit = min(capacity, key=capacity.get)
+        if best is None or capacity[limit] > best["lambda"] * (1 + 1e-9):
+            best = {"engines": engines, "prefill": n_p, "decode": engines - n_p, "lambda": capacity[limit], "limit": limit}
+    return best
+
+
 # --- prefix cache --------------------------------------------------------------------------------------
+#: how each (engine, weight version) after an update on that engine stands (`prefix_cache`)
+NOT_FLUSHED, FLUSHED, UNKNOWN = "not flushed", "flushed", "not recorded"
+#: where vLLM's prefix-cache figures are (its spans carry none: docs/analysis.md)
+VLLM_PREFIX_COUNTERS = ("vLLM does not put cached tokens on its request spans (gen_ai.usage.cached_tokens is never set); "
+                        "its prefix-cache figures are the Prometheus counters vllm:prefix_cache_queries and "
+                        "vllm:prefix_cache_hits on the engine's /metrics")
+
+
+SGLANG_PREFILL = ("SGLang's gen_ai.latency.time_in_model_prefill runs from its dispatch to the first token, scheduler "
+                  "queueing included: not a prefill time, so it is not used")
+
+
 def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
     """(the `prefix_cache` dict, why it is None). Hits are counted on prefill and unified engines
-    (a decode engine's prompt KV arrives by transfer). A stale hit is a request that reports cached
-    tokens although it is the first on its engine since a weight update: those tokens were computed
-    by the old weights."""
+    (a decode engine's prompt KV arrives by transfer).
+
+    A cache hit does not recompute the prefix, so after a weight update whose sync did not flush the
+    engines' prefix cache every later hit in that version may be on a prefix the old weights
+    computed. Per engine and weight version after the engine's first: `not flushed` when the sync
+    recorded `rl.cache_flushed` false or the version's first request on the engine already hit
+    (nothing the new weights computed could be cached yet): every hit of it is stale; `flushed` when
+    the sync recorded true: none is; else `not recorded`: every hit may be stale (an upper bound,
+    counted apart)."""
     keep = (req["role"] != "decode") & req["prompt_tokens"].notna() & req["cached_tokens"].notna()
-    r = req.loc[keep, ["engine", "start_ns", "span_id", "request_id", "step", "weight_version", "prompt_tokens",
-                       "cached_tokens", "prefill_s", "cache_io_s"]]
+    r = req.loc[keep, ["engine", "engine_kind", "start_ns", "span_id", "request_id", "step", "weight_version", "cache_flushed",
+                       "prompt_tokens", "cached_tokens", "prefill_s", "cache_io_s"]]
     r = r[r["prompt_tokens"] > 0]
     if r.empty:
+        kinds = set(req["engine_kind"].dropna()) if "engine_kind" in req else set()
+        if "vllm" in kinds and req["cached_tokens"].isna().all():
+            return None, VLLM_PREFIX_COUNTERS
         return None, "no request reports both prompt and cached tokens"
     engine = pd.factorize(r["engine"], sort=True)[0]
     order = np.lexsort((r["start_ns"].to_numpy(np.int64), engine))  # stable: ties keep the table's span_id order
     r, engine = r.iloc[order], engine[order]  # by engine, then start
     version = r["weight_version"].astype("Float64")
     group = version.fillna(_NO_VERSION).to_numpy(float)
+    versions = pd.factorize(group)[0]
+    key = engine * (versions.max() + 1) + versions  # one (engine, version)
+    first_of_group = np.zeros(len(r), bool)
+    first_of_group[np.unique(key, return_index=True)[1]] = True  # its earliest request: first in this order
     first_on_engine = np.ones(len(r), bool)
     first_on_engine[1:] = engine[1:] != engine[:-1]
-    versions = pd.factorize(group)[0]
-    first_of_version = np.zeros(len(r), bool)  # the earliest request of each (engine, version): first in this order
-    first_of_version[np.unique(engine * (versions.max() + 1) + versions, return_index=True)[1]] = True
+    first_group_of_engine = pd.Series(key).groupby(engine).transform("first").to_numpy()
+    after_update = key != first_group_of_engine  # a version the engine served after serving an earlier one
     cached_tokens = r["cached_tokens"].to_numpy(float)
-    stale = first_of_version & ~first_on_engine & (cached_tokens > 0)
+    hit = cached_tokens > 0
+    recorded = r["cache_flushed"].astype("boolean")
+    evidence = pd.Series(first_of_group & hit).groupby(key).transform("any").to_numpy()  # the first request hit
+    said_no = (recorded == False).fillna(False).to_numpy(bool)  # noqa: E712 (a nullable column)
+    said_yes = (recorded == True).fillna(False).to_numpy(bool)  # noqa: E712
+    group_no = pd.Series(said_no).groupby(key).transform("any").to_numpy()
+    group_yes = pd.Series(said_yes).groupby(key).transform("all").to_numpy()
+    state = np.where(~after_update, None,
+                     np.where(group_no | evidence, NOT_FLUSHED, np.where(group_yes, FLUSHED, UNKNOWN)))
+    stale = hit & (state == NOT_FLUSHED)
+    maybe = hit & (state == UNKNOWN)
     prompt, cached = float(r["prompt_tokens"].sum()), float(cached_tokens.sum())
-    stale_cached = float(cached_tokens[stale].sum())
+    stale_cached, maybe_cached = float(cached_tokens[stale].sum()), float(cached_tokens[maybe].sum())
     known = version.notna().any()
     table = pd.DataFrame({"_v": group, "prompt_tokens": r["prompt_tokens"].to_numpy(float), "cached_tokens": cached_tokens,
-                          "_stale": stale, "_stale_cached": np.where(stale, cached_tokens, 0.0)})
+                          "_stale": stale, "_stale_cached": np.where(stale, cached_tokens, 0.0),
+                          "_maybe_cached": np.where(maybe, cached_tokens, 0.0)})
     sums = table.groupby("_v", sort=True).agg(requests=("_v", "size"), prompt_tokens=("prompt_tokens", "sum"),
                                               cached_tokens=("cached_tokens", "sum"), stale_hits=("_stale", "sum"),
-                                              stale_cached_tokens=("_stale_cached", "sum"))
+                                              stale_cached_tokens=("_stale_cached", "sum"),
+                                              maybe_cached=("_maybe_cached", "sum"))
     per_version = [{"weight_version": None if v == _NO_VERSION else int(v), "requests": int(n), "prompt_tokens": float(p),
                     "cached_tokens": float(c), "hit_rate": c / p, "stale_hits": int(k), "stale_cached_tokens": float(sc),
-                    "hit_rate_within_version": (c - sc) / p}
-                   for v, n, p, c, k, sc in sums.itertuples()]
+                    "may_be_stale_cached_tokens": float(mc), "hit_rate_within_version": (c - sc - mc) / p}
+                   for v, n, p, c, k, sc, mc in sums.itertuples()]
+    updates = [{"engine": e, "weight_version": None if v == _NO_VERSION else int(v), "cache": st,
+                "evidence": ("recorded by the weight sync (rl.cache_flushed)" if st != NOT_FLUSHED or n_ else
+                             "its first request after the update already hit the cache"),
+                "hits": int(h), "cached_tokens": float(c)}
+               for (e, v, st, n_), h, c in _update_rows(r["engine"].to_numpy(), group, state, group_no, hit, cached_tokens)]
     named = r.iloc[np.flatnonzero(stale)[:STALE_LISTED]][["engine", "weight_version", "request_id", "span_id",
                                                          "cached_tokens", "start_ns", "step"]]
     hits = [{"engine": e, "weight_version": None if pd.isna(v) else int(v), "request": q if isinstance(q, str) and q else s,
@@ -191,11 +251,21 @@ def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
             for e, v, q, s, c, t, st in named.itertuples(index=False)]
     return {
         "requests": len(r), "prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt,
-        "hit_rate_within_version": (cached - stale_cached) / prompt if known else None,
+        "hit_rate_within_version": (cached - stale_cached - maybe_cached) / prompt if known else None,
         "versions_known": bool(known), "stale_hits": hits, "stale_hit_count": int(stale.sum()),
-        "stale_cached_tokens": stale_cached,
-        "per_version": per_version, "_stale": stale, "_rows": r,
+        "stale_cached_tokens": stale_cached, "may_be_stale_hit_count": int(maybe.sum()),
+        "may_be_stale_cached_tokens": maybe_cached, "updates": updates,
+        "per_version": per_version, "_stale": stale | maybe, "_rows": r,
     }, None
+
+
+def _update_rows(engine, group, state, said_no, hit, cached):
+    """((engine, version, state, recorded not flushed), hits, cached tokens) per engine and version
+    after an update on that engine, in engine then version order."""
+    frame = pd.DataFrame({"e": engine, "v": group, "s": state, "n": said_no, "h": hit, "c": np.where(hit, cached, 0.0)})
+    frame = frame[frame["s"].notna()]
+    sums = frame.groupby(["e", "v", "s", "n"], sort=True).agg(h=("h", "sum"), c=("c", "sum"))
+    return [(k, h, c) for k, h, c in zip(sums.index, sums["h"], sums["c"])]
 
 
 def hicache(prefix: dict | None) -> tuple[dict | None, dict]:
@@ -208,7 +278,8 @@ def hicache(prefix: dict | None) -> tuple[dict | None, dict]:
     cold = r[(r["cached_tokens"] == 0) & (r["prefill_s"] > 0)]
     per_token = float(cold["prefill_s"].sum() / cold["prompt_tokens"].sum()) if len(cold) else None
     if per_token is None:
-        missing["hicache.prefill_s_per_token"] = "no request without a hit records its prefill time"
+        missing["hicache.prefill_s_per_token"] = (SGLANG_PREFILL if (r["engine_kind"] == "sglang").any() else
+                                                  "no request without a hit records its prefill time")
     valid = r[(r["cached_tokens"] > 0) & ~stale]
     avoided = float(valid["cached_tokens"].sum()) * per_token if per_token is not None else None
     io = r["cache_io_s"].dropna()
@@ -302,7 +373,7 @@ def section(con, steps: Steps = None) -> dict:
     if why:
         missing["pd"] = why
     elif balance["kv_transfer_rps"] is None:
-        missing["pd.kv_transfer_rps"] = ("no model config (see kv_bytes_per_token)" if s_kv is None else
+        missing["pd.kv_transfer_rps"] = ((geo_missing or "no request reports its prompt tokens") if s_kv is None else
                                          "no KV bandwidth: no KV-transfer record; give --kv-bandwidth BYTES_PER_S")
     prefix, why = prefix_cache(req)
     if why:

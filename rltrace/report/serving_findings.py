@@ -4,8 +4,6 @@ and whether delta weight sync pays. Each states a measured number and where it c
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 from rltrace.analysis._format import number_text as num
 from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
@@ -47,22 +45,41 @@ def _pd(s: dict) -> list[str]:
     if max(prefill, decode) < PD_IMBALANCE * min(prefill, decode):
         return [f"Prefill and decode engines are balanced: they could serve {_rps(prefill)} and {_rps(decode)}; "
                 f"λ_max = {_rps(p['lambda_max'])}.{kv_note}"]
-    ratio = Fraction(p["mu_decode"] / p["mu_prefill"]).limit_denominator(8)
     return [f"{slow} limits the rollout at {_rps(p['lambda_max'])} ({fast} could serve "
-            f"{_rps(p[fast + '_capacity_rps'])}): move engines to {slow}, about {ratio.numerator} prefill : "
-            f"{ratio.denominator} decode balances them.{kv_note}"]
+            f"{_rps(p[fast + '_capacity_rps'])}): move engines to {slow}; {split_text(p.get('split'))}.{kv_note}"]
+
+
+def split_text(best: dict | None) -> str:
+    """`with 4 engines: 1 prefill + 3 decode → 30 req/s` (the PD split to run; one wording for the
+    report and the dashboard)."""
+    if not best:
+        return "no split: fewer than 2 engines"
+    limit = "" if best["limit"] != "kv_transfer" else ", the KV link limiting"
+    return (f"with {best['engines']} engines: {best['prefill']} prefill + {best['decode']} decode → "
+            f"{_rps(best['lambda'])}{limit}")
 
 
 def _stale_hits(s: dict) -> list[str]:
-    hits = (s.get("prefix_cache") or {}).get("stale_hits") or []
+    p = s.get("prefix_cache") or {}
+    kept = [u for u in p.get("updates") or [] if u["cache"] == "not flushed" and u["hits"]]
     out = []
-    for h in hits[:STALE_NAMED]:
-        update = "a weight update" if h["weight_version"] is None else f"the update to weight version {h['weight_version']}"
-        out.append(f"engine {h['engine']} served {h['cached_tokens']} cached tokens to the first request after {update}: "
-                   "its prefix cache was not flushed (those tokens were computed by the old weights, a mismatch source).")
-    if len(hits) > STALE_NAMED:
-        out.append(f"{len(hits) - STALE_NAMED} more requests were served stale cached tokens after a weight update.")
+    for u in kept[:STALE_NAMED]:
+        update = "a weight update" if u["weight_version"] is None else f"the update to weight version {u['weight_version']}"
+        out.append(f"engine {u['engine']} kept its prefix cache across {update} ({u['evidence']}): its "
+                   f"{_count(u['hits'], 'hit')} since ({u['cached_tokens']:,.0f} cached tokens) were computed by the "
+                   "old weights, a mismatch source.")
+    if len(kept) > STALE_NAMED:
+        out.append(f"{len(kept) - STALE_NAMED} more engine updates kept a stale prefix cache "
+                   f"({p['stale_cached_tokens']:,.0f} stale cached tokens in all).")
+    if p.get("may_be_stale_cached_tokens"):
+        out.append(f"{_count(p['may_be_stale_hit_count'], 'hit')} ({p['may_be_stale_cached_tokens']:,.0f} cached tokens) after "
+                   "weight updates may be stale: the syncs did not record whether the prefix cache was flushed "
+                   "(set rl.cache_flushed on the weight_sync span).")
     return out
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 def _cache_hits(s: dict) -> list[str]:
@@ -72,7 +89,8 @@ def _cache_hits(s: dict) -> list[str]:
     within = "" if p.get("hit_rate_within_version") is None else f" ({p['hit_rate_within_version']:.0%} within a weight version)"
     text = f"Prefix cache: {p['hit_rate']:.0%} of prompt tokens were cached{within}"
     if h.get("avoided_prefill_s") is None:
-        return [text + "; the prefill time they avoided is unknown (no request without a hit records its prefill time)."]
+        why = (s.get("missing") or {}).get("hicache.prefill_s_per_token", "no request without a hit records its prefill time")
+        return [text + f"; the prefill time they avoided is unknown ({why})."]
     text += (f"; the valid hits avoided about {sec(h['avoided_prefill_s'])} of prefill "
              f"({sec(h['prefill_s_per_token'] * 1000)} per 1,000 prompt tokens, fitted on {h['prefill_fitted_on']} "
              "requests without a hit)")

@@ -35,7 +35,9 @@ NUMBERS = {
     "_kv_gb_s": ("pd_transfer_speed_gb_s",),  # ... at GiB/s
     "_bytes": ("rl.bytes",),  # a `kv_transfer` span's payload
 }
-TEXTS = {"request_id": ("gen_ai.request.id", "sglang_request_id", "rl.request_id", "rid"), "role": ("rl.engine.role",)}
+TEXTS = {"request_id": ("gen_ai.request.id", "sglang_request_id", "rl.request_id", "rid"), "role": ("rl.engine.role",),
+         # SGLang's thread span below each request: which server process handled it (`engine_thread` rows)
+         "_host_id": ("host_id",), "_pid": ("pid",), "_thread_label": ("thread_label",)}
 #: what makes a span a request: SGLang's meta (what slime reads), or any OTel gen_ai latency
 GEN_AI_LATENCY = tuple(k for keys in NUMBERS.values() for k in keys if k.startswith("gen_ai.latency."))
 PD_SPANS = ("sglang_pd_prefill", "sglang_pd_decode")  # slime's PD children of a request (segments below them)
@@ -54,8 +56,10 @@ def q(s: str) -> str:
 
 
 def sql(keep: str, source: str, where: str) -> str:
-    """Rows (kind request / pd / pd_segment / kv_transfer) of the spans of `source`: each span's
-    attribute text parsed once for every field."""
+    """Rows (kind request / pd / pd_segment / kv_transfer / engine_thread) of the spans of `source`:
+    each span's attribute text parsed once for every field. An `engine_thread` row (SGLang's span of
+    the thread that handled a request, a child of the request's span) holds `host_id:pid` in
+    `engine_process`."""
     keys = [k for keys in (*NUMBERS.values(), *TEXTS.values()) for k in keys]
     at = {k: f"v[{i + 1}]" for i, k in enumerate(keys)}
     paths = ", ".join(f"'$.\"{k}\"'" for k in keys)
@@ -80,13 +84,16 @@ def sql(keep: str, source: str, where: str) -> str:
     ids = ("span_hex(span_id) AS span_id, span_hex(parent_span_id) AS parent_span_id" if source == "part_spans"
            else "span_id, parent_span_id")
     return f"""SELECT {keep}kind, span_id, parent_span_id, name, process_id, service_name, rank, step, weight_version,
-               start_ns, end_ns, timed, request_id, role, {', '.join(OUT)}
+               start_ns, end_ns, timed, request_id, role, engine_process, {', '.join(OUT)}
         FROM (SELECT {keep}CASE WHEN {sglang} OR {gen_ai} THEN 'request' WHEN name IN ({pd_names}) THEN 'pd'
-                              WHEN {segment} THEN 'pd_segment' WHEN {is_kv} THEN 'kv_transfer' END AS kind,
+                              WHEN {segment} THEN 'pd_segment' WHEN {is_kv} THEN 'kv_transfer'
+                              WHEN {first['_thread_label']} IS NOT NULL AND {first['_pid']} IS NOT NULL
+                                   THEN 'engine_thread' END AS kind,
                      {ids}, name, process_id, service_name, rank, step, weight_version, start_ns,
                      end_ns, coalesce({timed}, false) AS timed, {first['request_id']} AS request_id,
                      lower(coalesce({first['role']}, CASE WHEN name LIKE 'prefill Req %' THEN 'prefill'
                                                           WHEN name LIKE 'decode Req %' THEN 'decode' END)) AS role,
+                     coalesce({first['_host_id']}, '') || ':' || {first['_pid']} AS engine_process,
                      {plain}, {kv_bytes} AS kv_bytes, {kv_s} AS kv_transfer_s
               FROM (SELECT {keep}*, json_extract_string(attributes, [{paths}]) AS v FROM {source}
                     WHERE {where} AND ({MENTIONS} OR {PD_NAMES} OR {is_kv})))

@@ -42,7 +42,7 @@ def test_rltrace_phases_are_engine_requests_with_their_role_and_a_measured_kv_li
         engines["prefill"][0].span("kv_transfer", 10 + k, 10.1 + k, step=3, bytes=100_000_000)
     b.write()
     req = engine_requests(store.open(b.run_dir))
-    assert len(req) == 20 and set(req["step_from"]) == {"own"} and set(req["engine"]) == {"rltrace-sglang-0", "rltrace-sglang-1"}
+    assert len(req) == 20 and set(req["step_from"]) == {"own"} and set(req["engine"]) == {"rltrace-sglang-prefill-0", "rltrace-sglang-decode-1"}
     assert req.groupby("role")["request_id"].apply(lambda r: sorted(r)[0]).to_dict() == {"decode": "decode-0", "prefill": "prefill-0"}
     r = _report(b.run_dir, model=GQA)
     p = r["serving"]["pd"]

@@ -87,12 +87,15 @@ def test_slimes_requests_in_the_serving_section(slime):
         answered = [m for m in metas.values() if m["id"] in set(engine_requests(con)["request_id"])]
         assert c["hit_rate"] == pytest.approx(sum(m["cached_tokens"] for m in answered) /
                                               sum(m["prompt_tokens"] for m in answered))
-        # the stand-in keeps its cache across the update: the first request answered under version 2 is a stale hit
-        first_v2 = min((m for m in answered if m["weight_version"] == "2"), key=lambda m: _start(con, m["id"]))
-        assert c["stale_hits"] == [{"engine": "sglang router", "weight_version": 2, "request": first_v2["id"],
-                                    "cached_tokens": first_v2["cached_tokens"], "start_ns": _start(con, first_v2["id"]),
-                                    "step": 1}]
-        assert c["hit_rate_within_version"] == pytest.approx(c["hit_rate"] - first_v2["cached_tokens"] / c["prompt_tokens"])
+        # the stand-in keeps its cache across the update: the first request answered under version 2 hits, so
+        # every version-2 hit is stale (a hit does not recompute the prefix the old weights computed)
+        v2 = sorted((m for m in answered if m["weight_version"] == "2"), key=lambda m: _start(con, m["id"]))
+        assert v2[0]["cached_tokens"] > 0
+        stale = [m for m in v2 if m["cached_tokens"] > 0]
+        assert [(h["engine"], h["weight_version"], h["request"], h["cached_tokens"]) for h in c["stale_hits"]] == [
+            ("sglang router", 2, m["id"], m["cached_tokens"]) for m in stale]
+        assert c["stale_cached_tokens"] == sum(m["cached_tokens"] for m in stale) and c["may_be_stale_cached_tokens"] == 0
+        assert c["hit_rate_within_version"] == pytest.approx(c["hit_rate"] - c["stale_cached_tokens"] / c["prompt_tokens"])
 
 
 def _start(con, request_id: str) -> int:

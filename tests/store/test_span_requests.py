@@ -46,7 +46,7 @@ def _requests(run_dir, monkeypatch, cache) -> tuple[pd.DataFrame, bool]:
 
     def spy(con_, name, schema, select, parts, *args, **kwargs):
         from_writers = real(con_, name, schema, select, parts, *args, **kwargs)
-        if name == "_rltrace_part_requests":
+        if name.startswith("_rltrace_part_requests"):
             scans.append(set(parts) - from_writers)
         return from_writers
 

@@ -67,8 +67,11 @@ def test_the_engine_page_opens_first_and_shows_the_reports_figures(fleet, monkey
     assert shown["Prefix-cache hits"] == fmt.share_text(serving["prefix_cache"]["hit_rate"])
     assert len(charts(at)) == 4  # over time, throughput, hits per version, budget
     text = texts(at)
-    assert fmt.md("engine rltrace-vllm-prefill-0 served 200 cached tokens to the first request after the update") in text
-    assert "1 request(s) got cached tokens although each was the first on its engine after a weight update" in text
+    assert fmt.md("engine rltrace-vllm-prefill-0 kept its prefix cache across the update to weight version 2 "
+                  "(its first request after the update already hit the cache): its 40 hits since (8,000 cached tokens)"
+                  ) in text
+    assert "40 request(s) got cached tokens computed by the old weights (a mismatch source): 8,000 tokens" in text
+    assert "39 more hit(s), 7,800 cached tokens, may be stale" in text  # engine 1: no flush recorded, first request cold
     lanes = json.loads(charts(at)[0].proto.spec)["layout"]["annotations"]
     assert [a["text"] for a in lanes] == ["prefill engines", "decode engines"]
 

@@ -95,8 +95,14 @@ else:
             st.caption(f"Stale hits cannot be told: {why('prefix_cache.hit_rate_within_version', 'no weight version')}.")
         stale = pd.DataFrame(prefix["stale_hits"])
         if len(stale):
-            st.warning(f"{len(stale)} request(s) got cached tokens although each was the first on its engine after a "
-                       "weight update: those tokens were computed by the old weights (a mismatch source).")
+            st.warning(f"{prefix['stale_hit_count']:,} request(s) got cached tokens computed by the old weights (a "
+                       f"mismatch source): {prefix['stale_cached_tokens']:,.0f} tokens after weight updates that kept "
+                       "the engine's prefix cache.")
+        if prefix.get("may_be_stale_cached_tokens"):
+            st.caption(f"{prefix['may_be_stale_hit_count']:,} more hit(s), {prefix['may_be_stale_cached_tokens']:,.0f} "
+                       "cached tokens, may be stale: the weight syncs did not record whether the prefix cache was "
+                       "flushed (`rl.cache_flushed`).")
+        if len(stale):
             stale["weight_version"] = [engine_charts.version_label(None if pd.isna(v) else int(v)) for v in stale["weight_version"]]
             st.dataframe(stale[["engine", "weight_version", "request", "cached_tokens", "step"]], hide_index=True,
                          width="stretch", key="engine_stale")
