@@ -243,4 +243,7 @@ def import_command(args) -> int:
         console.print(f"[yellow]left out[/] {escape(line)}")
     if result["dropped"]:
         console.print("(counted in the run: rltrace info shows them)")
+    if not (result["samples"] or result["spans"] or result["already"] or result["failed"]):
+        console.print("[red]nothing imported[/]: no sample or span of these files could be kept (the reasons are above)")
+        return 1
     return 1 if result["failed"] else 0

@@ -3,7 +3,7 @@
 `rltrace.init(model=...)` stores it with the run (a zero-length span, `MODEL_SPAN`, whose
 attributes hold the config's text), `rltrace report --model PATH` reads it for one report, and
 `rltrace.analysis.cache_geometry` computes bytes per token and per state slot from it. Nothing
-here imports rltrace beyond `_config`: the API, the CLI and the analyses all may use it.
+here imports rltrace beyond `_config` and `_paths`: the API, the CLI and the analyses all may use it.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ def read_config(model: Any) -> tuple[dict, str]:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
+        if path.exists() or path.is_symlink():
+            from rltrace._paths import missing
+
+            raise RltraceConfigError(f"model: {missing(path)}")
         raise RltraceConfigError(f"model: {path} does not exist; pass the model's config.json or the directory "
                                  "holding it")
     if path.stat().st_size > MAX_BYTES:

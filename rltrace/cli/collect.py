@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "with 408 and counted (default 30)")
     p.add_argument("--max-connections", type=int, default=256, metavar="N",
                    help="connections open at once; beyond this new ones are answered 503 (default 256)")
+    p.add_argument("--max-client-connections", type=int, default=64, metavar="N",
+                   help="connections open at once from one address; beyond this its idle ones are closed, or "
+                   "new ones answered 503 (default 64)")
     p.add_argument("--flush-interval", type=float, default=1.0, metavar="S", help="seconds between parts written (default 1)")
     p.add_argument("--backpressure", action="store_true",
                    help="when the queue is full answer 503 so senders retry, instead of dropping and counting")
@@ -69,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
     if not is_loopback(host):
         print(f"rltrace collect: warning: listening on {host or 'all interfaces'}, not loopback: anyone who can "
               "reach this port can write spans into the run (put it behind a firewall or an OTel Collector)", file=sys.stderr)
-    for name in ("max_queue_spans", "max_queue_mb", "max_request_mb", "max_connections"):
+    for name in ("max_queue_spans", "max_queue_mb", "max_request_mb", "max_connections", "max_client_connections"):
         if getattr(args, name) <= 0:
             raise RltraceConfigError(f"--{name.replace('_', '-')} must be a positive integer")
     for name in ("flush_interval", "request_timeout"):
@@ -78,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
     limits = Limits(max_queue_spans=args.max_queue_spans, max_queue_bytes=args.max_queue_mb * 2**20,
                     max_request_bytes=args.max_request_mb * 2**20, flush_interval=args.flush_interval,
                     request_timeout=args.request_timeout, max_connections=args.max_connections,
-                    backpressure=args.backpressure)
+                    max_client_connections=args.max_client_connections, backpressure=args.backpressure)
     try:
         receiver = Receiver(args.run_dir, host, port, limits)
     except OSError as exc:

@@ -52,6 +52,7 @@ class Limits:
     max_request_bytes: int = 32 * 2**20  # one body, after gzip
     max_inflight: int = 16  # requests decoded at once; bodies being received: max_inflight x max_request_bytes in all
     max_connections: int = 256  # connections open at once (one thread each)
+    max_client_connections: int = 64  # of them from one address (a client's idle ones give way to its new ones)
     request_timeout: float = 30.0  # seconds from a request's first byte to its last
     flush_interval: float = 1.0
     backpressure: bool = False  # answer 503 when full instead of dropping and counting

@@ -89,6 +89,7 @@ class _Reads(io.RawIOBase):
         self.began = 0.0
         self.idle_since = time.monotonic()
         self.in_headers = False
+        self.peer = ""
 
     def readable(self) -> bool:
         return True
@@ -139,6 +140,7 @@ class Server(http.server.ThreadingHTTPServer):
         self.connections = 0
         self._connections_lock = threading.Lock()
         self._reads: set[_Reads] = set()  # open connections' readers: which are idle, since when
+        self._by_peer: dict[str, int] = {}  # connections open per client address
         self._lingering: collections.deque[tuple[float, socket.socket]] = collections.deque()  # refused, closing soon
         super().__init__(address, _Handler)
 
@@ -147,39 +149,52 @@ class Server(http.server.ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
     def process_request(self, request, client_address):
-        limit = self.sink.limits.max_connections
+        limits, peer = self.sink.limits, client_address[0]
         with self._connections_lock:
-            full = self.connections >= limit
-            if full:  # an idle connection gives up its place: idle clients cannot starve a sender
-                idle = [r for r in self._reads if r.deadline is None]
-                if idle:
-                    oldest = min(idle, key=lambda r: r.idle_since)
-                    self._reads.discard(oldest)
-                    oldest.deadline = time.monotonic()  # not chosen again; a read it still makes is late
-                    with contextlib.suppress(OSError):
-                        oldest.sock.shutdown(socket.SHUT_RDWR)
-                    full = False
-            if not full:
+            open_here, why = self._by_peer.get(peer, 0), None
+            # an idle connection gives up its place (the client's own first): idle clients cannot starve a sender
+            if open_here >= getattr(limits, "max_client_connections", limits.max_connections):
+                if not self._close_idle([r for r in self._reads if r.peer == peer]):
+                    why = f"{open_here} connections from {peer} already open (raise --max-client-connections)"
+            elif self.connections >= limits.max_connections and not self._close_idle(self._reads):
+                why = f"{limits.max_connections} connections already open (raise --max-connections)"
+            if why is None:
                 self.connections += 1
-        if full:
-            self.sink.drops.add("refused requests", 1, f"answered 503: {limit} connections already open (raise --max-connections)")
+                self._by_peer[peer] = open_here + 1
+        if why is not None:
+            self.sink.drops.add("refused requests", 1, f"answered 503: {why}")
             self._refuse(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._closed()
+            self._closed(peer)
             raise
+
+    def _close_idle(self, reads) -> bool:
+        """Close the connection of `reads` idle the longest (waiting for its next request); False if none is idle."""
+        idle = [r for r in reads if r.deadline is None]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda r: r.idle_since)
+        self._reads.discard(oldest)
+        oldest.deadline = time.monotonic()  # not chosen again; a read it still makes is late
+        with contextlib.suppress(OSError):
+            oldest.sock.shutdown(socket.SHUT_RDWR)
+        return True
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._closed()
+            self._closed(client_address[0])
 
-    def _closed(self) -> None:
+    def _closed(self, peer: str) -> None:
         with self._connections_lock:
             self.connections -= 1
+            self._by_peer[peer] -= 1
+            if not self._by_peer[peer]:
+                del self._by_peer[peer]
 
     def _refuse(self, request: socket.socket) -> None:
         """Answer 503 without a thread, and close a little later: closed at once, the socket would
@@ -224,6 +239,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         super().setup()
         self.rfile.close()  # the socket's own reader, replaced by one that keeps the request deadline
         self.reads = _Reads(self.connection, self.server.sink.limits.request_timeout)
+        self.reads.peer = self.client_address[0]
         self.rfile = io.BufferedReader(self.reads, _CHUNK)
         with self.server._connections_lock:
             self.server._reads.add(self.reads)

@@ -341,4 +341,7 @@ def command(args) -> int:
         console.print(f"[yellow]left out[/] {escape(line)}")
     if result["dropped"]:
         console.print("(counted in the run: rltrace info shows them)")
+    if not (result["metrics"] or result["spans"] or result["failed"]):
+        console.print("[red]nothing imported[/]: no metric of these files could be kept (the reasons are above)")
+        return 1
     return 1 if result["failed"] else 0

@@ -15,6 +15,7 @@ never clamped), a value that is not a number, a logged time that is not one (the
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -121,29 +122,86 @@ class _Rows:
             self.time.append(t)
 
 
+def blocks(path: Path, size: int = _JSON_CHUNK, max_line: int | None = None):
+    """The file in blocks of whole lines, about `size` bytes each, read as a stream: (bytes read so
+    far, number of the block's first line (0-based), the block, whether its last line ends in a
+    newline). A line longer than `max_line` (`MAX_LINE`) is never held: it is passed over and
+    yielded as (…, line, None, length), so a 2 GB file of one line costs a read, not 2 GB."""
+    max_line = MAX_LINE if max_line is None else max_line
+    with open(path, "rb") as f:
+        pending, line, done, skipping = b"", 0, 0, 0
+        while True:
+            chunk = f.read(size)
+            done += len(chunk)
+            if not chunk:
+                if skipping:
+                    yield done, line, None, skipping
+                elif pending:
+                    yield done, line, pending, False
+                return
+            if skipping:
+                cut = chunk.find(b"\n")
+                if cut < 0:
+                    skipping += len(chunk)
+                    continue
+                yield done, line, None, skipping + cut
+                line, skipping, chunk = line + 1, 0, chunk[cut + 1:]
+            data = pending + chunk
+            cut = data.rfind(b"\n")
+            whole, pending = (data[:cut + 1], data[cut + 1:]) if cut >= 0 else (b"", data)
+            if len(whole) <= max_line:  # no line in it can be too long: as it is
+                if whole:
+                    yield done, line, whole, True
+                    line += whole.count(b"\n")
+                if len(pending) > max_line:
+                    skipping, pending = len(pending), b""
+                continue
+            lines = whole.split(b"\n")[:-1]
+            start = 0  # lines[start:k] are a block still to yield
+            for k, piece in enumerate(lines):
+                if len(piece) > max_line:  # ended within this chunk, but too long: passed over alone
+                    if start < k:
+                        yield done, line + start, b"\n".join(lines[start:k]) + b"\n", True
+                    yield done, line + k, None, len(piece)
+                    start = k + 1
+            if start < len(lines):
+                yield done, line + start, b"\n".join(lines[start:]) + b"\n", True
+            line += len(lines)
+            if len(pending) > max_line:
+                skipping, pending = len(pending), b""
+
+
+MAX_LINE = 16 << 20  # a JSONL line or CSV row longer than this is no record of scalars: left out, counted
+
+
+def too_long(length: int) -> str:
+    return f"a line of {length:,} bytes, longer than {MAX_LINE >> 20} MB: not a metrics record (left out unread)"
+
+
 def read_jsonl(path: Path, progress: Callable[[int], None] | None = None) -> Scalars:
-    """Arrow's JSON reader, chunk by chunk, for records of plain numbers; else record by record."""
+    """Arrow's JSON reader, block by block, for records of plain numbers; else record by record
+    (that block). Read as a stream: memory holds a block, never the file."""
     import pyarrow as pa
     import pyarrow.json as pa_json
 
-    data, parts, pos = path.read_bytes(), [], 0
-    while pos < len(data):
-        cut = data.find(b"\n", min(pos + _JSON_CHUNK, len(data)) - 1)
-        end = len(data) if cut < 0 else cut + 1
+    parts, long_lines = [], Refused()
+    for done, first, block, whole in blocks(path):
+        if block is None:
+            long_lines.add(RECORDS, path, too_long(whole), ("line", first + 1))
+            continue
         try:
-            table = pa_json.read_json(pa.BufferReader(pa.py_buffer(memoryview(data)[pos:end])))
+            table = pa_json.read_json(pa.BufferReader(pa.py_buffer(block)))
         except (pa.ArrowException, ValueError):
             table = None
-            if not data[pos:end].strip():  # blank lines at the end
-                pos = end
-                continue
         got = _columns(table) if table is not None else None
         if got is None:  # not only plain numbers, or not JSON: Python's json says exactly what and where
-            return _read_jsonl_records(path, data, progress)
+            if not block.strip():
+                continue
+            got = _read_jsonl_records(path, block, first=first, cut=not whole)
         parts.append(got)
-        pos = end
         if progress:
-            progress(pos)
+            progress(done)
+    parts.append(Scalars(refused=long_lines))
     return Scalars.concat(parts)
 
 
@@ -209,35 +267,44 @@ def _columns(table) -> Scalars | None:
                    names, np.stack(values, axis=1).ravel()[keep], np.repeat(time, width)[keep])
 
 
-def _read_jsonl_records(path: Path, data: bytes, progress: Callable[[int], None] | None = None) -> Scalars:
-    out, done = _Rows(path), 0
+def _read_jsonl_records(path: Path, data: bytes, *, first: int = 0, cut: bool = False) -> Scalars:
+    """The lines of `data` (lines `first`… of the file) record by record; `cut`: its last line has no newline."""
+    out = _Rows(path)
     lines = data.split(b"\n")
-    for i, line in enumerate(lines):
-        done += len(line) + 1
+    if not cut and lines and lines[-1] == b"":
+        lines.pop()
+    for k, line in enumerate(lines):
+        i = first + k
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
-        except ValueError as exc:
-            last = i == len(lines) - 1  # no newline after it
-            out.refused.add(RECORDS, path, CUT_OFF if last else f"not JSON ({text(str(exc))[:120]})", ("line", i + 1))
+        except (ValueError, RecursionError) as exc:
+            last = cut and k == len(lines) - 1  # the file ends without a newline after it
+            why = "nested too deeply" if isinstance(exc, RecursionError) else text(str(exc))[:120]
+            out.refused.add(RECORDS, path, CUT_OFF if last else f"not JSON ({why})", ("line", i + 1))
             continue
         out.record(rec, i + 1, i)
-        if progress and i % 1000 == 0:
-            progress(min(done, len(data)))
-    if progress:
-        progress(len(data))
     return out.scalars()
 
 
 def read_csv(path: Path, progress: Callable[[int], None] | None = None) -> Scalars:
     """A CSV export (a header of metric names, one row per step): a row whose fields do not match
     the header is counted and left out, a last row cut off by a killed writer too."""
-    import io
-
     out = _Rows(path)
-    raw = path.read_bytes()
-    reader = csv.reader(io.StringIO(raw.decode("utf-8", "surrogateescape"), newline=""))
+    size, ends_whole = [0], [True]
+
+    def lines():  # streamed; a line too long to be a row is counted and read as an empty one
+        for done, first, block, whole in blocks(path):
+            size[0] = done
+            if block is None:
+                out.refused.add(RECORDS, path, too_long(whole), ("line", first + 1))
+                yield "\n"
+                continue
+            ends_whole[0] = block.endswith((b"\n", b"\r"))
+            yield from io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
+
+    reader = csv.reader(lines())
     rows: list[tuple[int, list | str]] = []  # (line, fields or why the row is not one)
     while True:
         try:
@@ -250,7 +317,7 @@ def read_csv(path: Path, progress: Callable[[int], None] | None = None) -> Scala
     if not isinstance(header, list) or not header:
         raise MetricsImportError(f"{path}: empty CSV file (expected a header row of metric names)")
     header = [text(name) for name in header]
-    ends_whole = raw.endswith((b"\n", b"\r"))
+    ends_whole = ends_whole[0]
     for k, (line, row) in enumerate(rows[1:]):
         if isinstance(row, str):
             out.refused.add(RECORDS, path, row, ("line", line))
@@ -261,5 +328,5 @@ def read_csv(path: Path, progress: Callable[[int], None] | None = None) -> Scala
         elif row:
             out.record(dict(zip(header, row)), line, k)
     if progress:
-        progress(len(raw))
+        progress(size[0])
     return out.scalars()

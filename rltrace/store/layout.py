@@ -14,7 +14,9 @@ join the run it names. See docs/store.md.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
 import json
 import os
 import time
@@ -92,19 +94,32 @@ def create_or_join(run_dir: Path, *, run_name: str | None, config: Any) -> dict:
                          "not into object-store runs (see docs/store.md, Runs in object storage)")
     if run_dir.exists() and not run_dir.is_dir():
         raise StoreError(f"{run_dir} is a file, not a run directory: pass a directory path to rltrace.init")
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = manifest_path(run_dir)
-    if not path.exists():
-        manifest = new_manifest(run_name or run_dir.resolve().name, config)
-        tmp = run_dir / f".run.json.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        tmp.write_text(manifest_text(manifest))
-        try:
-            os.link(tmp, path)  # fails if another process created it first: then join that run
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            manifest = new_manifest(run_name or run_dir.resolve().name, config)
+            tmp = run_dir / f".run.json.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+            try:
+                tmp.write_text(manifest_text(manifest))
+                os.link(tmp, path)  # fails if another process created it first: then join that run
+            except FileExistsError:
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+    except OSError as exc:
+        raise unwritable(run_dir, exc) from None
     return read_manifest(run_dir)
+
+
+def unwritable(run_dir: Path, exc: OSError) -> StoreError:
+    """One line for a run directory that cannot be written: a full disk, a read-only filesystem, permissions."""
+    why = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+           errno.EROFS: "the filesystem is read-only", errno.EACCES: "permission denied",
+           errno.EPERM: "the operation is not permitted"}.get(exc.errno, exc.strerror or type(exc).__name__)
+    return StoreError(f"cannot write the run in {run_dir}: {why} ({exc.filename or run_dir}); free space or "
+                      "pass a run directory on a writable disk")
 
 
 def read_manifest(run_dir: Path) -> dict:

@@ -234,3 +234,30 @@ def test_idle_and_header_trickling_connections_cannot_starve_a_sender(run_dir, m
     assert {p["role"]: p["spans"] for p in data["processes"]} == {"legit": 100, "collector": 0}
     reasons = {d["reason"]: d["count"] for d in data["drop_reasons"]}
     assert reasons == {"request line and headers not received within 1 s of the first byte: a slow sender, dropped": 3}
+
+
+def test_one_client_cannot_take_every_connection(run_dir):
+    """A client holding its share of connections busy (headers trickling) is refused more, with the
+    reason; a sender at another address is served."""
+    import http.client
+
+    limits = Limits(max_connections=50, max_client_connections=4)
+    with Receiver(run_dir, "127.0.0.1", 0, limits) as r:
+        host, port = r.address
+        busy = []
+        for _ in range(4):
+            s = socket.create_connection((host, port), source_address=("127.0.0.1", 0))
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\n")  # begun, never finished (within the header timeout)
+            busy.append(s)
+        time.sleep(0.3)
+        extra = socket.create_connection((host, port), source_address=("127.0.0.1", 0))
+        extra.settimeout(10)
+        assert extra.recv(4096).startswith(b"HTTP/1.1 503 ")
+        other = http.client.HTTPConnection(host, port, timeout=30, source_address=("127.0.0.2", 0))
+        other.request("POST", "/v1/traces", proto_request(3, "legit"), {"Content-Type": PB})
+        assert other.getresponse().status == 200
+        other.close()
+        for s in busy + [extra]:
+            s.close()
+    reasons = {d["reason"]: d["count"] for d in info(str(run_dir))["drop_reasons"]}
+    assert reasons.get("answered 503: 4 connections from 127.0.0.1 already open (raise --max-client-connections)") == 1

@@ -197,3 +197,26 @@ def test_a_kill_during_the_commit_is_healed_by_the_retry(tmp_path):
     assert con.execute("SELECT count(*) FROM metrics").fetchone()[0] == 20
     assert con.execute("SELECT count(*) FROM spans").fetchone()[0] == 5 * 3  # a step span and two stages per step
     assert len(os.listdir(tmp_path / "run" / "imports")) == 1
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_sparse_log_with_a_line_of_64_mb_is_streamed_and_the_line_counted(tmp_path, suffix):
+    """A log file with a hole of 64 MB of zero bytes and no newline (a sparse file, a disk error):
+    read as a stream, the line left out unread and counted, the records around it kept."""
+    import time
+
+    from rltrace.importers import readers
+
+    path = tmp_path / f"log{suffix}"
+    first, last = ((b'{"step": 1, "loss": 0.5}\n', b'\n{"step": 2, "loss": 0.25}\n') if suffix == ".jsonl"
+                   else (b"step,loss\n1,0.5\n", b"\n2,0.25\n"))
+    with open(path, "wb") as f:
+        f.write(first)
+        f.seek(len(first) + 64 * 2**20)  # a hole: no bytes on disk, 64 MB of zeros when read
+        f.write(last)
+    started = time.perf_counter()
+    got = readers.read(path)
+    assert time.perf_counter() - started < 10
+    assert sorted(got.step.tolist()) == [1, 2] and sorted(got.value.tolist()) == [0.25, 0.5]
+    [why] = [r for r in got.refused.records() if "longer than" in r["reason"]]
+    assert why["where"] == ("line 2" if suffix == ".jsonl" else "line 3")

@@ -62,3 +62,20 @@ def test_importing_the_same_dumps_again_adds_nothing(tmp_path, dumps):
     rollout_dump(dumps / "rollout_data" / "2.pt", 2, n=2)  # a new dump beside them: only it is imported
     more = import_slime([dumps], tmp_path / "run")
     assert [b["step"] for b in more["batches"]] == [2] and _counts(tmp_path / "run") == (before[0] + 2, before[1] + 2, before[2] + 4)
+
+
+def test_an_import_that_keeps_nothing_of_its_files_exits_non_zero(tmp_path, capsys):
+    """Every sample of the dump lacks `tokens`: each is left out with its reason, and the command
+    says nothing was imported and fails (a script must not take it for a success)."""
+    import torch
+
+    from rltrace.cli import main
+    from tests.replay.slime_dumps import sample_dict
+
+    path = tmp_path / "dump" / "rollout_data" / "0.pt"
+    path.parent.mkdir(parents=True)
+    samples = [{k: v for k, v in sample_dict(i, start=1_790_000_000.0 + i).items() if k != "tokens"} for i in range(3)]
+    torch.save({"rollout_id": 0, "samples": samples}, path)
+    assert main(["import", "slime", str(path), "--out", str(tmp_path / "run")]) == 1
+    out = capsys.readouterr().out
+    assert "nothing imported" in out and "tokens" in out

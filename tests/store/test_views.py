@@ -258,3 +258,33 @@ def test_a_reader_lists_again_later_while_parts_keep_vanishing_under_it(run_dir,
     with pytest.raises(FileNotFoundError):
         store.reading(lambda: tries.append(1) or (_ for _ in ()).throw(FileNotFoundError(2, "No such file")))
     assert len(tries) == views.SCANS
+
+
+@pytest.mark.parametrize(("err", "said"), [(28, "the disk is full"), (30, "the filesystem is read-only")])
+def test_init_on_a_full_or_read_only_disk_says_so_in_one_line(run_dir, monkeypatch, err, said):
+    import os
+    from pathlib import Path
+
+    def refuse(self, *args, **kwargs):
+        raise OSError(err, os.strerror(err), str(self))
+
+    monkeypatch.setattr(Path, "write_text", refuse)
+    with pytest.raises(StoreError) as caught:
+        rltrace.init(run_dir)
+    message = str(caught.value)
+    assert "\n" not in message and said in message and str(run_dir) in message
+
+
+def test_a_fifo_given_as_a_model_config_or_a_log_is_named_for_what_it_is(tmp_path):
+    import os
+
+    from rltrace._config import RltraceConfigError
+    from rltrace._model import read_config
+    from rltrace.importers.readers import MetricsImportError, find_logs
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    with pytest.raises(RltraceConfigError, match="is a FIFO .named pipe., not a regular file"):
+        read_config(fifo)
+    with pytest.raises(MetricsImportError, match="is a FIFO .named pipe., not a regular file"):
+        find_logs([fifo])
