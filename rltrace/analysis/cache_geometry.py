@@ -7,11 +7,23 @@ Two caches (docs/analysis.md, "Serving capacity"):
   c_R = Σ over those layers of P_SSM · b_SSM / 8 + P_conv · b_conv / 8, with
   P_SSM = linear_num_value_heads · linear_key_head_dim · linear_value_head_dim and
   P_conv = (linear_conv_kernel_dim − 1) · (2 · linear_num_key_heads · linear_key_head_dim
-  + linear_num_value_heads · linear_value_head_dim); the SSM state is fp32 unless set, the conv
-  state in the model's dtype.
+  + linear_num_value_heads · linear_value_head_dim); the SSM state in the served dtype unless the
+  config's `mamba_ssm_dtype` or --ssm-dtype says otherwise (vLLM 0.34's mamba_ssm_cache_dtype
+  `auto`), the conv state in the served dtype.
 
-Anything these formulas do not describe (MLA and DSA latent caches, sliding-window layers, other
-state-space families, a layer type not named here) is refused with the reason, never estimated.
+Field names are read as the engines' config convertors read them (vLLM's
+ModelConfig.get_total_num_kv_heads / get_head_size, transformers' attribute maps): layers from
+num_hidden_layers / n_layer / num_layers / n_layers, heads from num_attention_heads / n_head /
+n_heads, KV heads from Falcon's multi_query / num_kv_heads / n_head_kv, MPT's and DBRX's
+attn_config.kv_n_heads, ChatGLM's multi_query_group_num, else num_key_value_heads, else every
+head; the head size from head_dim, ChatGLM's kv_channels, else hidden size / heads. The served
+dtype is the config's torch_dtype, except float32: vLLM's and SGLang's dtype `auto` serve a
+float32 checkpoint in 16 bits (bf16), and that is what the cache holds.
+
+Anything these formulas do not describe (MLA and DSA latent caches, sliding-window and chunked
+attention layers, whose KV per request is min(tokens, window) rather than per token: Mistral v0.1,
+Phi-3, Gemma-2/3, Llama-4's attention_chunk_size; other state-space families, a layer type not
+named here) is refused with the reason, never estimated.
 """
 
 from __future__ import annotations
@@ -32,7 +44,9 @@ _CANONICAL = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16":
 FULL, LINEAR = "full_attention", "linear_attention"
 GATED_DELTA_NET = ("linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
                    "linear_num_key_heads")
-SSM_DEFAULT = "fp32"  # Qwen3-Next's recurrent state (vLLM's mamba_ssm_cache_dtype "auto" keeps float32)
+FALCON = ("falcon", "RefinedWeb", "RefinedWebModel")  # vLLM's falcon_model_types ("RefinedWeb": the new decoder)
+#: the served dtype of a float32 checkpoint under the engines' dtype `auto`
+SERVED_FOR_FP32 = "bf16"
 #: Config keys of state-space families whose caches these formulas do not describe.
 _OTHER_STATE_KEYS = ("layers_block_type", "hybrid_override_pattern", "attn_layer_period", "attn_layer_indices",
                      "mamba_d_state", "ssm_state_size", "attn_type_list", "block_types")
@@ -57,9 +71,10 @@ def geometry(config: dict, *, kv_dtype: str | None = None, ssm_dtype: str | None
              source: str | None = None) -> dict:
     """Bytes per token and per state slot of the model described by `config` (a config.json as a dict).
 
-    `kv_dtype` overrides the attention cache's dtype (default: the model's, `torch_dtype`/`dtype`),
-    `ssm_dtype` the recurrent state's (default fp32); both by name (`bf16`, `fp8_e4m3`, ...:
-    `DTYPE_BITS`), a wrong name raises `DtypeError`.
+    `kv_dtype` overrides the attention cache's dtype (default: the served dtype, see the module
+    doc), `ssm_dtype` the recurrent state's (default: the config's `mamba_ssm_dtype`, else the
+    served dtype); both by name (`bf16`, `fp8_e4m3`, ...: `DTYPE_BITS`), a wrong name raises
+    `DtypeError`. `dtype_from` says where the KV dtype came from.
 
     Returns a dict: source, model_type, kind (`mha` / `gqa` / `hybrid`, None when refused),
     kv_dtype, ssm_dtype, conv_dtype, c_A (bytes per token), c_R (bytes per state slot; None
@@ -70,16 +85,30 @@ def geometry(config: dict, *, kv_dtype: str | None = None, ssm_dtype: str | None
     kv = dtype_name(kv_dtype, "--kv-dtype")
     ssm = dtype_name(ssm_dtype, "--ssm-dtype")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
-    cfg = {**config, **text} if text and "num_hidden_layers" not in config else config
+    cfg = {**config, **text} if text and not any(k in config for k in _LAYERS) else config
     out = {"source": source, "model_type": cfg.get("model_type"), "kind": None, "kv_dtype": kv, "ssm_dtype": ssm,
-           "conv_dtype": None, "c_A": None, "c_R": None, "layers": [], "refused": None}
+           "conv_dtype": None, "dtype_from": "--kv-dtype" if kv else None, "c_A": None, "c_R": None, "layers": [],
+           "refused": None}
     why = _refusal(cfg)
+    model = None
     if why is None:
         try:
             model = dtype_name(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype")
                                or config.get("dtype"), "the config's dtype")
+            if ssm is None and cfg.get("mamba_ssm_dtype") is not None:
+                out["ssm_dtype"] = dtype_name(cfg["mamba_ssm_dtype"], "the config's mamba_ssm_dtype")
         except DtypeError as exc:
             model, why = None, f"{exc}: give --kv-dtype"
+    if model is None and why is None:  # transformers reads no torch_dtype as float32, and so do the engines
+        model = SERVED_FOR_FP32
+        out["dtype_from"] = out["dtype_from"] or ("no torch_dtype: read as float32 and served in bf16 (vLLM's and "
+                                                  "SGLang's dtype auto serve a float32 checkpoint in 16 bits)")
+    elif model == "fp32":
+        model = SERVED_FOR_FP32
+        out["dtype_from"] = out["dtype_from"] or ("torch_dtype float32, served in bf16 (vLLM's and SGLang's dtype auto "
+                                                  "serve a float32 checkpoint in 16 bits)")
+    elif model is not None:
+        out["dtype_from"] = out["dtype_from"] or "the config's torch_dtype"
     if why is None:
         why = _fill(out, cfg, model)
     if why is not None:
@@ -95,6 +124,9 @@ def _refusal(cfg: dict) -> str | None:
                 "the GQA formula does not apply")
     if "kv_lora_rank" in cfg or model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
         return "MLA: measure the cache tensor, the GQA formula does not apply"
+    windowed = _windowed(cfg)
+    if windowed:
+        return windowed
     other = [k for k in _OTHER_STATE_KEYS if k in cfg] + (["model_type " + model_type] if "mamba" in model_type else [])
     if other:
         return (f"state-space layers of another family ({', '.join(other)}): measure the cache tensor, "
@@ -102,25 +134,80 @@ def _refusal(cfg: dict) -> str | None:
     return None
 
 
+def _windowed(cfg: dict) -> str | None:
+    """Why a model with sliding-window or chunked attention layers is refused, or None. A window at
+    least max_position_embeddings long holds every token (as full attention); Qwen2's
+    `use_sliding_window: false` turns its window off."""
+    kinds = cfg.get("layer_types")
+    if isinstance(kinds, list) and len(kinds) <= MAX_SIZE:
+        names = Counter(str(k) for k in kinds)
+        windowed = {k: n for k, n in names.items() if "sliding" in k or "chunk" in k}
+        if windowed:
+            listed = ", ".join(f"{n} {k}" for k, n in sorted(windowed.items()))
+            window = cfg.get("sliding_window") or cfg.get("attention_chunk_size")
+            return (f"sliding-window or chunked attention layers ({listed} of {len(kinds)}"
+                    f"{'' if window is None else f'; window {window}'}): their KV per request is "
+                    "min(tokens, window) per layer, not a per-token figure; not modelled, measure the cache tensor")
+        return None
+    chunk = cfg.get("attention_chunk_size")
+    if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk > 0:
+        return (f"chunked attention (attention_chunk_size {chunk}, Llama-4): the chunked layers keep KV for "
+                "min(tokens, chunk) per request, not a per-token figure; not modelled, measure the cache tensor")
+    window = cfg.get("sliding_window")
+    if not (isinstance(window, int) and not isinstance(window, bool) and window > 0) or cfg.get("use_sliding_window") is False:
+        return None
+    longest = cfg.get("max_position_embeddings")
+    if isinstance(longest, int) and window >= longest:
+        return None  # every request fits the window
+    model_type = str(cfg.get("model_type") or "")
+    pattern = cfg.get("sliding_window_pattern", 6)
+    which = ("every other layer" if model_type.startswith("gemma2") else
+             f"{pattern - 1} of every {pattern} layers" if model_type.startswith("gemma3") and _int(pattern) else
+             "some layers" if model_type.startswith("gemma") else "every layer")
+    return (f"sliding-window attention (sliding_window {window} on {which}, no layer_types): its KV per request is "
+            "min(tokens, window) per layer, not a per-token figure; not modelled, measure the cache tensor")
+
+
+def _fields(cfg: dict) -> tuple[object, object, object]:
+    """(attention heads, KV heads, head size) as vLLM's ModelConfig reads them (the module doc)."""
+    heads = _first(cfg, "num_attention_heads", "n_head", "n_heads", "num_heads")
+    model_type = str(cfg.get("model_type") or "")
+    attn = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
+    new_falcon = model_type in FALCON and (cfg.get("new_decoder_architecture") or model_type == "RefinedWeb")
+    if not new_falcon and cfg.get("multi_query") is True:
+        kv_heads = 1  # Falcon-7B, GPTBigCode
+    elif model_type in ("mpt", "dbrx"):
+        kv_heads = attn.get("kv_n_heads", heads)
+    elif model_type == "chatglm" and cfg.get("multi_query_attention") is False:
+        kv_heads = heads
+    else:
+        kv_heads = _first(cfg, "n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+        kv_heads = heads if kv_heads is None else kv_heads
+    head_dim = _first(cfg, "head_dim", "kv_channels")
+    hidden = _first(cfg, "hidden_size", "n_embd", "n_embed", "d_model")
+    if head_dim is None and _int(hidden) and _int(heads) and hidden % heads == 0:
+        head_dim = hidden // heads
+    return heads, kv_heads, head_dim
+
+
+def _first(cfg: dict, *keys: str):
+    return next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+
+
 def _fill(out: dict, cfg: dict, model: str | None) -> str | None:
     """Fill c_A, c_R and the per-layer-type rows; returns a refusal instead when the config lacks what they need."""
     kinds = _layer_kinds(cfg)
     if isinstance(kinds, str):
         return kinds
-    kv = out["kv_dtype"] or model
-    if kv is None:
-        return "config.json names no dtype (torch_dtype): give --kv-dtype"
+    kv = out["kv_dtype"] or model  # the served dtype: never None here (geometry)
     out["kv_dtype"] = kv
     counts = Counter(kinds)
     rows, c_a, c_r = [], 0, None
     if counts[FULL]:
-        heads = cfg.get("num_attention_heads")
-        kv_heads = cfg.get("num_key_value_heads", heads)
-        head_dim = cfg.get("head_dim")
-        if head_dim is None and _int(cfg.get("hidden_size")) and _int(heads):
-            if cfg["hidden_size"] % heads:
-                return f"hidden_size {cfg['hidden_size']} is not a multiple of num_attention_heads {heads}: give head_dim"
-            head_dim = cfg["hidden_size"] // heads
+        heads, kv_heads, head_dim = _fields(cfg)
+        hidden = _first(cfg, "hidden_size", "n_embd", "n_embed", "d_model")
+        if head_dim is None and _int(hidden) and _int(heads) and hidden % heads:
+            return f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}: give head_dim"
         missing = [k for k, v in (("num_key_value_heads", kv_heads), ("head_dim", head_dim)) if not _int(v)]
         if missing:
             return (f"config.json lacks {' and '.join(missing)} for its attention layers (positive integers up to "
@@ -135,9 +222,7 @@ def _fill(out: dict, cfg: dict, model: str | None) -> str | None:
         if missing:
             return (f"linear_attention layers without the gated delta-net sizes ({', '.join(missing)}): "
                     "measure the state tensor")
-        if model is None:
-            return "config.json names no dtype (torch_dtype), which the conv state is kept in"
-        ssm = out["ssm_dtype"] or SSM_DEFAULT
+        ssm = out["ssm_dtype"] or model
         nv, kd, vd = cfg["linear_num_value_heads"], cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
         p_ssm = nv * kd * vd
         p_conv = (cfg["linear_conv_kernel_dim"] - 1) * (2 * cfg["linear_num_key_heads"] * kd + nv * vd)
@@ -153,7 +238,7 @@ def _fill(out: dict, cfg: dict, model: str | None) -> str | None:
 
 def _layer_kinds(cfg: dict) -> list[str] | str:
     """Each layer's type (`full_attention` / `linear_attention`), or why they cannot be known."""
-    n = cfg.get("num_hidden_layers")
+    n = _first(cfg, *_LAYERS)
     if n is None:
         return "config.json lacks num_hidden_layers (a positive integer)"
     if not _int(n):
@@ -175,6 +260,7 @@ def _layer_kinds(cfg: dict) -> list[str] | str:
     return kinds
 
 
+_LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")  # Llama; GPT-2, Falcon, Bloom; ChatGLM; MPT
 MAX_SIZE = 2**20  # a layer count or size beyond this is no model's: refused before anything is allocated
 
 

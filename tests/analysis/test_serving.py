@@ -17,7 +17,7 @@ from rltrace.analysis._format import size_text
 from rltrace.store import rows as store_rows
 from rltrace.testing import RunBuilder
 
-from .test_cache_geometry import C_A, C_R, QWEN3_NEXT
+from .test_cache_geometry import C_A, C_R_FP32_SSM, QWEN3_NEXT
 
 GQA = {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "head_dim": 128,
        "torch_dtype": "bfloat16"}
@@ -70,16 +70,17 @@ def test_sglang_disaggregation_mode_in_the_span_name_gives_the_role(tmp_path):
 
 def test_a_hybrid_model_at_64_slots_is_dominated_by_its_recurrent_state(tmp_path):
     """64 requests at once on one engine, 1,000 prompt + 1,000 completion tokens each: N = 128,000
-    tokens of attention KV, K = 64 state slots of 77.3 MB."""
+    tokens of attention KV, K = 64 state slots of 77.3 MB (the config asks for an fp32 SSM state)."""
     b = RunBuilder(tmp_path / "run")
     proc = b.process("vllm", 0)
     for k in range(64):
         proc.span("generate", 0.01 * k, 5.0, step=1, prompt_tokens=1000, completion_tokens=1000, e2e_latency=5.0)
     proc.span("generate", 6.0, 7.0, step=1, prompt_tokens=1000, completion_tokens=1000, e2e_latency=1.0)
     b.write()
-    r = _report(b.run_dir, model=QWEN3_NEXT)
+    model = {**QWEN3_NEXT, "mamba_ssm_dtype": "float32"}
+    r = _report(b.run_dir, model=model)
     budget = r["serving"]["budget"]
-    attention, state = 128_000 * C_A, 64 * C_R
+    attention, state = 128_000 * C_A, 64 * C_R_FP32_SSM
     assert (budget["slots"], budget["tokens"]) == (64, 128_000)
     assert (budget["attention_bytes"], budget["state_bytes"]) == (attention, state)
     assert budget["pool_ratio"] == pytest.approx(state / attention)
@@ -88,7 +89,7 @@ def test_a_hybrid_model_at_64_slots_is_dominated_by_its_recurrent_state(tmp_path
                 f"with 64 slots the recurrent state dominates the budget ({state / (attention + state):.0%} of the "
                 f"{size_text(attention + state)} rltrace-vllm-0 held at its peak).")
     assert sentence in r["findings"]
-    fp8 = _report(b.run_dir, model=QWEN3_NEXT, kv_dtype="fp8_e4m3")
+    fp8 = _report(b.run_dir, model=model, kv_dtype="fp8_e4m3")
     assert fp8["serving"]["budget"]["fp8"] is None and fp8["serving"]["budget"]["attention_bytes"] == attention / 2
     assert any(f.startswith("c_A is 12.3 kB per token (fp8_e4m3 KV cache) and c_R 77.3 MB per state slot") for f in fp8["findings"])
 
