@@ -256,6 +256,21 @@ PARAMS: dict[str, Param] = {
             "Dump the stacks of this process and its children (py-spy dump) when a phase stays open this long (s).",
         ),
         Param(
+            "stacks",
+            ("RLTRACE_STACKS",),
+            _parse_bool,
+            True,
+            "Answer `rltrace stacks` and dump every thread's Python stack when open work passes the hang limit.",
+        ),
+        Param(
+            "stacks_after",
+            ("RLTRACE_STACKS_AFTER",),
+            _parse_positive_float,
+            None,
+            "Dump every thread's stack once when a thread's innermost phase stays open this long (s; default "
+            "RLTRACE_HANG_TIMEOUT, else 300).",
+        ),
+        Param(
             "torch_profile",
             ("RLTRACE_TORCH_PROFILE",),
             _parse_windows,

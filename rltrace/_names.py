@@ -473,6 +473,26 @@ CRASHES_SCHEMA = pa.schema(
     ]
 )
 
+#: Python stacks of every thread of a process (`rltrace.stacks`): one row per thread per dump, taken
+#: by the process's own stack thread when its innermost open work passes the hang limit
+#: (`trigger` hang) or when `rltrace stacks` / `rltrace watch` asked (`trigger` request).
+STACKS_SCHEMA = pa.schema(
+    [
+        *_PROCESS_COLUMNS,
+        pa.field("dump_id", pa.string()),  # one dump: every thread of the process at one moment
+        pa.field("time_ns", pa.int64()),  # when the stacks were taken, Unix epoch nanoseconds
+        pa.field("trigger", pa.string()),  # hang / request
+        pa.field("request_id", pa.string()),  # the request answered (trigger request)
+        pa.field("thread_id", pa.int64()),  # threading ident (the `thread_id` of the thread's spans)
+        pa.field("native_thread_id", pa.int64()),
+        pa.field("thread_name", pa.string()),
+        pa.field("frames", pa.string()),  # JSON list of [file, line, function, source line], innermost first
+        pa.field("spans", pa.string()),  # JSON list of the thread's open spans {span_id, phase, step, start_ns}, innermost first
+        pa.field("peer", pa.string()),  # host:port of the socket the thread is reading from, if it is
+        pa.field("native", pa.string()),  # py-spy's native frames of the thread, when asked for and allowed
+    ]
+)
+
 #: Utilisation samples (`init(resources=True)`): one row per device per sample. `kind` "cpu" is the
 #: process itself (psutil); "gpu" an NVIDIA device it uses (NVML). A row with `note` set and no
 #: values says why a kind is not sampled (psutil or NVML missing, no GPU).
@@ -546,6 +566,8 @@ CRASHES = Table("crashes", "crashes", CRASHES_SCHEMA, 1, ("process_id", "exc_typ
 STEP_SUMMARY = Table("step_summary", "summary", STEP_SUMMARY_SCHEMA, 1, ("step", "kind"))
 RESOURCES = Table("resources", "resources", RESOURCES_SCHEMA, 1, ("time_ns", "kind"))
 ALERTS = Table("alerts", "alerts", ALERTS_SCHEMA, 1, ("alert_id", "key", "rule", "time_ns"))
+STACKS = Table("stacks", "stacks", STACKS_SCHEMA, 1, ("process_id", "dump_id", "time_ns", "frames"))
+STACK_REQUESTS = "stack_requests"  # `rltrace stacks` asks every live process for its stacks here (latest.json)
 SPAN_DIGEST = Table("span_digest", "span_digests", SPAN_DIGEST_SCHEMA, 2, ("phase", "start_ns", "end_ns", "count"))
 SPAN_REQUESTS = Table("span_requests", "span_requests", SPAN_REQUESTS_SCHEMA, 1, ("kind", "start_ns"))
 SPAN_SIDECARS = (SPAN_DIGEST, SPAN_REQUESTS)  # files beside a span part, named like it, in force while it is
@@ -554,7 +576,7 @@ SPAN_SIDECARS = (SPAN_DIGEST, SPAN_REQUESTS)  # files beside a span part, named 
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (SPANS, OPEN_SPANS, METRICS_TABLE, SAMPLES, PROCESSES, STEP_SUMMARY, PROFILES, PROFILE_FRAMES, BATCHES, REPLAYS,
-              RESOURCES, ALERTS, CRASHES, SPAN_DIGEST, SPAN_REQUESTS)
+              RESOURCES, ALERTS, CRASHES, STACKS, SPAN_DIGEST, SPAN_REQUESTS)
 }
 
 #: Tables made of immutable parts that `rltrace compact` merges, with their sort keys.

@@ -188,6 +188,13 @@ def init(
                 arm(_run, policy)
             except Exception:
                 _internal_error("arming profiling")
+        if resolve("stacks"):
+            try:
+                from rltrace.stacks import start as start_stacks
+
+                start_stacks(_run)
+            except Exception:
+                _internal_error("starting the stack thread")
         if sample:
             try:
                 from rltrace.resources import start

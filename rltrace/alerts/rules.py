@@ -254,6 +254,24 @@ def hang(con, s: Settings, now_ns: int, open_spans: pd.DataFrame) -> list[Alert]
         message = (f"{o['phase']} on {_who(o['role'], o['rank'])}{_at_step(fields['step'])} has been open for "
                    f"{seconds_text(age)} (limit {seconds_text(limit)}: {why}): hung?")
         out.append(Alert(f"hang:{o['span_id']}", "hang", message, seconds=age, limit_s=limit, **fields))
+    return _with_edges(con, now_ns, out)
+
+
+def _with_edges(con, now_ns: int, alerts: list[Alert]) -> list[Alert]:
+    """Hang alerts with the blocking edge of their thread (`rltrace.stacks`) added, where the
+    process's stacks in the run still show it."""
+    if not alerts:
+        return alerts
+    from rltrace.stacks import edges
+
+    found = edges(con, now_ns)
+    by_span = {e.span_id: e for e in found}
+    other_side = {p: e for e in reversed(found) for p in e.waits_on}  # the rank that never entered, say
+    out = []
+    for a in alerts:
+        e = by_span.get(a.span_id) or other_side.get(a.process_id)
+        out.append(a if e is None else replace(a, message=f"{a.message} {e.text}",
+                                               extra={**a.extra, "edge": e.as_dict()}))
     return out
 
 

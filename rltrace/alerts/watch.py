@@ -35,9 +35,10 @@ class Watcher:
     """Checks one run; `check()` returns (every alert holding now, the ones raised for the first time)."""
 
     def __init__(self, run_dir: str | Path, settings: Settings = Settings(), delivery: Delivery | None = None, *,
-                 skip_corrupt: bool = False):
+                 skip_corrupt: bool = False, stacks_wait: float = 5.0):
         self.run_dir = Path(run_dir)
         self.skip_corrupt = skip_corrupt  # else a damaged part is a CorruptPartError naming it
+        self.stacks_wait = stacks_wait  # on a new hang: ask every live process for its stacks, wait this long (0: never)
         self.settings = settings
         self.delivery = delivery or Delivery()
         self.store_failures = 0
@@ -50,6 +51,10 @@ class Watcher:
     def check(self, now_ns: int | None = None) -> tuple[list[Alert], list[dict]]:
         now_ns = time.time_ns() if now_ns is None else now_ns
         firing = store.skipping_damaged(self.run_dir, self.skip_corrupt, lambda: self._evaluate(now_ns))
+        if self.stacks_wait > 0 and any(a.rule == "hang" and a.key not in self._known and "edge" not in a.extra
+                                        for a in firing):
+            if self._ask_stacks():  # the edge of each hang, named from the stacks the processes wrote
+                firing = store.skipping_damaged(self.run_dir, self.skip_corrupt, lambda: self._evaluate(now_ns))
         self.last_firing = firing
         new = [as_row(a, now_ns) for a in firing if a.key not in self._known]
         if new:
@@ -58,6 +63,17 @@ class Watcher:
             for row in new:
                 self.delivery.send(row)
         return firing, new
+
+    def _ask_stacks(self) -> bool:
+        """Ask the run's live processes for their stacks (`rltrace.stacks`); False if it could not."""
+        from rltrace.stacks import capture
+
+        try:
+            _, answered, _ = capture.ask_and_wait(self.run_dir, timeout=self.stacks_wait)
+        except Exception as exc:  # a read-only run dir: the alert goes out without the edge
+            logger.warning("rltrace watch: could not ask the processes for their stacks: %s", exc)
+            return False
+        return bool(answered)
 
     def _evaluate(self, now_ns: int) -> list[Alert]:
         con = store.open(self.run_dir, skip_corrupt=self.skip_corrupt)

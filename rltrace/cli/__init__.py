@@ -16,9 +16,9 @@ import time
 from rltrace._config import RltraceError
 from rltrace.analysis._format import shown
 from rltrace.cli._options import SKIP_CORRUPT_HINT
-from rltrace.cli import collect, compact, export, importer, info, profile, replay, report, run, ui, watch, whatif
+from rltrace.cli import collect, compact, export, importer, info, profile, replay, report, run, stacks, ui, watch, whatif
 
-COMMANDS = [info, compact, report, whatif, replay, importer, export, profile, ui, watch, run, collect]
+COMMANDS = [info, compact, report, whatif, replay, importer, export, profile, ui, watch, stacks, run, collect]
 
 
 def build_parser() -> argparse.ArgumentParser:

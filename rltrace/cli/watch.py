@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    f"{d.hang_min_s:g} s)")
     p.add_argument("--threshold", action="append", default=[], metavar="METRIC<V",
                    help="threshold: a step metric crossing a limit, e.g. 'reward_mean<0.2' (repeatable)")
+    p.add_argument("--stacks-wait", type=float, default=5.0, metavar="S",
+                   help="on a new hang, ask every live process for its Python stacks and wait up to S seconds, so the "
+                   "alert names what blocks it (default 5; 0: do not ask)")
     p.add_argument("--rules", metavar="LIST", help=f"only these rules, comma-separated ({', '.join(RULES)})")
     _options.skip_corrupt(p)
     p.set_defaults(func=main)
@@ -69,7 +72,7 @@ def _line(alert) -> str:
 def main(args: argparse.Namespace) -> int:
     settings = _settings(args)
     delivery = Delivery(args.webhook, args.command)
-    watcher = Watcher(args.run_dir, settings, delivery, skip_corrupt=args.skip_corrupt)
+    watcher = Watcher(args.run_dir, settings, delivery, skip_corrupt=args.skip_corrupt, stacks_wait=args.stacks_wait)
     if args.once:
         firing, _ = watcher.check()
         for alert in firing:

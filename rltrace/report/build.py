@@ -118,6 +118,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
         "crashes": plain(analysis.crashes(con)),
         "open_spans": _open_spans(con, now_ns),
         "unstepped": analysis.unstepped(con),
+        "blocking": _blocking(con, now_ns),
         "dropped": _dropped(con),
         "imported_spans": _imported_spans(con),
         "idle_devices": plain(analysis.idle_devices(con, steps)),
@@ -200,6 +201,13 @@ def _whatif(con, steps: Steps, costs: pd.DataFrame, summary: dict) -> dict | Non
     if table.empty or table.iloc[0]["staleness"] != 0:  # already async: the overlap sentence tells
         return None
     return plain(table.iloc[1].to_dict())
+
+
+def _blocking(con, now_ns: int) -> list[dict]:
+    """Who waits on whom, and on what, from the stacks the processes wrote (`rltrace.stacks`)."""
+    from rltrace.stacks import edges
+
+    return plain([e.as_dict() for e in edges(con, now_ns)])
 
 
 def _staleness(con, steps: Steps) -> dict:

@@ -35,7 +35,7 @@ MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest di
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_skipped, _imported, _crashes, _hangs, _unstepped, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
+    for part in (_skipped, _imported, _crashes, _blocking, _hangs, _unstepped, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
                  _async, _drops, _reward, _staleness, _mismatch, _idle_devices, _engine, _serving):
         out.extend(part(r))
     return out
@@ -348,6 +348,11 @@ def _reward(r: dict) -> list[str]:
     logged = f" (logged as {', '.join(w['logged_as'])})" if w.get("logged_as") and w["logged_as"] != ["reward_mean"] else ""
     return [f"Reward went from {num(w['first'])} at step {w['first_step']} to {num(w['last'])} at step {w['last_step']}; "
             f"best {num(w['best'])} at step {w['best_step']}{logged}."]
+
+
+def _blocking(r: dict) -> list[str]:
+    """One sentence per blocking edge: the stuck thread, the call it is in, and the other side."""
+    return [f"Blocked: {e['text']}" for e in r.get("blocking") or []]
 
 
 def _hangs(r: dict) -> list[str]:
