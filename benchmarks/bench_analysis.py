@@ -4,10 +4,14 @@
     python benchmarks/bench_analysis.py --raw --spans 100000000   # a run never compacted
     python benchmarks/bench_analysis.py --names 20000             # span names that carry ids
 
-`--raw` measures what a user meets on a run nobody compacted: `rltrace report` (open + build,
-every summary computed from the spans, empty summary cache) against a DuckDB `GROUP BY step,
-phase` over the same spans (open + query), its peak memory (a child process), and a live run's
-second report after one more step was flushed (the summary cache computes only that step).
+`--raw` measures what a user meets on a run nobody compacted, as 8 real writer processes leave it
+(`rltrace.init`, nested `rltrace.phase`s with attributes, in step with each other; their merged parts,
+what they write beside them, and what the last one stores at exit): `rltrace report` on a machine
+that never reported on it (empty summary cache) against a DuckDB `GROUP BY step, phase` over the
+same spans (open + query), both as commands, its peak memory, the same without what the last writer
+stored (earlier releases) and what storing it cost, and a live run's second report after one more
+step was flushed (the summary cache computes only that step). `--direct`: the run written straight
+as Parquet instead (seconds, not minutes; no writer exits, so nothing stored).
 `--names N`: a service whose N request spans each have their own name (`Req <id>`, with a
 `decode` child), as instrumentations that put ids in span names give, against the same run with
 one name for all: the report should cost about the same.
@@ -19,7 +23,8 @@ Baselines measured in the same run: the timeline query on the run before compact
 unsorted parts), and the report computing its per-step summaries from the spans (what a run
 that was never compacted costs) instead of reading the ones `rltrace compact` stored.
 
-The run is written straight as Arrow tables in the store schema (no OTel on the way): per step,
+Without `--raw` (and with `--direct`) the run is written straight as Arrow tables in the store
+schema (no OTel on the way); with `--raw` by the writers, in the same shape: per step,
 a trainer (step container, train with forward/backward micro-batches, optimizer, weight_sync),
 8 rollout workers (a rollout span over 4 threads of short generate spans, one straggler) and a
 reward worker (reward with per-sample score spans): ~10,000 spans a step.
@@ -227,6 +232,93 @@ def generate(run_dir: Path, spans: int, seed: int = 0, meta: bool = False) -> in
     return written
 
 
+def _record(run_dir: str, i: int, first: int, steps: int, barrier, meta: bool) -> None:
+    """One writer process of `generate_with_writers`: `rltrace.init`, then `steps` steps of the
+    template's shape through `rltrace.phase` (nested, with attributes), in step with the others
+    (a barrier per stage: rollout, reward, train, as a synchronous RL loop runs), then exit."""
+    import contextvars
+    import random
+    import threading
+
+    import rltrace
+
+    role, rank = PROCS[i]
+    rltrace.init(run_dir, role=role, rank=rank)
+    rng = random.Random(i)
+    for step in range(first, first + steps):
+        barrier.wait()  # the step starts: rollout workers generate
+        if role == "rollout":
+            with rltrace.phase("rollout", step=step, weight_version=step, engine="sglang") as roll:
+                def generate(thread: int) -> None:
+                    for k in range(383):
+                        attrs = {"sample_id": f"{step}-{rank}-{thread}-{k}", "group_id": f"g-{step}-{k // 8}"}
+                        if meta and k % 30 == 0:
+                            attrs.update(e2e_latency=rng.uniform(0.5, 30), queue_time=rng.uniform(0, 2),
+                                         prompt_tokens=rng.randint(200, 2000), cached_tokens=rng.randint(0, 200),
+                                         completion_tokens=rng.randint(50, 4000), rid=f"{rng.getrandbits(62):032x}")
+                        with rltrace.phase("generate", **attrs):
+                            pass
+                threads = [threading.Thread(target=contextvars.copy_context().run, args=(generate, t)) for t in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                roll.set(samples=4 * 383)
+        barrier.wait()  # rollouts done: the reward worker scores
+        if role == "reward":
+            with rltrace.phase("reward", step=step, weight_version=step, fn="math_verify"):
+                for k in range(385):
+                    with rltrace.phase("score", sample_id=f"{step}-{k}"):
+                        pass
+        barrier.wait()  # scored: the trainer trains and syncs weights
+        if role == "trainer":
+            with rltrace.phase("step", step=step, weight_version=step):
+                with rltrace.phase("train", micro_batches=200):
+                    for k in range(200):
+                        with rltrace.phase("forward", micro_batch=k):
+                            pass
+                        with rltrace.phase("backward", micro_batch=k):
+                            pass
+                    with rltrace.phase("optimizer", lr=1e-6):
+                        pass
+                with rltrace.phase("weight_sync", bytes=2_000_000_000, method="nccl"):
+                    pass
+            rltrace.log_metrics(step, reward_mean=rng.random(), train_rollout_logprob_abs_diff=rng.random())
+            rltrace.log_samples(step, [{"sample_id": k, "response_len": rng.randint(50, 400)} for k in range(256)])
+    rltrace.shutdown()
+
+
+def generate_with_writers(run_dir: Path, spans: int, meta: bool = False, first: int = 0,
+                          env: dict | None = None) -> int:
+    """A run of about `spans` spans written by 8 real writer processes (`rltrace.init`, nested
+    `rltrace.phase`s with attributes, the template's shape: ~10,000 spans a step), left as they
+    leave it when they exit: their own merged parts and what they write beside them, nothing
+    compacted. The number of steps written."""
+    import multiprocessing
+
+    steps = max(1, spans // len(_template(np.random.default_rng(0))["start"]))
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(len(PROCS))
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        procs = [ctx.Process(target=_record, args=(str(run_dir), i, first, steps, barrier, meta)) for i in range(len(PROCS))]
+        for proc in procs:
+            proc.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    for proc in procs:
+        proc.join()
+    failed = [p.exitcode for p in procs if p.exitcode]
+    if failed:
+        raise RuntimeError(f"{len(failed)} writer processes failed (exit codes {failed})")
+    from rltrace.store import last_writer
+
+    last_writer.wait(run_dir, timeout=3600)  # the last one out had the report's summaries stored: done
+    return steps
+
+
 def _time(fn, repeat: int = 3) -> float:
     times = []
     for _ in range(repeat):
@@ -284,11 +376,16 @@ def _command(argv: list[str], cache: Path) -> dict:
 
 def _raw(run_dir: Path, written: int, rows: list, meta: bool = False) -> None:
     """The report on a run as its writers left it (nobody compacted it) against a GROUP BY, as
-    commands; then a live run's second report, after one more step was flushed."""
+    commands on a machine that never reported on it (an empty summary cache); the same with what
+    the last writer stored at exit set aside (what earlier releases gave), and what storing it cost
+    that writer; then a live run's second report, after one more step was flushed."""
     import subprocess
     import sys
 
+    from rltrace.analysis import _parts
+
     cache = run_dir.parent / f"{run_dir.name}-summaries"
+    stored, aside = run_dir / _parts.STORED, run_dir.parent / f"{run_dir.name}-stored-aside"
     # rltrace's bytecode compiled first, as `pip install` leaves it (a checkout run with
     # PYTHONDONTWRITEBYTECODE would compile every module on each command)
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(report.__file__).parent.parent)], check=True)
@@ -296,12 +393,16 @@ def _raw(run_dir: Path, written: int, rows: list, meta: bool = False) -> None:
                 f"sum(end_ns - start_ns) AS ns FROM read_parquet('{run_dir}/spans/*.parquet') GROUP BY step, phase\").fetchall()"]
     report_cmd = [str(Path(sys.executable).parent / "rltrace"), "report", str(run_dir), "--json"]
     build = "report.build(store.open({d!r}))".format(d=str(run_dir))
+
+    def cold() -> dict:  # the median of three, each with nothing cached, as the baseline's
+        firsts = []
+        for _ in range(3):
+            shutil.rmtree(cache, ignore_errors=True)
+            firsts.append(_command(report_cmd, cache))
+        return sorted(firsts, key=lambda r: r["seconds"])[1]
+
     base = statistics.median(_command(group_by, cache)["seconds"] for _ in range(3))
-    firsts = []
-    for _ in range(3):  # the median of three, each with nothing cached, as the baseline's
-        shutil.rmtree(cache, ignore_errors=True)
-        firsts.append(_command(report_cmd, cache))
-    first = sorted(firsts, key=lambda r: r["seconds"])[1]
+    first = cold()
     rows.append(("DuckDB GROUP BY step, phase (python -c, a command)", "baseline", f"{base:.2f} s", "", ""))
     rows.append(("rltrace report --json, nothing cached (a command, median of 3)", "<= 8x baseline",
                  f"{first['seconds']:.2f} s", f"{base:.2f} s GROUP BY", f"{first['seconds'] / base:.1f}x"))
@@ -309,10 +410,27 @@ def _raw(run_dir: Path, written: int, rows: list, meta: bool = False) -> None:
     shutil.rmtree(cache, ignore_errors=True)
     inproc = _child(build, cache)  # the same, imports excluded (the figure earlier releases gave)
     rows.append(("  the same in-process (open + build, imports excluded)", "", f"{inproc['seconds']:.2f} s", "", ""))
+    if stored.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        stored.rename(aside)
+        try:
+            before = cold()
+            shutil.rmtree(cache, ignore_errors=True)
+            storing = _child(f"from rltrace.analysis import stored; stored.store({str(run_dir)!r})", cache)
+        finally:
+            shutil.rmtree(stored, ignore_errors=True)
+            aside.rename(stored)
+        rows.append(("  the same without what the last writer stored (earlier releases)", "",
+                     f"{before['seconds']:.2f} s", f"{base:.2f} s GROUP BY", f"{before['seconds'] / base:.1f}x"))
+        rows.append(("  what storing it cost (the process the last writer starts)", "", f"{storing['seconds']:.2f} s", "", ""))
     # one more step flushed by the live run (flush parts, no summary yet); the summary cache holds every earlier step
     tpl = _template(np.random.default_rng(0))
     n_steps = written // len(tpl["start"])
     table = _batch(tpl, range(n_steps, n_steps + 1), np.random.default_rng(1), meta)
+    last_end = store.open(run_dir).execute("SELECT max(end_ns) FROM spans").fetchall()[0][0]
+    shift = pa.scalar(last_end - (T0 + n_steps * STEP_NS) + 10**9)  # the step follows the run's last span
+    for column in ("start_ns", "end_ns"):
+        table = table.set_column(table.column_names.index(column), column, pc.add(table[column], shift))
     live = []
     for process_id in process_ids():
         mine = table.filter(pc.equal(table["process_id"], process_id))
@@ -368,20 +486,27 @@ def main() -> None:
     p.add_argument("--reuse", action="store_true", help="reuse a run generated before (skips the uncompacted baseline)")
     p.add_argument("--skip-raw", action="store_true", help="skip the report baseline without summaries (minutes at 10M)")
     p.add_argument("--raw", action="store_true", help="only the never-compacted report against a GROUP BY, and a live run")
+    p.add_argument("--direct", action="store_true",
+                   help="--raw on a run written straight as Parquet (seconds), not by 8 writer processes (minutes)")
     p.add_argument("--engine-meta", action="store_true",
                    help="generate spans carry attributes (a sample id; one in 30 SGLang's request meta), as a traced run's do")
     p.add_argument("--names", type=int, default=0, help="only the report on N distinct request names against one name")
     args = p.parse_args()
     if args.names:
         return _many_names(Path(args.dir), args.names)
-    run_dir = Path(args.dir) / f"run-{args.spans}{'-meta' if args.engine_meta else ''}"
+    kind = "-direct" if args.direct or not args.raw else "-writers"
+    run_dir = Path(args.dir) / f"run-{args.spans}{'-meta' if args.engine_meta else ''}{kind}"
     rows = []
     before = None
     if not (args.reuse and run_dir.exists()):
         shutil.rmtree(run_dir, ignore_errors=True)
         t = time.perf_counter()
-        generate(run_dir, args.spans, meta=args.engine_meta)
-        rows.append(("generate run", "", f"{time.perf_counter() - t:.1f} s", "", ""))
+        if args.raw and not args.direct:
+            generate_with_writers(run_dir, args.spans, meta=args.engine_meta)
+            rows.append(("8 writer processes record the run and exit", "", f"{time.perf_counter() - t:.1f} s", "", ""))
+        else:
+            generate(run_dir, args.spans, meta=args.engine_meta)
+            rows.append(("generate run", "", f"{time.perf_counter() - t:.1f} s", "", ""))
     written = store.open(run_dir).execute("SELECT count(*) FROM spans").fetchall()[0][0]
     if args.raw:
         _raw(run_dir, written, rows, meta=args.engine_meta)

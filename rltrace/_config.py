@@ -176,6 +176,14 @@ PARAMS: dict[str, Param] = {
             "as written until `rltrace compact`).",
         ),
         Param(
+            "store_summaries",
+            ("RLTRACE_STORE_SUMMARIES",),
+            _parse_bool,
+            True,
+            "The last writer of a large local run has what the run's first report computes stored in the run "
+            "as it exits (reports on any machine start from it).",
+        ),
+        Param(
             "merge_grace",
             ("RLTRACE_MERGE_GRACE",),
             _parse_seconds,

@@ -296,6 +296,10 @@ class Run:
             logger.warning("rltrace: could not write the final process row: %s", exc)
         if self._spool is not None:
             self._spool.close()
+        else:  # the last writer of a large run has what its first report computes stored (never raises)
+            from rltrace.store import last_writer
+
+            last_writer.at_exit(self.run_dir)
 
     def __repr__(self) -> str:
         return f"Run(run_dir={str(self.location)!r}, name={self.name!r}, role={self.role!r}, rank={self.rank!r})"

@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 
 import duckdb
@@ -50,15 +51,44 @@ def meta(con, key: str) -> str | None:
     return rows[0][0] if rows else None
 
 
+STORED = "report_cache"  # a run's folder of what its first report computes, stored by its last writer at exit
+_ROOT: ContextVar[Path | None] = ContextVar("rltrace_cache_root", default=None)
+
+
+@contextlib.contextmanager
+def cache_root(folder: Path):
+    """Within this block, cache files are read and written in `folder` (`analysis.stored`: the run's own)."""
+    token = _ROOT.set(Path(folder))
+    try:
+        yield
+    finally:
+        _ROOT.reset(token)
+
+
+def _file_name(rid: str, kind: str) -> str:
+    return f"{safe_name(rid)}{'' if kind == 'summary' else '.' + kind}.parquet"
+
+
 def cache_file(con, kind: str = "summary") -> Path | None:
     """The run's cache file of that kind (`summary`: per-step summaries; other kinds: per-part
     sidecars), or None when the run has no id."""
     rid = meta(con, "run_id")
     if not rid:
         return None
-    root = resolve("summary_cache_dir")
+    root = _ROOT.get() or resolve("summary_cache_dir")
     root = Path(root) if root else Path(os.path.expanduser("~/.cache/rltrace/summaries"))
-    return root / f"{safe_name(rid)}{'' if kind == 'summary' else '.' + kind}.parquet"
+    return root / _file_name(rid, kind)
+
+
+def stored_file(con, kind: str = "summary") -> Path | None:
+    """The cache file of that kind that the run's last writer stored in the run (`analysis.stored`),
+    if there is one: read after this machine's own files, so a machine that never reported on the
+    run starts from it."""
+    rid, run_dir = meta(con, "run_id"), meta(con, "run_dir")
+    if not rid or not run_dir or "://" in run_dir:
+        return None
+    path = Path(run_dir) / STORED / _file_name(rid, kind)
+    return path if path.is_file() and path != cache_file(con, kind) else None
 
 
 def write_cache(path: Path, table: Callable[[], pa.Table]) -> bool:
@@ -135,7 +165,7 @@ def table(con, kind: str, schema: pa.Schema, select: str, digests: int = 0, only
     con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {name}_inputs AS SELECT * FROM _rltrace_schema")
     con.unregister("_rltrace_schema")
     main, additions = cache_files(con, kind)
-    files = [] if main is None else [*additions, main]
+    files = [] if main is None else [*additions, main, *filter(None, [stored_file(con, kind)])]
     now, taken, main_read = parts_now(con), set(), False
     merged = replaced(con)  # a part merged from others holds their rows: theirs, cached, are its
     inputs = {n for p in now if p[0] in merged for n in merged[p[0]]}
