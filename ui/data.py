@@ -24,6 +24,7 @@ import streamlit as st
 from rltrace import analysis, profiling, replay, report as report_mod
 from rltrace._json import dumps as strict_dumps
 from rltrace.analysis import health
+from rltrace.analysis import whatif as whatif_model
 from rltrace.analysis._steps import Steps
 from rltrace.export import chrome
 from rltrace.replay import browse, diff, rerun
@@ -133,11 +134,17 @@ def table(report_: dict, key: str, columns: list[str] | None = None) -> pd.DataF
 
 
 @st.cache_data(**CACHE)
+def whatif_calibration(run: RunRef, steps: Steps) -> whatif_model.Calibration:
+    """What `rltrace whatif` replays for these steps, read once per run version and step range."""
+    return _with(run, whatif_model.calibrate, steps)
+
+
+@st.cache_data(**CACHE)
 def whatif(run: RunRef, steps: Steps, scenarios: tuple[tuple, ...]) -> list[dict]:
     """`rltrace whatif --json`'s rows for these steps: the run replayed as recorded, then one row per
     scenario, each `(staleness, rollout_workers, partial, placement)` (None: as recorded)."""
     asked = [analysis.WhatIf(*s) for s in scenarios]
-    return report_mod.plain(_with(run, analysis.what_if, asked, steps))
+    return report_mod.plain(whatif_model.table(whatif_calibration(run, steps), asked))
 
 
 # --- drill-downs: one step's detail, per-sample rows ---------------------------------------------

@@ -77,6 +77,8 @@ class Calibration:
     workers: int  # engines recorded (distinct worker_rank; 1 when not recorded)
     staleness: int  # K recorded (max sample staleness; 0 when not recorded)
     per_sample: bool  # per-sample generation times were recorded
+    t_sync: float | None = None  # the cost model's medians (`cost_summary`), for the analytic bound beside
+    async_bound: float | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -116,7 +118,8 @@ def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
     if not per_sample:
         notes.append("no per-sample generation times (gen_start, gen_end): each rollout replays as one piece, "
                      "so more rollout workers and partial rollouts cannot change it")
-    overlapped = bool((summary or cost_summary(con, steps, per_step=costs.reset_index())).get("overlapping"))
+    summary = summary or cost_summary(con, steps, per_step=costs.reset_index())
+    overlapped = bool(summary.get("overlapping"))
     stage = zero("t_R") + zero("t_T") + zero("t_W")
     extra = np.zeros(len(costs)) if overlapped else np.clip(np.nan_to_num(period - stage, nan=0.0), 0.0, None)
     workers = int(per.groupby("step")["worker_rank"].nunique().max()) if len(per) and per["worker_rank"].notna().any() else 1
@@ -124,7 +127,8 @@ def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
     return Calibration(
         steps=costs.index.to_numpy(), works=_padded(works), overhead=np.array(overhead),
         reward=zero("t_reward"), train=zero("t_T"), sync=zero("t_W"), extra=extra, period=period,
-        workers=max(1, workers), staleness=0 if stale != stale else int(stale), per_sample=per_sample, notes=notes)
+        workers=max(1, workers), staleness=0 if stale != stale else int(stale), per_sample=per_sample,
+        t_sync=summary.get("t_sync"), async_bound=summary.get("async_bound"), notes=notes)
 
 
 def _padded(rows: list[np.ndarray]) -> np.ndarray:
@@ -359,10 +363,13 @@ def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: i
     (max(t_R, t_T) + t_W for an async scenario, t_sync for a synchronous one, from the medians).
     `per_step`, `summary`: `cost_model()` and `cost_summary()` of the same steps, when the caller has them.
     """
-    cal = calibrate(con, steps, per_step=per_step, summary=summary)
+    return table(calibrate(con, steps, per_step=per_step, summary=summary), scenarios, replicates=replicates)
+
+
+def table(cal: Calibration, scenarios: list[Scenario], *, replicates: int = REPLICATES) -> pd.DataFrame:
+    """`whatif` on a calibration already made (the dashboard keeps one per run and step range)."""
     if not len(cal.steps):
         return pd.DataFrame()
-    summary = cost_summary(con, steps, per_step=per_step) if summary is None else summary
     recorded = float(np.nanmedian(cal.period)) if np.isfinite(cal.period).any() else None
     rows = []
     for i, sc in enumerate([Scenario()] + list(scenarios)):
@@ -370,7 +377,7 @@ def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: i
         row["schedule"] = row["scenario"]  # every knob, as resolved
         row["scenario"] = "as recorded" if i == 0 else sc.label()
         synchronous = row["staleness"] == 0 or row["placement"] == "colocated"
-        row["analytic_s"] = summary["t_sync"] if synchronous else summary["async_bound"]
+        row["analytic_s"] = cal.t_sync if synchronous else cal.async_bound
         row["recorded_step_s"] = recorded
         rows.append(row)
     return pd.DataFrame(rows)

@@ -41,7 +41,7 @@ def _version() -> str:
 
 #: a step range that starts with a minus (`-1:2`, `-3:`, `-5:-1`): argparse would take it for an option
 _NEGATIVE_RANGE = re.compile(r"^-\d")
-_STEP_RANGE_COMMANDS = ("report", "export")  # the commands with --steps A:B
+_STEP_RANGE_COMMANDS = ("report", "export", "whatif")  # the commands with --steps A:B
 
 
 def step_range_args(argv: list[str]) -> list[str]:
