@@ -294,7 +294,32 @@ def _scan_table(folder: Path, table: _names.Table, skip_corrupt: bool, skipped: 
     superseded = {name for part in parts for name in part.replaces}
     live = [p for p in parts if p.path.name not in superseded]
     replaced = [p.path for p in parts if p.path.name in superseded]
+    rivals = covered(live)
+    if rivals:
+        _skipping(f"{folder}: {', '.join(sorted(p.name for p in rivals))} hold(s) only spans other parts hold "
+                  "(two merges of the same parts); read once, removed by `rltrace compact`")
+        live = [p for p in live if p.path not in rivals]
+        replaced += sorted(rivals)
     return live, replaced
+
+
+def covered(parts: list[Part]) -> set[Path]:
+    """Merged parts whose every input another part in force also replaced (a compaction and a writer
+    that both merged the same parts: a writer paused past its heartbeat on an `s3://` run): their
+    rows are all in those parts, so they are left out, and each span is read once. A merged part's
+    rows are its inputs' rows, so hiding it loses nothing; compaction's parts are left out first."""
+    by_name: dict[str, list[Part]] = {}
+    for p in parts:
+        for name in p.replaces:
+            by_name.setdefault(name, []).append(p)
+    if all(len(found) == 1 for found in by_name.values()):
+        return set()
+    hidden: set[Path] = set()
+    shared = {id(p): p for found in by_name.values() if len(found) > 1 for p in found}.values()
+    for p in sorted(shared, key=lambda p: (not p.path.name.startswith("c-"), p.rows, p.path.name)):
+        if all(any(q is not p and q.path not in hidden for q in by_name[name]) for name in p.replaces):
+            hidden.add(p.path)
+    return hidden
 
 
 _WARNED: set[str] = set()  # "path: why" of every part this process has said it skips

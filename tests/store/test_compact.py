@@ -160,3 +160,31 @@ def test_compact_folds_copies_of_a_span_away_whatever_parts_hold_them(run_dir):
     con = store.open(run_dir)
     assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (60, 60)
     assert store.compact(run_dir, grace_s=0, target_rows=40)[0].rows == 60  # nothing left to fold
+
+
+def test_two_merges_of_the_same_parts_are_read_once_by_every_reader(run_dir, capsys):
+    """A compaction and a writer that merged the same parts (a writer paused past its heartbeat on
+    an `s3://` run): the part whose every input the other parts replaced is left out, so the views,
+    the report and the documented pyarrow reader count each span once; compact removes it."""
+    import json
+
+    from rltrace import _names
+    from rltrace.store import merge
+
+    from .test_other_engines import documented_reader
+
+    record(run_dir, 12)
+    flushed = sorted((run_dir / "spans").glob("*.parquet"))
+    writer = merge.process_of(flushed[0].name)
+    merge.merge(run_dir / "spans", _names.SPANS, flushed[:5], "c-00000000000a.parquet")  # the compaction's
+    merge.merge(run_dir / "spans", _names.SPANS, flushed[5:9], "c-00000000000b.parquet")
+    merge.merge(run_dir / "spans", _names.SPANS, flushed[:8], merge.merged_name(writer, 1))  # the writer's own,
+    merge.merge(run_dir / "spans", _names.SPANS, flushed[8:], merge.merged_name(writer, 2))  # of every flush part
+    assert store.open(run_dir).execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (12, 12)
+    assert cli(["report", str(run_dir), "--json"]) == 0
+    assert sum(p["spans"] for p in json.loads(capsys.readouterr().out)["phases"]) == 12
+    assert documented_reader(run_dir).num_rows == 12  # the snippet of docs/scale.md follows the same rule
+    store.compact(run_dir, grace_s=0)
+    assert not list((run_dir / "spans").glob("c-00000000000*.parquet"))
+    assert documented_reader(run_dir).num_rows == 12
+    assert store.open(run_dir).execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (12, 12)
