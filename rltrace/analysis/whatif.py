@@ -154,9 +154,10 @@ def _sample_frame(con, steps: Steps) -> pd.DataFrame:
 
 
 def _carried_over(s: pd.DataFrame) -> pd.DataFrame:
-    """Samples an engine started before its previous step's batch ended (partial rollouts carry
-    them over): only their time in this step's batch, from its first fresh sample's start, is work
-    here (`carried` marks them). Needs worker_rank; without it no sample is taken for carried."""
+    """Samples an engine started before its previous step's static batch ended (partial rollouts
+    carry them over): only their time in this step's batch, from its first fresh sample's start, is
+    work here (`carried` marks them). Needs worker_rank, and a batch whose fresh samples started
+    together; otherwise no sample is taken for carried."""
     s["carried"] = False
     if s.empty or s["worker_rank"].isna().all():
         return s
@@ -165,7 +166,11 @@ def _carried_over(s: pd.DataFrame) -> pd.DataFrame:
     last["step"] = last["step"] + 1  # each engine's previous step's end, on the next step's rows
     last = last.rename(columns={"worker_rank": "_w"})
     prev = s.assign(_w=key).merge(last, on=["_w", "step"], how="left")["prev_end"].to_numpy()
-    carried = s["gen_start"].to_numpy() < prev - 1e-6
+    # a static batch starts its fresh samples together; an engine that starts requests one by one
+    # (continuous batching) overlaps steps without carrying anything over
+    together = s.groupby([key, s["step"], s["gen_start"]])["gen_start"].transform("size").groupby(
+        [key, s["step"]]).transform("max") >= 2
+    carried = (s["gen_start"].to_numpy() < prev - 1e-6) & together.to_numpy()
     if not carried.any():
         return s
     s["carried"] = carried

@@ -125,3 +125,20 @@ def test_a_sample_carried_over_counts_only_its_time_in_the_batch_that_finished_i
     assert np.nanmax(cal.works[1:], axis=1) == pytest.approx([0.2] * 7, abs=1e-6)
     assert any("7 samples were carried over" in n for n in cal.notes)
     assert _predict(cal)["predicted_step_s"] == pytest.approx(0.6, abs=1e-6)
+
+
+def test_requests_started_one_by_one_across_steps_are_not_taken_for_carried(tmp_path):
+    """Continuous batching, fully async: an engine starts step s+1's requests while step s's last
+    ones still run, each at its own time. Nothing was carried over: each sample's work is whole."""
+    b = RunBuilder(tmp_path / "run")
+    tr, engine = b.process("trainer"), b.process("rollout")
+    for step in range(6):
+        t = 0.5 * step
+        engine.span("generate", t, t + 0.6, step=step)
+        b.samples(step, [{"sample_id": f"{step}-{i}", "gen_start": t + 0.05 * i, "gen_end": t + 0.05 * i + 0.4,
+                          "worker_rank": 0, "weight_version": step, "train_version": step} for i in range(4)])
+        tr.span("train", t + 0.6, t + 0.9, step=step)
+    b.write()
+    cal = whatif.calibrate(store.open(b.run_dir))
+    assert not any("carried" in n for n in cal.notes)
+    assert np.nanmax(cal.works, axis=1) == pytest.approx([0.4] * 6, abs=1e-6)
