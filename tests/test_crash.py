@@ -8,6 +8,8 @@ import subprocess
 import textwrap
 import time
 
+import pytest
+
 import rltrace
 from rltrace import store
 
@@ -81,9 +83,8 @@ def test_phases_open_when_the_process_exits_end_with_an_error(run_dir):
     from rltrace.cli import info
 
     said = report.build(store.open(run_dir))["findings"]
-    assert said[0].startswith("Open span: generate on trainer0 (thread engine) at step 5 was still running when its "
-                              "process exited, after ")
-    assert said[0].endswith(": hung, or cut off by the exit.")
+    assert said[0].startswith("Open span: generate on trainer0 (thread engine) at step 5 never ended: open ")
+    assert said[0].endswith(" until its process exited; hung, or cut off by the exit.")
     assert [(o["phase"], o["state"]) for o in info.collect(str(run_dir))["open_spans"]] == [
         ("generate", "exited"), ("step", "exited")]
 
@@ -138,6 +139,8 @@ def test_after_kill_9_info_and_report_say_killed_not_hung(run_dir, monkeypatch):
     from rich.console import Console
 
     from rltrace import report
+    from rltrace.analysis._format import seconds_text
+    from rltrace.analysis.health import open_text
     from rltrace.cli import info
 
     test_kill_9_leaves_open_phases_and_a_stopped_heartbeat(run_dir)
@@ -145,17 +148,24 @@ def test_after_kill_9_info_and_report_say_killed_not_hung(run_dir, monkeypatch):
     soon = report.build(store.open(run_dir))["findings"][0]
     later = time.time_ns() + 120 * 10**9  # and once the heartbeat is stale, whatever the host
     said = report.build(store.open(run_dir), now_ns=later)["findings"][0]
-    for told in (soon, said):
-        assert told.startswith("Open span: generate on rollout1 at step 7 never ended: its process stopped")
+    (o,) = report.build(store.open(run_dir), now_ns=later)["open_spans"]
+    heard = (o["last_heard_ns"] - o["start_ns"]) / 1e9
+    assert o["open_s"] == pytest.approx(max(heard, 0.0), abs=1e-6)  # until its last sign of life, whenever it was seen
+    for told in (soon, said):  # the same timeline however the kill was seen: its last evidence, each once
+        assert told.startswith(f"Open span: generate on rollout1 at step 7 never ended, {open_text(o)}: its last "
+                               "heartbeat came ")
+        assert told.count("heartbeat came") == 1 and "its writer lock was freed" in told
         assert told.endswith("killed (e.g. SIGKILL or out of memory).")
         assert "crash" not in told and "alive" not in told  # three cases, three sentences
     assert info.collect(str(run_dir))["processes"][0]["state"] == "killed"
     monkeypatch.setattr(info.time, "time_ns", lambda: later)
     data = info.collect(str(run_dir))
     assert data["processes"][0]["state"] == "killed" and data["open_spans"][0]["state"] == "killed"
+    assert data["open_spans"][0]["open_s"] == o["open_s"]  # one figure for how long it was open
     console = Console(record=True, width=200)
     info.render(data, console)
-    assert "killed (its process stopped)" in console.export_text()
+    text = console.export_text()
+    assert "killed (open at least this)" in text and seconds_text(o["open_s"]) in text
 
 
 def test_a_crash_that_leaves_a_span_open_is_told_once_as_the_crash(run_dir):
@@ -189,7 +199,7 @@ def test_a_crash_that_leaves_a_span_open_is_told_once_as_the_crash(run_dir):
     assert not any("Open span" in s or "hung" in s or "waited" in s for s in said), said
     data = info.collect(str(run_dir))
     assert [(o["phase"], o["step"], o["state"]) for o in data["open_spans"]] == [("step", 3, "crashed")]
-    assert data["spans"]["open"] == len(data["open_spans"]) == 1 and 0.1 <= data["open_spans"][0]["age_s"] < 60
+    assert data["spans"]["open"] == len(data["open_spans"]) == 1 and 0.1 <= data["open_spans"][0]["open_s"] < 60
     console = Console(record=True, width=200)
     info.render(data, console)
     text = console.export_text()

@@ -70,7 +70,7 @@ def _info(con, path: str) -> dict:
         """SELECT min(step), max(step), count(DISTINCT step), count(*) FILTER (WHERE NOT is_open),
                   count(*) FILTER (WHERE is_open) FROM spans"""
     ).fetchall()[0]
-    procs = analysis.processes(con)
+    procs = health.process_states(con, analysis.processes(con))
     manifest = read_manifest(path)
     return {
         "path": path,
@@ -96,6 +96,13 @@ def info(run: RunRef) -> dict:
     return _with(run, _info, run.path)
 
 
+def process_states_now(info_: dict, now_ns: int) -> list[str]:
+    """Each process's state (as `rltrace info` says it) as of `now_ns`: a cached record's running
+    process may have been killed since."""
+    p = info_["processes"]
+    return [health.state_now(s, h, now_ns) for s, h in zip(p["state"], p["heartbeat_ns"])]
+
+
 def is_live(info_: dict, now_ns: int) -> bool:
     """Some process has not shut down and wrote within LIVE_HEARTBEAT_S."""
     p = info_["processes"]
@@ -109,6 +116,11 @@ def is_live(info_: dict, now_ns: int) -> bool:
 def report(run: RunRef, steps: Steps) -> dict:
     """`rltrace report --json` for these steps (findings, cost model, waits, health, ...)."""
     return report_mod.plain(_with(run, report_mod.build, steps=steps))
+
+
+def open_text(span: dict) -> str:
+    """How long an open span was open, in the words of the report and `rltrace info` (`health.open_text`)."""
+    return health.open_text(span)
 
 
 def open_spans_now(report_: dict, now_ns: int) -> list[dict]:

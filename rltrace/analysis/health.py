@@ -123,7 +123,12 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
         stepped span, a heartbeat or an open span's start; for a span ended at exit, how long
         it was open); last_heard_ns (the process's last heartbeat, Unix ns, or None);
         ended_cleanly (the process called shutdown); heard_for_s (how long the process kept its
-        heartbeat after the span started); state: `crashed` (the process died of an uncaught
+        heartbeat after the span started); last_end_ns (the process's last finished span's end, read
+        for killed processes only); open_s (how long the span was open, the one figure every view
+        prints, see `open_text`: until its process exited or crashed; for a killed process until its
+        last sign of life, the later of its last heartbeat and its last span end, so at least that;
+        for a running one until now); killed_by (`lock`: its writer lock was freed on this host;
+        `silence`: no heartbeat for over STALE_AFTER_S; None unless killed); state: `crashed` (the process died of an uncaught
         exception, a crash record, with the span open: the crash ended it), `exited` (the process
         exited with the span open, no crash), `killed` (the process stopped without shutting
         down and without a crash record: no heartbeat for over STALE_AFTER_S, or on this host
@@ -151,13 +156,62 @@ def open_spans(con, now_ns: int | None = None) -> pd.DataFrame:
     frame["stalled_s"] = ((frame["end_ns"].where(closed, frame["last_ns"]) - frame["start_ns"]) / 1e9).clip(lower=0)
     heard = frame["last_heard_ns"].astype("float64")
     frame["heard_for_s"] = ((heard - frame["start_ns"]) / 1e9).clip(lower=0)
-    stopped = ((now_ns - heard) / 1e9 > STALE_AFTER_S) | frame["process_id"].isin(gone(con, frame["process_id"]))
+    lock_freed = frame["process_id"].isin(gone(con, frame["process_id"]))
+    stopped = ((now_ns - heard) / 1e9 > STALE_AFTER_S) | lock_freed
     frame["state"] = ["crashed" if shut and crash else "exited" if shut or ended else "killed" if stop else "running"
                       for shut, crash, ended, stop in zip(closed, frame["crashed"].astype(bool),
                                                           frame["ended_cleanly"].astype(bool), stopped.fillna(True))]
+    killed = frame["state"] == "killed"
+    frame["killed_by"] = [("lock" if lock else "silence") if k else None for k, lock in zip(killed, lock_freed)]
+    frame["last_end_ns"] = frame["process_id"].map(_last_ends(con, frame.loc[killed, "process_id"])).astype("Int64")
+    last_sign = pd.concat([heard, frame["last_end_ns"].astype("float64")], axis=1).max(axis=1)
+    until = frame["end_ns"].where(closed, last_sign.where(killed, float(now_ns)))
+    frame["open_s"] = ((until.astype("float64") - frame["start_ns"]) / 1e9).clip(lower=0).fillna(0.0)
     cols = ["process_id", "role", "rank", "host", "thread_name", "phase", "name", "step", "span_id", "start_ns", "age_s",
-            "stalled_s", "last_heard_ns", "ended_cleanly", "heard_for_s", "state"]
+            "stalled_s", "last_heard_ns", "ended_cleanly", "heard_for_s", "last_end_ns", "open_s", "killed_by", "state"]
     return frame[cols]
+
+
+def _last_ends(con, process_ids) -> dict[str, int]:
+    """process_id -> end of its last finished span (only killed processes are asked about: a scan)."""
+    ids = sorted({p for p in process_ids if isinstance(p, str)})
+    if not ids:
+        return {}
+    return dict(con.execute("SELECT process_id, max(end_ns) FROM spans WHERE NOT is_open "
+                            "AND list_contains(?, process_id) GROUP BY 1", [ids]).fetchall())
+
+
+def _relative(ns, start_ns: int) -> str:
+    """`1.55 s before it started`, `3.00 s after it started`."""
+    delta = (ns - start_ns) / 1e9
+    return f"{seconds_text(abs(delta))} {'before' if delta < 0 else 'after'} it started"
+
+
+def open_text(o: dict) -> str:
+    """How long an open span was open, in the words every view uses (report, `rltrace info`, pages):
+    "open 12.0 s until its process exited", "open at least 941 ms (killed; ...)", "open 4.00 s so far"."""
+    state, open_s = o.get("state"), seconds_text(o.get("open_s"))
+    if state in ("crashed", "exited"):
+        return f"open {open_s} until its process {state}"
+    if state == "killed":
+        if not o.get("open_s"):
+            return "open for an unknown time, its process gave no sign of life after it started"
+        return f"open at least {open_s}, until its process's last sign of life"
+    return f"open {open_s} so far"
+
+
+def killed_timeline(o: dict) -> str:
+    """A killed process's last evidence, each once: its last heartbeat, its last span end and how
+    the kill was seen ("its last heartbeat came 1.55 s before it started, its last span ended ...")."""
+    start = o["start_ns"]
+    parts = []
+    if o.get("last_heard_ns") is not None:
+        parts.append(f"its last heartbeat came {_relative(o['last_heard_ns'], start)}")
+    if o.get("last_end_ns") is not None:
+        parts.append(f"its last span ended {_relative(o['last_end_ns'], start)}")
+    seen = ("its writer lock was freed (the process is gone)" if o.get("killed_by") == "lock" else
+            f"then no heartbeat for over {seconds_text(STALE_AFTER_S)}")
+    return ", ".join(parts) + (", " if parts else "") + seen
 
 
 def unstepped(con) -> dict:
@@ -177,6 +231,28 @@ def unstepped(con) -> dict:
            GROUP BY s.phase ORDER BY n DESC, s.phase"""
     ).fetchall()
     return {"spans": int(sum(n for _, n in rows)), "phases": [(phase, int(n)) for phase, n in rows]}
+
+
+def process_states(con, procs: pd.DataFrame, now_ns: int | None = None) -> pd.DataFrame:
+    """`processes(con)` with `state`, what `rltrace info`, the report and the Overview all say:
+    `crashed` (a crash record of the process), `ended` (it shut down), `killed` (no heartbeat for over
+    STALE_AFTER_S, or on this host its writer lock freed) or `running`."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    crashed = {p for (p,) in con.execute("SELECT DISTINCT process_id FROM crashes WHERE kind = 'process'").fetchall()}
+    lock_freed = gone(con, procs["process_id"])
+    states = []
+    for pid, heard, ended in zip(procs["process_id"], procs["heartbeat_ns"], procs["ended_ns"]):
+        stopped = pd.isna(heard) or (now_ns - heard) / 1e9 > STALE_AFTER_S or pid in lock_freed
+        states.append("crashed" if pid in crashed else "ended" if pd.notna(ended) else "killed" if stopped else "running")
+    return procs.assign(state=states)
+
+
+def state_now(state: str, heartbeat_ns, now_ns: int) -> str:
+    """A process's `state` from a record read earlier (a cached one), as of `now_ns`: a running
+    process silent for over STALE_AFTER_S since has stopped (a killed process writes nothing more)."""
+    if state == "running" and (heartbeat_ns is None or pd.isna(heartbeat_ns) or (now_ns - heartbeat_ns) / 1e9 > STALE_AFTER_S):
+        return "killed"
+    return state
 
 
 def crashes(con) -> pd.DataFrame:

@@ -48,7 +48,7 @@ def _collect(con, snap, run_dir: str) -> dict:
         return [dict(zip(cols, r)) for r in cur.fetchall()]
 
     now_ns = time.time_ns()
-    processes = plain(analysis.processes(con))
+    processes = plain(health.process_states(con, analysis.processes(con), now_ns))
     counts = rows(
         """SELECT count(*) FILTER (NOT is_open) AS finished, count(*) FILTER (is_open) AS open,
                   min(step) AS first_step, max(step) AS last_step, count(DISTINCT step) AS steps
@@ -60,26 +60,16 @@ def _collect(con, snap, run_dir: str) -> dict:
            FROM spans WHERE NOT is_open GROUP BY 1 ORDER BY total_s DESC NULLS LAST"""
     )
     # and spans rltrace ended because their process exited with them open; state as the report says
-    cols = ["process_id", "role", "rank", "name", "phase", "step", "start_ns", "span_id", "age_s", "state", "in_progress"]
+    cols = ["process_id", "role", "rank", "name", "phase", "step", "start_ns", "span_id", "age_s", "open_s", "state",
+            "in_progress"]
     open_spans = plain(analysis.open_spans(con, now_ns=now_ns))
     health.mark_in_progress(con, open_spans)
-    at_exit = 0
-    for span in open_spans:
-        if span["state"] in ("exited", "crashed"):  # how long it was open, until its process exited
-            span["age_s"] = span["stalled_s"]
-            at_exit += 1
+    at_exit = sum(span["state"] in ("exited", "crashed") for span in open_spans)
     open_spans = [{k: span[k] for k in cols} for span in open_spans]
     counts["finished"] -= at_exit  # one count per span: those ended at exit are counted as open
     counts["open"] += at_exit
     counts["open_at_exit"] = at_exit
     crashes = rows("SELECT role, rank, kind, thread_name, exc_type, message, phase, step, process_id FROM crashes ORDER BY time_ns")
-    crashed = {c["process_id"] for c in crashes if c["kind"] == "process"}
-    gone = health.gone(con, [p["process_id"] for p in processes])  # on this host, its writer lock freed
-    for p in processes:
-        stopped = (p["heartbeat_ns"] is None or (now_ns - p["heartbeat_ns"]) / 1e9 > STALE_AFTER_S
-                   or p["process_id"] in gone)
-        p["state"] = ("crashed" if p["process_id"] in crashed else "ended" if p["ended_ns"]
-                      else "killed" if stopped else "running")
     tables = {name: sum(p.rows for p in parts) for name, parts in snap.parts.items()}
     return {
         "run_dir": str(run_dir),
@@ -189,9 +179,9 @@ def render(data: dict, console: Console) -> None:
                 term(o["phase"] or o["name"]),
                 "" if o["step"] is None else str(o["step"]),
                 dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%H:%M:%S"),
-                seconds_text(o["age_s"]),
+                seconds_text(o["open_s"]),
                 "alive: in progress" if o.get("in_progress") else
-                {"killed": "[red]killed (its process stopped)[/]", "running": "alive: hung or still running",
+                {"killed": "[red]killed (open at least this)[/]", "running": "alive: hung or still running",
                  "crashed": "[red]crashed: the crash ended it[/]"}.get(o.get("state"), "exited with it open"),
             )
         console.print(t)

@@ -12,7 +12,7 @@ from rltrace.analysis._format import process_name as _who
 from rltrace.analysis._format import rate_text
 from rltrace.analysis._format import seconds_text as sec
 from rltrace.analysis._format import size_text
-from rltrace.analysis.health import STALE_AFTER_S
+from rltrace.analysis.health import STALE_AFTER_S, killed_timeline, open_text
 from rltrace.analysis.waits import on_text
 from rltrace.profiling.query import inside_text
 from rltrace.report.serving_findings import sentences as _serving
@@ -335,7 +335,7 @@ def _crashes(r: dict) -> list[str]:
         spans = ended.pop(c.get("process_id"), []) if c.get("kind") == "process" else []
         if spans:
             named = ", ".join(f"`{o['phase']}`" + ("" if o.get("step") is None else f" at step {o['step']}")
-                              + f" (open {sec(o['stalled_s'])})" for o in spans)
+                              + f" ({open_text(o)})" for o in spans)
             text = text[:-1] + f"; the crash ended what was still open: {named}."
         out.append(text)
     return out
@@ -367,16 +367,13 @@ def _hangs(r: dict) -> list[str]:
         where = f"Open span: {o['phase']} on {_who(o['role'], o['rank'])}{thread}{step}"
         state = o.get("state")
         if state == "exited":
-            text = (f"{where} was still running when its process exited, after {sec(o['stalled_s'])}: hung, or "
-                    "cut off by the exit.")
+            text = f"{where} never ended: {open_text(o)}; hung, or cut off by the exit."
         elif state == "killed":
-            heard = o.get("heard_for_s") or 0.0
-            how = f"hung {sec(heard)}, then killed" if heard > STALE_AFTER_S else "killed"
-            text = (f"{where} never ended: its process stopped {sec(heard)} after the span started, with no error "
-                    f"recorded: {how} (e.g. SIGKILL or out of memory).")
+            how = "hung, then killed" if (o.get("open_s") or 0.0) > STALE_AFTER_S else "killed"
+            text = (f"{where} never ended, {open_text(o)}: {killed_timeline(o)}; no error was recorded: {how} "
+                    "(e.g. SIGKILL or out of memory).")
         else:
-            text = (f"{where} started and never ended ({sec(o['stalled_s'])} before the run's last write; "
-                    f"{sec(o['age_s'])} ago)"
+            text = (f"{where} started and never ended ({open_text(o)})"
                     + (" and its process is alive: hung or still running." if state == "running" else ": hung or killed."))
         out.append(text + (f" Profile: {_profiles(o['profiles'])}." if o.get("profiles") else ""))
     return out

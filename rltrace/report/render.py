@@ -194,11 +194,12 @@ def _open_spans(r: dict) -> Table | None:
         return None
     t = _table("[red]Open spans[/] (started, never ended)",
                ["process", "thread", "phase", "step", "started", "open for", "its process"])
-    state = {"killed": "killed (its process stopped)", "running": "alive: hung or still running", "exited": "exited"}
+    state = {"killed": "killed (open at least this)", "running": "alive: hung or still running", "exited": "exited",
+             "crashed": "crashed: the crash ended it"}
     for o in r["open_spans"]:
         started = dt.datetime.fromtimestamp(o["start_ns"] / 1e9).strftime("%Y-%m-%d %H:%M:%S")
         t.add_row(term(_who(o["role"], o["rank"])), term(o.get("thread_name") or ""), term(o["phase"]),
-                  "" if o["step"] is None else str(o["step"]), started, sec(o["stalled_s"]),
+                  "" if o["step"] is None else str(o["step"]), started, sec(o["open_s"]),
                   "alive: in progress" if o.get("in_progress") else state.get(o.get("state"), "hung or killed"))
     for col in t.columns[1:3]:
         col.justify = "left"

@@ -103,10 +103,13 @@ if report["open_spans"]:
     hangs["who"] = [fmt.process_name(r, k) for r, k in zip(hangs["role"], hangs["rank"])]
     st.markdown("**Open spans** — select one to see it on the Timeline")
     picked = st.dataframe(
-        hangs[["who", "phase", "name", "step", "state", "in_progress", "stalled_s", "ended_cleanly", "span_id"]],
+        hangs[["who", "phase", "name", "step", "state", "in_progress", "open_s", "ended_cleanly", "span_id"]],
         hide_index=True,
         on_select="rerun", selection_mode="single-row", key="overview_hangs", width="stretch",
-        column_config={"stalled_s": st.column_config.NumberColumn("open before last write (s)", format="%.3f"),
+        column_config={"open_s": st.column_config.NumberColumn("open for (s)", format="%.3f",
+                                                               help="until its process exited or crashed; killed: "
+                                                                    "until its last heartbeat or span end (at least); "
+                                                                    "running: until the report"),
                        "state": st.column_config.TextColumn("state", help="crashed: its process died of an uncaught "
                                                             "exception; killed: it stopped without one; running: still "
                                                             "alive (hung, or still going); exited: it shut down"),
@@ -132,10 +135,15 @@ if not procs.empty:
     now = time.time_ns()
     procs["who"] = [fmt.process_name(r, k) for r, k in zip(procs["role"], procs["rank"])]
     procs["last heard"] = ["-" if pd.isna(v) else f"{fmt.seconds_text(round((now - v) / 1e9))} ago" for v in procs["heartbeat_ns"]]
-    procs["state"] = ["shut down" if pd.notna(e) else "running or killed" for e in procs["ended_ns"]]
+    procs["state"] = data.process_states_now(info, now)
     st.markdown("**Processes**")
-    st.dataframe(procs[["who", "host", "pid", "spans_written", "spans_dropped", "rows_written", "rows_dropped",
-                        "last heard", "state", "process_id"]], hide_index=True, width="stretch")
+    st.dataframe(procs[["who", "host", "pid", "spans", "open_spans", "spans_dropped", "rows_written", "rows_dropped",
+                        "last heard", "state", "process_id"]], hide_index=True, width="stretch", key="overview_processes",
+                 column_config={"spans": st.column_config.NumberColumn("spans", help="finished spans in the store"),
+                                "open_spans": st.column_config.NumberColumn("open"),
+                                "state": st.column_config.TextColumn("state", help="crashed, ended (shut down), "
+                                                                     "killed (silent for over 30 s, or its writer "
+                                                                     "lock freed) or running, as rltrace info says")})
 
 refs = state.runs()
 if len(refs) > 1:

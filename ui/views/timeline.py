@@ -22,7 +22,7 @@ if steps is None:
 
 report = data.report(run, steps)
 walls = data.table(report, "steps", ["step", "start_ns", "end_ns", "wall_s"])
-hung = data.table(report, "open_spans", ["span_id", "step", "name", "role", "rank", "start_ns", "stalled_s"])
+hung = data.table(report, "open_spans", ["span_id", "step", "name", "role", "rank", "start_ns", "open_s", "state"])
 hung = hung[hung["step"].between(*steps)]
 choices = sorted(set(walls["step"].astype(int)) | set(hung["step"].dropna().astype(int)))
 if not choices:
@@ -88,7 +88,7 @@ m[3].metric("Open spans", int((spans["is_open"].astype(bool) | spans["span_id"].
 m[4].metric("Waiting", fmt.seconds_text(waited["seconds"].sum()) if len(waited) else "0 s",
             help="every wait of the steps shown, summed over processes (idle time and wait spans, see Waiting stages)")
 
-open_until = dict(zip(hung["span_id"], hung["start_ns"] + (hung["stalled_s"] * 1e9).astype("int64")))
+open_until = dict(zip(hung["span_id"], hung["start_ns"] + (hung["open_s"] * 1e9).astype("int64")))
 laid, left_out = gantt.layout(spans, keep=critical, open_until=open_until)
 t0 = int(spans["start_ns"].min()) if len(spans) else 0
 starts = {int(s): (int(walls.loc[walls["step"] == s, "start_ns"].iloc[0]) - t0) / 1e9
@@ -101,7 +101,7 @@ for text in waits["text"]:  # the report's own sentences
     st.markdown(f"- :orange[:material/hourglass_top:] {fmt.md(text)}")
 for _, h in hung[hung["step"].between(step, last)].iterrows():
     st.markdown(f"- :red[:material/warning:] **{fmt.md(h['name'])}** on {fmt.md(fmt.process_name(h['role'], h['rank']))} started and never ended "
-                f"(open {fmt.seconds_text(h['stalled_s'])} before the run's last write)")
+                f"({fmt.md(data.open_text(h.to_dict()))})")
 if left_out:
     st.caption(f"Showing the {len(laid):,} longest spans; {left_out:,} shorter ones are left out to keep the chart fast.")
 event = st.plotly_chart(gantt.figure(laid, critical=critical, selected=selected, step_starts=starts),
