@@ -13,6 +13,7 @@ from rltrace.analysis.costs import (
     cost_summary,
     fit_bandwidth,
     nested_stages,
+    trainer_steps,
     weight_sync_fit,
     weight_sync_points,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "cost_model",
     "cost_summary",
     "nested_stages",
+    "trainer_steps",
     "weight_sync_points",
     "weight_sync_fit",
     "fit_bandwidth",

@@ -63,6 +63,15 @@ def seconds_text(seconds) -> str:
     return f"{sign}{total // 3600} h {total % 3600 // 60:02d} min"
 
 
+def delta_seconds_text(seconds) -> str:
+    """A difference of times in the units of `seconds_text`, signed: `+2.31 ms`, `-12.8 s`, `0 s`
+    (deltas side by side read in one unit system, never `+0.00231 s` beside `+12.8 s`)."""
+    if missing(seconds):
+        return MISSING
+    text = seconds_text(seconds)
+    return text if text.startswith("-") or text == "0 s" else "+" + text
+
+
 def size_text(n) -> str:
     """`850 B`, `1.23 kB`, `12.4 MB`, `2.36 GB` (1000-based, SI symbols); `-` for None/NaN."""
     if missing(n):

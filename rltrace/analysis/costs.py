@@ -24,7 +24,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from rltrace._phases import TERM_COLUMN
+from rltrace._phases import TERM_COLUMN, phases_of
 from rltrace.analysis import summary
 from rltrace.analysis._steps import Steps
 
@@ -67,6 +67,30 @@ def serving_period(present: np.ndarray) -> int:
         return 1
     gaps = np.diff(where) if len(where) > 1 else np.array([len(present) - where[0]])
     return max(1, int(round(float(np.median(gaps)))))
+
+
+def trainer_steps(con, steps: Steps) -> tuple[Steps, list[int]]:
+    """The range of trainer steps within `steps`, and the steps after it: a step is a trainer step,
+    and work that ran ahead into a step the trainer never reached (an async worker generating for
+    a step the trainer stopped before) is told apart, not averaged in; a step the trainer reached
+    (a span of a process that trains, even one a crash or kill left unfinished) counts. Only for
+    runs whose training runs every step (otherwise a trailing step may be served by an earlier one)."""
+    costs = cost_model(con, steps)
+    trained = costs["t_T"].notna().to_numpy() if len(costs) else None
+    if trained is None or not trained.any() or serving_period(trained) > 1:
+        return steps, []
+    last = int(costs.loc[trained, "step"].max())
+    ahead = [int(s) for s in costs.loc[costs["step"] > last, "step"]]
+    if ahead:  # a step the trainer reached (any span of a process that trains, open or not, a zero-length train) counts
+        held = con.execute(
+            """SELECT max(step) FROM spans WHERE list_contains(?, step) AND process_id IN (
+                   SELECT DISTINCT process_id FROM spans WHERE NOT is_open AND step = ?
+                   AND list_contains(?, coalesce(phase, name)))""", [ahead, last, list(phases_of("train"))]).fetchall()
+        last = max(last, held[0][0] if held and held[0][0] is not None else last)
+        ahead = [s for s in ahead if s > last]
+    if not ahead:
+        return steps, []
+    return (None if steps is None else steps[0], last), ahead
 
 
 def _amortise(values: pd.Series) -> pd.Series:

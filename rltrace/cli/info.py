@@ -51,9 +51,18 @@ def _collect(con, snap, run_dir: str) -> dict:
     processes = plain(health.process_states(con, analysis.processes(con), now_ns))
     counts = rows(
         """SELECT count(*) FILTER (NOT is_open) AS finished, count(*) FILTER (is_open) AS open,
-                  min(step) AS first_step, max(step) AS last_step, count(DISTINCT step) AS steps
+                  min(step) FILTER (NOT is_open) AS first_step, max(step) FILTER (NOT is_open) AS last_step,
+                  count(DISTINCT step) FILTER (NOT is_open) AS steps
            FROM spans"""
     )[0]
+    # the steps the report counts: trainer steps with a finished span; the steps work ran ahead into apart
+    trained, ahead = analysis.trainer_steps(con, None)
+    counts["ran_ahead"] = ahead
+    if ahead:
+        counts["last_step"], counts["steps"] = trained[1], counts["steps"] - len(ahead)
+    counts["open_only_steps"] = [r["step"] for r in rows(
+        "SELECT DISTINCT step FROM spans WHERE is_open AND step IS NOT NULL AND step NOT IN "
+        "(SELECT DISTINCT step FROM spans WHERE NOT is_open AND step IS NOT NULL) ORDER BY step")]
     phases = rows(
         """SELECT coalesce(phase, name) AS phase, count(*) AS spans, sum(duration_s) AS total_s,
                   avg(duration_s) AS mean_s, max(duration_s) AS max_s
@@ -130,6 +139,13 @@ def render(data: dict, console: Console) -> None:
                   + (f" ({', '.join(beside)})" if beside else ""))
     s = data["spans"]
     steps = "no steps" if s["steps"] == 0 else f"steps {s['first_step']}–{s['last_step']} ({s['steps']} distinct)"
+    ahead = s.get("ran_ahead") or []
+    if ahead:
+        steps += (f"; work ran ahead into step {ahead[0]}" if len(ahead) == 1 else
+                  f"; work ran ahead into steps {ahead[0]}–{ahead[-1]}") + ", which the trainer never reached"
+    started = s.get("open_only_steps") or []
+    if started:
+        steps += "; only open spans in step" + ("s " if len(started) > 1 else " ") + ", ".join(map(str, started))
     at_exit = s.get("open_at_exit") or 0
     ended = f" ({at_exit} ended by rltrace when its process exited)" if at_exit else ""
     console.print(f"{s['finished']} finished spans, {s['open']} open{ended} · {steps}")

@@ -17,6 +17,7 @@ from rltrace import _names
 from rltrace._phases import COST_COLUMN, phases_of
 from rltrace.analysis import health
 from rltrace.analysis._steps import Steps
+from rltrace.analysis._format import process_name
 from rltrace.analysis.steps import PHASE_COLUMNS
 from rltrace.importers.metrics import SERVICE_NAME as IMPORTER
 from rltrace.report import evidence, findings
@@ -74,6 +75,8 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
     """The report of one run (a connection from `rltrace.store.open`) over a step range; `skipped`:
     the damaged parts its snapshot left out ("path: why", `store.scan(..., skip_corrupt=True)`)."""
     now_ns = time.time_ns() if now_ns is None else now_ns
+    asked = steps
+    steps, ahead = analysis.trainer_steps(con, steps)
     per_step = analysis.step_breakdown(con, steps)
     costs = analysis.cost_model(con, steps)
     summary = analysis.cost_summary(con, steps, per_step=costs)
@@ -87,7 +90,8 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
     stage_list = stage_figures.stage_rows(costs, analysis.stage_children(con, steps))
     step_rows = plain(step_rows)
     report = {
-        "step_range": _step_range(con, steps),
+        "step_range": _step_range(con, asked),
+        "ran_ahead": _ran_ahead(con, ahead),
         "steps": step_rows,
         "phases": plain(phases),
         **{k: plain(summary.get(k)) for k in ("wall_s", "t_R", "t_T", "t_W", "t_reward", "t_rollout", "t_sync",
@@ -131,6 +135,17 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
     return report
 
 
+def _ran_ahead(con, ahead: list[int]) -> dict | None:
+    """Steps the trainer never reached that other work ran into: steps, spans (finished, in them),
+    processes (names, e.g. rollout0)."""
+    if not ahead:
+        return None
+    rows = con.execute("SELECT any_value(role), any_value(rank), count(*) FROM spans WHERE NOT is_open "
+                       "AND list_contains(?, step) GROUP BY process_id ORDER BY 1, 2", [ahead]).fetchall()
+    return {"steps": ahead, "spans": int(sum(n for _, _, n in rows)),
+            "processes": [process_name(role, rank) for role, rank, _ in rows]}
+
+
 def _bottleneck(con, steps: Steps, stages: list[dict], phase_rows: pd.DataFrame) -> dict | None:
     """`stages.bottleneck`, with the profiles attached to its largest phase's longest spans."""
     b = stage_figures.bottleneck(stages, analysis.phase_breakdown(con, steps, rows=phase_rows))
@@ -161,12 +176,16 @@ def _outliers(con, step_rows: list[dict]) -> list[dict]:
 
 
 def _step_range(con, steps: Steps) -> dict:
-    """The steps asked for (`selected`: [first, last], None for all) and the run's own: first,
-    last and how many hold a finished span, so an empty selection can say where the steps are."""
+    """The steps asked for (`selected`: [first, last], None for all) and the run's own trainer steps
+    (`trainer_steps`): first, last and how many hold a finished span, so an empty selection can say
+    where the steps are; `ran_ahead`: the run's steps past them."""
+    trained, ahead = analysis.trainer_steps(con, None)
     every = analysis.step_breakdown(con)
+    if ahead:
+        every = every[every["step"] <= trained[1]]
     first, last = (int(every["step"].min()), int(every["step"].max())) if len(every) else (None, None)
     return {"selected": None if steps is None else list(steps), "run_first": first, "run_last": last,
-            "run_steps": int(len(every))}
+            "run_steps": int(len(every)), "ran_ahead": ahead}
 
 
 def _waits_by_step(con, steps: Steps) -> list[dict]:

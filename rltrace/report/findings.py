@@ -35,7 +35,7 @@ MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest di
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_skipped, _imported, _crashes, _blocking, _hangs, _unstepped, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
+    for part in (_skipped, _imported, _crashes, _blocking, _hangs, _unstepped, _ran_ahead, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
                  _async, _drops, _reward, _staleness, _mismatch, _idle_devices, _engine, _serving):
         out.extend(part(r))
     return out
@@ -48,6 +48,19 @@ def _skipped(r: dict) -> list[str]:
         return []
     return [f"{len(parts)} damaged part(s) left out (--skip-corrupt): every figure here misses their rows. "
             + "; ".join(parts)]
+
+
+def _ran_ahead(r: dict) -> list[str]:
+    """Steps the trainer never reached that other work ran into: told apart, not in the figures."""
+    a = r.get("ran_ahead")
+    if not a:
+        return []
+    steps = a["steps"]
+    which = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}–{steps[-1]}"
+    who = ", ".join(a["processes"]) or "no finished span"
+    spans = f"{a['spans']} span{'' if a['spans'] == 1 else 's'}"
+    return [f"Work ran ahead into {which}, which the trainer never reached ({spans} on {who}): "
+            f"left out of every figure here, which counts {len(r['steps'])} trainer steps."]
 
 
 def _imported(r: dict) -> list[str]:
@@ -216,7 +229,9 @@ def _stragglers(r: dict) -> list[str]:
 
 def _weight_sync(r: dict) -> list[str]:
     fit, out = r["weight_sync_fit"], []
-    over = f"{fit.get('kept', fit['n'])} syncs" + (f" of {fit['sizes']} sizes ({size_text(fit['min_bytes'])} to "
+    kept, total = fit.get("kept", fit["n"]), (r.get("weight_sync_children") or {}).get("syncs") or fit["n"]
+    counted = f"{kept} syncs" if kept == total else f"{kept} of the {total} syncs"  # one count of syncs per report
+    over = counted + (f" of {fit['sizes']} sizes ({size_text(fit['min_bytes'])} to "
                                                   f"{size_text(fit['max_bytes'])})" if fit.get("sizes", 0) > 1 else "")
     if fit.get("regime") == "bandwidth":
         quality = f" (R² {fit['r2']:.2f})" if fit.get("r2") is not None else ""

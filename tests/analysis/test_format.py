@@ -81,3 +81,10 @@ def test_one_formatter_serves_the_cli_the_report_and_the_dashboard():
     offenders = [str(p.relative_to(root)) for folder in ("rltrace", "replay", "profiling", "ui")
                  for p in (root / folder).rglob("*.py") if not p.is_symlink() and pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_time_deltas_read_in_the_units_of_times():
+    from rltrace.analysis._format import delta_seconds_text
+
+    assert [delta_seconds_text(x) for x in (0.00231, 12.8, -0.5, 0.0, None)] == [
+        "+2.31 ms", "+12.8 s", "-500 ms", "0 s", "-"]

@@ -51,12 +51,13 @@ def test_info_json_lists_processes_phases_steps_and_open_spans(hung_run, capsys)
     assert cli(["info", str(hung_run), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {(p["role"], p["rank"]) for p in data["processes"]} == {("rollout", 0), ("trainer", 0)}
-    assert data["spans"]["first_step"] == 0 and data["spans"]["last_step"] == 3
+    assert data["spans"]["first_step"] == 0 and data["spans"]["last_step"] == 2  # the steps the report counts
+    assert data["spans"]["open_only_steps"] == [3]  # the hung wait's step holds only an open span
     phases = {p["phase"]: p["spans"] for p in data["phases"]}
     assert phases == {"step": 6, "rollout": 3, "train": 6}
     (open_span,) = data["open_spans"]
     assert (open_span["phase"], open_span["step"], open_span["role"]) == ("wait", 3, "trainer")
-    assert open_span["age_s"] >= 0
+    assert open_span["age_s"] >= 0 and open_span["open_s"] >= 0
     assert data["spans_dropped"] == 0 and data["rows_dropped"] == 0
 
 

@@ -110,7 +110,7 @@ st.markdown(f":blue-badge[A] **{fmt.md(A.label)}** &nbsp; vs &nbsp; :orange-badg
             "and how far it is from A's (red: B is slower)")
 for col, (title, key) in zip(st.columns(len(COSTS)), COSTS):
     va, vb = A.cost(key), B.cost(key)
-    delta = None if va is None or vb is None else f"{vb - va:+.3g} s vs A"
+    delta = None if va is None or vb is None else f"{fmt.delta_seconds_text(vb - va)} vs A"
     col.metric(title, fmt.seconds_text(vb), delta=delta, delta_color="inverse", help=f"A ({fmt.md(A.label)}): {fmt.seconds_text(va)}")
 
 st.subheader("Phase times")
