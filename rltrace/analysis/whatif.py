@@ -75,7 +75,7 @@ class Calibration:
     extra: np.ndarray  # the trainer's untraced time per step (0 when stages overlapped)
     period: np.ndarray  # recorded time between consecutive step ends (NaN for the first)
     workers: int  # engines recorded (distinct worker_rank; 1 when not recorded)
-    staleness: int  # K recorded (max sample staleness; 0 when not recorded)
+    staleness: int  # K recorded (max sample staleness; 0 when not recorded or negative: a version mix-up)
     per_sample: bool  # per-sample generation times were recorded
     t_sync: float | None = None  # the cost model's medians (`cost_summary`), for the analytic bound beside
     async_bound: float | None = None
@@ -127,7 +127,7 @@ def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
     return Calibration(
         steps=costs.index.to_numpy(), works=_padded(works), overhead=np.array(overhead),
         reward=zero("t_reward"), train=zero("t_T"), sync=zero("t_W"), extra=extra, period=period,
-        workers=max(1, workers), staleness=0 if stale != stale else int(stale), per_sample=per_sample,
+        workers=max(1, workers), staleness=0 if stale != stale else max(0, int(stale)), per_sample=per_sample,
         t_sync=summary.get("t_sync"), async_bound=summary.get("async_bound"), notes=notes)
 
 

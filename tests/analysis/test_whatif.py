@@ -142,3 +142,19 @@ def test_requests_started_one_by_one_across_steps_are_not_taken_for_carried(tmp_
     cal = whatif.calibrate(store.open(b.run_dir))
     assert not any("carried" in n for n in cal.notes)
     assert np.nanmax(cal.works, axis=1) == pytest.approx([0.4] * 6, abs=1e-6)
+
+
+def test_samples_from_newer_weights_than_the_trainer_read_as_synchronous(tmp_path):
+    """A version mix-up (weight_version above train_version, a negative staleness) is no bound of -1."""
+    b = RunBuilder(tmp_path / "run")
+    tr = b.process("trainer")
+    for step in range(4):
+        t = step * 1.0
+        tr.span("rollout", t, t + 0.5, step=step)
+        tr.span("train", t + 0.5, t + 1.0, step=step)
+        b.samples(step, [{"sample_id": f"{step}", "gen_start": t, "gen_end": t + 0.5, "weight_version": step + 3,
+                          "train_version": step}])
+    b.write()
+    cal = whatif.calibrate(store.open(b.run_dir))
+    assert cal.staleness == 0
+    assert _predict(cal)["predicted_step_s"] == pytest.approx(1.0, abs=1e-6)
