@@ -94,7 +94,8 @@ def latest(con) -> pd.DataFrame:
 def liveness(con, now_ns: int) -> dict[str, tuple[str, str] | None]:
     """process_id -> None while it lives, else (what happened, how we know): ("has stopped",
     ": its writer lock is free (killed?); last heard 3.1 s ago")."""
-    procs = health.processes(con)
+    procs = con.execute("SELECT process_id, max(heartbeat_ns) AS heartbeat_ns, max(ended_ns) AS ended_ns "
+                        "FROM processes GROUP BY process_id").df()  # not `health.processes`: it counts every span
     gone = health.gone(con, procs["process_id"])
     out: dict[str, tuple[str, str] | None] = {}
     crashed = {p for (p,) in con.execute("SELECT DISTINCT process_id FROM crashes WHERE kind = 'process'").fetchall()}
@@ -164,12 +165,9 @@ def edges(con, now_ns: int | None = None, *, min_s: float = 0.0) -> list[Edge]:
     """The blocking edges of the run now: one per thread whose stack (still current) shows where
     it is blocked, open at least `min_s`; the ones naming another process first."""
     now_ns = time.time_ns() if now_ns is None else now_ns
-    try:
-        found, alive, roles = threads(con, now_ns)
-    except Exception as exc:  # a run without the stacks table (older store): nothing to say
-        if "stacks" in str(exc):
-            return []
-        raise
+    if not con.execute("SELECT count(*) FROM (SELECT 1 FROM stacks LIMIT 1)").fetchone()[0]:
+        return []  # no process has dumped its stacks: nothing to read (most runs)
+    found, alive, roles = threads(con, now_ns)
     by_process: dict[str, list[Thread]] = {}
     for t in found:
         by_process.setdefault(t.process_id, []).append(t)

@@ -35,6 +35,7 @@ REQUEST_TTL_S = 120.0  # an older request is not answered (a process that starts
 MAX_FRAMES = 64  # innermost frames kept per thread
 MAX_HANG_DUMPS = 20  # hang dumps per process (requests are always answered)
 DEFAULT_AFTER_S = 300.0  # as `rltrace watch`'s least hang limit (`analysis.health.HANG_MIN_S`)
+NONE_LIVE_S = 3.0  # `ask_and_wait` finding no live process looks again this long before giving up
 _PEER_DEPTH = 8  # innermost frames searched for the socket being read
 
 
@@ -307,9 +308,11 @@ def ask_and_wait(location, *, timeout: float = 10.0, native: bool = False, poll_
     """Ask every live process of the run for its stacks and wait until each has answered (or
     `timeout`); returns (the request, the processes that answered, those expected to)."""
     request = ask(location, native=native)
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
     while True:
         answered, expected = answers(location, request["request_id"], request["time_ns"])
-        if set(expected) <= answered or time.monotonic() >= deadline:
+        waited = time.monotonic() - started
+        # no live process yet: a bucket shows a process's records a second or two after it writes them
+        if (expected and set(expected) <= answered) or waited >= timeout or (not expected and waited >= NONE_LIVE_S):
             return request, answered, expected
         time.sleep(poll_s)

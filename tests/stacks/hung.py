@@ -4,6 +4,7 @@ collective: world 2 on gloo (MASTER_ADDR/PORT from the environment); at step 3 r
   weight-sync all_reduce and waits for a batch that never comes; rank 0 blocks in all_reduce.
 http URL: the rollout posts to an engine that accepted the connection and never answers.
 queue: the rollout waits on a queue that nothing will ever fill.
+ray: the rollout waits in ray.get on an actor call that never returns.
 Prints `HUNG` when it is where it stays.
 """
 
@@ -81,6 +82,24 @@ def consume():
             batches.get()
 
 
+def ray_actor():
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+    @ray.remote
+    class Engine:
+        def generate(self):
+            time.sleep(600)  # never returns
+
+    engine = Engine.remote()
+    rltrace.init(role="trainer", rank=0)
+    with rltrace.phase("step", step=0):
+        with rltrace.phase("rollout"):
+            print("HUNG", flush=True)
+            ray.get(engine.generate.remote())
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "collective":
@@ -89,4 +108,6 @@ if __name__ == "__main__":
         http(sys.argv[2])
     elif mode == "queue":
         consume()
+    elif mode == "ray":
+        ray_actor()
     os._exit(0)

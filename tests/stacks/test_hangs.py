@@ -173,3 +173,20 @@ def test_a_queue_no_one_will_fill(tmp_path, capsys, procs):
     report = json.loads(capsys.readouterr().out)
     assert any(f.startswith("Blocked: " + before) and f.endswith(after) for f in report["findings"]), report["findings"]
     assert report["blocking"][0]["kind"] == "queue" and any("queue.py" in line for line in report["blocking"][0]["proof"])
+
+
+@pytest.mark.slow  # a local Ray cluster takes 10-40 s to start on 2 cores
+def test_a_ray_actor_call_that_never_returns(tmp_path, capsys, procs):
+    pytest.importorskip("ray")
+    proc = _start(tmp_path / "run", "ray")
+    procs.append(proc)
+    try:
+        _until(proc, "HUNG", timeout=120)
+        assert main(["stacks", str(tmp_path / "run"), "--wait", "10"]) == 0
+        out = capsys.readouterr().out
+        assert "trainer0 has been waiting " in out and (" in ray.get in ray_actor (rollout, step 0): a Ray task or actor "
+                                                       "call it awaits has not returned.") in out, out
+        assert "ray/_private/worker.py" in out
+    finally:
+        proc.terminate()  # the driver's exit takes its local Ray cluster down with it
+        proc.wait(timeout=60)
