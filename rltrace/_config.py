@@ -112,6 +112,17 @@ def _parse_paths(text: str) -> tuple[str, ...]:
     return (text,) if text else ()
 
 
+def _parse_object(text: str) -> dict:
+    """A JSON object (`rltrace ui` writes it)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object")
+    return value
+
+
 def _parse_rank(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -365,6 +376,14 @@ PARAMS: dict[str, Param] = {
             _parse_bool,
             False,
             "Dashboard: skip damaged part files, naming each, instead of showing an error (`rltrace ui --skip-corrupt`).",
+        ),
+        Param(
+            "ui_serving",
+            ("RLTRACE_UI_SERVING",),
+            _parse_object,
+            None,
+            "Dashboard: the serving options (`rltrace ui --model --kv-dtype --ssm-dtype --kv-bandwidth`), a JSON object "
+            "set by `rltrace ui`; the Engine page starts from them.",
         ),
     )
 }

@@ -201,9 +201,12 @@ META_MISMATCH_MISSING = b"rltrace.mismatch_missing.1"
 #: Text in a span's attribute JSON that every engine request field's key contains: SGLang's
 #: e2e_latency and each gen_ai.latency.* (`latency`), SGLang's queue_time and decode_throughput
 #: (with the key's closing quote, not its opening one: a search starting with `"`, the commonest
-#: character in JSON, stops at every key); SGLang's per-thread spans below a request (`thread_label`:
-#: their host_id and pid tell apart servers whose resources are alike).
-ENGINE_ATTR_MARKS = ("latency", 'queue_time"', 'decode_throughput"', 'thread_label"')
+#: character in JSON, stops at every key).
+ENGINE_ATTR_MARKS = ("latency", 'queue_time"', 'decode_throughput"')
+#: in the name of SGLang's per-thread span below each request ("… (host:1a2b3c4d | pid:123)"): its
+#: host_id and pid attributes tell apart servers whose resources are alike (a name test: names are
+#: short, attribute text is not)
+ENGINE_THREAD_MARK = "| pid:"
 PD_NAME_PREFIX = "sglang_pd_"  # slime's spans of a disaggregated request and its segments
 KV_TRANSFER = "kv_transfer"  # a span (phase or name) that moved KV: `rl.bytes` over its duration
 

@@ -22,6 +22,8 @@ import pandas as pd
 import streamlit as st
 
 from rltrace import analysis, profiling, replay, report as report_mod
+from rltrace._config import resolve
+from rltrace.analysis import serving as serving_mod
 from rltrace._json import dumps as strict_dumps
 from rltrace.analysis import health
 from rltrace.analysis import whatif as whatif_model
@@ -112,10 +114,38 @@ def is_live(info_: dict, now_ns: int) -> bool:
     return bool(len(running) and (now_ns - running["heartbeat_ns"].max()) / 1e9 < LIVE_HEARTBEAT_S)
 
 
+SERVING_OPTIONS = ("model", "kv_dtype", "ssm_dtype", "kv_bandwidth")  # `rltrace report`'s serving options
+
+
+def serving_given() -> dict:
+    """The serving options `rltrace ui` was given (`--model`, `--kv-bandwidth`, ...; none set: {})."""
+    given = resolve("ui_serving") or {}
+    return {k: given.get(k) for k in SERVING_OPTIONS if given.get(k) is not None}
+
+
+def report(run: RunRef, steps: Steps, serving: str | None = None) -> dict:
+    """`rltrace report --json` for these steps (findings, cost model, waits, health, ...).
+    `serving`: the serving options as JSON text, None for those `rltrace ui` was given. A bad
+    option raises `RltraceConfigError` / `DtypeError` naming it."""
+    return _report_of(run, steps, json.dumps(serving_given(), sort_keys=True) if serving is None else serving)
+
+
 @st.cache_data(**CACHE)
-def report(run: RunRef, steps: Steps) -> dict:
-    """`rltrace report --json` for these steps (findings, cost model, waits, health, ...)."""
-    return report_mod.plain(_with(run, report_mod.build, steps=steps))
+def _report_of(run: RunRef, steps: Steps, serving: str) -> dict:  # the options are part of the cache key
+    return report_mod.plain(_with(run, _report, steps, json.loads(serving)))
+
+
+def _report(con, steps: Steps, options: dict) -> dict:
+    analysis.configure_serving(con, **{k: options.get(k) for k in SERVING_OPTIONS})
+    try:
+        return report_mod.build(con, steps=steps)
+    finally:
+        analysis.configure_serving(con)  # the shared connection: the next reader starts without them
+
+
+def pd_split(pd_: dict, engines: int) -> dict | None:
+    """The report's PD answer for another number of engines (`analysis.serving.split`)."""
+    return serving_mod.split(engines, pd_["mu_prefill"], pd_["mu_decode"], pd_.get("kv_transfer_rps"))
 
 
 def open_text(span: dict) -> str:

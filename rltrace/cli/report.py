@@ -24,14 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--full", action="store_true", help="print every table (phases, steps, critical paths), not one screen")
     p.add_argument("--compare", metavar="OTHER_RUN", help="put another run side by side")
     _options.skip_corrupt(p)
-    serving = p.add_argument_group("serving capacity (docs/analysis.md, \"Serving capacity\")")
-    serving.add_argument("--model", metavar="PATH", help="the model's Hugging Face config.json (or its directory), for "
-                         "KV bytes per token and per state slot (default: the one rltrace.init(model=...) stored)")
-    serving.add_argument("--kv-dtype", metavar="DTYPE", help="the KV cache's dtype (bf16, fp16, fp8_e4m3, fp8_e5m2, "
-                         "fp32, ...; default: the model's)")
-    serving.add_argument("--ssm-dtype", metavar="DTYPE", help="a hybrid model's recurrent state dtype (default fp32)")
-    serving.add_argument("--kv-bandwidth", metavar="BYTES_PER_S", type=float,
-                         help="the prefill-to-decode KV link's bandwidth B_KV (default: measured from KV-transfer records)")
+    _options.serving(p)
     p.set_defaults(func=main)
 
 
@@ -55,8 +48,7 @@ def collect(run_dir: str, *, steps=None, skip_corrupt: bool = False, serving: di
 def main(args: argparse.Namespace) -> int:
     steps = parse_steps(args.steps)
     console = Console()
-    serving = {"model": args.model, "kv_dtype": args.kv_dtype, "ssm_dtype": args.ssm_dtype,
-               "kv_bandwidth": args.kv_bandwidth}
+    serving = _options.serving_values(args)
     with analysing(console, "analysing run…") if not args.json else _nothing():
         data = collect(args.run_dir, steps=steps, skip_corrupt=args.skip_corrupt, serving=serving)
         if args.compare:

@@ -1,6 +1,8 @@
-"""`rltrace ui RUN_DIR [RUN_DIR ...] [--port P] [--host H]`: the dashboard, on localhost by default.
+"""`rltrace ui RUN_DIR [RUN_DIR ...] [--port P] [--host H] [--model PATH --kv-bandwidth B ...]`: the
+dashboard, on localhost by default; the serving options are `rltrace report`'s (the Engine page uses them).
 
-Starts Streamlit headless on `ui/app.py` with the run dirs in RLTRACE_UI_RUNS (a JSON list),
+Starts Streamlit headless on `ui/app.py` with the run dirs in RLTRACE_UI_RUNS (a JSON list), the
+serving options in RLTRACE_UI_SERVING (JSON),
 behind a Host header check (`ui/serve.py`: only this machine's names and --host are answered).
 Runs are only read: the dashboard opens in-memory DuckDB views over the Parquet parts and writes
 nothing.
@@ -9,6 +11,7 @@ nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -37,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="address to bind (default %(default)s: this machine only; the dashboard has no login)",
     )
     _options.skip_corrupt(p)
+    _options.serving(p)
     p.set_defaults(func=main)
 
 
@@ -56,6 +60,7 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
             continue
         read_manifest(Path(run_dir))  # a StoreError naming the dir if it is not a run
         runs.append(str(Path(run_dir).resolve()))
+    serving = checked_serving(_options.serving_values(args))
     if not 0 < args.port < 65536:
         raise RltraceError(f"--port {args.port} is not a TCP port: use 1-65535 (default {DEFAULT_PORT})")
     argv = [
@@ -70,8 +75,21 @@ def command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         "--client.toolbarMode", "minimal",
     ]
     env = dict(os.environ, RLTRACE_UI_RUNS=paths_value(runs), RLTRACE_UI_SKIP_CORRUPT="1" if args.skip_corrupt else "0",
-               STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+               RLTRACE_UI_SERVING=json.dumps(serving), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     return argv, env
+
+
+def checked_serving(options: dict) -> dict:
+    """The serving options with the model path made absolute, refused here (one line, before the
+    dashboard starts) when `rltrace report` would refuse them."""
+    import duckdb
+
+    from rltrace.analysis import configure_serving
+
+    if options.get("model") is not None and not objstore.is_uri(options["model"]):
+        options = {**options, "model": str(Path(options["model"]).expanduser().resolve())}
+    configure_serving(duckdb.connect(), **options)  # RltraceConfigError / DtypeError naming the bad value
+    return options
 
 
 def served_hosts(bind: str) -> list[str]:

@@ -97,7 +97,7 @@ def _any_text(spans: pa.Table, column: str, text: str) -> bool:
 
 def may_hold_engine_rows(spans: pa.Table) -> bool:
     """Whether a span of `spans` could be an engine request row: its attribute text holds one of
-    `_names.ENGINE_ATTR_MARKS`, or its name or phase is slime's PD or a KV transfer (a superset of
+    `_names.ENGINE_ATTR_MARKS`, or its name or phase is slime's PD, SGLang's thread span or a KV transfer (a superset of
     what the serving sidecar selects, so a part answered False has no row there)."""
     def any_of(column: str, test) -> bool:
         if column not in spans.column_names:
@@ -110,6 +110,7 @@ def may_hold_engine_rows(spans: pa.Table) -> bool:
 
     return (any(any_of("attributes", lambda v, m=mark: pc.match_substring(v, m)) for mark in _names.ENGINE_ATTR_MARKS)
             or any_of("name", lambda v: pc.starts_with(v, _names.PD_NAME_PREFIX))
+            or any_of("name", lambda v: pc.match_substring(v, _names.ENGINE_THREAD_MARK))
             or any(any_of(c, lambda v: pc.equal(v, _names.KV_TRANSFER)) for c in ("name", "phase")))
 
 

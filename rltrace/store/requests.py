@@ -49,6 +49,7 @@ ROWS_SCHEMA = _names.SPAN_REQUESTS_SCHEMA  # a span's request row (`sql`), as th
 #: writer found none of these (`_names.META_ENGINE_ROWS`) are not scanned at all
 MENTIONS = " OR ".join(f"contains(attributes, '{a}')" for a in _names.ENGINE_ATTR_MARKS)
 PD_NAMES = f"starts_with(name, '{_names.PD_NAME_PREFIX}')"  # not LIKE: `_` is its wildcard
+THREAD_NAMES = f"contains(name, '{_names.ENGINE_THREAD_MARK}')"
 
 
 def q(s: str) -> str:
@@ -96,7 +97,7 @@ def sql(keep: str, source: str, where: str) -> str:
                      coalesce({first['_host_id']}, '') || ':' || {first['_pid']} AS engine_process,
                      {plain}, {kv_bytes} AS kv_bytes, {kv_s} AS kv_transfer_s
               FROM (SELECT {keep}*, json_extract_string(attributes, [{paths}]) AS v FROM {source}
-                    WHERE {where} AND ({MENTIONS} OR {PD_NAMES} OR {is_kv})))
+                    WHERE {where} AND ({MENTIONS} OR {PD_NAMES} OR {THREAD_NAMES} OR {is_kv})))
         WHERE kind IS NOT NULL"""
 
 

@@ -95,3 +95,53 @@ def test_the_engine_page_says_what_is_missing(tmp_path, monkeypatch, shape):
     else:
         assert "No prefill/decode balance: " + fmt.md("unified deployment: no engine reports") in text
         assert len(charts(at)) == 3  # over time, throughput, hits per version: no budget without a model
+
+
+def test_the_engine_page_takes_the_model_and_kv_link_of_rltrace_ui_and_its_own_inputs(fleet, monkeypatch, tmp_path):
+    """`rltrace ui RUN --model M --kv-bandwidth B` reaches the page (RLTRACE_UI_SERVING); a refused model
+    is shown with its reason; the page's own inputs give another model, link and engine count."""
+    mistral = tmp_path / "mistral-v0.1.json"  # sliding_window on every layer: refused
+    mistral.write_text(json.dumps({"model_type": "mistral", "num_hidden_layers": 32, "num_attention_heads": 32,
+                                   "num_key_value_heads": 8, "hidden_size": 4096, "sliding_window": 4096,
+                                   "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}))
+    monkeypatch.setenv("RLTRACE_UI_SERVING", json.dumps({"model": str(mistral), "kv_bandwidth": 1e9}))
+    at = first_page(monkeypatch, fleet)
+    text = texts(at)
+    assert "Cache geometry not computed for this model: " + fmt.md("sliding-window attention (sliding_window 4096") in text
+    assert "KV link not checked: " + fmt.md("sliding-window attention (sliding_window 4096 on every layer") in text
+    assert metrics(at)["λ_max"] == "20 req/s"
+    assert fmt.md("with 4 engines: 1 prefill + 3 decode → 30 req/s") in text
+
+    at.text_input(key="engine_model").set_value("").run()  # the config stored with the run: Qwen3-Next
+    no_exceptions(at)
+    s_kv = 1000 * 24_576 + 36 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * 2  # prompt KV + bf16 state
+    assert metrics(at)["Limited by"] == "kv transfer"
+    assert metrics(at)["λ_max"] == f"{fmt.number_text(1e9 / s_kv)} req/s"
+    assert fmt.md(f"with 4 engines: 1 prefill + 3 decode → {fmt.number_text(1e9 / s_kv)} req/s, the KV link limiting") \
+        in texts(at)
+
+    at.number_input(key="engine_kv_gbps").set_value(0.0).run()  # no link given: none measured in this run
+    at.number_input(key="engine_count").set_value(8).run()
+    assert fmt.md("with 8 engines: 2 prefill + 6 decode → 60 req/s") in texts(at)
+
+    at.text_input(key="engine_model").set_value(str(tmp_path / "nowhere")).run()
+    assert "does not exist" in " ".join(e.value for e in at.error)
+    assert metrics(at)["λ_max"] == "20 req/s"  # shown without the bad option
+
+
+def test_rltrace_ui_takes_the_serving_options_of_rltrace_report(fleet, tmp_path, monkeypatch):
+    from rltrace._config import RltraceConfigError
+    from rltrace.cli import build_parser, main
+    from rltrace.cli import ui as ui_cli
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(QWEN3_NEXT))
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["ui", str(fleet), "--model", "config.json", "--kv-bandwidth", "2e9",
+                                      "--kv-dtype", "fp8_e4m3"])
+    _, env = ui_cli.command(args)
+    assert json.loads(env["RLTRACE_UI_SERVING"]) == {"model": str(config.resolve()), "kv_dtype": "fp8_e4m3",
+                                                     "ssm_dtype": None, "kv_bandwidth": 2e9}
+    with pytest.raises(RltraceConfigError, match="does not exist"):
+        ui_cli.command(build_parser().parse_args(["ui", str(fleet), "--model", "nowhere.json"]))
+    assert main(["ui", str(fleet), "--kv-bandwidth", "-1"]) == 2  # one line, as `rltrace report` says it

@@ -5,20 +5,42 @@ Every number is the report's; where the run lacks what a figure needs, the page 
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import streamlit as st
 
+from rltrace._config import RltraceError
 from rltrace.analysis import _format as fmt
 from rltrace.report import serving_findings
 from rltrace.ui import data, engine_charts, state
 
 run = state.selected()
 steps = state.steps()
-report = data.report(run, steps)
+DTYPES = ["served dtype", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "fp32"]
+
+st.title("Engine")
+given = data.serving_given()
+with st.expander("Model and KV link (as `rltrace report --model … --kv-bandwidth …`)", expanded=not given.get("model")):
+    c1, c2, c3 = st.columns([3, 1, 1])
+    model = c1.text_input("Model config.json (or its folder)", value=given.get("model") or "", key="engine_model",
+                          help="default: the config `rltrace ui --model` named, else the one rltrace.init(model=...) stored")
+    gbps = c2.number_input("KV link, GB/s", min_value=0.0, value=(given.get("kv_bandwidth") or 0) / 1e9, step=1.0,
+                           key="engine_kv_gbps", help="B_KV between prefill and decode engines; 0: measured from "
+                           "KV-transfer records")
+    dtype = c3.selectbox("KV cache dtype", DTYPES, index=DTYPES.index(given.get("kv_dtype") or DTYPES[0])
+                         if (given.get("kv_dtype") or DTYPES[0]) in DTYPES else 0, key="engine_kv_dtype")
+chosen = {**given, "model": model.strip() or None, "kv_bandwidth": gbps * 1e9 if gbps > 0 else None,
+          "kv_dtype": None if dtype == DTYPES[0] else dtype}
+chosen = {k: v for k, v in chosen.items() if v is not None}
+try:
+    report = data.report(run, steps, json.dumps(chosen, sort_keys=True))
+except RltraceError as exc:  # a path or value typed here that `rltrace report` would refuse
+    st.error(f"{fmt.md(str(exc))}: showing the run without these options.")
+    report = data.report(run, steps)
 serving = report.get("serving") or {}
 missing = serving.get("missing") or {}
 
-st.title("Engine")
 scope = "every step" if steps is None else f"steps {steps[0]}–{steps[1]}"
 st.caption(f"Engine requests of {scope}: vLLM and SGLang spans received by `rltrace collect`, slime's request "
            "traces, and rltrace's own spans carrying request fields. docs/analysis.md, \"Serving capacity\", "
@@ -73,10 +95,15 @@ else:
     else:
         st.plotly_chart(engine_charts.engine_throughput(engines, pd_), key="engine_throughput")
     if pd_:
-        share = pd_["prefill_share_balanced"]
         st.markdown(f"{pd_['prefill_engines']} prefill and {pd_['decode_engines']} decode engines: μ_P = "
                     f"{fmt.number_text(pd_['mu_prefill'])} req/s, μ_D = {fmt.number_text(pd_['mu_decode'])} req/s per "
-                    f"engine; a balanced split gives {fmt.share_text(share)} of the engines to prefill.")
+                    f"engine. Run **{fmt.md(serving_findings.split_text(pd_.get('split')))}**.")
+        have = pd_["prefill_engines"] + pd_["decode_engines"]
+        other = st.number_input("Engines you have", min_value=2, value=have, step=1, key="engine_count",
+                                help="the best whole prefill/decode split of this many engines, at the μ_P, μ_D "
+                                     "and KV link measured here")
+        if other != have:
+            st.markdown(f"Run **{fmt.md(serving_findings.split_text(data.pd_split(pd_, int(other))))}**.")
         if pd_.get("kv_transfer_rps") is None:
             st.caption(f"KV link not checked: {why('pd.kv_transfer_rps', 'not recorded')}.")
     else:
