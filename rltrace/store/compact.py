@@ -144,6 +144,7 @@ def _compact(run_dir: Path, tables: dict, target_rows: int, grace_s: float, prog
                     tmp.unlink(missing_ok=True)
         live = {p for p in {merging.process_of(part.path.name) for parts in snap.parts.values() for part in parts}
                 if merging.writer_alive(run_dir, p)}
+        _settle_open_spans(run_dir, snap, live)
         results, superseded, _ = merge_tables(run_dir, snap, tables, target_rows, progress, live)
         doomed = [*superseded, *leftovers(snap, live)]
         if doomed:
@@ -152,6 +153,25 @@ def _compact(run_dir: Path, tables: dict, target_rows: int, grace_s: float, prog
             merging.delete(path)
         _forget_dead_writers(run_dir, live)
         return results
+
+
+def _settle_open_spans(run_dir: Path, snap, live: set[str]) -> None:
+    """A writer killed between writing finished spans and rewriting its open-spans file left spans
+    in both; readers tell them apart by the flush parts newer than that file (`views.not_finished`),
+    which this compaction is about to merge away: so the file loses those rows first."""
+    from rltrace.store.parts import write_part
+    from rltrace.store.views import Part, list_parts, not_finished, read_whole
+
+    for path in list_parts(run_dir / _names.OPEN_SPANS.folder):
+        if path.stem in live:
+            continue
+        try:
+            rows = read_whole(path)
+            kept = not_finished(rows, [Part(path=path, rows=rows.num_rows, size=0)], snap.parts.get("spans", []))
+            if kept.num_rows < rows.num_rows:
+                write_part(path.parent, path.name, kept, _names.OPEN_SPANS)
+        except (OSError, ValueError):
+            continue  # left as it is: readers still tell the spans apart while the flush parts are there
 
 
 def leftovers(snap, live: set[str]) -> list[Path]:

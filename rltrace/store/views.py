@@ -495,12 +495,46 @@ def _read_now(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[P
     name = f"_read_{table.name}"
     if not tables:
         return empty_sql
-    con.register("_parts_read", pa.concat_tables(tables, promote_options="permissive"))
+    rows_read = pa.concat_tables(tables, promote_options="permissive")
+    if table is _names.OPEN_SPANS:
+        rows_read = not_finished(rows_read, parts, snap.parts.get("spans", []))
+    con.register("_parts_read", rows_read)
     try:
         con.execute(f"CREATE TABLE {name} AS SELECT * FROM _parts_read UNION ALL BY NAME {empty_sql}")
     finally:
         con.unregister("_parts_read")
     return f"SELECT * FROM {name}"
+
+
+def not_finished(open_rows: pa.Table, open_parts: list[Part], span_parts: list[Part]) -> pa.Table:
+    """Open-span rows less those whose span is also finished: a process killed between writing a
+    part of finished spans and rewriting its open-spans file leaves them in both. Only the parts
+    of that process written since its open-spans file can hold them (a few, read for their ids)."""
+    import pyarrow.compute as pc
+
+    since = {}
+    for part in open_parts:
+        try:
+            since[part.path.stem] = part.path.stat().st_mtime_ns
+        except OSError:
+            continue
+    ids = []
+    for part in span_parts:
+        owner = _names.process_of(part.path.name)
+        if owner not in since or not _names.is_flush_part(part.path.name):  # a writer merges only after it rewrote its open spans
+            continue
+        try:
+            if part.path.stat().st_mtime_ns < since[owner]:
+                continue
+            got = upgrade(_names.SPANS, read_whole(part.path, columns=["trace_id", "span_id"]), part.version)
+        except (OSError, pa.ArrowException):
+            continue
+        ids.append(got)
+    if not ids or not open_rows.num_rows or "span_id" not in open_rows.column_names:
+        return open_rows
+    done = pa.concat_tables(ids)
+    keep = pc.invert(pc.is_in(open_rows.column("span_id"), value_set=done.column("span_id").combine_chunks()))
+    return open_rows.filter(keep)
 
 
 def upgrade(table: _names.Table, rows: pa.Table, version: int) -> pa.Table:

@@ -288,3 +288,33 @@ def test_a_fifo_given_as_a_model_config_or_a_log_is_named_for_what_it_is(tmp_pat
         read_config(fifo)
     with pytest.raises(MetricsImportError, match="is a FIFO .named pipe., not a regular file"):
         find_logs([fifo])
+
+
+def test_a_span_finished_and_still_in_an_open_spans_file_is_read_once(run_dir):
+    """A process killed after it wrote a part of finished spans but before it rewrote its open-spans
+    file leaves the span in both: readers count it once, as finished."""
+    import shutil
+
+    import os
+
+    os.environ["RLTRACE_MERGE_PARTS"] = "0"  # the writer leaves its flush parts, for compact to merge
+    try:
+        rltrace.init(run_dir, flush_interval=0.01)
+    finally:
+        del os.environ["RLTRACE_MERGE_PARTS"]
+    with rltrace.phase("warmup", step=0):
+        pass
+    outer = rltrace.phase("train", step=1)
+    outer.__enter__()
+    rltrace.flush()
+    (open_file,) = (run_dir / "open_spans").iterdir()
+    stale = run_dir / "stale.parquet"
+    shutil.copy2(open_file, stale)  # the open-spans file as the killed process left it
+    outer.__exit__(None, None, None)
+    rltrace.shutdown()
+    shutil.copy2(stale, open_file)
+    stale.unlink()
+    for _ in range(2):  # and after a compaction merged the finished part away
+        con = store.open(run_dir)
+        assert con.execute("SELECT count(*), count(DISTINCT span_id), bool_or(is_open) FROM spans").fetchone() == (2, 2, False)
+        store.compact(run_dir, grace_s=0)
