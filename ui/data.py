@@ -184,7 +184,7 @@ def whatif_calibration(run: RunRef, steps: Steps) -> whatif_model.Calibration:
 @st.cache_data(**CACHE)
 def whatif(run: RunRef, steps: Steps, scenarios: tuple[tuple, ...]) -> list[dict]:
     """`rltrace whatif --json`'s rows for these steps: the run replayed as recorded, then one row per
-    scenario, each `(staleness, rollout_workers, partial, placement)` (None: as recorded)."""
+    scenario, each `(staleness, rollout_workers, partial, placement, sync_s)` (None: as recorded)."""
     asked = [analysis.WhatIf(*s) for s in scenarios]
     return report_mod.plain(whatif_model.table(whatif_calibration(run, steps), asked))
 

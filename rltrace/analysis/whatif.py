@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from rltrace.analysis._format import seconds_text
 from rltrace.analysis.costs import cost_model, cost_summary
 from rltrace.analysis._steps import Steps, step_filter
 
@@ -52,13 +53,15 @@ class Scenario:
     rollout_workers: int | None = None
     partial: float | None = None  # over-sampling factor of partial rollouts; None: off
     placement: str | None = None  # "colocated" (engines and trainer take turns) or "disaggregated"
+    sync_s: float | None = None  # a weight sync's cost there (another placement's transfer); None: as recorded
 
     def label(self) -> str:
         workers = self.rollout_workers
         parts = ["sync" if self.staleness == 0 else f"async K={self.staleness}" if self.staleness else None,
                  f"{workers} worker{'s' if workers > 1 else ''}" if workers else None,
                  f"partial x{self.partial:g}" if self.partial else None,
-                 "colocated" if self.placement == "colocated" else None]
+                 "colocated" if self.placement == "colocated" else None,
+                 f"weight sync {seconds_text(self.sync_s)}" if self.sync_s is not None else None]
         return ", ".join(p for p in parts if p) or "as recorded"
 
 
@@ -77,8 +80,7 @@ class Calibration:
     workers: int  # engines recorded (distinct worker_rank; 1 when not recorded)
     staleness: int  # K recorded (max sample staleness; 0 when not recorded or negative: a version mix-up)
     per_sample: bool  # per-sample generation times were recorded
-    t_sync: float | None = None  # the cost model's medians (`cost_summary`), for the analytic bound beside
-    async_bound: float | None = None
+    terms: dict = field(default_factory=dict)  # t_R, t_T, t_W: the cost model's medians, for the analytic bound
     notes: list[str] = field(default_factory=list)
 
 
@@ -128,7 +130,7 @@ def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
         steps=costs.index.to_numpy(), works=_padded(works), overhead=np.array(overhead),
         reward=zero("t_reward"), train=zero("t_T"), sync=zero("t_W"), extra=extra, period=period,
         workers=max(1, workers), staleness=0 if stale != stale else max(0, int(stale)), per_sample=per_sample,
-        t_sync=summary.get("t_sync"), async_bound=summary.get("async_bound"), notes=notes)
+        terms={k: summary.get(k) or 0.0 for k in ("t_R", "t_T", "t_W")}, notes=notes)
 
 
 def _padded(rows: list[np.ndarray]) -> np.ndarray:
@@ -211,7 +213,7 @@ def resolve(cal: Calibration, scenario: Scenario) -> Scenario:
     return Scenario(
         staleness=cal.staleness if scenario.staleness is None else scenario.staleness,
         rollout_workers=cal.workers if scenario.rollout_workers is None else scenario.rollout_workers,
-        partial=scenario.partial, placement=scenario.placement or "disaggregated")
+        partial=scenario.partial, placement=scenario.placement or "disaggregated", sync_s=scenario.sync_s)
 
 
 def simulate(cal: Calibration, scenario: Scenario, order: np.ndarray, rng: np.random.Generator) -> dict:
@@ -233,6 +235,7 @@ def simulate(cal: Calibration, scenario: Scenario, order: np.ndarray, rng: np.ra
     counts = np.isfinite(cal.works).sum(axis=1)
     medians = cal.overhead + np.nanmedian(np.where(counts[:, None] > 0, cal.works, 0.0), axis=1)
     carry = _Carry(reps, n, cal, scenario.partial) if scenario.partial and cal.per_sample else None
+    syncs = cal.sync if scenario.sync_s is None else np.full(len(cal.sync), float(scenario.sync_s))
     for i in range(steps):
         j = order[:, i]
         start = np.maximum(free, ready[:, max(0, i - k)][:, None])
@@ -251,9 +254,9 @@ def simulate(cal: Calibration, scenario: Scenario, order: np.ndarray, rng: np.ra
         out["tail_s"][:, i] = np.maximum(0.0, took.max(axis=1) - medians[j])
         work = cal.reward[j] + cal.train[j] + cal.extra[j]
         out["waited"][:, i] = free.max(axis=1) > trainer  # the trainer waited for this step's rollout
-        ready[:, i + 1] = np.maximum(trainer, free.max(axis=1)) + work + cal.sync[j]
+        ready[:, i + 1] = np.maximum(trainer, free.max(axis=1)) + work + syncs[j]
         trainer = ready[:, i + 1]
-        out["trainer_busy"] += work + cal.sync[j]
+        out["trainer_busy"] += work + syncs[j]
         out["ends"][:, i] = trainer
         if colocated:
             free = np.maximum(free, trainer[:, None])
@@ -309,7 +312,7 @@ class _Carry:
 def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATES, seed: int = 0) -> dict:
     """The scenario's figures over bootstrap replays of the recorded steps.
 
-    Returns a dict: scenario (a label of every knob), staleness, rollout_workers, partial, placement (resolved);
+    Returns a dict: scenario (a label of every knob), staleness, rollout_workers, partial, placement, sync_s (resolved);
     predicted_step_s (median over replays of each replay's median step period), interval_s ([5 %,
     95 %] of it), staleness_mean, staleness_max (of trained samples, median over replays),
     rollout_util, trainer_util (share of the time each pool was busy), tail_share (share of the
@@ -326,7 +329,8 @@ def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATE
     period = np.median(np.diff(out["ends"], axis=1)[:, warm:], axis=1)
     span = out["ends"][:, -1]
     row = {"scenario": sc.label(), "staleness": sc.staleness, "rollout_workers": sc.rollout_workers,
-           "partial": sc.partial, "placement": sc.placement, "predicted_step_s": float(np.median(period)),
+           "partial": sc.partial, "placement": sc.placement, "sync_s": sc.sync_s,
+           "predicted_step_s": float(np.median(period)),
            "interval_s": [float(np.quantile(period, 0.05)), float(np.quantile(period, 0.95))],
            "staleness_mean": float(np.median(out["age_sum"] / np.maximum(out["age_n"], 1))),
            "staleness_max": int(round(float(np.median(out["age_max"])))),
@@ -371,6 +375,14 @@ def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: i
     return table(calibrate(con, steps, per_step=per_step, summary=summary), scenarios, replicates=replicates)
 
 
+def _analytic(cal: Calibration, sc: Scenario) -> float:
+    """The cost model's formula for the scenario: t_sync = t_R + t_T + t_W for a synchronous or
+    colocated one, max(t_R, t_T) + t_W for an async one (t_W: the scenario's sync cost if given)."""
+    r, t = cal.terms.get("t_R", 0.0), cal.terms.get("t_T", 0.0)
+    w = cal.terms.get("t_W", 0.0) if sc.sync_s is None else sc.sync_s
+    return r + t + w if sc.staleness == 0 or sc.placement == "colocated" else max(r, t) + w
+
+
 def table(cal: Calibration, scenarios: list[Scenario], *, replicates: int = REPLICATES) -> pd.DataFrame:
     """`whatif` on a calibration already made (the dashboard keeps one per run and step range)."""
     if not len(cal.steps):
@@ -381,8 +393,7 @@ def table(cal: Calibration, scenarios: list[Scenario], *, replicates: int = REPL
         row = predict(cal, sc, replicates=replicates)
         row["schedule"] = row["scenario"]  # every knob, as resolved
         row["scenario"] = "as recorded" if i == 0 else sc.label()
-        synchronous = row["staleness"] == 0 or row["placement"] == "colocated"
-        row["analytic_s"] = cal.t_sync if synchronous else cal.async_bound
+        row["analytic_s"] = _analytic(cal, resolve(cal, sc))
         row["recorded_step_s"] = recorded
         rows.append(row)
     return pd.DataFrame(rows)

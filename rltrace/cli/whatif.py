@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "samples are in and resume the rest in the next")
     p.add_argument("--placement", choices=("colocated", "disaggregated"),
                    help="colocated: rollout and training take turns on the same devices")
+    p.add_argument("--sync-s", metavar="SECONDS", type=float,
+                   help="a weight sync's cost in the schedule asked (another placement's transfer, e.g. payload / "
+                        "bandwidth); default: as recorded")
     p.add_argument("--steps", metavar="A:B", help="calibrate on steps A to B only")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
     _options.skip_corrupt(p)
@@ -63,11 +66,15 @@ def scenarios(args: argparse.Namespace) -> list[model.Scenario]:
     """One scenario per combination of the values asked; the default set when nothing is asked."""
     if args.partial is not None and args.partial < 1:
         raise RltraceError("--partial FACTOR must be >= 1 (1.25: a quarter more samples in flight)")
-    if args.staleness is None and args.rollout_workers is None and args.partial is None and args.placement is None:
+    if args.sync_s is not None and args.sync_s < 0:
+        raise RltraceError("--sync-s must be >= 0 seconds")
+    if (args.staleness is None and args.rollout_workers is None and args.partial is None and args.placement is None
+            and args.sync_s is None):
         return list(DEFAULT_SCENARIOS)
     if args.rollout_workers and 0 in args.rollout_workers:
         raise RltraceError("--rollout-workers must be >= 1")
-    return [model.Scenario(staleness=k, rollout_workers=n, partial=args.partial, placement=args.placement)
+    return [model.Scenario(staleness=k, rollout_workers=n, partial=args.partial, placement=args.placement,
+                           sync_s=args.sync_s)
             for k, n in itertools.product(args.staleness or [None], args.rollout_workers or [None])]
 
 

@@ -75,3 +75,14 @@ def test_the_report_puts_the_replayed_prediction_beside_the_analytic_bound(run):
     assert r["whatif"]["predicted_step_s"] == pytest.approx(1.2, abs=1e-6)
     sentence = next(f for f in r["findings"] if "max(t_R, t_T) + t_W" in f)
     assert "one-step-off (staleness 1): 1.20 s a step against 1.70 s recorded (1.42x" in sentence
+
+
+def test_another_placements_weight_sync_cost(run, capsys):
+    """Train 1.0 s + a 0.5 s sync instead of 0.2 s: one-step-off steps in 1.5 s."""
+    assert main(["whatif", run, "--async", "1", "--sync-s", "0.5", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["predicted_step_s"] == pytest.approx(1.5, abs=1e-6)
+    assert data["scenarios"][0]["scenario"] == "async K=1, weight sync 500 ms"
+    assert data["scenarios"][0]["analytic_s"] == pytest.approx(max(0.5, 1.0) + 0.5, abs=1e-6)
+    assert main(["whatif", run, "--sync-s", "-1"]) == 2
+    assert "--sync-s must be >= 0" in capsys.readouterr().err

@@ -30,5 +30,10 @@ def test_the_page_predicts_the_schedule_picked(run, app):
     at.number_input(key="whatif_k").set_value(2).run()
     no_exceptions(at)
     assert {m.label: m.value for m in at.metric}["Predicted step"] == "1.70 s"  # colocated: the sum, whatever K
+    at.segmented_control(key="whatif_placement").set_value("disaggregated").run()
+    at.number_input(key="whatif_k").set_value(1).run()
+    at.number_input(key="whatif_sync").set_value(0.5).run()
+    no_exceptions(at)
+    assert {m.label: m.value for m in at.metric}["Predicted step"] == "1.50 s"  # train 1.0 s + the sync asked
     at.number_input(key="whatif_partial").set_value(0.5).run()
     assert "at least 1" in at.warning[0].value

@@ -1,5 +1,5 @@
 """What if: the step time, staleness and what binds under another schedule (staleness bound,
-rollout workers, partial rollouts, placement), replayed from this run's samples and stage times
+rollout workers, partial rollouts, placement, weight-sync cost), replayed from this run's samples and stage times
 (`rltrace whatif`), beside the recorded run and the analytic bound."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ st.caption(f"Steps {steps[0]}–{steps[1]}, recorded as {fmt.md(recorded['schedu
            "picked here: each replay draws recorded steps (their samples and stage times) at random; the range is "
            "90 % of replays. Same figures as `rltrace whatif`.")
 
-c1, c2, c3, c4 = st.columns(4)
+c1, c2, c3, c4, c5 = st.columns(5)
 k = c1.number_input("Staleness bound K", min_value=0, max_value=16, value=1, key="whatif_k",
                     help="0: synchronous; 1: one-step-off; samples may be up to K weight versions old")
 workers = c2.number_input("Rollout workers", min_value=1, max_value=1024, value=int(recorded["rollout_workers"]),
@@ -37,10 +37,13 @@ partial = c3.number_input("Partial rollouts (over-sampling, 0: off)", min_value=
                                "share is in, the rest resume in the next")
 placement = c4.segmented_control("Placement", ["disaggregated", "colocated"], default="disaggregated",
                                  key="whatif_placement") or "disaggregated"
+sync_s = c5.number_input("Weight sync (s; empty: as recorded)", min_value=0.0, value=None, step=0.01, format="%.3f",
+                         key="whatif_sync", help="a weight sync's cost in this schedule: another placement's transfer, "
+                                                 "e.g. payload / bandwidth")
 if 0 < partial < 1:
     st.warning("Partial rollouts over-sample: the factor is at least 1 (0 turns them off).")
     st.stop()
-knobs = (int(workers), partial or None, placement)
+knobs = (int(workers), partial or None, placement, sync_s)
 row = data.whatif(run, steps, ((int(k), *knobs),))[1]
 
 base = recorded["recorded_step_s"] or recorded["predicted_step_s"]
