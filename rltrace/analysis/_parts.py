@@ -80,15 +80,17 @@ def cache_file(con, kind: str = "summary") -> Path | None:
     return root / _file_name(rid, kind)
 
 
-def stored_file(con, kind: str = "summary") -> Path | None:
-    """The cache file of that kind that the run's last writer stored in the run (`analysis.stored`),
-    if there is one: read after this machine's own files, so a machine that never reported on the
-    run starts from it."""
+def stored_files(con, kind: str = "summary") -> list[Path]:
+    """The cache files of that kind stored in the run (`analysis.stored`: a main file and the
+    additions a resumed run's store wrote beside it, newest first), read after this machine's own
+    files, so a machine that never reported on the run starts from them."""
     rid, run_dir = meta(con, "run_id"), meta(con, "run_dir")
     if not rid or not run_dir or "://" in run_dir:
-        return None
-    path = Path(run_dir) / STORED / _file_name(rid, kind)
-    return path if path.is_file() and path != cache_file(con, kind) else None
+        return []
+    main = Path(run_dir) / STORED / _file_name(rid, kind)
+    if main == cache_file(con, kind) or not main.is_file():
+        return []
+    return [*sorted(main.parent.glob(f"{main.stem}.new-*.parquet"), reverse=True), main]
 
 
 def write_cache(path: Path, table: Callable[[], pa.Table]) -> bool:
@@ -165,7 +167,7 @@ def table(con, kind: str, schema: pa.Schema, select: str, digests: int = 0, only
     con.execute(f"CREATE TEMP TABLE IF NOT EXISTS {name}_inputs AS SELECT * FROM _rltrace_schema")
     con.unregister("_rltrace_schema")
     main, additions = cache_files(con, kind)
-    files = [] if main is None else [*additions, main, *filter(None, [stored_file(con, kind)])]
+    files = [] if main is None else [*additions, main, *stored_files(con, kind)]
     now, taken, main_read = parts_now(con), set(), False
     merged = replaced(con)  # a part merged from others holds their rows: theirs, cached, are its
     inputs = {n for p in now if p[0] in merged for n in merged[p[0]]}

@@ -255,7 +255,7 @@ def _reuse_cached(con, missing: pd.DataFrame) -> _Cached:
         return out
     now = _parts.parts_now(con)
     merged = _parts.replaced(con)
-    for i, path in enumerate([*additions, full, *filter(None, [_parts.stored_file(con)])]):
+    for i, path in enumerate([*additions, full, *_parts.stored_files(con)]):
         try:
             cached = views.read_whole(path)
             then = _parts.listed_parts(cached.schema)

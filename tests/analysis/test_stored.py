@@ -76,6 +76,14 @@ def test_the_last_writer_stores_what_a_report_on_another_machine_then_reuses(run
     assert computed == [2]
     assert later == _from_spans(run_dir, tmp_path, monkeypatch)
 
+    # resumed again, its last writer stores what is new (beside what was stored): nothing to compute
+    monkeypatch.delenv("RLTRACE_STORE_SUMMARIES")
+    _record(run_dir, 1, first=6)
+    computed.clear()
+    resumed = _report(run_dir, tmp_path / "a-fourth-machine", monkeypatch)
+    assert computed == []
+    assert resumed == _from_spans(run_dir, tmp_path, monkeypatch)
+
 
 def test_a_writer_leaving_while_another_lives_leaves_it_to_that_one(run_dir, monkeypatch):
     monkeypatch.setattr(last_writer, "MIN_BYTES", 0)
