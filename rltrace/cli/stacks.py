@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN")
     p.add_argument("--wait", type=float, default=10.0, metavar="S",
                    help="seconds to wait for every live process to answer (default 10)")
+    p.add_argument("--native", action="store_true",
+                   help="also ask for native frames (each process runs py-spy dump --native on itself, where py-spy "
+                   "is installed and may read the process)")
     p.add_argument("--no-ask", action="store_true", help="show the stacks already in the run; ask no process")
     p.add_argument("--json", action="store_true", help="print the stacks and edges as JSON")
     _options.skip_corrupt(p)
@@ -40,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
     answered, expected = set(), {}
     if not args.no_ask:
-        _, answered, expected = capture.ask_and_wait(args.run_dir, timeout=max(args.wait, 0.0))
+        _, answered, expected = capture.ask_and_wait(args.run_dir, timeout=max(args.wait, 0.0), native=args.native)
     took = time.monotonic() - started
     now_ns = time.time_ns()
     con = store.open(args.run_dir, skip_corrupt=args.skip_corrupt)
@@ -97,5 +100,9 @@ def _print_stacks(out, dumps) -> None:
                 out.print(term(f'    File "{f[0]}", line {f[1]}, in {f[2]}'), markup=False)
                 if f[3]:
                     out.print(term(f"      {f[3]}"), markup=False)
+            if isinstance(r.native, str) and r.native:
+                out.print("    native frames (py-spy), innermost first:", markup=False)
+                for line in r.native.splitlines()[:SHOWN_FRAMES * 2]:
+                    out.print(term(f"      {line}"), markup=False)
         if helpers.get(process_id):
             out.print(term(f"  rltrace's own threads: {', '.join(helpers[process_id])}"), markup=False)

@@ -35,7 +35,7 @@ REQUEST_TTL_S = 120.0  # an older request is not answered (a process that starts
 MAX_FRAMES = 64  # innermost frames kept per thread
 MAX_HANG_DUMPS = 20  # hang dumps per process (requests are always answered)
 DEFAULT_AFTER_S = 300.0  # as `rltrace watch`'s least hang limit (`analysis.health.HANG_MIN_S`)
-NONE_LIVE_S = 3.0  # `ask_and_wait` finding no live process looks again this long before giving up
+NONE_LIVE_S = 3.0  # in a bucket, `ask_and_wait` finding no live process looks again this long before giving up
 _PEER_DEPTH = 8  # innermost frames searched for the socket being read
 
 
@@ -89,6 +89,29 @@ def _span_record(span) -> dict:
             "step": attrs.get(_names.STEP), "start_ns": span.start_time}
 
 
+def native_frames() -> dict:
+    """native thread id -> this process's stack of that thread as py-spy reads it with --native
+    (`function (file:line)` per line, innermost first); {None: why} when py-spy could not."""
+    from rltrace._config import resolve
+    from rltrace.profiling import pyspy
+    from rltrace.profiling.policy import pyspy_executable
+
+    executable = pyspy_executable(resolve("pyspy"))
+    command = pyspy.dump_command(executable, os.getpid(), json_output=True, flags=("native",))
+    try:
+        code, text = pyspy.run_dump(command)
+    except OSError as exc:
+        return {None: pyspy.missing_message(executable, exc)[1]}
+    try:
+        threads = pyspy.dump_threads(text) if code == 0 else None
+    except ValueError:
+        threads = None
+    if threads is None:
+        return {None: pyspy.classify(code, text, os.getpid())[1]}
+    return {t.get("os_thread_id"): "\n".join(f"{f.get('name') or '?'} ({f.get('filename')}:{f.get('line')})"
+                                             for f in t.get("frames") or []) for t in threads}
+
+
 class StackThread:
     """Dumps this process's stacks for a `Run` (see `rltrace.stacks.start`); `close()` stops it."""
 
@@ -123,7 +146,7 @@ class StackThread:
         request = self._request(now_ns)
         if request is not None:
             self._answered.add(request["request_id"])
-            self.dump("request", request_id=request["request_id"])
+            self.dump("request", request_id=request["request_id"], native=bool(request.get("native")))
         hung = self._hung(now_ns)
         if hung and self._hang_dumps < MAX_HANG_DUMPS:
             self._dumped.update(hung)
@@ -196,8 +219,10 @@ class StackThread:
             return None  # unreachable now: asked again next poll
 
     # --- the dump ------------------------------------------------------------------------------
-    def dump(self, trigger: str, *, request_id: str | None = None) -> Path | None:
-        """Every thread's stack now, with its open spans, as one `stacks` part."""
+    def dump(self, trigger: str, *, request_id: str | None = None, native: bool = False) -> Path | None:
+        """Every thread's stack now, with its open spans, as one `stacks` part; `native`: with
+        py-spy's native frames of each thread too, where py-spy may read this process."""
+        native_text = native_frames() if native else {}
         now_ns = time.time_ns()
         frames = sys._current_frames()
         names = {t.ident: t for t in threading.enumerate()}
@@ -222,7 +247,7 @@ class StackThread:
                 "frames": json.dumps(frames_of(frame)),
                 "spans": json.dumps([_span_record(s) for s in mine]),
                 "peer": peer_of(frame),
-                "native": None,
+                "native": native_text.get(getattr(thread, "native_id", None), native_text.get(None)),
             })
         del frames
         table = pa.Table.from_pylist(rows, schema=_names.STACKS_SCHEMA)
@@ -307,12 +332,15 @@ def ask_and_wait(location, *, timeout: float = 10.0, native: bool = False, poll_
                  ) -> tuple[dict, set[str], dict[str, str]]:
     """Ask every live process of the run for its stacks and wait until each has answered (or
     `timeout`); returns (the request, the processes that answered, those expected to)."""
+    from rltrace.store import objstore
+
     request = ask(location, native=native)
+    lag = NONE_LIVE_S if objstore.is_uri(location) else 0.0
     started = time.monotonic()
     while True:
         answered, expected = answers(location, request["request_id"], request["time_ns"])
         waited = time.monotonic() - started
         # no live process yet: a bucket shows a process's records a second or two after it writes them
-        if (expected and set(expected) <= answered) or waited >= timeout or (not expected and waited >= NONE_LIVE_S):
+        if (expected and set(expected) <= answered) or waited >= timeout or (not expected and waited >= lag):
             return request, answered, expected
         time.sleep(poll_s)

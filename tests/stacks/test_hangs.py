@@ -161,8 +161,11 @@ def test_a_queue_no_one_will_fill(tmp_path, capsys, procs):
     proc = _start(tmp_path / "run", "queue")
     procs.append(proc)
     _until(proc, "HUNG")
-    assert main(["stacks", str(tmp_path / "run"), "--wait", "10"]) == 0
+    assert main(["stacks", str(tmp_path / "run"), "--wait", "15", "--native"]) == 0
     out = capsys.readouterr().out
+    # py-spy's native frames where it may read the process (it runs as the process's child), else why not
+    native = out[out.index("native frames (py-spy), innermost first:"):]
+    assert "Queue.get (" in native and "acquire" in native or "py-spy" in native
     edge = ("trainer0 has been waiting {} in queue.Queue.get in consume (rollout, step 0); no producer is alive: no "
             "other thread of it has open work and no other process is in the run.")
     before, after = edge.split("{}")
