@@ -72,6 +72,7 @@ class Run:
         otlp_endpoint: str | None,
     ):
         self.drops = rows.Drops()  # why rows were lost, by table and column (see rltrace.store.rows)
+        write_errors.reset()  # this run's write errors, counted in its process row
         self._spool: objstore.Spool | None = None
         if objstore.is_uri(run_dir):  # an object-store run: write into a local spool, uploaded behind
             self.location: str | Path = str(run_dir)
@@ -197,6 +198,7 @@ class Run:
                 {"table": "spans", "column": None, "count": self._store_pipeline.dropped,
                  "reason": "span queue full (raise RLTRACE_MAX_QUEUE or record less)"}
             )
+        records += write_errors.records()
         return rows.dumps(records) if records else None
 
     def _heartbeat(self) -> None:

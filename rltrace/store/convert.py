@@ -180,7 +180,7 @@ def describe(records: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 _UNITS = {"sample values": "sample value", "spans": "span", "samples": "sample row", "metrics": "metric row", "attributes": "span attribute", "batches": "frozen sample",
-          "requests": "rejected OTLP request", "refused spans": "refused span", "refused requests": "refused OTLP request",
+          "requests": "rejected OTLP request", "write errors": "write error", "refused spans": "refused span", "refused requests": "refused OTLP request",
           # left out by `rltrace import` (rltrace.store.imports.Refused)
           "metric log records": "metric log record", "metric log values": "metric log value",
           "slime samples": "slime dump sample", "slime fields": "slime sample field"}

@@ -58,6 +58,18 @@ class WriteErrors:
                        what, type(exc).__name__, f": {text}" if text else "", f"; {detail}" if detail else "", more)
 
 
+    def records(self) -> list[dict]:
+        """The counts as `drop_reasons` records (table "write errors"): `rltrace info` lists them."""
+        with self._lock:
+            return [{"table": "write errors", "column": None, "reason": f"{what} failed ({kind})", "count": n}
+                    for (what, kind), n in self.counts.items()]
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counts.clear()
+            self._said.clear()
+
+
 errors = WriteErrors()  # this process's: every writer of the process says each kind once
 
 

@@ -327,3 +327,7 @@ def test_a_run_dir_unwritable_for_a_while_costs_counted_rows_and_one_line_per_ki
     assert total == distinct and 20 <= total <= 30
     (dropped,) = con.execute("SELECT sum(rows_dropped) FROM processes").fetchone()
     assert dropped >= 30 - total
+    from rltrace.cli.info import collect
+
+    errors = [r for r in collect(str(run_dir))["drop_reasons"] if r["table"] == "write errors"]
+    assert errors and all(r["count"] >= 1 and "PermissionError" in r["reason"] for r in errors)  # counted, by kind
