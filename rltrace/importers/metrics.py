@@ -7,7 +7,8 @@ model (t_R, t_T, t_W, async bound, bottleneck) works on a run that was never tra
 
     step (the step's wall time, or the sum of its stages when none was logged)
     ├── gen            rollout      laid one after another from the step's start,
-    ├── reward         reward       in the framework's order; siblings never overlap
+    ├── reward         reward       in the framework's order (each from the step's start
+    │                               when the logged step time is shorter than their sum)
     ├── update_actor   train
     └── update_weights weight_sync
 
@@ -233,11 +234,14 @@ def step_spans(fw: frameworks.Framework, steps, codes, names: list, values, time
         wall_ns = np.rint(np.where(np.isfinite(wall) & (np.abs(wall) < _MAX_SECONDS), wall, 0) * 1e9).astype(np.int64)
     else:
         has_wall, wall_ns = np.zeros(len(step_of), bool), 0
-    length = np.maximum(durations.sum(axis=1), wall_ns)
+    # a logged step time shorter than its stages' sum: they overlapped (an async run), so each starts at
+    # the step's start and the step keeps the logged length, instead of stages laid end to end past it
+    overlapped = has_wall & (wall_ns > 0) & (durations.sum(axis=1) > wall_ns)
+    length = np.where(overlapped, np.maximum(wall_ns, durations.max(axis=1)), np.maximum(durations.sum(axis=1), wall_ns))
     latest = np.where(logged, at, -1).max(axis=1)  # when the step's timings were logged, -1: not known
     keep = ok.any(axis=1)
-    step_of, ok, durations, length, latest, has_wall, value, logged = (
-        a[keep] for a in (step_of, ok, durations, length, latest, has_wall, value, logged))
+    step_of, ok, durations, length, latest, has_wall, value, logged, overlapped = (
+        a[keep] for a in (step_of, ok, durations, length, latest, has_wall, value, logged, overlapped))
     start = latest - length
     if (latest < 0).any():  # no logged time: steps follow each other
         starts, prev_end = start.tolist(), None
@@ -247,8 +251,8 @@ def step_spans(fw: frameworks.Framework, steps, codes, names: list, values, time
             prev_end = starts[k] + span
         fits = np.array([s + n <= rows.INT64_MAX for s, n in zip(starts, length.tolist())], bool)
         if not fits.all():  # timings that add up past year 2262: those steps get no spans (their scalars stay)
-            step_of, ok, durations, length, latest, has_wall, value, logged = (
-                a[fits] for a in (step_of, ok, durations, length, latest, has_wall, value, logged))
+            step_of, ok, durations, length, latest, has_wall, value, logged, overlapped = (
+                a[fits] for a in (step_of, ok, durations, length, latest, has_wall, value, logged, overlapped))
             starts = [s for s, f in zip(starts, fits.tolist()) if f]
         start = np.array(starts, np.int64)
         if not len(step_of):
@@ -259,6 +263,7 @@ def step_spans(fw: frameworks.Framework, steps, codes, names: list, values, time
     pick = np.flatnonzero(grid.ravel())
     i, col = pick // grid.shape[1], pick % grid.shape[1]
     before = np.concatenate([np.zeros((len(step_of), 1), np.int64), np.cumsum(durations, axis=1) - durations], axis=1)
+    before[overlapped] = 0
     begins = start[i] + before[i, col]
     ends = begins + np.concatenate([length[:, None], durations], axis=1)[i, col]
     n = len(pick)

@@ -94,7 +94,7 @@ def figures(r: dict, src: dict) -> dict:
     if r.get("wall_s") is None:
         out["wall_s"] = _record(None, NOT_RECORDED, "no finished step")
     elif steps["imported"] and not steps["traced"] and steps["metrics"]:
-        out["wall_s"] = _record(r["wall_s"], IMPORTED, ", ".join(steps["metrics"]) + " (or the imported stages laid end to end, when longer)")
+        out["wall_s"] = _record(r["wall_s"], IMPORTED, ", ".join(steps["metrics"]))
     elif any(src[s]["imported"] and not src[s]["traced"] for s in COST_COLUMN):
         out["wall_s"] = _record(r["wall_s"], IMPORTED, "first start to last end of the imported spans")
     else:

@@ -120,3 +120,18 @@ def test_text_json_and_the_overview_give_each_figure_the_same_value_and_kind(sha
         assert m[key] == ("not recorded" if r[key] is None else fmt.seconds_text(r[key]))
     overlap = r["figures"]["achieved_speedup"]["value"]
     assert m["Overlap"] == ("not recorded" if overlap is None else f"{overlap:.2f}×")
+
+
+def test_an_imported_step_keeps_its_logged_time_when_its_stages_overlapped(tmp_path):
+    """slime async: perf/step_time 1.7 s is shorter than rollout + train + weight sync (2.7 s): the
+    stages ran at once, so the step is not made 2.7 s long by laying them end to end."""
+    log = tmp_path / "slime.jsonl"
+    log.write_text("\n".join(json.dumps({"rollout/step": i, "perf/rollout_time": 1.5, "perf/train_time": 1.0,
+                                         "perf/update_weights_time": 0.2, "perf/step_time": 1.7}) for i in range(4)))
+    import_metrics([log], tmp_path / "run")
+    r = report.plain(report.build(store.open(tmp_path / "run")))
+    assert [s["wall_s"] for s in r["steps"]] == pytest.approx([1.7] * 4)
+    assert r["figures"]["wall_s"] == {"value": pytest.approx(1.7), "kind": "imported", "basis": "perf/step_time"}
+    assert (r["t_R"], r["t_T"], r["t_W"]) == pytest.approx((1.5, 1.0, 0.2))
+    assert r["figures"]["achieved_speedup"]["kind"] == "not recorded"
+    assert not any("overlap (measured)" in f or "Stages overlap" in f for f in r["findings"])
