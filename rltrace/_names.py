@@ -493,6 +493,9 @@ STACKS_SCHEMA = pa.schema(
         pa.field("spans", pa.string()),  # JSON list of the thread's open spans {span_id, phase, step, start_ns}, innermost first
         pa.field("peer", pa.string()),  # host:port of the socket the thread is reading from, if it is
         pa.field("native", pa.string()),  # py-spy's native frames of the thread, when asked for and allowed
+        # torch's Flight Recorder (TORCH_FR_BUFFER_SIZE set): the thread's last collectives, JSON list of
+        # {seq, op, group, state, time_created_ns}, oldest first
+        pa.field("collectives", pa.string()),
     ]
 )
 

@@ -43,6 +43,11 @@ class Thread:
     peer: str | None = None
     dumped_ns: int | None = None
     blocked: Blocked | None = None
+    collectives: list = field(default_factory=list)  # Flight Recorder entries of the thread, oldest first
+
+    def last_collective(self, group: str | None = None) -> dict | None:
+        """Its newest Flight Recorder entry (on `group`, if given)."""
+        return next((c for c in reversed(self.collectives) if group is None or c.get("group") == group), None)
 
     def doing(self) -> str:
         """`phase, step N` of its open span."""
@@ -139,7 +144,8 @@ def threads(con, now_ns: int) -> tuple[list[Thread], dict, dict[str, str]]:
         frames = json.loads(d.frames or "[]")
         out.append(Thread(d.process_id, process_name(d.role, _int(d.rank)), _int(d.thread_id), d.thread_name,
                           s["span_id"], s.get("phase"), s.get("step"), s.get("start_ns"), frames,
-                          d.peer if isinstance(d.peer, str) else None, int(d.time_ns), classify(frames)))
+                          d.peer if isinstance(d.peer, str) else None, int(d.time_ns), classify(frames),
+                          json.loads(d.collectives) if isinstance(getattr(d, "collectives", None), str) else []))
         held.add(s["span_id"])
     for o in opened.itertuples():
         if o.span_id not in held:
@@ -260,7 +266,18 @@ def _collective(t: Thread, age: float, by_process, alive, roles, base) -> Edge:
         else:
             continue
         waits_on.append(p)
+    mine_fr = t.last_collective()
     head = f"{t.who} has been in {call} ({t.doing()}) for {seconds_text(age)}"
+    if mine_fr is not None:  # torch's Flight Recorder numbers the collectives of each process group
+        head += f" (collective #{mine_fr.get('seq')} on process group {mine_fr.get('group')})"
+        for p in peers:
+            theirs = next((x.last_collective(mine_fr.get("group")) for x in by_process.get(p, [])
+                           if x.last_collective(mine_fr.get("group"))), None)
+            if theirs is not None and theirs.get("seq") != mine_fr.get("seq"):
+                name = by_process[p][0].who
+                for j, part in enumerate(parts):
+                    if part.startswith(name + " "):
+                        parts[j] = f"{part}; its last collective there is #{theirs.get('seq')}"
     if not parts:
         text = head + (": every other rank is in it too." if peers else ".")
     else:

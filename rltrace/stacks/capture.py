@@ -89,6 +89,37 @@ def _span_record(span) -> dict:
             "step": attrs.get(_names.STEP), "start_ns": span.start_time}
 
 
+FR_KEPT = 16  # Flight Recorder entries kept per thread, newest
+
+
+def flight_recorder() -> dict:
+    """thread ident -> JSON text of its last collectives as torch's Flight Recorder holds them
+    (enabled by TORCH_FR_BUFFER_SIZE); {} when torch.distributed is not in use or it is off."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return {}
+    if not any(os.environ.get(v, "0") not in ("", "0") for v in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")):
+        return {}
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        trace = json.loads(_dump_fr_trace_json(True, False))
+    except Exception as exc:  # an older torch, or a backend without it: the stacks still go out
+        logger.debug("rltrace: no Flight Recorder dump: %s", exc)
+        return {}
+    by_thread: dict = {}
+    for e in trace.get("entries") or []:
+        try:
+            thread = int(e.get("thread_id"))
+        except (TypeError, ValueError):
+            continue
+        group = e.get("process_group") or ["", ""]
+        by_thread.setdefault(thread, []).append({
+            "seq": e.get("collective_seq_id"), "op": e.get("profiling_name"), "group": group[-1] or group[0],
+            "state": e.get("state"), "time_created_ns": e.get("time_created_ns")})
+    return {t: json.dumps(entries[-FR_KEPT:]) for t, entries in by_thread.items()}
+
+
 def native_frames() -> dict:
     """native thread id -> this process's stack of that thread as py-spy reads it with --native
     (`function (file:line)` per line, innermost first); {None: why} when py-spy could not."""
@@ -223,6 +254,7 @@ class StackThread:
         """Every thread's stack now, with its open spans, as one `stacks` part; `native`: with
         py-spy's native frames of each thread too, where py-spy may read this process."""
         native_text = native_frames() if native else {}
+        collectives = flight_recorder()
         now_ns = time.time_ns()
         frames = sys._current_frames()
         names = {t.ident: t for t in threading.enumerate()}
@@ -248,6 +280,7 @@ class StackThread:
                 "spans": json.dumps([_span_record(s) for s in mine]),
                 "peer": peer_of(frame),
                 "native": native_text.get(getattr(thread, "native_id", None), native_text.get(None)),
+                "collectives": collectives.get(ident),
             })
         del frames
         table = pa.Table.from_pylist(rows, schema=_names.STACKS_SCHEMA)

@@ -80,7 +80,8 @@ def test_a_collective_one_rank_never_entered_then_a_rank_killed_in_it(tmp_path, 
     when a host vanishes), the edge says it stopped, by its free writer lock."""
     pytest.importorskip("torch.distributed")
     run_dir = tmp_path / "run"
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(), "RLTRACE_STACKS_AFTER": 1}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(), "RLTRACE_STACKS_AFTER": 1,
+           "TORCH_FR_BUFFER_SIZE": 64}  # torch's Flight Recorder on: the collectives are numbered
     rank0 = _start(run_dir, "collective", "0", **env)
     rank1 = _start(run_dir, "collective", "1", HUNG_HOLD=1, **env)
     procs.extend([rank0, rank1])
@@ -94,7 +95,8 @@ def test_a_collective_one_rank_never_entered_then_a_rank_killed_in_it(tmp_path, 
     assert "Asked 2 live process(es) for their stacks; 2 answered" in out
     edge = ("trainer0 has been in torch.distributed.all_reduce (weight_sync, step 3) for ")
     assert edge in out
-    assert "trainer1 never entered it: it is in time.sleep in wait_for_batch (train, step 4)." in out
+    assert "(collective #4 on process group default_pg); trainer1 never entered it: it is in time.sleep in " \
+        "wait_for_batch (train, step 4); its last collective there is #3." in out, out
     assert "distributed_c10d.py" in out and "in all_reduce: work.wait()" in out  # the stack line that proves it
     assert 'hung.py", line' in out and "in wait_for_batch" in out  # every process's stacks, printed
 
