@@ -6,6 +6,7 @@ what is recorded and docs/integrations.md for the details.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -179,7 +180,7 @@ class Hooks(Ledger):
             def sync_weights(*args, **kwargs):
                 step = t.state.global_step
                 with rltrace.phase("weight_sync", step=step, weight_version=step, method=method,
-                                   bytes=self._model_bytes()):
+                                   bytes=self._model_bytes()) as phase, _flush_recorded(vg, phase):
                     return orig(*args, **kwargs)
 
             return sync_weights
@@ -483,3 +484,33 @@ def _make_callback(hooks: Hooks):
                 _fault("ending a TRL run")
 
     return _TrlCallback()
+
+
+@contextlib.contextmanager
+def _flush_recorded(vg, phase):
+    """While TRL syncs weights: its `reset_prefix_cache()` (the server's client, or the colocated
+    engine) marks the weight_sync span `rl.cache_flushed` true when it returns; a process that does
+    not flush (not the main one) records nothing: the report then says its hits may be stale."""
+    targets = [t for t in (getattr(vg, "vllm_client", None), getattr(vg, "llm", None))
+               if t is not None and callable(getattr(t, "reset_prefix_cache", None))]
+    saved = [(t, t.__dict__.get("reset_prefix_cache", _UNSET)) for t in targets if hasattr(t, "__dict__")]
+    for target, _ in saved:
+        original = target.reset_prefix_cache
+
+        def reset(*args, _original=original, **kwargs):
+            out = _original(*args, **kwargs)
+            phase.set(cache_flushed=True)
+            return out
+
+        target.reset_prefix_cache = reset
+    try:
+        yield
+    finally:
+        for target, before in saved:
+            if before is _UNSET:
+                target.__dict__.pop("reset_prefix_cache", None)
+            else:
+                target.reset_prefix_cache = before
+
+
+_UNSET = object()

@@ -388,8 +388,15 @@ def test_vllm_weight_sync_and_reward_models_are_recorded(tmp_path):
 
     trainer = trl_grpo.build_trainer(str(tmp_path / "out"), steps=1)
 
+    class FakeClient:  # trl's VLLMClient: only what sync_weights calls at its end
+        def reset_prefix_cache(self):
+            return None
+
     class FakeVLLMGeneration:  # stand-in for trl's VLLMGeneration (server mode)
+        vllm_client = FakeClient()
+
         def sync_weights(self):
+            self.vllm_client.reset_prefix_cache()  # as trl's does after loading the weights
             return "synced"
 
         def generate(self, **kwargs):
@@ -411,6 +418,8 @@ def test_vllm_weight_sync_and_reward_models_are_recorded(tmp_path):
     attrs = json.loads(s.loc["weight_sync", "attributes"])
     params = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
     assert attrs["rl.method"] == "vllm_server" and attrs["rl.bytes"] == params
+    assert attrs["rl.cache_flushed"] is True  # its reset_prefix_cache() ran inside the sync
+    assert "reset_prefix_cache" not in vars(trainer.vllm_generation.vllm_client)  # put back
     assert json.loads(s.loc["rm", "attributes"])["rl.reward_function"] == "rm"
 
 
