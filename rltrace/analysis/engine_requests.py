@@ -237,8 +237,9 @@ def table(con) -> str:
         con.execute(f"""CREATE TEMP TABLE IF NOT EXISTS {TABLE} AS
             SELECT n.engine, r.* EXCLUDE (router, e_service, e_role, e_who, e_host)
             FROM {rows} r JOIN _rltrace_engine_names n
-              ON n.router IS NOT DISTINCT FROM r.router AND n.e_service = r.e_service AND n.e_role = r.e_role
-                 AND n.e_who = r.e_who AND n.e_host = r.e_host AND n.process_id = r.process_id""")
+              ON n.router IS NOT DISTINCT FROM r.router AND n.e_service IS NOT DISTINCT FROM r.e_service
+                 AND n.e_role = r.e_role AND n.e_who = r.e_who AND n.e_host = r.e_host
+                 AND n.process_id IS NOT DISTINCT FROM r.process_id""")
     finally:
         con.unregister("_rltrace_engine_names")
         con.execute(f"DROP TABLE IF EXISTS {rows}")
@@ -257,13 +258,15 @@ def _engine_names(keys: pd.DataFrame) -> pd.DataFrame:
         if isinstance(row.router, str):
             return row.router
         who = row.e_who[:8] if len(row.e_who) == 36 and row.e_who.count("-") == 4 else row.e_who  # a UUID
-        role = "" if row.e_role in row.e_service.split("-") else row.e_role  # `vllm-prefill` names it already
-        return "-".join(p for p in (row.e_service, role, who) if p)
+        service = row.e_service if isinstance(row.e_service, str) else ""
+        role = "" if row.e_role in service.split("-") else row.e_role  # `vllm-prefill` names it already
+        return "-".join(p for p in (service, role, who) if p) or "unknown engine"
 
     keys["engine"] = [base(r) for r in keys.itertuples(index=False)]
-    ident = keys["e_service"] + "\x00" + keys["e_role"] + "\x00" + keys["e_who"] + "\x00" + keys["e_host"]
+    ident = (keys["e_service"].fillna("") + "\x00" + keys["e_role"] + "\x00" + keys["e_who"] + "\x00"
+             + keys["e_host"])
     router = keys["router"].notna()
-    for add in (keys["e_host"].radd("@"), keys["process_id"].radd("-")):
+    for add in (keys["e_host"].radd("@"), keys["process_id"].fillna("").radd("-")):
         # one identity seen through several process rows (a receiver restarted) stays one engine
         clash = ~router & (keys.assign(_i=ident).groupby("engine")["_i"].transform("nunique") > 1)
         keys.loc[clash, "engine"] += add[clash]
