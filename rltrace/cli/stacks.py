@@ -6,6 +6,7 @@ import argparse
 import datetime
 import json
 import time
+from pathlib import Path
 
 from rltrace.analysis._format import seconds_text, term
 from rltrace.cli import _options
@@ -31,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also ask for native frames (each process runs py-spy dump --native on itself, where py-spy "
                    "is installed and may read the process)")
     p.add_argument("--no-ask", action="store_true", help="show the stacks already in the run; ask no process")
+    p.add_argument("--bundle", metavar="FILE.tar.gz",
+                   help="also write a hang bundle to attach to a bug report: the edges, stacks, open spans, "
+                   "processes' last heartbeats, alerts, crashes and the last steps' times, as JSON")
     p.add_argument("--json", action="store_true", help="print the stacks and edges as JSON")
     _options.skip_corrupt(p)
     p.set_defaults(func=main)
@@ -50,14 +54,26 @@ def main(args: argparse.Namespace) -> int:
     try:
         found = blocking.edges(con, now_ns)
         dumps = blocking.latest(con)
+        missing = {p: n for p, n in expected.items() if p not in answered}
+        if args.json:
+            print(json.dumps({"answered": sorted(answered), "missing": missing, "edges": [e.as_dict() for e in found],
+                              "stacks": json.loads(dumps.to_json(orient="records"))}, indent=1))
+        else:
+            out = Console(highlight=False, soft_wrap=True, record=bool(args.bundle))
+            _print(out, args, found, dumps, answered, expected, missing, took)
+        if args.bundle:
+            from rltrace.stacks import bundle
+
+            text = "" if args.json else out.export_text()
+            bundle.write(con, Path(args.bundle), text=text, now_ns=now_ns)
+            if not args.json:
+                print(f"Hang bundle: {args.bundle}")
     finally:
         con.close()
-    missing = {p: n for p, n in expected.items() if p not in answered}
-    if args.json:
-        print(json.dumps({"answered": sorted(answered), "missing": missing, "edges": [e.as_dict() for e in found],
-                          "stacks": json.loads(dumps.to_json(orient="records"))}, indent=1))
-        return 0
-    out = Console(highlight=False, soft_wrap=True)
+    return 0
+
+
+def _print(out, args, found, dumps, answered, expected, missing, took) -> None:
     if not args.no_ask:
         out.print(f"Asked {len(expected)} live process(es) for their stacks; {len(answered & set(expected))} answered "
                   f"in {seconds_text(took)}.", markup=False)
@@ -72,9 +88,9 @@ def main(args: argparse.Namespace) -> int:
             for line in e.proof:
                 out.print("      " + term(line), markup=False)
     elif len(dumps):
-        out.print("\nNo thread with open work is blocked in a known call.", markup=False)
+        out.print()
+        out.print("No thread with open work is blocked in a known call.", markup=False)
     _print_stacks(out, dumps)
-    return 0
 
 
 def _print_stacks(out, dumps) -> None:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -147,12 +148,21 @@ def test_an_engine_that_accepted_and_never_answers(tmp_path, capsys, procs):
         deadline = time.monotonic() + 10
         while not accepted and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert main(["stacks", str(tmp_path / "run"), "--wait", "10"]) == 0
+        bundle = tmp_path / "hang.tar.gz"
+        assert main(["stacks", str(tmp_path / "run"), "--wait", "10", "--bundle", str(bundle)]) == 0
         out = capsys.readouterr().out
         assert (f"trainer0's rollout has been blocked " in out and f"reading from 127.0.0.1:{port} (generate, step 0); "
                 "no span of another process has ended since it began" in out), out
         assert "the other side accepted and never answered" in out
         assert "socket.py" in out and "readinto" in out
+        with tarfile.open(bundle) as tar:  # what a user attaches to a bug report
+            files = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers()}
+        assert set(files) == {"edges.json", "stacks.json", "open_spans.json", "processes.json", "alerts.json",
+                              "crashes.json", "steps.json", "stacks.txt"}
+        edge = json.loads(files["edges.json"])[0]
+        assert edge["peer"] == f"127.0.0.1:{port}" and edge["phase"] == "rollout"
+        assert {o["phase"] for o in json.loads(files["open_spans.json"])} == {"step", "rollout"}
+        assert f"reading from 127.0.0.1:{port}" in files["stacks.txt"].decode()
     finally:
         server.close()
         for conn, _ in accepted:
