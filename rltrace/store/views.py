@@ -230,7 +230,7 @@ def vanished(exc: BaseException) -> bool:
     part (deleted after `RLTRACE_MERGE_GRACE`), or a compaction replaced it, while it read."""
     text = str(exc)
     return isinstance(exc, (duckdb.IOException, FileNotFoundError)) and (
-        "No files found" in text or "No such file" in text or isinstance(exc, FileNotFoundError))
+        "No files found" in text or "No such file" in text)
 
 
 def reading(read: Callable[[], T], tries: int = SCANS) -> T:
