@@ -148,6 +148,14 @@ def pd_split(pd_: dict, engines: int) -> dict | None:
     return serving_mod.split(engines, pd_["mu_prefill"], pd_["mu_decode"], pd_.get("kv_transfer_rps"))
 
 
+def kind_text(record: dict) -> str:
+    """What a figure rests on, in the report's words (`report.evidence.text`): `measured`,
+    `imported (perf/rollout_time)`, `derived: t_R + t_T + t_W`, `not recorded (no reward span)`."""
+    from rltrace.report import evidence
+
+    return evidence.text(record)
+
+
 def open_text(span: dict) -> str:
     """How long an open span was open, in the words of the report and `rltrace info` (`health.open_text`)."""
     return health.open_text(span)

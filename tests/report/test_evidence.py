@@ -17,6 +17,7 @@ from rltrace._config import paths_value
 from rltrace.analysis import _format as fmt
 from rltrace.cli import main
 from rltrace.importers.metrics import import_metrics
+from rltrace.report import evidence
 from rltrace.testing import RunBuilder
 from tests.ui.conftest import APP, RUN_TIMEOUT_S, no_exceptions
 
@@ -115,6 +116,15 @@ def test_text_json_and_the_overview_give_each_figure_the_same_value_and_kind(sha
         assert row.kind == fig["kind"] and getattr(row, "_4") == fig["basis"], row.figure
         assert (fmt.missing(row.value) and fig["value"] is None) or row.value == pytest.approx(fig["value"])
     assert sorted(shown["figure"]) == sorted(r["figures"])
+    at.switch_page("views/waits.py").run()  # the weight-sync fit's figures, with their kinds
+    no_exceptions(at)
+    if r["weight_sync_points"]:
+        m = {x.label: x.value for x in at.metric}
+        assert m["B_W"] == fmt.rate_text(r["figures"]["B_W"]["value"]) and m["t_0"] == fmt.seconds_text(r["figures"]["t_0"]["value"])
+        said = " ".join(c.value for c in at.caption)
+        for key in ("B_W", "t_0"):
+            assert f"{key}: {fmt.md(evidence.text(r['figures'][key]))}." in said
+    at.switch_page("views/overview.py").run()
     m = {x.label: x.value for x in at.metric}
     for key in ("t_R", "t_T", "t_W"):
         assert m[key] == ("not recorded" if r[key] is None else fmt.seconds_text(r[key]))

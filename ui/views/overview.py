@@ -65,7 +65,8 @@ cols[5].metric("Overlap", "not recorded" if fmt.missing(achieved) else f"{achiev
                help=f"{overlap['kind']}: stage time / time with any stage running: 1.00× when no two stages ever "
                     "ran at once")
 with st.expander("What each figure rests on"):
-    st.dataframe(pd.DataFrame([{"figure": k, "value": v["value"], "kind": v["kind"], "from": v["basis"]}
+    st.dataframe(pd.DataFrame([{"figure": k, "value": v["value"], "kind": v["kind"], "from": v["basis"],
+                                "in words": data.kind_text(v)}
                                for k, v in report["figures"].items()]),
                  hide_index=True, width="stretch", key="overview_figures",
                  column_config={"value": st.column_config.NumberColumn("value", format="%.4g")})

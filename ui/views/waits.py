@@ -99,6 +99,8 @@ else:
                   "from the payload's time)")
         st.metric("R²", fmt.number_text(fit.get("r2")))
         st.metric("Syncs", f"{fit['n']} ({style.plural(fit['sizes'], 'size')})")
+        st.caption(f"B_W: {fmt.md(data.kind_text(report['figures']['B_W']))}. "
+                   f"t_0: {fmt.md(data.kind_text(report['figures']['t_0']))}.")
         if fit.get("regime") == "latency":
             st.caption("Sync time does not grow with payload over the sizes seen: latency-bound, t_0 is the mean time.")
         elif not fit.get("B_W") and fit.get("effective_B_W"):
