@@ -12,6 +12,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from rltrace import analysis, store
@@ -186,19 +187,29 @@ def test_sglang_every_hit_after_an_unflushed_update_is_stale(tmp_path, capsys):
     assert "scheduler queueing included" in s["missing"]["hicache.prefill_s_per_token"]
 
 
-@pytest.mark.parametrize("flushed, stale, maybe", [(False, 3500, 0), (True, 0, 0)])
-def test_sglang_a_recorded_flush_decides(tmp_path, capsys, flushed, stale, maybe):
-    """The sync records rl.cache_flushed. Version 2 opens with a new prompt (no hit), then the old
-    group hits 3,500 tokens: stale when the cache was not flushed, valid when it was."""
-    _two_versions(tmp_path / "run", flushed=flushed)
+def test_sglang_a_recorded_flush_decides(tmp_path, capsys):
+    """The syncs record rl.cache_flushed: version 2's did not flush, version 3's did. Each version opens
+    with a new prompt (no hit), then the old group hits 3,500 tokens: stale after the sync that kept
+    the cache (the old rule, the first request per version, counted 0), valid after the one that flushed."""
+    b = RunBuilder(tmp_path / "run")
+    trainer = b.process("trainer")
+    for version, (t, flushed) in enumerate([(0.0, None), (1.0, False), (2.0, True)], start=1):
+        trainer.span("weight_sync", t, t + 0.1, step=version - 1, weight_version=version,
+                     **({} if flushed is None else {"cache_flushed": flushed}))
+        trainer.span("rollout", t + 0.2, t + 1.0, step=version)
+    b.write()
+    cached = [0, 600, 0, 0, 3500, 0, 3500]
+    starts = [200, 400, 600, 1200, 1400, 2200, 2400]
+    requests = [request(f"req-{k + 1}", t, t + 100, cached=c, prefill_s=0.05) for k, (t, c) in enumerate(zip(starts, cached))]
     receiver = Receiver(tmp_path / "run", "127.0.0.1", 0, Limits(flush_interval=0.2)).start()
-    send(tmp_path, receiver, {"0": ("service.instance.id=0", _requests([0, 600, 0, 0, 3500], prefill_s=0.05))},
-         "sglang")
+    send(tmp_path, receiver, {"0": ("service.instance.id=0", requests)}, "sglang")
     c = report(capsys, tmp_path / "run")["serving"]["prefix_cache"]
-    assert (c["stale_cached_tokens"], c["may_be_stale_cached_tokens"]) == (stale, maybe)
-    assert c["updates"][0]["cache"] == ("not flushed" if not flushed else "flushed")
+    assert (c["stale_cached_tokens"], c["may_be_stale_cached_tokens"]) == (3500, 0)
+    assert [(u["weight_version"], u["cache"], u["cached_tokens"]) for u in c["updates"]] == [
+        (2, "not flushed", 3500), (3, "flushed", 3500)]
     requests = analysis.engine_requests(store.open(tmp_path / "run"))
-    assert requests.loc[requests["weight_version"] == 2, "cache_flushed"].tolist() == [flushed] * 2
+    assert requests.groupby("weight_version")["cache_flushed"].agg(lambda v: v.tolist()).to_dict() == {
+        1: [pd.NA] * 3, 2: [False] * 2, 3: [True] * 2}
 
 
 def test_sglang_servers_of_one_host_without_an_instance_id_stay_apart(tmp_path, capsys):
