@@ -26,6 +26,7 @@ import pandas as pd
 
 from rltrace._phases import TERM_COLUMN, phases_of
 from rltrace.analysis import summary
+from rltrace.analysis._robust import theil_sen
 from rltrace.analysis._steps import Steps
 
 OVERLAP_SHARE = 0.05  # stages ran at once for at least this share of their time: the run overlaps
@@ -270,15 +271,6 @@ def _groups(nbytes: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, np.nda
     return np.array(xs), np.array(ys)
 
 
-def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Median of the pairwise slopes, and the median intercept under it: a few stalls move neither."""
-    i, j = np.triu_indices(len(x), k=1)
-    dx = x[j] - x[i]
-    ok = dx != 0
-    slope = float(np.median((y[j] - y[i])[ok] / dx[ok])) if ok.any() else 0.0
-    return slope, float(np.median(y - slope * x))
-
-
 def fit_bandwidth(nbytes: np.ndarray, seconds: np.ndarray) -> dict:
     """The fit of `weight_sync_fit` on plain arrays (plus set_aside_index and expected_s arrays).
 
@@ -294,7 +286,7 @@ def fit_bandwidth(nbytes: np.ndarray, seconds: np.ndarray) -> dict:
            "r2": None, "rmse_s": None, "min_bytes": float(nbytes.min()) if n else None,
            "max_bytes": float(nbytes.max()) if n else None, "kept": int(n), "set_aside_index": [], "expected_s": None}
     if n:
-        slope, intercept = _theil_sen(*_groups(nbytes, seconds)) if out["sizes"] >= 2 else (0.0, float(np.median(seconds)))
+        slope, intercept = theil_sen(*_groups(nbytes, seconds)) if out["sizes"] >= 2 else (0.0, float(np.median(seconds)))
         expected = np.maximum(intercept + slope * nbytes, 0.0)
         residual = seconds - expected
         scale = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))
@@ -306,7 +298,7 @@ def fit_bandwidth(nbytes: np.ndarray, seconds: np.ndarray) -> dict:
     out["effective_B_W"] = float(nbytes.sum() / seconds.sum()) if n and seconds.sum() > 0 else None
     if n < 2 or len(np.unique(nbytes)) < 2:
         return out
-    slope, intercept = _theil_sen(*_groups(nbytes, seconds))
+    slope, intercept = theil_sen(*_groups(nbytes, seconds))
     residual = seconds - (intercept + slope * nbytes)
     spread = ((seconds - seconds.mean()) ** 2).sum()
     out["rmse_s"] = float(np.sqrt((residual**2).mean()))

@@ -16,6 +16,7 @@ import pyarrow as pa
 from rltrace import _names
 from rltrace._names import MISMATCH_METRICS
 from rltrace.analysis import _parts, _who
+from rltrace.analysis._robust import theil_sen
 from rltrace.analysis._steps import Steps, step_filter
 from rltrace.analysis.metrics import step_metrics
 
@@ -140,12 +141,13 @@ def trends(values: pd.DataFrame) -> pd.DataFrame:
     """Per (metric, source) of a `mismatch()`-shaped frame: how it moved over the steps.
 
     Returns: metric, source, steps, first, last, mean, min, max, max_step (the step of the
-    max), slope_per_step (least-squares slope of value against step; NaN with one step).
+    max), slope_per_step (Theil–Sen slope of value against step, robust to a few outlying steps;
+    NaN with one step).
     """
     rows = []
     for (metric, source), g in values.groupby(["metric", "source"]):
         g = g.sort_values("step")
-        slope = float(np.polyfit(g["step"], g["value"], 1)[0]) if g["step"].nunique() > 1 else float("nan")
+        slope = theil_sen(g["step"], g["value"])[0] if g["step"].nunique() > 1 else float("nan")
         rows.append(
             {"metric": metric, "source": source, "steps": len(g), "first": g["value"].iloc[0],
              "last": g["value"].iloc[-1], "mean": g["value"].mean(), "min": g["value"].min(),

@@ -437,7 +437,7 @@ def _mismatch(r: dict) -> list[str]:
                 moved = f"varied between {num(t['min'])} and {num(t['max'])}, ending at {num(t['last'])},"
             else:
                 moved = f"went from {num(t['first'])} to {num(t['last'])} (max {num(t['max'])} at step {t['max_step']})"
-            out.append(f"{t['metric']}{source} {moved} over {t['steps']} steps (fitted trend "
+            out.append(f"{t['metric']}{source} {moved} over {t['steps']} steps (robust trend "
                        f"{t['slope_per_step']:+.3g} per step).")
         elif t["metric"] == "train_rollout_logprob_abs_diff" and t["max"] >= ALIGNMENT_GATE:
             out.append(

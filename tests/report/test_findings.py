@@ -32,7 +32,7 @@ def test_only_material_mismatch_gets_a_sentence(tmp_path):
     said = [s for s in data["findings"] if s.split()[0] in ("tis_mean", "tis_clipfrac", "mismatch_k3",
                                                             "train_rollout_logprob_abs_diff")]
     assert said == [
-        "mismatch_k3 went from 0.001 to 0.006 (max 0.006 at step 5) over 6 steps (fitted trend +0.001 per step).",
+        "mismatch_k3 went from 0.001 to 0.006 (max 0.006 at step 5) over 6 steps (robust trend +0.001 per step).",
         ("train_rollout_logprob_abs_diff held at a mean of 0.00301 (max 0.00301) over 6 steps, above the 1e-06 "
          "gate for exact alignment of rollout and training."),
     ]
