@@ -37,13 +37,14 @@ FIGURES = ("t_R", "t_rollout", "t_reward", "t_T", "t_W", "wall_s", "t_sync", "as
            "achieved_speedup", "B_W", "t_0")
 
 
-def sources(con) -> dict:
+def sources(con, imported: int | None = None) -> dict:
     """Where the run's spans came from, per stage: {stage: {"imported": n, "metrics": [field, ...],
     "traced": bool, "from_metrics": bool}} plus "step" (the imported step spans' field).
 
     Only the importer's spans are read (one dictionary column filters them), and a stage with
-    imported spans is then checked for one traced span; a traced run costs one filtered count."""
-    rows = con.execute(
+    imported spans is then checked for one traced span; `imported`: the run's count of imported
+    spans when the caller has it (0: a traced run, nothing to read)."""
+    rows = [] if imported == 0 else con.execute(
         f"""SELECT coalesce(phase, name) AS phase, count(*) AS n,
                    list(DISTINCT attr(attributes, '{METRIC_ATTR}')) FILTER (attr(attributes, '{METRIC_ATTR}') IS NOT NULL),
                    bool_or(attr(attributes, '{SOURCE_ATTR}') = '{SOURCE}')
