@@ -54,15 +54,22 @@ class CompactResult:
     rows: int
 
 
-def _groups(parts: list[Part], target_rows: int, version: int, copies: set[Path] = frozenset()) -> list[list[Part]]:
+def _groups(parts: list[Part], target_rows: int, version: int, copies: set[Path] = frozenset(),
+            alone: set[str] = frozenset()) -> list[list[Part]]:
     """Small parts in write order, cut into groups of about `target_rows` rows; a part of an older
     schema version is rewritten even when it is large or alone (converted once, not on every read).
     The parts holding copies of one span (`copies`, `holding_copies`) are one group, whatever their
-    size, so the merge keeps each span once."""
+    size, so the merge keeps each span once. The parts of a writer in `alone` (gone by its
+    heartbeat, not proven gone) are merged only with each other: should it come back and merge
+    them too, its merged part replaces every input of the compaction's, and readers read one."""
     folding = [p for p in parts if p.path in copies]
     small = sorted((p for p in parts if p.path not in copies and (p.rows < target_rows // 2 or p.version < version)),
                    key=lambda p: (p.path.stat().st_mtime, p.path.name))
-    groups = merging.by_rows(small, target_rows)
+    by_writer: dict[str | None, list[Part]] = {}
+    for p in small:
+        owner = merging.process_of(p.path.name)
+        by_writer.setdefault(owner if owner in alone else None, []).append(p)
+    groups = [g for own in by_writer.values() for g in merging.by_rows(own, target_rows)]
     return ([folding] if folding else []) + [g for g in groups if len(g) > 1 or g[0].version < version]
 
 
@@ -189,16 +196,18 @@ def leftovers(snap, live: set[str]) -> list[Path]:
     return out
 
 
-def merge_tables(run_dir: Path, snap, tables: dict, target_rows: int, progress, live: set[str]):
-    """Merge the small parts of `tables` in `snap` (parts of the running writers `live` excepted):
-    (a result per table, the parts replaced, the merged parts written)."""
+def merge_tables(run_dir: Path, snap, tables: dict, target_rows: int, progress, live: set[str],
+                 alone: set[str] = frozenset()):
+    """Merge the small parts of `tables` in `snap` (parts of the running writers `live` excepted,
+    those of writers `alone` merged only with each other, `_groups`): (a result per table, the
+    parts replaced, the merged parts written)."""
     results, superseded, written = [], [], []
     summaries = merging.Summaries()  # one, so parents seen in one group are known in the next
     for name, table in tables.items():
         parts = snap.parts[name]
         mine = [p for p in parts if merging.process_of(p.path.name) not in live]
         copies = holding_copies(mine) if table is _names.SPANS else set()
-        groups = _groups(mine, target_rows, table.version, copies)
+        groups = _groups(mine, target_rows, table.version, copies, alone)
         folder = run_dir / table.folder
         summarise = (lambda merged, out, inputs: summaries(merged, out, inputs, folder)) if table is _names.SPANS else None
         for i, group in enumerate(groups):
@@ -252,7 +261,7 @@ def _compact_uri(uri: str, *, target_rows: int, grace_s: float, progress=None, s
     try:
         # The moment the evidence is from: taken before the listing, so a slow bucket (minutes to list
         # and copy) never makes a writer's heartbeat look old; the process rows fetched later are newer.
-        now, live = time.time_ns(), set()
+        now, live, alone = time.time_ns(), set(), set()
         local = objstore.mirror(uri)
         tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
         snap = scan(local, tables={**tables, "processes": _names.PROCESSES, **{t.name: t for t in _names.SPAN_SIDECARS}},
@@ -265,7 +274,9 @@ def _compact_uri(uri: str, *, target_rows: int, grace_s: float, progress=None, s
             for r in row:
                 if r["ended_ns"] is None and (r["heartbeat_ns"] or 0) > now - LIVE_S * 1e9:
                     live.add(r["process_id"])
-        results, superseded, written = merge_tables(local, snap, tables, target_rows, progress, live)
+                elif r["ended_ns"] is None:  # silent for minutes, but it never said it ended: not proven gone
+                    alone.add(r["process_id"])
+        results, superseded, written = merge_tables(local, snap, tables, target_rows, progress, live, alone - live)
         for path in written:
             objstore.upload(uri, local, path)
         doomed = [*superseded, *leftovers(snap, live)]

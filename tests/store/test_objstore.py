@@ -485,3 +485,33 @@ def test_compaction_on_a_slow_bucket_leaves_a_live_writers_parts_to_it(s3_run, m
     assert writer.returncode == 0, err
     con = store.open(uri)
     assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (180, 180)
+
+
+def test_a_writer_paused_past_its_heartbeat_and_a_compaction_still_count_each_span_once(s3_run, monkeypatch):
+    """The case of a writer stopped (SIGSTOP) for longer than compaction's liveness window while
+    `rltrace compact` runs: its parts are merged on their own (not with a finished writer's), so
+    when it resumes and merges them itself, readers read the compaction's part not at all."""
+    import importlib
+    import types
+
+    compacting = importlib.import_module("rltrace.store.compact")
+    uri, env, _ = s3_run
+    done = _writer(uri, env, 1, 30, 0.0)  # a writer that finishes: one small merged part of its own
+    assert done.wait(timeout=90) == 0
+    paused = _writer(uri, env, 0, 60, 0.05)
+    for _ in range(20):
+        assert paused.stdout.readline().startswith("step")
+    time.sleep(1.0)  # its first flush parts are up
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        late = compacting.LIVE_S + 100  # compaction runs as if the writer had been silent this long
+        monkeypatch.setattr(compacting, "time", types.SimpleNamespace(
+            time_ns=lambda: time.time_ns() + int(late * 1e9), time=lambda: time.time() + late, sleep=time.sleep))
+        store.compact(uri, grace_s=0)
+        assert any(n.startswith("c-") for n in _objects(uri, "spans"))  # it took the silent writer's parts
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    _, err = paused.communicate(timeout=90)
+    assert paused.returncode == 0, err
+    con = store.open(uri)
+    assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (270, 270)
