@@ -9,7 +9,7 @@
 A sender is one OTel resource (one process of vLLM, SGLang, a reward service, an rltrace process
 behind a collector). Each gets its own `processes` row: role from `rl.role` or `service.name`,
 rank from `rl.rank` or a numeric `service.instance.id`, host from `host.name` (else the peer
-address), pid from `process.pid`; its spans written and dropped, with reasons. The receiver has
+address), pid from `process.pid` (vLLM's `vllm.process_id`); its spans written and dropped, with reasons. The receiver has
 a row too (role `collector`): malformed requests, refusals and failed part writes.
 
 When the queue is full a request is dropped and counted (answered 200 with OTLP partial success,
@@ -147,6 +147,8 @@ def identify(resource: dict, peer: str, run_id: str) -> ProcessInfo:
         rank = _int(resource.get("service.instance.id"))
     host = str(resource.get("host.name") or peer)
     pid = _int(resource.get("process.pid"))
+    if pid is None:
+        pid = _int(resource.get("vllm.process_id"))  # vLLM's init_tracer sets its pid under its own name
     # A fresh suffix per receiver session: part and process-row names never collide with an
     # earlier session's for the same sender.
     process_id = f"{safe_name(role)}{'' if rank is None else rank}-{safe_name(host)}-{pid if pid is not None else 'otlp'}-{uuid.uuid4().hex[:6]}"

@@ -104,9 +104,12 @@ def test_decode_limits_two_prefill_and_two_decode_engines(pd_run, capsys):
     assert s["kv_bytes_per_request_mean"] == pytest.approx(57_344_000)
     assert ("decode limits the rollout at 20 req/s (prefill could serve 80 req/s): move engines to decode; "
             "with 4 engines: 1 prefill + 3 decode → 30 req/s.") in " ".join(r["findings"])
-    requests = analysis.engine_requests(store.open(run_dir))
+    con = store.open(run_dir)
+    requests = analysis.engine_requests(con)
     assert set(requests["step"]) == {1} and set(requests["step_from"]) == {"rollout window"}
     assert set(requests["request_id"].str[:1]) == {"p", "d"} and set(requests["engine_kind"]) == {"vllm"}
+    pids = con.execute("SELECT pid FROM processes WHERE service_name = 'vllm'").fetchall()
+    assert len(pids) == 4 and all(p > 0 for (p,) in pids)  # vLLM's vllm.process_id: rltrace info shows its pid
     # vLLM's own meaning: time_in_model_prefill is scheduled → first token (its queue is apart)
     assert requests["prefill_s"].to_numpy() == pytest.approx(0.02) and requests["queue_s"].to_numpy() == pytest.approx(0.001)
     # vLLM never sets gen_ai.usage.cached_tokens: the report says where its prefix-cache figures are

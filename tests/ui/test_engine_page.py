@@ -116,6 +116,7 @@ def test_the_engine_page_takes_the_model_and_kv_link_of_rltrace_ui_and_its_own_i
     no_exceptions(at)
     s_kv = 1000 * 24_576 + 36 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * 2  # prompt KV + bf16 state
     assert metrics(at)["Limited by"] == "kv transfer"
+    assert "KV cache bf16 (" + fmt.md("the config's torch_dtype") + ")" in texts(at)  # which default was used
     assert metrics(at)["λ_max"] == f"{fmt.number_text(1e9 / s_kv)} req/s"
     assert fmt.md(f"with 4 engines: 1 prefill + 3 decode → {fmt.number_text(1e9 / s_kv)} req/s, the KV link limiting") \
         in texts(at)

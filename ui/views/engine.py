@@ -158,7 +158,8 @@ else:
     else:
         st.info(f"No budget split: {why('budget', 'the peak load is unknown')}.")
     st.dataframe(pd.DataFrame(geo["layers"]), hide_index=True, width="stretch", key="engine_layers")
-    st.caption(f"From {fmt.md(geo['source'])}; KV cache {fmt.md(geo['kv_dtype'])}"
+    st.caption(f"From {fmt.md(geo['source'])}; KV cache {fmt.md(geo['kv_dtype'])} "
+               f"({fmt.md(geo.get('dtype_from') or 'the config')})"
                + (f", recurrent state {fmt.md(geo['ssm_dtype'])}, conv state {fmt.md(geo['conv_dtype'])}"
                   if geo.get("c_R") else "") + ".")
 
