@@ -136,16 +136,11 @@ def _report_of(run: RunRef, steps: Steps, serving: str) -> dict:  # the options 
 
 
 def _report(con, steps: Steps, options: dict) -> dict:
-    analysis.configure_serving(con, **{k: options.get(k) for k in SERVING_OPTIONS})
+    serving_mod.configure(con, **{k: options.get(k) for k in SERVING_OPTIONS})  # part of building the report
     try:
         return report_mod.build(con, steps=steps)
     finally:
-        analysis.configure_serving(con)  # the shared connection: the next reader starts without them
-
-
-def pd_split(pd_: dict, engines: int) -> dict | None:
-    """The report's PD answer for another number of engines (`analysis.serving.split`)."""
-    return serving_mod.split(engines, pd_["mu_prefill"], pd_["mu_decode"], pd_.get("kv_transfer_rps"))
+        serving_mod.configure(con)  # the shared connection: the next reader starts without them
 
 
 def kind_text(record: dict) -> str:

@@ -32,6 +32,7 @@ FP8 = "fp8_e4m3"
 TIMELINE_BINS = 100  # bins of the requests-over-time series
 TIMELINE_ENGINES = 64  # engines drawn over time at most (those with the most requests)
 STALE_LISTED = 100  # stale hits listed one by one (all are counted)
+SPLITS_UP_TO = 16  # `pd.splits`: the best split for 2 .. this many engines (or twice the run's, if more)
 _NO_VERSION = -1.5  # the group of requests with no known weight version (sorts before every version)
 #: the engine-request columns this module reads
 _COLUMNS = ("engine", "role", "engine_kind", "request_id", "span_id", "start_ns", "end_ns", "step", "weight_version",
@@ -147,6 +148,7 @@ def pd_balance(per_engine: pd.DataFrame, kv_bytes_per_request: float | None, kv_
         "kv_bytes_per_request": kv_bytes_per_request, "kv_transfer_rps": kv_rps,
         "lambda_max": capacity[limit], "limit": limit, "prefill_share_balanced": mu_d / (mu_p + mu_d),
         "split": split(engines_now, mu_p, mu_d, kv_rps),
+        "splits": [split(n, mu_p, mu_d, kv_rps) for n in range(2, max(SPLITS_UP_TO, 2 * engines_now) + 1)],
     }, None
 
 

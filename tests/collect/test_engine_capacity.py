@@ -100,6 +100,8 @@ def test_decode_limits_two_prefill_and_two_decode_engines(pd_run, capsys):
     assert p["lambda_max"] == pytest.approx(20.0, rel=1e-5) and p["limit"] == "decode"
     assert p["prefill_share_balanced"] == pytest.approx(0.2, rel=1e-5)
     assert p["split"] == {"engines": 4, "prefill": 1, "decode": 3, "lambda": pytest.approx(30.0, rel=1e-5), "limit": "decode"}
+    assert [b["engines"] for b in p["splits"]] == list(range(2, 17)) and p["splits"][2] == p["split"]
+    assert (p["splits"][6]["prefill"], p["splits"][6]["decode"]) == (2, 6)  # 8 engines: min(80, 60) → 60 req/s
     assert p["kv_transfer_rps"] is None and "pd.kv_transfer_rps" in s["missing"]  # no KV-transfer record, no flag
     assert s["kv_bytes_per_request_mean"] == pytest.approx(57_344_000)
     assert ("decode limits the rollout at 20 req/s (prefill could serve 80 req/s): move engines to decode; "

@@ -99,11 +99,13 @@ else:
                     f"{fmt.number_text(pd_['mu_prefill'])} req/s, μ_D = {fmt.number_text(pd_['mu_decode'])} req/s per "
                     f"engine. Run **{fmt.md(serving_findings.split_text(pd_.get('split')))}**.")
         have = pd_["prefill_engines"] + pd_["decode_engines"]
-        other = st.number_input("Engines you have", min_value=2, value=have, step=1, key="engine_count",
-                                help="the best whole prefill/decode split of this many engines, at the μ_P, μ_D "
-                                     "and KV link measured here")
-        if other != have:
-            st.markdown(f"Run **{fmt.md(serving_findings.split_text(data.pd_split(pd_, int(other))))}**.")
+        splits = {b["engines"]: b for b in pd_.get("splits") or []}
+        if splits:
+            other = st.number_input("Engines you have", min_value=min(splits), max_value=max(splits), value=have,
+                                    step=1, key="engine_count", help="the best whole prefill/decode split of this "
+                                    "many engines, at the μ_P, μ_D and KV link measured here")
+            if other != have:
+                st.markdown(f"Run **{fmt.md(serving_findings.split_text(splits.get(int(other))))}**.")
         if pd_.get("kv_transfer_rps") is None:
             st.caption(f"KV link not checked: {why('pd.kv_transfer_rps', 'not recorded')}.")
     else:
