@@ -21,7 +21,9 @@ it (`span_requests/`), else the `_parts` sidecars (`requests` for the request fi
 from __future__ import annotations
 
 import json
+import logging
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -31,6 +33,7 @@ from rltrace.analysis import _parts
 from rltrace.analysis._steps import Steps, step_filter
 from rltrace.store import requests
 
+logger = logging.getLogger(__name__)
 DELTA_STEPS = ("snapshot", "diff", "encode", "rebuild")  # what a delta weight sync adds (`delta_sync`)
 DISAGGREGATED = "disaggregated"  # a request seen by its client (slime) with PD durations: engines unknown
 #: slime's spans of the requests it sends to SGLang (through its router: the serving engine is not in its trace)
@@ -144,9 +147,14 @@ def _flushed(con, syncs: pd.DataFrame) -> dict[tuple[int, int], bool]:
     paths = [p for (p,) in con.execute(f"SELECT path FROM _rltrace_span_parts WHERE name IN ({marks_})", parts).fetchall()]
     if not paths:
         return {}
-    rows = con.execute(f"""SELECT start_ns, end_ns, lower(attr(attributes, {_q(FLUSHED)})) FROM read_parquet(?)
-                           WHERE coalesce(phase, name) = 'weight_sync' AND contains(attributes, {_q(FLUSHED)})""",
-                       [paths]).fetchall()
+    try:
+        rows = con.execute(f"""SELECT start_ns, end_ns, lower(attr(attributes, {_q(FLUSHED)}))
+                               FROM read_parquet(?, union_by_name = true)
+                               WHERE coalesce(phase, name) = 'weight_sync' AND contains(attributes, {_q(FLUSHED)})""",
+                           [paths]).fetchall()
+    except duckdb.Error:  # a part of another layout: its syncs say nothing about flushing
+        logger.debug("rltrace: could not read rl.cache_flushed from %s", paths, exc_info=True)
+        return {}
     return {(int(a), int(b)): v in ("true", "1") for a, b, v in rows if v in ("true", "false", "1", "0")}
 
 
