@@ -128,7 +128,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
         "idle_devices": plain(analysis.idle_devices(con, steps)),
         "skipped_parts": list(skipped),
     }
-    report["figures"] = plain(evidence.figures(report, evidence.sources(con, report["imported_spans"]["metrics"])))
+    report["figures"] = plain(evidence.figures(report, evidence.sources(con)))
     if report["figures"]["achieved_speedup"]["kind"] == evidence.NOT_RECORDED:  # not recorded is never a number
         report["async"] |= {"achieved_speedup": None, "achieved_fraction": None, "concurrent_s": None, "overlapping": None}
     report["findings"] = findings.sentences(report)

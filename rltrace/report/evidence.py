@@ -37,18 +37,20 @@ FIGURES = ("t_R", "t_rollout", "t_reward", "t_T", "t_W", "wall_s", "t_sync", "as
            "achieved_speedup", "B_W", "t_0")
 
 
-def sources(con, imported: int | None = None) -> dict:
+def sources(con) -> dict:
     """Where the run's spans came from, per stage: {stage: {"imported": n, "metrics": [field, ...],
     "traced": bool, "from_metrics": bool}} plus "step" (the imported step spans' field).
 
-    Only the importer's spans are read (one dictionary column filters them), and a stage with
-    imported spans is then checked for one traced span; `imported`: the run's count of imported
-    spans when the caller has it (0: a traced run, nothing to read)."""
-    rows = [] if imported == 0 else con.execute(
+    Imported spans are those of an importing process (`rltrace import metrics`, a slime import:
+    their process record names the importer's service); a traced run reads no span here. A
+    stage with imported spans is then checked for one traced span."""
+    importers = [p for (p,) in con.execute(
+        "SELECT DISTINCT process_id FROM processes WHERE service_name = ?", [IMPORTER]).fetchall()]
+    rows = [] if not importers else con.execute(
         f"""SELECT coalesce(phase, name) AS phase, count(*) AS n,
                    list(DISTINCT attr(attributes, '{METRIC_ATTR}')) FILTER (attr(attributes, '{METRIC_ATTR}') IS NOT NULL),
                    bool_or(attr(attributes, '{SOURCE_ATTR}') = '{SOURCE}')
-            FROM spans WHERE NOT is_open AND service_name = ? GROUP BY 1""", [IMPORTER]).fetchall()
+            FROM spans WHERE NOT is_open AND list_contains(?, process_id) GROUP BY 1""", [importers]).fetchall()
     by_phase = {phase: (n, sorted(fields or []), bool(metrics)) for phase, n, fields, metrics in rows}
     out: dict = {}
     for stage in (*COST_COLUMN, "step"):
@@ -58,8 +60,8 @@ def sources(con, imported: int | None = None) -> dict:
         traced = True
         if imported:
             traced = bool(con.execute(
-                "SELECT 1 FROM spans WHERE NOT is_open AND service_name IS DISTINCT FROM ? "
-                "AND list_contains(?, coalesce(phase, name)) LIMIT 1", [IMPORTER, list(phases)]).fetchall())
+                "SELECT 1 FROM spans WHERE NOT is_open AND NOT list_contains(?, process_id) "
+                "AND list_contains(?, coalesce(phase, name)) LIMIT 1", [importers, list(phases)]).fetchall())
         out[stage] = {"imported": imported, "metrics": sorted({f for m in mine for f in m[1]}),
                       "from_metrics": any(m[2] for m in mine), "traced": traced}
     return out
