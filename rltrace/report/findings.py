@@ -319,9 +319,11 @@ def _replayed(w: dict | None, t_sync: float) -> str:
     lo, hi = w["interval_s"]
     base = w.get("recorded_step_s") or t_sync
     against = "recorded" if w.get("recorded_step_s") else "t_sync"
+    below = ("; below the bound, which counts reward with the rollout and the weight sync after both: here the next "
+             "rollout overlaps reward and weight sync too" if w["predicted_step_s"] < (w.get("analytic_s") or 0) else "")
     return (f" Replaying this run's samples and stage times one-step-off (staleness 1): {sec(w['predicted_step_s'])} "
             f"a step against {sec(base)} {against} ({base / w['predicted_step_s']:.2f}x; {sec(lo)}–{sec(hi)} in 90 % "
-            f"of replays), as {w['why']} (rltrace whatif tries other schedules).")
+            f"of replays){below}. In the replay, {w['why']} (rltrace whatif tries other schedules).")
 
 
 def crash_sentence(c: dict) -> str:
