@@ -248,3 +248,19 @@ def test_a_stage_that_ran_once_is_not_given_a_period(tmp_path):
     text = " ".join(r["findings"])
     assert "rollout and reward ran once, at step 0, in these steps" in text and "runs every" not in text
     assert "ran once, spread over 3 steps" in r["findings"][0]
+
+
+def test_each_figure_says_what_it_rests_on(shaped):
+    """Traced runs are measured; slime's imported traces are imported, never measured; absent is
+    not recorded, never 0; the record holds the report's own value."""
+    name, _, r = shaped
+    f = r["figures"]
+    for key, record in f.items():
+        assert (record["value"] is None) == (record["kind"] == "not recorded"), key
+        if key in r:
+            assert record["value"] == r[key], key
+    if name == "slime_partial":
+        assert f["t_R"]["kind"] == "imported" and f["achieved_speedup"]["kind"] == "imported"
+        assert f["t_T"] == {"value": None, "kind": "not recorded", "basis": "no train span"}
+    else:
+        assert f["t_T"]["kind"] == "measured" and f["achieved_speedup"]["kind"] == "measured"
