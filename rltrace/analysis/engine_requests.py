@@ -158,10 +158,15 @@ def _flushed(con, syncs: pd.DataFrame) -> dict[tuple[int, int], bool]:
     return {(int(a), int(b)): v in ("true", "1") for a, b, v in rows if v in ("true", "false", "1", "0")}
 
 
+def requests_kind() -> str:
+    """The request sidecar's name: a new one whenever the extraction changes (its version)."""
+    return "requests_" + "".join(c if c.isalnum() else "_" for c in requests.SQL_VERSION.decode()[:8])
+
+
 def _requests_by_part(con) -> str:
     """The request rows of every finished span part (a sidecar), scanning only the parts whose
     writer did not record that none of their spans can be one."""
-    return _parts.table(con, "requests_" + "".join(c if c.isalnum() else "_" for c in requests.SQL_VERSION.decode()[:8]), _SCHEMA, _sql("filename, ", "part_spans", "true"), only="engine_rows IS NOT false",
+    return _parts.table(con, requests_kind(), _SCHEMA, _sql("filename, ", "part_spans", "true"), only="engine_rows IS NOT false",
                         stored=("requests", requests.SQL_VERSION.decode()))
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from rltrace import analysis, store
 from rltrace.analysis import _parts
+from rltrace.analysis.engine_requests import requests_kind
 from rltrace.store import rows as store_rows
 from rltrace.testing import RunBuilder
 
@@ -59,7 +60,7 @@ def test_request_fields_of_parts_seen_before_come_from_the_sidecar(tmp_path, cac
     b, trainer, worker = _run(tmp_path)
     first = analysis.engine(store.open(b.run_dir))
     assert first["requests"].tolist() == [2, 2, 2] and first["e2e_latency_mean"].tolist() == [1.0, 1.0, 1.0]
-    path = _sidecar(cache, "requests")
+    path = _sidecar(cache, requests_kind())
     table = pq.read_table(path)
     assert len(table) == 6
     # every part is listed as seen, also the trainer's, which holds no request
@@ -88,13 +89,13 @@ def test_open_spans_with_request_fields_count_without_a_sidecar_row(tmp_path, ca
     con = store.open(b.run_dir)
     table = analysis.engine(con).set_index("step")
     assert (table.loc[3, "requests"], table.loc[3, "e2e_latency_mean"]) == (1, 4.0)
-    assert len(pq.read_table(_sidecar(cache, "requests"))) == 6  # finished spans only
+    assert len(pq.read_table(_sidecar(cache, requests_kind()))) == 6  # finished spans only
 
 
 def test_a_sidecar_that_cannot_be_read_is_computed_again(tmp_path, cache):
     b, _, _ = _run(tmp_path)
     want = analysis.engine(store.open(b.run_dir))
-    path = _sidecar(cache, "requests")
+    path = _sidecar(cache, requests_kind())
     path.write_bytes(b"not parquet")
     assert analysis.engine(store.open(b.run_dir)).equals(want)
     assert pq.read_table(path).num_rows == 6  # written again
@@ -112,11 +113,11 @@ def test_additions_are_folded_into_the_main_file(tmp_path, cache, monkeypatch):
     _requests(worker, 3, 1)
     b.write()
     analysis.engine(store.open(b.run_dir))
-    assert len(_additions(cache, "requests")) == 1 and len(pq.read_table(_sidecar(cache, "requests"))) == 6
+    assert len(_additions(cache, requests_kind())) == 1 and len(pq.read_table(_sidecar(cache, requests_kind()))) == 6
     _requests(worker, 4, 1)
     b.write()
     table = analysis.engine(store.open(b.run_dir))
-    assert _additions(cache, "requests") == []  # folded in
-    assert len(pq.read_table(_sidecar(cache, "requests"))) == 8
+    assert _additions(cache, requests_kind()) == []  # folded in
+    assert len(pq.read_table(_sidecar(cache, requests_kind()))) == 8
     assert table["requests"].tolist() == [2, 2, 2, 1, 1]
     assert analysis.engine(store.open(b.run_dir)).equals(table)
