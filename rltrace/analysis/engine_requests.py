@@ -201,8 +201,11 @@ def table(con) -> str:
                            sum(s.kv_transfer_s) AS kv_transfer_s
                     FROM raw s JOIN raw c ON s.parent_span_id = c.span_id
                     WHERE s.kind = 'pd_segment' AND c.kind = 'pd' GROUP BY c.parent_span_id),
-            thread AS (SELECT parent_span_id AS request_span, min(engine_process) AS engine_process
-                       FROM raw WHERE kind = 'engine_thread' GROUP BY parent_span_id),
+            -- the thread span SGLang opens with the request, at its start, in the process that traced it
+            -- (a scheduler's thread spans below the same request start later, in another process)
+            thread AS (SELECT t.parent_span_id AS request_span, min(t.engine_process) AS engine_process
+                       FROM raw t JOIN raw q ON q.span_id = t.parent_span_id AND q.start_ns = t.start_ns
+                       WHERE t.kind = 'engine_thread' AND q.kind = 'request' GROUP BY t.parent_span_id),
             req AS (SELECT r.* REPLACE (coalesce(r.prefill_s, g.prefill_s) AS prefill_s,
                                         coalesce(r.decode_s, g.decode_s) AS decode_s,
                                         coalesce(r.kv_transfer_s, g.kv_transfer_s) AS kv_transfer_s,

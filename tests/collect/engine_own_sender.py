@@ -1,6 +1,7 @@
 """One engine process tracing its requests with the engine's **own** code (tests/engine_code.py):
 vLLM 0.34.0's `init_tracer` + `OutputProcessor.do_tracing`, or SGLang 0.5.23's `process_tracing_init`
-+ `APIServerReqTimeStats` (its `TraceReqContext`) with `TokenizerManager.convert_to_span_attrs`,
++ `APIServerReqTimeStats` (its `TraceReqContext`) with `TokenizerManager.convert_to_span_attrs`, and
+a scheduler thread's `copy_for_thread` / `rebuild_thread_context` slice per request,
 exporting through the real OTel SDK over OTLP/HTTP. Only the clock is set: each request is traced
 at the times given, as the engine would have traced it then.
 
@@ -15,6 +16,7 @@ The resource comes from OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, as a real 
 import json
 import os
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -86,6 +88,9 @@ def sglang() -> None:
         stats.set_api_server_dispatch_time(start + 0.0002)
         stats.set_api_server_dispatch_finish_time(start + 0.0005)
         first = start + 0.0005 + r["queue_s"] + r["prefill_s"]  # the scheduler's queue, then the prefill forward
+        scheduler = threading.Thread(target=_scheduler, args=(stats.trace_ctx, start + 0.0006, first - r["prefill_s"], first))
+        scheduler.start()  # as SGLang's scheduler traces the request: its own thread span below the request's
+        scheduler.join()
         stats.set_first_token_time(first)
         state = types.SimpleNamespace(obj=types.SimpleNamespace(rid=r["id"], sampling_params={
             "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0}))
@@ -95,6 +100,18 @@ def sglang() -> None:
         NOW[0] = r["end_ns"]
         stats.set_finished_time(end, span_attrs=attrs)
     trace.get_tracer_provider().shutdown()
+
+
+def _scheduler(ctx, received: float, forward: float, first: float) -> None:
+    """The scheduler's side of a request (another thread: another pid on its thread span), later
+    than the request's own thread span."""
+    from sglang.srt.observability.trace import trace_set_thread_info
+
+    trace_set_thread_info("scheduler", tp_rank=0)
+    copy = ctx.copy_for_thread()
+    copy.rebuild_thread_context(ts=round(received * 1e9))
+    copy.trace_slice_start("prefill_forward", 1, ts=round(forward * 1e9))
+    copy.trace_slice_end("prefill_forward", 1, ts=round(first * 1e9), thread_finish_flag=True)
 
 
 {"vllm": vllm, "sglang": sglang}[engine]()
