@@ -178,6 +178,9 @@ def table(report_: dict, key: str, columns: list[str] | None = None) -> pd.DataF
     return frame
 
 
+PARTIAL_OVERSAMPLE = whatif_model.PARTIAL_OVERSAMPLE  # the page's default for --partial
+
+
 @st.cache_data(**CACHE)
 def whatif_calibration(run: RunRef, steps: Steps) -> whatif_model.Calibration:
     """What `rltrace whatif` replays for these steps, read once per run version and step range."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import streamlit as st
 
 from rltrace.analysis import _format as fmt
-from rltrace.analysis.whatif import PARTIAL_OVERSAMPLE
 from rltrace.ui import charts, data, state
 
 CURVE_K = (0, 1, 2, 3, 4)  # the chart's staleness bounds
@@ -33,7 +32,7 @@ workers = c2.number_input("Rollout workers", min_value=1, max_value=1024, value=
                           key="whatif_workers", help="engines sharing each step's samples, each a static batch")
 partial = c3.number_input("Partial rollouts (over-sampling, 0: off)", min_value=0.0, max_value=4.0, value=0.0,
                           step=0.05, key="whatif_partial",
-                          help=f"e.g. {PARTIAL_OVERSAMPLE}: a quarter more samples in flight; a batch ends when its "
+                          help=f"e.g. {data.PARTIAL_OVERSAMPLE}: a quarter more samples in flight; a batch ends when its "
                                "share is in, the rest resume in the next")
 placement = c4.segmented_control("Placement", ["disaggregated", "colocated"], default="disaggregated",
                                  key="whatif_placement") or "disaggregated"
