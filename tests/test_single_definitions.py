@@ -47,5 +47,6 @@ def test_pages_read_figures_from_the_report_only():
     used = {node.attr for node in ast.walk(ast.parse((REPO / "ui" / "data.py").read_text()))
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "analysis"}
     records = {"critical_path", "batch_mismatch", "step_timeline", "sample_timeline", "processes", "resource_samples",
-               "attached"}  # one step's spans and path, per-sample rows, processes, utilisation samples, profiles
+               "attached",  # one step's spans and path, per-sample rows, processes, utilisation samples, profiles
+               "WhatIf"}  # the scenarios a user picks on the What-if page: no report can hold every knob setting
     assert used & analyses <= records
