@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from rltrace.analysis import _format as fmt
-from rltrace.ui import charts, data, state
+from rltrace.ui import charts, data, edges, state
 
 run = state.selected()
 info = data.info(run)
@@ -95,10 +95,8 @@ h[0].metric("Open spans", len(stuck), help="started and never ended: hung, or th
             "spans of a live process within the hang limit of `rltrace watch`, work in progress)")
 h[1].metric("Dropped spans", report["dropped"]["spans"], help="lost before reaching the store (full queue, failed write)")
 h[2].metric("Dropped rows", report["dropped"]["rows"], help="metric and sample rows lost before the store")
-for edge in report.get("blocking") or []:  # who waits on whom, from the processes' own stacks (rltrace stacks)
-    st.warning(fmt.md(edge["text"]), icon=":material/block:")
-    with st.expander(f"Stack of {fmt.md(edge['who'])}, innermost call last"):
-        st.code("\n".join(reversed(edge["stack"])), language=None)
+for i, edge in enumerate(report.get("blocking") or []):  # who waits on whom, from the processes' own stacks
+    edges.show(edge, key=f"overview_edge_{i}")
 if report["open_spans"]:
     hangs = pd.DataFrame(open_spans)
     hangs["who"] = [fmt.process_name(r, k) for r, k in zip(hangs["role"], hangs["rank"])]

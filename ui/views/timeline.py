@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from rltrace.analysis import _format as fmt
-from rltrace.ui import charts, data, gantt, state
+from rltrace.ui import charts, data, edges, gantt, state
 
 MAX_SPAN_CHOICES = 300  # longest spans offered in the span picker
 DEFAULT_RECENT = 20  # the default step is the slowest of this many latest steps
@@ -158,6 +158,9 @@ if span_id != state.NO_SPAN:
                          hide_index=True, width="stretch")
             if span_id in critical:
                 st.caption(":material/route: on the critical path of its step")
+            edge = edges.of_span(report, span_id)
+            if edge is not None:  # the process's own stack says what this open span waits on
+                edges.show(edge, key="timeline_edge")
         with b:
             st.markdown("#### Attributes")
             if detail["attributes"]:
