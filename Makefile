@@ -12,9 +12,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-install: $(BIN)/python
+# a stamp: a second `make demo` reuses the venv instead of asking pip again (pyproject.toml changed: it reinstalls)
+INSTALLED := $(VENV)/.rltrace-installed
+
+install: $(INSTALLED)
+
+$(INSTALLED): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q torch==2.13.0  # the CPU build; a bare `torch` may pull a multi-GB CUDA build
 	$(BIN)/python -m pip install -q -e '.[all]'
+	touch $@
 
 install-dev: install
 	$(BIN)/python -m pip install -q -e '.[all,dev]'

@@ -62,6 +62,8 @@ def arm(
         return None
     watchdog = Watchdog(run.run_dir, run.process, run.rank, policy)
     run.add_span_processor(watchdog)
+    if watchdog.has_windows:  # a window stops inside its phase; without windows the hot path has no hook
+        run.ending_hooks.append(watchdog.before_end)
     _armed[run] = watchdog
     return watchdog
 

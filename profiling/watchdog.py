@@ -104,6 +104,11 @@ class Watchdog(SpanProcessor):
         except Exception as exc:  # no torch: each window will say so on its profile row
             logger.debug("rltrace: torch.profiler warm-up failed: %s", exc)
 
+    @property
+    def has_windows(self) -> bool:
+        """Whether this process takes torch.profiler windows."""
+        return bool(self._windows)
+
     # --- span hooks (training thread) --------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         try:
@@ -144,6 +149,15 @@ class Watchdog(SpanProcessor):
                 self._wake.set()
         except Exception:
             _internal_error("on phase end")
+
+    def before_end(self, span: Span) -> None:
+        """Stop a torch.profiler window while its phase's span is still open (the run's ending
+        hook, on the phase's thread): the stop costs ~0.1 s, which belongs to the phase."""
+        with self._lock:
+            running = self._running.get(span.context.span_id)
+        if running is not None and running.torch is not None:
+            capture, running.torch = running.torch, None
+            self._stop_window(capture)
 
     # --- the watchdog thread -----------------------------------------------------------------
     def _watch(self) -> None:

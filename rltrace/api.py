@@ -306,6 +306,18 @@ def _start_span(run: Run, name: str, step: int | None, version: int | None, attr
     return run.tracer.start_span(name, attributes=values)
 
 
+def _ending(span) -> None:
+    """Run the run's `ending_hooks` (a torch.profiler window's stop) while the span is still open."""
+    run = _run
+    if run is None or not run.ending_hooks:
+        return
+    for hook in run.ending_hooks:
+        try:
+            hook(span)
+        except Exception:
+            _internal_error("finishing a profile at the end of a phase")
+
+
 #: Attribute set on an exception as it escapes phases: [(phase, step, span_id), ...], innermost
 #: first, so a crash record names the phases it went through (see rltrace._crash).
 ESCAPED_PHASES = "_rltrace_phases"
@@ -368,6 +380,7 @@ class Phase:
             return
         self._span = self._token = None
         try:
+            _ending(span)
             if exc is not None:
                 _record_error(span, self.name, exc)
             span.end()
@@ -494,6 +507,7 @@ class PhaseHandle:
             return
         _open_handles.pop(id(self), None)
         try:
+            _ending(span)
             if error is not None:
                 _record_error(span, self.name, error)
             span.end()

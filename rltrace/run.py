@@ -123,6 +123,9 @@ class Run:
             self._exporter, max_queue=max_queue, schedule_delay_s=flush_interval
         )
         self.live_spans = self._exporter.live = LiveSpans(self._store_pipeline)
+        #: called with a phase's span on its own thread just before the span ends, so work a
+        #: profiler does at the end (stopping a torch.profiler window) falls inside the phase
+        self.ending_hooks: list = []
         self.tracer_provider.add_span_processor(self.live_spans)
         self._otlp_pipeline: CountingBatchProcessor | None = None
         if otlp_endpoint:

@@ -21,7 +21,7 @@ from rltrace.analysis.cache_geometry import geometry as cache_geometry
 from rltrace.analysis.critical_path import common_paths, critical_path
 from rltrace.analysis.delta_sync import delta_sync
 from rltrace.analysis.engine_requests import engine_requests
-from rltrace.analysis.health import crashes, drops, open_spans, processes, unstepped
+from rltrace.analysis.health import crashes, drops, open_spans, processes, startups, unstepped
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.long_tail import samples as generation_samples
 from rltrace.analysis.metrics import step_metrics
@@ -42,6 +42,7 @@ from rltrace.analysis.sync import sync_children, sync_growth
 from rltrace.analysis.timeline import sample_timeline, step_timeline
 from rltrace.analysis.waits import by_step as waits_by_step, top_waits, waits
 from rltrace.analysis.waits import totals as waits_total
+from rltrace.analysis.waits import imbalance
 from rltrace.analysis.whatif import Scenario as WhatIf
 from rltrace.analysis.whatif import whatif as what_if
 
@@ -85,6 +86,8 @@ __all__ = [
     "drops",
     "processes",
     "unstepped",
+    "startups",
+    "imbalance",
     "step_timeline",
     "sample_timeline",
     "has_profiles",

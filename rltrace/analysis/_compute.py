@@ -43,6 +43,8 @@ which are far fewer than the spans.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,12 +58,13 @@ from rltrace._phases import term as term_of
 from rltrace.analysis import _intervals as iv
 from rltrace.store.ids import span_hex
 
-VERSION = 9  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 10  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
 # 6: a container's own time with nothing running anywhere is its work, not idle; no waits from a step with no work
 # 7: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
 # 8: ties broken by what rows hold (phase, process names), so spans and per-part summaries give one answer
 # 9: the process that ran an awaited phase longest: ties by name, a phase's 0 ns runs left out (batching changed it)
+# 10: time before a process's first span (of the run) is its start-up, not a wait
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -374,10 +377,12 @@ class _Batch:
                 np.concatenate([ma[staged], a]), np.concatenate([me[staged], b]))
 
 
-def compute(spans: Spans, checks: pd.DataFrame) -> pd.DataFrame:
+def compute(spans: Spans, checks: pd.DataFrame, firsts: Mapping[str, int] | None = None) -> pd.DataFrame:
     """Summary rows for the steps in `checks` (step, count, start_ns, end_ns, total_ns).
 
-    `spans`: every finished span overlapping those steps' windows.
+    `spans`: every finished span overlapping those steps' windows. `firsts`: each process's first
+    span start in the whole run (`summary.first_starts`): before it the process was starting up
+    (spawning, importing, loading), which is not waiting for anything.
     """
     x = _Batch(spans, checks)
     stage_frames, stage_unions = _stage_rows(x)
@@ -394,7 +399,7 @@ def compute(spans: Spans, checks: pd.DataFrame) -> pd.DataFrame:
         _phase_rows(x),
         *stage_frames,
         _overlap_rows(x, stage_unions),
-        _wait_rows(x, checks),
+        _wait_rows(x, checks, firsts or {}),
         _path_rows(x),
         _sync_rows(x),
         _child_rows(x),
@@ -601,7 +606,7 @@ def _overlap_rows(x: _Batch, mine) -> pd.DataFrame:
     return _rows("overlap", step=x.steps[gb], phase=np.array(TERMS, object)[gt], seconds=total / 1e9)
 
 
-def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
+def _wait_rows(x: _Batch, checks, firsts: Mapping[str, int]) -> pd.DataFrame:
     s = x.s
     if not len(s):
         return pd.DataFrame()
@@ -620,6 +625,8 @@ def _wait_rows(x: _Batch, checks) -> pd.DataFrame:
     cstep = checks.set_index("step")
     wstart = cstep.loc[x.steps[pb], "start_ns"].to_numpy(_I64)
     wend = cstep.loc[x.steps[pb], "end_ns"].to_numpy(_I64)
+    first = np.array([np.iinfo(_I64).min] + [firsts.get(p, np.iinfo(_I64).min) for p in s.proc_names], _I64)
+    wstart = np.maximum(wstart, first[pp])  # a process idle before its first span is starting up
     win, a, b = iv.clip(idle_g, idle_s, idle_e, pp, wstart, wend)
     idle = _split_by_containers(x, x.steps[pb][win], pp[win], a, b)
 

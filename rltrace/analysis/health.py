@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from rltrace.analysis import summary
-from rltrace.analysis._format import seconds_text
+from rltrace.analysis._format import process_name, seconds_text
 
 STALE_AFTER_S = 30.0  # a process silent this long has stopped: three missed heartbeats (written every 10 s)
 #: When a live process's open span counts as hung (`rltrace watch`'s hang rule, and the report's
@@ -253,6 +253,33 @@ def state_now(state: str, heartbeat_ns, now_ns: int) -> str:
     if state == "running" and (heartbeat_ns is None or pd.isna(heartbeat_ns) or (now_ns - heartbeat_ns) / 1e9 > STALE_AFTER_S):
         return "killed"
     return state
+
+
+STARTUP_MIN_S = 1.0  # a process's start-up worth a sentence
+
+
+def startups(con) -> list[dict]:
+    """Processes that joined the run late and began well into its first step: spawning, imports,
+    loading a model. That time is their start-up, which no wait counts (`summary.first_starts`).
+
+    Returns: [{process_id, name (e.g. rollout1), seconds (its first span's start after the first
+    step's), step (the first step)}], longest first; only STARTUP_MIN_S or more."""
+    from rltrace.analysis import _who
+
+    firsts = summary.first_starts(con)
+    checks = summary.checks(con)
+    if not firsts or checks.empty:
+        return []
+    first_step = checks.iloc[0]
+    t0 = int(first_step["start_ns"])
+    late = {p: (ns - t0) / 1e9 for p, ns in firsts.items()
+            if (ns - t0) / 1e9 >= STARTUP_MIN_S and ns <= int(first_step["end_ns"])}
+    if not late:
+        return []
+    who = _who.processes(con, list(late))
+    names = {p: process_name(r, k) for p, r, k in zip(who["process_id"], who["role"], who["rank"])}
+    return sorted(({"process_id": p, "name": names.get(p, p), "seconds": s, "step": int(first_step["step"])}
+                   for p, s in late.items()), key=lambda r: (-r["seconds"], r["name"]))
 
 
 def crashes(con) -> pd.DataFrame:

@@ -81,7 +81,9 @@ def _sample_table(s: pd.DataFrame) -> pd.DataFrame:
         "step": (keys.astype(np.int64), None),
         "samples": (size, None),
         "reward_mean": (_groups.column(total / np.maximum(_groups.counts(group, n, has_reward), 1), rewarded), None),
-        "truncated_ratio": (_groups.counts(group, n, (s["finish_reason"] == "length").to_numpy(bool)) / size, None),
+        # absent (not 0) for a step whose samples logged no finish_reason: nothing says they were cut
+        "truncated_ratio": (_groups.counts(group, n, (s["finish_reason"] == "length").to_numpy(bool)) / size,
+                            _groups.any_per(group, n, s["finish_reason"].notna().to_numpy(bool))),
     }
     lengths = s["response_len"]
     if "effective_response_len" in s:

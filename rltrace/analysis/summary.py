@@ -77,6 +77,24 @@ def _part_steps(con) -> None:
         FROM part_spans GROUP BY filename, step""", digests=1)
 
 
+def first_starts(con) -> dict[str, int]:
+    """The first span start (Unix ns) of each process that joined after the run began (its
+    `rltrace.init` came after the run's first span): before that span it was starting up
+    (spawning, importing, loading), which no step's waits count. A process there from the start
+    and idle until its first span was waiting for work, and is not listed. From each part's
+    minima (`_parts`: computed once per part) and the process records."""
+    name = _parts.table(con, "firsts", _PART_FIRSTS_SCHEMA, """
+        SELECT filename, process_id, min(start_ns) AS first_ns FROM part_spans
+        WHERE process_id IS NOT NULL GROUP BY filename, process_id""", digests=1)
+    return dict(con.execute(
+        f"""WITH f AS (SELECT process_id, min(first_ns) AS first_ns FROM {name} GROUP BY process_id),
+                p AS (SELECT process_id, min(started_ns) AS started_ns FROM processes GROUP BY process_id)
+            SELECT f.process_id, f.first_ns FROM f JOIN p USING (process_id)
+            WHERE p.started_ns > (SELECT min(first_ns) FROM f)""").fetchall())
+
+
+_PART_FIRSTS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()),
+                                 ("process_id", pa.string()), ("first_ns", pa.int64())])
 _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
                                 ("count", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
                                 ("total_ns", pa.int64()), ("loaded", pa.int64())])
@@ -219,14 +237,15 @@ def _done(con) -> set:
 def _computed(con, batches: list[pd.DataFrame]):
     """Summary rows of each batch, two batches at a time on threads of their own (DuckDB and
     numpy's sorts run without the interpreter lock, so loading one batch overlaps computing another)."""
+    firsts = first_starts(con) if batches else {}
     if len(batches) < 2:
         for batch in batches:
-            yield _compute.compute(_load_batch(con, batch), batch)
+            yield _compute.compute(_load_batch(con, batch), batch, firsts)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     def work(batch):
-        return _compute.compute(_load_batch(con.cursor(), batch), batch)
+        return _compute.compute(_load_batch(con.cursor(), batch), batch, firsts)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield from pool.map(work, batches)

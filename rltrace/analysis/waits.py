@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
 import pandas as pd
 
 from rltrace._phases import STAGE_OF
@@ -81,7 +82,65 @@ def _read_unlabelled(con, steps: Steps) -> pd.DataFrame:
         }
     )
     out["waited_for_group"] = out["waited_for"].map(STAGE_OF).fillna(out["waited_for"])  # a phase outside the stages: itself
+    out = out[~_between_siblings(con, steps, out)]
     return out.sort_values(["step", "seconds"], ascending=[True, False], ignore_index=True)
+
+
+def _between_siblings(con, steps: Steps, w: pd.DataFrame) -> np.ndarray:
+    """Per wait row, whether it is one sibling 'waiting' on another: the awaited phase ran on a
+    process of the same role, and the waiting process ran that phase in the step too. Workers
+    doing the same work at unequal speed are an imbalance (`imbalance`), not a wait on each other."""
+    other = w["waited_for_process"]
+    maybe = other.notna().to_numpy() & (other != w["process_id"]).to_numpy()
+    if not maybe.any():
+        return np.zeros(len(w), bool)
+    who = _who.processes(con, pd.concat([w["process_id"], other[maybe]]).dropna().unique())
+    role = dict(zip(who["process_id"], who["role"]))
+    same_role = maybe & (w["process_id"].map(role) == other.map(role)).to_numpy(bool)
+    if not same_role.any():
+        return same_role
+    ran = summary.rows(con, steps, kinds=("phase",), columns=("step", "process_id", "phase"))
+    did = set(zip(ran["step"].tolist(), ran["process_id"].tolist(), ran["phase"].tolist()))
+    return same_role & np.fromiter(((st, p, ph) in did for st, p, ph in zip(
+        w["step"].tolist(), w["process_id"].tolist(), w["waited_for"].tolist())), bool, len(w))
+
+
+IMBALANCE = 1.5  # sibling processes doing one phase: the slowest's median over the fastest's worth a sentence
+IMBALANCE_MIN_S = 0.01  # ... when the slowest takes at least this long per step
+
+
+def imbalance(con, steps: Steps = None) -> pd.DataFrame:
+    """Processes of one role running the same phase at unequal speed: per phase and role with at
+    least two processes, the slowest and the fastest by median seconds per step of that phase.
+
+    Returns: phase, role, slow_process_id, slow_name, slow_s, fast_process_id, fast_name, fast_s,
+    ratio (slow_s / fast_s), steps (where both ran it); ratios of IMBALANCE or more, largest first."""
+    cols = ["phase", "role", "slow_process_id", "slow_name", "slow_s", "fast_process_id", "fast_name", "fast_s",
+            "ratio", "steps"]
+    ran = summary.rows(con, steps, kinds=("phase",), columns=("step", "process_id", "phase", "seconds"))
+    if ran.empty:
+        return pd.DataFrame(columns=cols)
+    who = _who.processes(con, ran["process_id"].dropna().unique())
+    ran = ran.merge(who[["process_id", "role", "rank"]], on="process_id")
+    rows = []
+    for (phase, role), mine in ran.groupby(["phase", "role"], sort=True):
+        if mine["process_id"].nunique() < 2:
+            continue
+        shared = mine.groupby("step")["process_id"].transform("nunique") > 1  # steps where siblings both ran it
+        med = mine[shared].groupby(["process_id", "rank"], dropna=False)["seconds"].median().reset_index()
+        if len(med) < 2:
+            continue
+        med = med.sort_values(["seconds", "process_id"], ascending=[False, True])
+        slow, fast = med.iloc[0], med.iloc[-1]
+        if fast["seconds"] <= 0 or slow["seconds"] < IMBALANCE_MIN_S or slow["seconds"] / fast["seconds"] < IMBALANCE:
+            continue
+        rows.append({"phase": phase, "role": role, "slow_process_id": slow["process_id"],
+                     "slow_name": process_name(role, slow["rank"]), "slow_s": float(slow["seconds"]),
+                     "fast_process_id": fast["process_id"], "fast_name": process_name(role, fast["rank"]),
+                     "fast_s": float(fast["seconds"]), "ratio": float(slow["seconds"] / fast["seconds"]),
+                     "steps": int(mine.loc[shared, "step"].nunique())})
+    out = pd.DataFrame(rows, columns=cols)
+    return out.sort_values("ratio", ascending=False, ignore_index=True)
 
 
 def _most_waited_on(w: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

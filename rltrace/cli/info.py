@@ -80,12 +80,14 @@ def _collect(con, snap, run_dir: str) -> dict:
     counts["open_at_exit"] = at_exit
     crashes = rows("SELECT role, rank, kind, thread_name, exc_type, message, phase, step, process_id FROM crashes ORDER BY time_ns")
     tables = {name: sum(p.rows for p in parts) for name, parts in snap.parts.items()}
+    frozen = rows("SELECT count(DISTINCT (step, batch_id)) AS n FROM batches")[0]["n"] if tables.get("batches") else 0
     return {
         "run_dir": str(run_dir),
         "run_id": snap.manifest["run_id"],
         "name": snap.manifest.get("name"),
         "created": snap.manifest.get("created"),
         "rows": tables,
+        "frozen_batches": frozen,
         "parts": {name: len(parts) for name, parts in snap.parts.items()},
         "spans": counts,
         "phases": phases,
@@ -129,11 +131,16 @@ def _ago(ns: int | None, now_ns: int) -> str:
     return dt.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M")
 
 
+#: what a row of a table is, where its name says otherwise (a `batches` row is one frozen sample)
+_ROW_NAMES = {"batches": "frozen samples", "replays": "replayed samples"}
+
+
 def render(data: dict, console: Console) -> None:
     now_ns = time.time_ns()
     console.print(f"[bold]{term(data['name'])}[/]  run {term(data['run_id'])}  created {term(data['created'])}")
     derived = {t.name: label for t, label in zip(_names.SPAN_SIDECARS, ("per-part summaries", "stored request rows"))}
-    held = [f"{n:,} {k} in {_count(data['parts'][k], 'part')}" for k, n in data["rows"].items() if n and k not in derived]
+    held = [f"{n:,} {_ROW_NAMES.get(k, k)}" + (f" ({data.get('frozen_batches') or 0:,} batch{'' if data.get('frozen_batches') == 1 else 'es'})" if k == "batches" else "")
+            + f" in {_count(data['parts'][k], 'part')}" for k, n in data["rows"].items() if n and k not in derived]
     beside = [f"{label} for {_count(data['parts'][k], 'span part')}" for k, label in derived.items() if data["parts"].get(k)]
     console.print(f"{term(data['run_dir'])}  ·  " + (", ".join(held) or "nothing recorded yet")
                   + (f" ({', '.join(beside)})" if beside else ""))

@@ -21,6 +21,7 @@ from rltrace import _json
 from rltrace._config import RltraceError
 from rltrace.cli import _options
 from rltrace.cli import replay_render as render
+from rltrace.analysis._format import term
 
 
 def _kv(text: str) -> tuple[str, object]:
@@ -50,8 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         a.set_defaults(func=_object_store_copy(name, func))
         return a
 
-    def step_args(a: argparse.ArgumentParser) -> None:
-        a.add_argument("--step", type=int, required=True, help="step of the frozen batch")
+    def step_args(a: argparse.ArgumentParser, every: str = "") -> None:
+        if every:
+            a.add_argument("--step", type=_step_or_all, required=True, help=f"step of the frozen batch, or `all`: {every}")
+        else:
+            a.add_argument("--step", type=int, required=True, help="step of the frozen batch")
         a.add_argument("--batch", default=None, help="batch id, when several were frozen at that step (default: latest)")
         a.add_argument("--tokenizer", default=None, metavar="MODULE:NAME", help="tokenizer to decode tokens; its vocabulary hash must match the batch's")
         a.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -60,11 +64,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--json", action="store_true", help="print machine-readable JSON")
     _options.skip_corrupt(a)
     a = action("show", "samples of a frozen batch with bad-text flags; one sample in full with --sample", _show)
-    step_args(a)
+    step_args(a, "the samples of every frozen batch in one table")
     a.add_argument("--sample", type=int, default=None, help="show this sample (0-based position in the batch) in full")
     a.add_argument("--flagged", action="store_true", help="list only flagged samples")
+    a.add_argument("--sort", default=None, metavar="FLAG|COLUMN",
+                   help="flagged with FLAG first (e.g. reward_outlier), or by COLUMN, largest first (e.g. reward, response_len)")
     a = action("run", "rerun a frozen batch through an entry point and diff against the record", _run)
-    step_args(a)
+    step_args(a, "every frozen batch, one after another")
     a.add_argument("--entry", required=True, metavar="MODULE:FUNCTION", help="function(batch, **args) -> dict of per-sample results")
     a.add_argument("--repeat", type=int, default=1, help="run it this many times and check the results are bitwise identical")
     a.add_argument("--arg", type=_kv, action="append", default=[], metavar="KEY=VALUE", help="keyword argument for the entry (JSON or text)")
@@ -91,6 +97,37 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 _READ_ONLY = ("list", "show", "diff")
+
+
+def _step_or_all(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a step is a whole number or `all`, got {text!r}") from None
+
+
+def _every_batch(args) -> list[tuple[int, str]]:
+    """(step, batch id) of every frozen batch of the run, oldest first (`--step all`)."""
+    from rltrace.replay.browse import list_batches
+
+    rows, _ = list_batches(args.run_dir)
+    return [(int(r["step"]), r["batch_id"]) for r in rows if r.get("step") is not None]
+
+
+def _sort_views(views: list[dict], key: str | None) -> list[dict]:
+    """`--sort`: samples flagged `key` first, or by the column `key`, largest first (missing last)."""
+    if not key or not views:
+        return views
+    if key in render.FLAG_NAMES:
+        return sorted(views, key=lambda v: key not in (v.get("flags") or {}))
+    if key not in views[0]:
+        columns = [k for k, v in views[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        raise RltraceError(f"--sort {key!r} is neither a flag ({', '.join(render.FLAG_NAMES)}) "
+                         f"nor a column ({', '.join(columns)})")
+    return sorted(views, key=lambda v: (not isinstance(v.get(key), (int, float)), -(v.get(key) or 0)
+                                        if isinstance(v.get(key), (int, float)) else 0))
 
 
 def _object_store_copy(name: str, func):
@@ -139,9 +176,11 @@ def _show(args) -> int:
     from rltrace.replay.browse import pick_sample, sample_views
 
     tokenizer = _tokenizer(args)
-    batch = load(args.run_dir, args.step, batch_id=args.batch, tokenizer=tokenizer)
-    views = sample_views(batch, tokenizer)
     console = Console()
+    if args.step == "all":
+        return _show_all(args, tokenizer, console)
+    batch = load(args.run_dir, args.step, batch_id=args.batch, tokenizer=tokenizer)
+    views = _sort_views(sample_views(batch, tokenizer), args.sort)
     if args.sample is not None:
         view = pick_sample(views, args.sample, str(batch.path))
         if args.json:
@@ -159,6 +198,28 @@ def _show(args) -> int:
     return 0
 
 
+def _show_all(args, tokenizer, console) -> int:
+    """`show --step all`: the samples of every frozen batch in one list, each with its step and batch."""
+    from rltrace.replay import load
+    from rltrace.replay.browse import sample_views
+
+    if args.sample is not None:
+        raise RltraceError("--sample needs one batch: give --step N, not all")
+    views = []
+    for step, batch_id in _every_batch(args):
+        batch = load(args.run_dir, step, batch_id=batch_id, tokenizer=tokenizer)
+        views += [{**v, "step": step, "batch_id": batch_id} for v in sample_views(batch, tokenizer)]
+    if args.flagged:
+        views = [v for v in views if v["flags"]]
+    views = _sort_views(views, args.sort)
+    if args.json:
+        _print_json(console, {"samples": [{k: v for k, v in view.items() if k not in ("response_tokens", "prompt_text")}
+                                          for view in views]})
+    else:
+        render.samples_of_every_batch(console, views)
+    return 0
+
+
 def _run(args) -> int:
     from rltrace.replay import load
     from rltrace.replay.diff import diff_against_record, repeatability
@@ -166,6 +227,26 @@ def _run(args) -> int:
 
     tokenizer = _tokenizer(args)
     console = Console()
+    if args.step == "all":  # every frozen batch, one after another: each its own replay, diffed against its record
+        every = _every_batch(args)
+        if not every:
+            console.print(f"No frozen batches in {args.run_dir}.")
+            return 1
+        out = []
+        for step, batch_id in every:
+            result = run_entry(args.run_dir, step, args.entry, repeat=args.repeat, kwargs=dict(args.arg),
+                               batch_id=batch_id, label=args.label, tokenizer=tokenizer)
+            diffs = diff_against_record(load(args.run_dir, step, batch_id=batch_id), result.repeats[0])
+            repeatable = repeatability(result.repeats)
+            if args.json:
+                out.append({"step": step, "batch_id": batch_id, "replay_id": result.replay_id, "repeatable": repeatable,
+                            "diffs": [d.to_dict() for d in diffs]})
+            else:
+                console.print(f"[bold]step {step} · batch {term(batch_id)}[/]")
+                render.replay_run(console, result, repeatable, diffs)
+        if args.json:
+            _print_json(console, {"batches": out})
+        return 0
     with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task(f"running {args.entry}", total=args.repeat)
         result = run_entry(

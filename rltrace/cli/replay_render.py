@@ -12,6 +12,7 @@ from rich.text import Text
 from rltrace.analysis._format import HIDDEN, seconds_text, shown, size_text, term
 
 _SHORT = {"repetition": "REP", "invalid_text": "BAD", "truncated": "TRUNC", "template_leak": "TMPL", "prompt_template": "PROMPT", "empty": "EMPTY", "reward_outlier": "OUTL"}
+FLAG_NAMES = tuple(_SHORT)  # what `replay show --sort` takes as a flag
 
 
 def visible(text: str | None) -> Text:
@@ -81,6 +82,20 @@ def samples(console: Console, batch, views: list[dict]) -> None:
     console.print(t)
     summary = ", ".join(f"{name} {n}" for name, n in counts.items()) or "none"
     console.print(f"flags: {summary}   (rltrace replay show RUN_DIR --step {batch.step} --sample I for one in full)")
+
+
+def samples_of_every_batch(console: Console, views: list[dict]) -> None:
+    """`show --step all`: one table over every frozen batch, in the order given (`--sort`)."""
+    t = Table(title=f"{len(views)} samples of every frozen batch", title_justify="left")
+    for col in ("step", "#", "id", "reward", "finish", "resp len", "flags", "response"):
+        t.add_column(col, justify="right" if col in ("step", "#", "id", "reward", "resp len") else "left", overflow="fold")
+    for v in views:
+        text = (v["response_text"] or "")[:60].replace("\n", "⏎")
+        t.add_row(str(v["step"]), str(v["sample_index"]), _num(v["sample_id"], "d"), _num(v["reward"]),
+                  term(v["finish_reason"] or "-"), _num(v["response_len"], "d"),
+                  Text(" ".join(_SHORT[f] for f in v["flags"]), style="bold red"), visible(text))
+    console.print(t)
+    console.print("one in full: rltrace replay show RUN_DIR --step N --sample I")
 
 
 def sample(console: Console, batch, v: dict) -> None:

@@ -16,7 +16,7 @@ from rltrace import analysis
 from rltrace import _names
 from rltrace._phases import COST_COLUMN, phases_of
 from rltrace.analysis import health
-from rltrace.analysis._steps import Steps
+from rltrace.analysis._steps import Steps, step_filter
 from rltrace.analysis._format import process_name
 from rltrace.analysis.steps import PHASE_COLUMNS
 from rltrace.importers.metrics import SERVICE_NAME as IMPORTER
@@ -116,6 +116,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
         "mismatch": _mismatch(con, steps),
         "reward": _reward(con, steps, rollout),
         "metrics": plain(analysis.step_metrics(con, _names.METRICS, steps)),
+        "scalars": _scalars(con, steps),
         "rollout": plain(rollout),
         "engine": plain(analysis.engine_summary(con, steps, rollout_table=rollout)),
         "serving": plain(analysis.serving_section(con, steps)),
@@ -123,6 +124,8 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
         "open_spans": _open_spans(con, now_ns),
         "unstepped": analysis.unstepped(con),
         "blocking": _blocking(con, now_ns),
+        "startups": analysis.startups(con),
+        "imbalance": plain(analysis.imbalance(con, steps)),
         "dropped": _dropped(con),
         "imported_spans": _imported_spans(con),
         "idle_devices": plain(analysis.idle_devices(con, steps)),
@@ -170,8 +173,10 @@ def _outliers(con, step_rows: list[dict]) -> list[dict]:
             continue
         step = int(frame.loc[worst, "step"])
         profiles = [p for phase in phases_of(stage) for p in plain(analysis.for_phase(con, phase, (step, step)))]
+        over = values >= SPIKE_RATIO * median
         out.append({"stage": stage, "step": step, "seconds": values[worst], "median_s": median,
-                    "steps_over": int((values >= SPIKE_RATIO * median).sum()), "profiles": profiles})
+                    "steps_over": int(over.sum()), "over_steps": sorted(int(x) for x in frame.loc[over[over].index, "step"]),
+                    "profiles": profiles})
     return plain(out)
 
 
@@ -302,6 +307,16 @@ def _reward(con, steps: Steps, ro: pd.DataFrame) -> dict:
                   "best": r["value"][best], "best_step": r["step"][best], "first_step": r["step"].iloc[0],
                   "last_step": r["step"].iloc[-1], "logged_as": sorted(set(r["logged_as"])),
                   "per_step": r[["step", "value"]]})
+
+
+def _scalars(con, steps: Steps) -> list[dict]:
+    """Every logged step scalar by the name it was logged under (your `loss` too): `name`, `mean`
+    over the steps, `last` (at the last step that logged it), `steps`."""
+    where, params = step_filter(steps)
+    return plain(con.execute(
+        f"""SELECT name, avg(value) AS mean, arg_max(value, step) AS last, count(DISTINCT step) AS steps
+            FROM metrics WHERE {where} AND value IS NOT NULL AND NOT isnan(value) GROUP BY name ORDER BY name""",
+        params).df())
 
 
 def _imported_spans(con) -> dict:

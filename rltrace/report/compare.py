@@ -35,4 +35,9 @@ def compare(this: dict, other: dict) -> list[dict]:
     for metric in sorted(set(trends_a) | set(trends_b)):
         add(metric, "mean over steps", (trends_a.get(metric) or {}).get("mean"), (trends_b.get(metric) or {}).get("mean"))
     add("staleness", "mean", this["staleness"]["mean"], other["staleness"]["mean"])
+    said = {"reward_mean", *trends_a, *trends_b}
+    scalars_a = {m["name"]: m for m in this.get("scalars") or []}
+    scalars_b = {m["name"]: m for m in other.get("scalars") or []}
+    for name in sorted((set(scalars_a) | set(scalars_b)) - said):  # every other logged scalar: your `loss` too
+        add(name, "mean over steps", (scalars_a.get(name) or {}).get("mean"), (scalars_b.get(name) or {}).get("mean"))
     return rows

@@ -35,7 +35,7 @@ MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest di
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_skipped, _imported, _crashes, _blocking, _hangs, _unstepped, _ran_ahead, _bottleneck, _nested, _amortised, _outliers, _waits, _stragglers, _weight_sync,
+    for part in (_skipped, _imported, _crashes, _blocking, _hangs, _unstepped, _ran_ahead, _bottleneck, _nested, _amortised, _outliers, _startups, _waits, _imbalance, _stragglers, _weight_sync,
                  _async, _drops, _reward, _staleness, _mismatch, _idle_devices, _engine, _serving):
         out.extend(part(r))
     return out
@@ -88,6 +88,26 @@ def unstepped_sentence(u: dict) -> str:
             "figure leaves them out: wrap the step in `rltrace.phase(\"step\", step=…)` or pass `step=`.")
 
 
+def _startups(r: dict) -> list[str]:
+    """Processes that began late in the first step: their start-up, which no wait counts."""
+    s = r.get("startups") or []
+    if not s:
+        return []
+    names = [x["name"] for x in s]
+    times = [sec(x["seconds"]) for x in s]
+    who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    took = times[0] if len(times) == 1 else ", ".join(times[:-1]) + " and " + times[-1]
+    return [f"Start-up: {who} began {took} into step {s[0]['step']} (spawning, imports, loading); that is "
+            "start-up, not a wait for anything."]
+
+
+def _imbalance(r: dict) -> list[str]:
+    """Sibling processes doing one phase at unequal speed (their idle time is not a wait on each other)."""
+    return [f"Imbalance: {i['phase']} on {i['slow_name']} took {i['ratio']:.1f}x {i['fast_name']}'s (median "
+            f"{sec(i['slow_s'])} vs {sec(i['fast_s'])} per step, {i['steps']} steps): {i['role']} processes doing "
+            "the same work at unequal speed." for i in (r.get("imbalance") or [])[:3]]
+
+
 def _term(r: dict, key: str) -> str:
     """A cost-model figure in text: `not recorded` when the run has no such span (absent is not zero)."""
     return "not recorded" if r.get(key) is None else sec(r[key])
@@ -123,9 +143,7 @@ def _bottleneck(r: dict) -> list[str]:
             f"{sec(b0)}–{sec(b1)}; look at both."
         )
     for p in b.get("profiles") or []:
-        share = inside_text(p)
-        out.append(f"Profile of a slow {b['phase']} span (step {p['step']}): {p['kind']} {p['profile_id']} at {p['path']}"
-                   + (f" ({share})." if share else "."))
+        out.append(f"Profile of a slow {b['phase']} span (step {p['step']}): {_profiles([p])}.")
     return out
 
 
@@ -174,7 +192,12 @@ def _amortised(r: dict) -> list[str]:
 
 
 def _profiles(profiles: list[dict]) -> str:
-    return "; ".join(f"{p['kind']} {p['profile_id']} at {p['path']}" for p in profiles)
+    """Each profile as `kind id at path (96% inside the phase, blocked 91%)`, or its status when it made no file."""
+    def one(p: dict) -> str:
+        where = f" at {p['path']}" if p.get("path") else f" ({p.get('status') or 'no file'}: no file)"
+        share = inside_text(p)
+        return f"{p['kind']} {p['profile_id']}{where}" + (f" ({share})" if share else "")
+    return "; ".join(one(p) for p in profiles)
 
 
 def _outliers(r: dict) -> list[str]:
@@ -182,11 +205,24 @@ def _outliers(r: dict) -> list[str]:
     for o in r.get("outliers") or []:
         text = (
             f"Outlier: {o['stage']} took {sec(o['seconds'])} at step {o['step']} against a median of "
-            f"{sec(o['median_s'])} per step ({o['steps_over']} of {len(r['steps'])} steps took over 3x the median)."
+            f"{sec(o['median_s'])} per step ({o['steps_over']} of {len(r['steps'])} steps took over 3x the median"
+            + (f": {steps_text(o['over_steps'])}" if len(o.get("over_steps") or []) > 1 else "") + ")."
         )
         profiles = [p for p in o["profiles"] if p["profile_id"] not in named]  # a hang's dump is named once
         out.append(text + (f" Profile: {_profiles(profiles)}." if profiles else ""))
     return out
+
+
+def steps_text(steps: list[int], most: int = 10) -> str:
+    """`steps 5, 11, 17 and 23, every 6 steps`: each step named (the first `most`), and the period
+    when they recur at one."""
+    steps = sorted(int(x) for x in steps)
+    shown = [str(x) for x in steps[:most]] + ([f"{len(steps) - most} more"] if len(steps) > most else [])
+    text = "step " + shown[0] if len(shown) == 1 else "steps " + ", ".join(shown[:-1]) + " and " + shown[-1]
+    gaps = {b - a for a, b in zip(steps, steps[1:])}
+    if len(steps) >= 3 and len(gaps) == 1 and (gap := gaps.pop()) > 1:
+        text += f", every {gap} steps"
+    return text
 
 
 def _waits(r: dict) -> list[str]:

@@ -48,12 +48,13 @@ from rltrace.analysis import _intervals as iv
 from rltrace._phases import STAGE_OF, TERM_OF_STAGE, TERMS, WAIT, containers
 from rltrace._phases import term as term_of
 
-VERSION = 9  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+VERSION = 10  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
 # 6: a container's own time with nothing running anywhere is its work, not idle; no waits from a step with no work
 # 7: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
 # 8: ties broken by what rows hold (phase, process names), so spans and per-part summaries give one answer
 # 9: the process that ran an awaited phase longest: ties by name, a phase's 0 ns runs left out
+# 10: time before a process's first span (of the run) is its start-up, not a wait
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -83,7 +84,7 @@ def _rows(kind: str, **cols) -> pd.DataFrame:
     return frame
 
 
-def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
+def compute(spans: pd.DataFrame, checks: pd.DataFrame, firsts: dict | None = None) -> pd.DataFrame:
     """Summary rows for the steps in `checks` (step, count, start_ns, end_ns, total_ns).
 
     `spans`: every finished span overlapping those steps' windows, with columns span_id,
@@ -116,7 +117,7 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame) -> pd.DataFrame:
         ),
         _phase_rows(spans[in_batch]),
         *_stage_rows(spans, phases, own, in_batch),
-        _wait_rows(spans, checks, prow, busy, in_batch, container_phases),
+        _wait_rows(spans, checks, prow, busy, in_batch, container_phases, firsts or {}),
         _path_rows(spans, prow, busy, in_batch, phases, own[1]),
         _sync_rows(spans[in_batch]),
         _child_rows(spans, prow, in_batch),
@@ -348,7 +349,7 @@ def _contained(idle: pd.DataFrame, proc_codes, start, end, container) -> pd.Data
                          "contained": np.array(cols[4], bool)})
 
 
-def _wait_rows(spans, checks, prow, busy, in_batch, container_phases) -> pd.DataFrame:
+def _wait_rows(spans, checks, prow, busy, in_batch, container_phases, firsts) -> pd.DataFrame:
     proc_codes, procs = pd.factorize(spans["process_id"])
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     phase = spans["phase"].to_numpy(object)
@@ -363,6 +364,11 @@ def _wait_rows(spans, checks, prow, busy, in_batch, container_phases) -> pd.Data
     idle_g, idle_s, idle_e = iv.complement(proc_codes[busy | waiting], start[busy | waiting], end[busy | waiting], lo, hi)
     pairs = spans[in_batch].assign(proc=proc_codes[in_batch])[["step", "proc"]].drop_duplicates()
     pairs = pairs.merge(checks[["step", "start_ns", "end_ns"]], on="step")
+    # before its first span of the run a process is starting up, not waiting
+    for proc, name in enumerate(procs):
+        if name in firsts:
+            mine = pairs["proc"] == proc
+            pairs.loc[mine, "start_ns"] = pairs.loc[mine, "start_ns"].clip(lower=int(firsts[name]))
     win, a, b = iv.clip(idle_g, idle_s, idle_e, pairs["proc"], pairs["start_ns"], pairs["end_ns"])
     idle = pd.DataFrame(
         {"step": pairs["step"].to_numpy()[win], "proc": pairs["proc"].to_numpy()[win], "a": a, "b": b}

@@ -54,7 +54,8 @@ def _sample_metrics(g: pd.DataFrame) -> dict:
     out: dict = {"samples": len(g)}
     rewards = g["reward"]
     out["reward_mean"] = float(rewards.mean()) if rewards.notna().any() else None
-    out["truncated_ratio"] = float((g["finish_reason"] == "length").mean())
+    if g["finish_reason"].notna().any():  # no finish_reason logged: nothing says a sample was cut
+        out["truncated_ratio"] = float((g["finish_reason"] == "length").mean())
     lengths = g["response_len"]
     if "effective_response_len" in g:
         lengths = g["effective_response_len"].fillna(lengths)

@@ -212,3 +212,28 @@ def test_slime_import_errors_are_one_line(capsys, tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"\x80\x04junk")
     code, _, err = cli(capsys, "import", "slime", tmp_path / "junk.pt", "--out", tmp_path / "run")
     assert code == 2 and "junk.pt: not a readable torch.save file" in err and "--trust-pickle" not in err
+
+
+def test_every_frozen_batch_is_one_command_away(capsys, tmp_path):
+    """`--step all`: one table of the samples of every batch, sorted by a flag or a column, and
+    one rerun of an entry over every batch."""
+    from rltrace import replay
+    from tests.replay.tiny import make_samples
+
+    run_dir, tok, _ = make_run(tmp_path, versions=(0, 1, 2))
+    meta = {"weight_version": 2, "tokenizer": tok, "checkpoint": str(run_dir / "ckpt" / "v2.pt"), "max_response_len": 12}
+    assert replay.freeze(5, make_samples(tok, run_dir / "ckpt", n=4, versions=(2,)), batch_meta=meta)
+    replay.flush()
+    rltrace.shutdown()
+    shown = cli_json(capsys, "replay", "show", run_dir, "--step", "all", "--sort", "response_len")["samples"]
+    assert sorted({(s["step"], s["batch_id"] is not None) for s in shown}) == [(3, True), (5, True)] and len(shown) == 12
+    lengths = [s["response_len"] for s in shown]
+    assert lengths == sorted(lengths, reverse=True)
+    truncated = cli_json(capsys, "replay", "show", run_dir, "--step", "all", "--sort", "truncated")["samples"]
+    flagged = ["truncated" in s["flags"] for s in truncated]
+    assert any(flagged) and flagged == sorted(flagged, reverse=True)  # flagged first
+    code, _, err = cli(capsys, "replay", "show", run_dir, "--step", "all", "--sort", "nonsense")
+    assert code == 2 and "neither a flag" in err
+    ran = cli_json(capsys, "replay", "run", run_dir, "--step", "all", "--entry", f"{ENTRIES}:reward")["batches"]
+    assert [b["step"] for b in ran] == [3, 5] and all(b["diffs"][0]["bitwise_equal"] for b in ran)
+    assert [b["replays"] for b in cli_json(capsys, "replay", "list", run_dir)["batches"]] == [1, 1]

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import rltrace
-from rltrace import report, store
+from rltrace import analysis, report, store
 from rltrace.cli.info import collect
+from rltrace.report.findings import steps_text
 from tests.conftest import python_env
 from tests.profiling.conftest import PYSPY
 from tests.ui.conftest import app, no_exceptions  # noqa: F401  (app: a fixture)
@@ -103,3 +104,43 @@ def test_each_slow_phase_gets_a_profile_of_itself_idle_waits_included(user_run):
             assert p["frames"][0][:2] == (frame, pytest.approx(1.0, abs=0.2)), (key, p["frames"][:3])
     assert got[("trainer", 0, "reward", 5)]["idle_share"] > got[("trainer", 0, "reward", 11)]["idle_share"]
     assert got[("trainer", 0, "reward", 5)]["idle_share"] > 0.6  # a sleep: the thread was blocked
+
+
+def test_start_up_and_unequal_siblings_are_not_told_as_waits(user_run):
+    """Workers spawning at step 0 are starting up, not waiting for the trainer's rollout; worker 0
+    idle while worker 1 (3x as slow) generates is an imbalance, not a wait on worker 1."""
+    con = store.open(user_run)
+    r = report.build(con)
+    roles = {p["process_id"]: p["role"] for p in collect(str(user_run))["processes"]}
+    waits = analysis.waits(con)
+    step0 = waits[(waits["step"] == 0) & (waits["role"] == "rollout")]["seconds"].sum()
+    startup = {s["name"]: s["seconds"] for s in r["startups"]}
+    assert set(startup) == {"rollout0", "rollout1"} and min(startup.values()) >= 1.0
+    assert step0 < 0.5 * min(startup.values())  # the start-up is not in the waits
+    assert not any(roles[p] == roles.get(o) for p, o in zip(waits["process_id"], waits["waited_for_process"]))
+    said = r["findings"]
+    assert any(f.startswith("Start-up: rollout") and "not a wait" in f for f in said)
+    [imbalance] = [i for i in r["imbalance"] if i["phase"] == "generate"]
+    assert (imbalance["slow_name"], imbalance["fast_name"]) == ("rollout1", "rollout0") and imbalance["ratio"] > 1.5
+    assert not any("rollout0 waited" in f and "on rollout1" in f for f in said)
+
+
+def test_every_slow_step_is_named_with_its_period(user_run):
+    r = report.build(store.open(user_run))
+    [reward] = [o for o in r["outliers"] if o["stage"] == "reward"]
+    assert {5, 11} <= set(reward["over_steps"])  # (a busy machine may slow another step past 3x too)
+    assert any(f"took over 3x the median: {steps_text(reward['over_steps'])})" in f for f in r["findings"])
+    assert steps_text([3, 13, 23, 33]) == "steps 3, 13, 23 and 33, every 10 steps"
+    assert steps_text(list(range(3, 200, 10))) == "steps 3, 13, 23, 33, 43, 53, 63, 73, 83, 93 and 10 more, every 10 steps"
+
+
+def test_compare_includes_every_logged_scalar(user_run):
+    from rltrace.report.compare import compare
+
+    con = store.open(user_run)
+    whole, start = report.build(con), report.build(con, steps=(0, 5))
+    listed = compare(whole, start)
+    rows = {(r["what"], r["unit"]): r for r in listed}
+    loss = rows[("loss", "mean over steps")]  # the user's own scalar, not only rltrace's known names
+    assert loss["other"] == pytest.approx(sum(1 / (1 + s) for s in range(6)) / 6)
+    assert [r["unit"] for r in listed if r["what"] == "reward_mean"] == ["mean over steps", "last step"]  # said once

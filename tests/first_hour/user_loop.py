@@ -4,7 +4,7 @@
 
 The trainer runs rollout -> reward -> train -> weight_sync, passing `step=` only to `rollout`
 (the README's code). Two rollout workers are spawned processes that generate under the
-trainer's carrier and load the weights each step; worker 1 generates twice as slowly as worker 0.
+trainer's carrier and load the weights each step; worker 1 generates 3x as slowly as worker 0.
 The reward is slow every 6 steps: on step 5 it waits on a remote judge (a blocked call), on steps
 11, 17, ... it burns CPU (a slow verifier); worker 0's weight load is slow on step 7.
 """
@@ -69,7 +69,7 @@ def worker(run_dir: str, rank: int, requests, replies) -> None:
         if kind == "generate":
             with rltrace.attach(carrier):
                 with rltrace.phase("generate"):
-                    busy(0.02 * (1 + rank))
+                    busy(0.02 * (1 + 2 * rank))
             replies.put(step + rank)
         else:
             with rltrace.phase("weight_load"):

@@ -45,6 +45,8 @@ def test_each_phase_run_in_the_window_gets_a_trace_linked_to_its_span(window_run
         first = min(trace["baseTimeNanoseconds"] + e["ts"] * 1000 for e in ops)
         last = max(trace["baseTimeNanoseconds"] + (e["ts"] + e["dur"]) * 1000 for e in ops)
         assert span[2] - 5e6 <= first and last <= span[3] + 5e6
+        # the window's own cost (starting and stopping the profiler) is inside the span, not after it
+        assert span[2] <= row["started_ns"] and row["ended_ns"] <= span[3]
 
 
 def test_the_top_operators_are_stored(window_run):

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from rltrace import _names
 from rltrace.analysis import _format as fmt
 from rltrace.analysis._steps import Steps
 from rltrace.ui import charts, data, gantt, state
@@ -56,8 +55,8 @@ def _step_table(a: Side, b: Side) -> pd.DataFrame:
         ("async_bound", "s", a.cost("async_bound"), b.cost("async_bound"))]
     pa_, pb_ = (s.phases.set_index("phase")["per_step_s"] for s in (a, b))
     rows += [(f"phase {p}", "s", pa_.get(p), pb_.get(p)) for p in sorted(set(pa_.index) | set(pb_.index)) if p != CONTAINER]
-    va, vb = (data.table(s.report, "metrics", ["name", "value"]).set_index("name")["value"] for s in (a, b))
-    rows += [(m, "step scalar", va.get(m), vb.get(m)) for m in _names.METRICS if m in va.index or m in vb.index]
+    va, vb = (data.table(s.report, "scalars", ["name", "mean"]).set_index("name")["mean"] for s in (a, b))
+    rows += [(m, "step scalar", va.get(m), vb.get(m)) for m in sorted(set(va.index) | set(vb.index))]  # every logged one
     table = pd.DataFrame(rows, columns=["what", "unit", "A", "B"])
     table["ratio"] = table["A"] / table["B"].where(table["B"] != 0)
     return table
@@ -99,7 +98,12 @@ else:
     names = (data.info(run)["name"], data.info(other)["name"])
     labels = names if names[0] != names[1] else (f"{names[0]} (A)", f"{names[1]} (B)")
     A, B = _side(run, steps, labels[0]), _side(other, steps, labels[1])
-    st.caption(f"Steps {steps[0]}–{steps[1]} of both runs; the table is `rltrace report --compare`.")
+    def held(side: Side) -> str:  # each run's own steps within the selection: runs of unequal length say so
+        got = side.costs["step"]
+        return "no finished step" if got.empty else f"steps {int(got.min())}–{int(got.max())}"
+
+    st.caption(f"{fmt.md(A.label)}: {held(A)}; {fmt.md(B.label)}: {held(B)} (of the selected {steps[0]}–{steps[1]}); "
+               "the table is `rltrace report --compare`.")
     table = data.compare(A.report, B.report).rename(columns={"this": "A", "other": "B"})
     per = "B's median per step"
 if B.costs.empty:

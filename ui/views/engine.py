@@ -55,6 +55,14 @@ def size(value) -> str:
     return fmt.size_text(value)
 
 
+NO_REQUESTS = (f"No engine requests to show: {why('requests', 'none recorded')}. Send vLLM or SGLang spans to "
+               "`rltrace collect RUN` (resource attribute `rl.engine.role=prefill|decode` names an engine's role), "
+               "import slime's dumps with `rltrace import slime`, or record `generate` phases with `prompt_tokens`, "
+               "`cached_tokens` and `e2e_latency`.")
+if not serving.get("requests") and serving.get("kv_bytes_per_token") is None:
+    st.info(NO_REQUESTS)  # a run without engines: one line saying what would fill the page, not a page of blanks
+    st.stop()
+
 pd_ = serving.get("pd")
 prefix = serving.get("prefix_cache")
 cols = st.columns(5)
@@ -76,10 +84,7 @@ if said:
     st.info("\n".join(f"- {fmt.md(s)}" for s in said), icon=":material/bolt:")
 
 if not serving.get("requests"):
-    st.info(f"No engine requests to show: {why('requests', 'none recorded')}. Send vLLM or SGLang spans to "
-            "`rltrace collect RUN` (resource attribute `rl.engine.role=prefill|decode` names an engine's role), "
-            "import slime's dumps with `rltrace import slime`, or record `generate` phases with `prompt_tokens`, "
-            "`cached_tokens` and `e2e_latency`.")
+    st.info(NO_REQUESTS)
 else:
     st.subheader("Requests per engine over the run")
     timeline = pd.DataFrame(serving.get("timeline") or [])
