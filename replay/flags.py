@@ -16,6 +16,7 @@ Each check returns a short reason or nothing; `sample_flags` runs them all on on
                     `generation_prompt`, e.g. "<|im_start|>assistant\n"): add_generation_prompt was off
     empty           no response tokens, or a response of only whitespace
     reward_outlier  reward is NaN/inf, or more than 3.5 robust standard deviations from the batch median
+                    (and more than ~1 reward unit: 3.5 x 0.3 x max(1, |median|), so a tiny spread flags nothing)
 """
 
 from __future__ import annotations
@@ -235,6 +236,9 @@ def sample_flags(sample: Mapping[str, Any], rules: TextRules | None = None, *, o
     return out
 
 
+SCALE_FLOOR = 0.3  # the smallest spread a reward outlier is judged by, in units of max(1, |batch median|)
+
+
 def reward_outliers(rewards: Sequence[Any], z: float = 3.5) -> dict[int, str]:
     """{sample index: reason} for rewards that are NaN/inf or far from the batch median (robust z-score)."""
     values = np.array([np.nan if r is None else float(r) for r in rewards], dtype=np.float64)
@@ -248,6 +252,9 @@ def reward_outliers(rewards: Sequence[Any], z: float = 3.5) -> dict[int, str]:
     center, scale, what = (median, spread, "robust z") if spread > 0 else (float(finite.mean()), float(finite.std()), "z")
     if scale <= 0 or not math.isfinite(scale):
         return out
+    # a tiny spread (most rewards equal: a 0/1 reward that mostly fails) makes any other value look
+    # extreme; a reward is an outlier only beyond z x SCALE_FLOOR of the reward's own size
+    scale = max(scale, SCALE_FLOOR * max(1.0, abs(median)))
     for i in np.flatnonzero(np.isfinite(values)):
         score = (values[i] - center) / scale
         if abs(score) > z:

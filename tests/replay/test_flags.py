@@ -73,7 +73,10 @@ def test_reward_outliers_robust_and_non_finite():
     out = reward_outliers(rewards)
     assert set(out) == {5, 6}
     assert "robust z" in out[5] and "nan" in out[6]
-    assert set(reward_outliers([0.0] * 30 + [1.0])) == {30}  # no spread: plain z-score
+    # a 0/1 reward that mostly fails: its successes (0.8, 1.0) are not outliers, a reward of 50 is
+    assert reward_outliers([0.0] * 30 + [1.0]) == {} and reward_outliers([0.0] * 54 + [0.8] * 10) == {}
+    assert set(reward_outliers([0.0] * 30 + [50.0])) == {30}
+    assert reward_outliers([0.5, 0.51, 0.49, 0.5, 0.6]) == {}  # 0.6 is far in spreads of 0.01, not in rewards
     assert reward_outliers([0.0, 1.0] * 10) == {}
 
 
