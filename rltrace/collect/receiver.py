@@ -81,7 +81,7 @@ class Seen:
     request that a sender sends again (after a timeout or a dropped connection, as the OTel SDK and
     Collector do) is stored once. Two generations of hashed ids: memory stays bounded."""
 
-    def __init__(self, keep: int = 500_000):
+    def __init__(self, keep: int = 250_000):  # at most 2 x keep ids: ~45 MB
         self.keep = keep
         self._now: set[int] = set()
         self._before: set[int] = set()
