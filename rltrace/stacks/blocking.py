@@ -171,7 +171,7 @@ def edges(con, now_ns: int | None = None, *, min_s: float = 0.0) -> list[Edge]:
     """The blocking edges of the run now: one per thread whose stack (still current) shows where
     it is blocked, open at least `min_s`; the ones naming another process first."""
     now_ns = time.time_ns() if now_ns is None else now_ns
-    if not con.execute("SELECT count(*) FROM (SELECT 1 FROM stacks LIMIT 1)").fetchone()[0]:
+    if not con.execute("SELECT count(*) FROM (SELECT 1 FROM stacks LIMIT 1)").fetchall()[0][0]:
         return []  # no process has dumped its stacks: nothing to read (most runs)
     found, alive, roles = threads(con, now_ns)
     by_process: dict[str, list[Thread]] = {}

@@ -27,7 +27,7 @@ def write(con, out: Path, *, text: str, now_ns: int | None = None) -> list[str]:
     from rltrace.stacks.blocking import edges, latest
 
     now_ns = time.time_ns() if now_ns is None else now_ns
-    last = con.execute("SELECT max(step) FROM spans WHERE step IS NOT NULL").fetchone()[0]
+    last = con.execute("SELECT max(step) FROM spans WHERE step IS NOT NULL").fetchall()[0][0]
     steps = None if last is None else (int(last) - LAST_STEPS + 1, int(last))
     files = {
         "edges.json": [e.as_dict() for e in edges(con, now_ns)],
