@@ -547,3 +547,18 @@ def test_default_role_warns_at_init_after_a_remote_carrier_and_not_when_chosen(r
         monkeypatch.setenv("RLTRACE_ROLE", "trainer")  # chosen by the environment, even if it is the default
         rltrace.init(run_dir)
         rltrace.attach(REMOTE_CARRIER).detach()
+
+
+def test_sample_times_in_another_unit_are_recognised_not_dropped(run_dir):
+    """`gen_start=time.time_ns()` (or ms) is stored in seconds, said once, never dropped."""
+    rltrace.init(run_dir)
+    ns = 1_796_000_000_000_000_000
+    rltrace.log_samples(0, [{"sample_id": i, "gen_start": ns + i * 10**9, "gen_end": ns + (i + 2) * 10**9} for i in range(3)])
+    rltrace.log_samples(1, [{"sample_id": 9, "gen_start": 1_796_000_000_000.0, "gen_end": 1_796_000_000_500.0}])  # ms
+    rltrace.log_samples(2, [{"sample_id": 7, "gen_start": 1_796_000_000.0, "gen_end": 1_796_000_001.5}])  # seconds
+    rltrace.shutdown()
+    con = store.open(run_dir)
+    rows = con.execute("SELECT step, gen_start, gen_end - gen_start FROM samples ORDER BY step, sample_id").fetchall()
+    assert rows == [(0, 1_796_000_000.0, 2.0), (0, 1_796_000_001.0, 2.0), (0, 1_796_000_002.0, 2.0),
+                    (1, 1_796_000_000.0, 0.5), (2, 1_796_000_000.0, 1.5)]
+    assert collect(str(run_dir))["rows_dropped"] == 0

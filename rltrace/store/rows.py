@@ -468,12 +468,40 @@ def _typed(user: pa.Table) -> dict[str, pa.ChunkedArray | pa.Array]:
         columns["weight_version"] = pa.array([min(v) if v else None for v in columns["weight_versions"].to_pylist()], pa.int64())
     for name, column in columns.items():
         typ = _names.SAMPLE_COLUMNS.get(name)
+        if name in TIME_COLUMNS:
+            columns[name] = column = _as_seconds(name, column)
         if is_id_column(name):
             if not pa.types.is_string(column.type):
                 columns[name] = text_column(column)
         elif typ is not None and column.type != typ:
             columns[name] = column.cast(typ)
     return columns
+
+
+#: Sample columns in Unix seconds; a value in ms, µs or ns (`time.time_ns()`) is recognised by its size.
+TIME_COLUMNS = ("gen_start", "gen_end")
+_UNITS = ((1e17, 1e9, "nanoseconds (time.time_ns())"), (1e14, 1e6, "microseconds"), (1e11, 1e3, "milliseconds"))
+_told: set[tuple[str, str]] = set()
+
+
+def _as_seconds(name: str, column):
+    """A time column in Unix seconds: today's Unix time is ~1.7e9 s, so a column whose values reach
+    1e11 is in ms, 1e14 µs, 1e17 ns; it is divided (and said once per process), not dropped."""
+    import pyarrow.compute as pc
+
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        return column
+    top = pc.max(pc.abs(column)).as_py()
+    for limit, per_second, unit in _UNITS:
+        if top is not None and top >= limit:
+            if (name, unit) not in _told:
+                _told.add((name, unit))
+                import logging
+
+                logging.getLogger("rltrace").warning(
+                    "rltrace: log_samples column %r looks like Unix %s; stored as seconds (docs/store.md)", name, unit)
+            return pc.divide(pc.cast(column, pa.float64(), safe=False), per_second)
+    return column
 
 
 #: Sample columns rltrace sets itself; a user's column of one of these names is refused.
