@@ -145,6 +145,7 @@ try:
             ],
             "What the model learned": [
                 st.Page(state.PAGES["reward"], title="Reward & mismatch", icon=":material/show_chart:"),
+                st.Page(state.PAGES["metrics"], title="Metrics", icon=":material/monitoring:"),
                 st.Page(state.PAGES["batches"], title="Batches", icon=":material/data_table:"),
             ],
             "Side by side": [st.Page(state.PAGES["compare"], title="Compare", icon=":material/compare_arrows:"),

@@ -98,6 +98,18 @@ def info(run: RunRef) -> dict:
     return _with(run, _info, run.path)
 
 
+def _scalars(con) -> pd.DataFrame:
+    return con.execute("""SELECT step, name, avg(value) AS value FROM metrics
+                          WHERE value IS NOT NULL AND NOT isnan(value) GROUP BY step, name ORDER BY name, step""").df()
+
+
+@st.cache_data(**CACHE)
+def scalars(run: RunRef) -> pd.DataFrame:
+    """Every `log_metrics` value of the run by the name it was logged under: step, name, value
+    (the mean when several processes logged one name at one step)."""
+    return _with(run, _scalars)
+
+
 def process_states_now(info_: dict, now_ns: int) -> list[str]:
     """Each process's state (as `rltrace info` says it) as of `now_ns`: a cached record's running
     process may have been killed since."""

@@ -74,6 +74,7 @@ PAGES = {
     "timeline": "views/timeline.py",
     "waits": "views/waits.py",
     "reward": "views/reward.py",
+    "metrics": "views/metrics.py",
     "batches": "views/batches.py",
     "profiles": "views/profiles.py",
     "compare": "views/compare.py",

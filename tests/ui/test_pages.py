@@ -18,7 +18,7 @@ from rltrace.analysis import _format as fmt
 
 from .conftest import REPLAY_LABEL, no_exceptions
 
-PAGES = ["overview", "timeline", "waits", "reward", "batches", "profiles", "compare", "engine", "whatif"]
+PAGES = ["overview", "timeline", "waits", "reward", "metrics", "batches", "profiles", "compare", "engine", "whatif"]
 
 
 def texts(at) -> str:
@@ -206,3 +206,21 @@ def test_the_step_range_applies_to_every_page(colocated_run, app):
     assert values(per_step["x"]) == [1, 2]
     page(at, "timeline")
     assert [o.split(" · ")[0] for o in at.selectbox(key="timeline_step").options] == ["step 1", "step 2"]
+
+
+def test_the_metrics_page_draws_any_logged_scalar_and_says_what_fills_it(app, tmp_path):
+    b = RunBuilder(tmp_path / "run")
+    trainer = b.process("trainer")
+    for step in range(5):
+        trainer.span("train", step, step + 0.5, step=step)
+        b.metric(step, "loss", 1.0 / (1 + step))
+        b.metric(step, "my_kl", 0.01 * step)
+    b.write()
+    at = page(app(b.run_dir), "metrics")
+    drawn = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in charts(at)]
+    assert drawn == ["loss", "my_kl"]
+    empty = RunBuilder(tmp_path / "empty")
+    empty.process("trainer").span("train", 0, 1, step=0)
+    empty.write()
+    at = page(app(empty.run_dir), "metrics")
+    assert "log_metrics" in texts(at) and charts(at) == []
