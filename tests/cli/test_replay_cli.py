@@ -237,3 +237,11 @@ def test_every_frozen_batch_is_one_command_away(capsys, tmp_path):
     ran = cli_json(capsys, "replay", "run", run_dir, "--step", "all", "--entry", f"{ENTRIES}:reward")["batches"]
     assert [b["step"] for b in ran] == [3, 5] and all(b["diffs"][0]["bitwise_equal"] for b in ran)
     assert [b["replays"] for b in cli_json(capsys, "replay", "list", run_dir)["batches"]] == [1, 1]
+
+
+def test_reward_outliers_sort_by_how_far_they_are():
+    from rltrace.cli.replay import _sort_views
+
+    views = [{"step": 1, "batch_id": "b", "reward": r, "flags": {"reward_outlier": "x"} if abs(r) > 2 else {}}
+             for r in (0.1, 0.2, 9.0, 0.0, -30.0, 0.15, 3.0)]
+    assert [v["reward"] for v in _sort_views(views, "reward_outlier")][:3] == [-30.0, 9.0, 3.0]
