@@ -126,7 +126,7 @@ def is_live(info_: dict, now_ns: int) -> bool:
     return bool(len(running) and (now_ns - running["heartbeat_ns"].max()) / 1e9 < LIVE_HEARTBEAT_S)
 
 
-SERVING_OPTIONS = ("model", "kv_dtype", "ssm_dtype", "kv_bandwidth")  # `rltrace report`'s serving options
+SERVING_OPTIONS = ("model", "kv_dtype", "ssm_dtype", "kv_bandwidth", "engine")  # `rltrace report`'s serving options
 
 
 def serving_given() -> dict:

@@ -47,6 +47,8 @@ GATED_DELTA_NET = ("linear_num_value_heads", "linear_key_head_dim", "linear_valu
 FALCON = ("falcon", "RefinedWeb", "RefinedWebModel")  # vLLM's falcon_model_types ("RefinedWeb": the new decoder)
 #: the served dtype of a float32 checkpoint under the engines' dtype `auto`
 SERVED_FOR_FP32 = "bf16"
+#: the engines whose dtype defaults `--engine` names (both serve a float32 checkpoint in bf16 under `auto`)
+ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 #: Config keys of state-space families whose caches these formulas do not describe.
 _OTHER_STATE_KEYS = ("layers_block_type", "hybrid_override_pattern", "attn_layer_period", "attn_layer_indices",
                      "mamba_d_state", "ssm_state_size", "attn_type_list", "block_types")
@@ -67,14 +69,26 @@ def dtype_name(name: str | None, what: str) -> str | None:
     return _CANONICAL.get(key, key)
 
 
+def _served(engines: str | None) -> str:
+    """Whose dtype `auto` serves a float32 checkpoint in 16 bits, as the report says it."""
+    who = [ENGINES[e] for e in (engines or "").split("+") if e in ENGINES] or list(ENGINES.values())
+    return f"{' and '.join(n + chr(39) + 's' for n in who)} dtype auto serve{'s' if len(who) == 1 else ''} a float32 checkpoint in 16 bits"
+
+
+def _known(engine: str | None, engine_from: str | None) -> str:
+    return f"; engine from {engine_from}" if engine and engine_from else ""
+
+
 def geometry(config: dict, *, kv_dtype: str | None = None, ssm_dtype: str | None = None,
-             source: str | None = None) -> dict:
+             source: str | None = None, engine: str | None = None, engine_from: str | None = None) -> dict:
     """Bytes per token and per state slot of the model described by `config` (a config.json as a dict).
 
     `kv_dtype` overrides the attention cache's dtype (default: the served dtype, see the module
     doc), `ssm_dtype` the recurrent state's (default: the config's `mamba_ssm_dtype`, else the
     served dtype); both by name (`bf16`, `fp8_e4m3`, ...: `DTYPE_BITS`), a wrong name raises
-    `DtypeError`. `dtype_from` says where the KV dtype came from.
+    `DtypeError`. `dtype_from` says where the KV dtype came from; `engine` (`vllm`, `sglang`, or
+    both joined by `+`) is whose dtype defaults apply, `engine_from` how it is known (`--engine`,
+    the engine spans); both stay in the result (`defaults_of`, `defaults_from`).
 
     Returns a dict: source, model_type, kind (`mha` / `gqa` / `hybrid`, None when refused),
     kv_dtype, ssm_dtype, conv_dtype, c_A (bytes per token), c_R (bytes per state slot; None
@@ -88,7 +102,7 @@ def geometry(config: dict, *, kv_dtype: str | None = None, ssm_dtype: str | None
     cfg = {**config, **text} if text and not any(k in config for k in _LAYERS) else config
     out = {"source": source, "model_type": cfg.get("model_type"), "kind": None, "kv_dtype": kv, "ssm_dtype": ssm,
            "conv_dtype": None, "dtype_from": "--kv-dtype" if kv else None, "c_A": None, "c_R": None, "layers": [],
-           "refused": None}
+           "refused": None, "defaults_of": engine, "defaults_from": engine_from if engine else None}
     why = _refusal(cfg)
     model = None
     if why is None:
@@ -101,12 +115,12 @@ def geometry(config: dict, *, kv_dtype: str | None = None, ssm_dtype: str | None
             model, why = None, f"{exc}: give --kv-dtype"
     if model is None and why is None:  # transformers reads no torch_dtype as float32, and so do the engines
         model = SERVED_FOR_FP32
-        out["dtype_from"] = out["dtype_from"] or ("no torch_dtype: read as float32 and served in bf16 (vLLM's and "
-                                                  "SGLang's dtype auto serve a float32 checkpoint in 16 bits)")
+        out["dtype_from"] = out["dtype_from"] or (f"no torch_dtype: read as float32 and served in bf16 "
+                                                  f"({_served(engine)}{_known(engine, engine_from)})")
     elif model == "fp32":
         model = SERVED_FOR_FP32
-        out["dtype_from"] = out["dtype_from"] or ("torch_dtype float32, served in bf16 (vLLM's and SGLang's dtype auto "
-                                                  "serve a float32 checkpoint in 16 bits)")
+        out["dtype_from"] = out["dtype_from"] or (f"torch_dtype float32, served in bf16 "
+                                                  f"({_served(engine)}{_known(engine, engine_from)})")
     elif model is not None:
         out["dtype_from"] = out["dtype_from"] or "the config's torch_dtype"
     if why is None:

@@ -23,7 +23,7 @@ from rltrace import _model
 from rltrace._config import RltraceConfigError
 from rltrace.analysis import _intervals, _parts
 from rltrace.analysis._steps import Steps
-from rltrace.analysis.cache_geometry import dtype_name, geometry
+from rltrace.analysis.cache_geometry import ENGINES, dtype_name, geometry
 from rltrace.analysis.delta_sync import delta_sync, mean_of
 from rltrace.analysis.engine_requests import DISAGGREGATED, engine_requests, kv_transfers, stored_model
 
@@ -40,18 +40,21 @@ _COLUMNS = ("engine", "role", "engine_kind", "request_id", "span_id", "start_ns"
 
 
 def configure(con, *, model=None, kv_dtype: str | None = None, ssm_dtype: str | None = None,
-              kv_bandwidth: float | None = None) -> None:
+              kv_bandwidth: float | None = None, engine: str | None = None) -> None:
     """Options for the reports built on this connection: `model` (a config.json path, its directory,
     or a dict; wins over the one stored by `init(model=...)`), `kv_dtype` / `ssm_dtype` (cache
     dtype names, `cache_geometry.DTYPE_BITS`), `kv_bandwidth` (B_KV, bytes/s; wins over the one
-    measured). Raises `RltraceConfigError` / `DtypeError` naming a bad value."""
+    measured), `engine` (`vllm` / `sglang`: whose dtype defaults apply; default: read from the
+    engine spans). Raises `RltraceConfigError` / `DtypeError` naming a bad value."""
+    if engine is not None and engine not in ENGINES:
+        raise RltraceConfigError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     dtype_name(kv_dtype, "--kv-dtype")
     dtype_name(ssm_dtype, "--ssm-dtype")
     if kv_bandwidth is not None and not (isinstance(kv_bandwidth, (int, float)) and 0 < kv_bandwidth < math.inf):
         raise RltraceConfigError(f"--kv-bandwidth must be a number of bytes per second > 0, got {kv_bandwidth!r}")
     config, source = _model.read_config(model) if model is not None else (None, None)
     options = {"model": config, "model_source": source, "kv_dtype": kv_dtype, "ssm_dtype": ssm_dtype,
-               "kv_bandwidth": None if kv_bandwidth is None else float(kv_bandwidth)}
+               "kv_bandwidth": None if kv_bandwidth is None else float(kv_bandwidth), "engine": engine}
     con.execute(f"CREATE OR REPLACE TEMP TABLE {_OPTIONS} AS SELECT ? AS options", [json.dumps(options)])
 
 
@@ -61,19 +64,25 @@ def _options(con) -> dict:
     return json.loads(con.execute(f"SELECT options FROM {_OPTIONS}").fetchall()[0][0])
 
 
-def model_geometry(con) -> tuple[dict | None, dict | None, str | None]:
+def model_geometry(con, kinds=()) -> tuple[dict | None, dict | None, str | None]:
     """(geometry, the same with an FP8 KV cache, why there is none): from `--model` or the config
-    `init(model=...)` stored with the run."""
+    `init(model=...)` stored with the run; the dtype defaults of `--engine`, else of the engines
+    `kinds` the spans name (`vllm`, `sglang`)."""
     options = _options(con)
     found = (options["model"], options["model_source"]) if options.get("model") else stored_model(con)
     if found is None:
         return None, None, "no model config: give `rltrace report RUN --model PATH` or `rltrace.init(model=...)`"
     config, source = found
     kv, ssm = options.get("kv_dtype"), options.get("ssm_dtype")
-    geo = geometry(config, kv_dtype=kv, ssm_dtype=ssm, source=source)
+    if options.get("engine"):
+        engine, engine_from = options["engine"], "--engine"
+    else:
+        seen = sorted(k for k in set(kinds) if k in ENGINES)
+        engine, engine_from = ("+".join(seen), "the engine spans") if seen else (None, None)
+    geo = geometry(config, kv_dtype=kv, ssm_dtype=ssm, source=source, engine=engine, engine_from=engine_from)
     if geo["refused"]:
         return geo, None, geo["refused"]
-    fp8 = geometry(config, kv_dtype=FP8, ssm_dtype=ssm, source=source)
+    fp8 = geometry(config, kv_dtype=FP8, ssm_dtype=ssm, source=source, engine=engine, engine_from=engine_from)
     return geo, fp8, None
 
 
@@ -176,6 +185,54 @@ NOT_FLUSHED, FLUSHED, UNKNOWN = "not flushed", "flushed", "not recorded"
 VLLM_PREFIX_COUNTERS = ("vLLM does not put cached tokens on its request spans (gen_ai.usage.cached_tokens is never set); "
                         "its prefix-cache figures are the Prometheus counters vllm:prefix_cache_queries and "
                         "vllm:prefix_cache_hits on the engine's /metrics")
+
+
+COUNTERS_KIND = "measured (Prometheus, vllm:prefix_cache_hits)"
+
+
+def scraped_metrics(con) -> pd.DataFrame:
+    """The engine metrics `rltrace collect --scrape` kept: endpoint, engine, name, value, time_ns (empty when none)."""
+    from rltrace.collect.scrape import ROLE
+
+    try:
+        return con.execute("SELECT host AS endpoint, rank AS engine, name, value, time_ns FROM metrics "
+                           "WHERE role = ? ORDER BY endpoint, engine, name, time_ns", [ROLE]).df()
+    except Exception:  # no metrics table in this run
+        return pd.DataFrame(columns=["endpoint", "engine", "name", "value", "time_ns"])
+
+
+def counter_increase(m: pd.DataFrame, name: str) -> float | None:
+    """How much counter `name` rose over the scrapes, summed over endpoints and engines; a drop is an
+    engine restart (the counter began again from 0). None when it was never scraped."""
+    c = m[m["name"] == name]
+    if c.empty:
+        return None
+    total = 0.0
+    for _, g in c.groupby(["endpoint", c["engine"].fillna(-1)], sort=False):
+        v = g["value"].to_numpy(float)
+        d = np.diff(v)
+        total += float(np.where(d < 0, v[1:], d).sum())
+    return total
+
+
+def prefix_cache_counters(m: pd.DataFrame) -> dict | None:
+    """The run's prefix-cache hit rate from vLLM's counters (hits / queries, in tokens), or None."""
+    queries, hits = counter_increase(m, "vllm:prefix_cache_queries"), counter_increase(m, "vllm:prefix_cache_hits")
+    if not queries or hits is None:
+        return None
+    return {"kind": COUNTERS_KIND, "requests": None, "prompt_tokens": queries, "cached_tokens": hits,
+            "hit_rate": hits / queries, "hit_rate_within_version": None, "versions_known": False, "stale_hits": [],
+            "stale_hit_count": 0, "stale_cached_tokens": 0.0, "may_be_stale_hit_count": 0,
+            "may_be_stale_cached_tokens": 0.0, "updates": [], "per_version": []}
+
+
+def latest_metrics(m: pd.DataFrame) -> list[dict]:
+    """Each scraped engine metric's last value, per endpoint and engine (the Engine page's table)."""
+    if m.empty:
+        return []
+    last = m.groupby(["endpoint", m["engine"].fillna(-1), "name"], sort=True).tail(1)
+    return [{"endpoint": e, "engine": None if pd.isna(g) else int(g), "name": n, "value": float(v), "time_ns": int(t)}
+            for e, g, n, v, t in last[["endpoint", "engine", "name", "value", "time_ns"]].itertuples(index=False)]
 
 
 SGLANG_PREFILL = ("SGLang's gen_ai.latency.time_in_model_prefill runs from its dispatch to the first token, scheduler "
@@ -349,7 +406,7 @@ def section(con, steps: Steps = None) -> dict:
     """The report's `serving` dict (keys in docs/analysis.md, "Serving capacity")."""
     options = _options(con)
     req = engine_requests(con, steps, columns=_COLUMNS)
-    geo, fp8, geo_missing = model_geometry(con)
+    geo, fp8, geo_missing = model_geometry(con, req["engine_kind"].dropna().unique() if "engine_kind" in req else ())
     missing: dict[str, str] = {}
     if req.empty:
         missing["requests"] = "no engine requests recorded (vLLM/SGLang spans via rltrace collect, slime's traces)"
@@ -378,11 +435,18 @@ def section(con, steps: Steps = None) -> dict:
         missing["pd.kv_transfer_rps"] = ((geo_missing or "no request reports its prompt tokens") if s_kv is None else
                                          "no KV bandwidth: no KV-transfer record; give --kv-bandwidth BYTES_PER_S")
     prefix, why = prefix_cache(req)
+    counters = scraped_metrics(con)
+    if prefix is None:
+        prefix = prefix_cache_counters(counters)
+        why = None if prefix is not None else why
     if why:
         missing["prefix_cache"] = why
+    elif prefix.get("kind") == COUNTERS_KIND:
+        missing["prefix_cache.hit_rate_within_version"] = ("from the engines' Prometheus counters over the run: "
+                                                           "stale hits cannot be told apart")
     elif prefix["hit_rate_within_version"] is None:
         missing["prefix_cache.hit_rate_within_version"] = "no weight version recorded: stale hits cannot be told"
-    cache, cache_missing = hicache(prefix)
+    cache, cache_missing = hicache(None if prefix is None or prefix.get("kind") == COUNTERS_KIND else prefix)
     missing |= cache_missing
     load, why = budget(per_engine, geo, fp8)
     if why:
@@ -407,5 +471,6 @@ def section(con, steps: Steps = None) -> dict:
         "budget": load,
         "timeline": timeline(req, per_engine),
         "delta_sync": sync,
+        "engine_metrics": latest_metrics(counters),
         "missing": missing,
     }

@@ -27,9 +27,11 @@ def serving(parser: argparse.ArgumentParser) -> None:
                        "config's mamba_ssm_dtype, else the served dtype)")
     group.add_argument("--kv-bandwidth", metavar="BYTES_PER_S", type=float,
                        help="the prefill-to-decode KV link's bandwidth B_KV (default: measured from KV-transfer records)")
+    group.add_argument("--engine", choices=("vllm", "sglang"), help="the engine whose dtype defaults apply "
+                       "(default: the engine the request spans name); the report says which it used")
 
 
 def serving_values(args: argparse.Namespace) -> dict:
     """The options `serving` declared, as `analysis.configure_serving` takes them."""
     return {"model": args.model, "kv_dtype": args.kv_dtype, "ssm_dtype": args.ssm_dtype,
-            "kv_bandwidth": args.kv_bandwidth}
+            "kv_bandwidth": args.kv_bandwidth, "engine": args.engine}

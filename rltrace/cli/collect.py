@@ -39,6 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--flush-interval", type=float, default=1.0, metavar="S", help="seconds between parts written (default 1)")
     p.add_argument("--backpressure", action="store_true",
                    help="when the queue is full answer 503 so senders retry, instead of dropping and counting")
+    p.add_argument("--scrape", nargs="+", metavar="URL", default=[],
+                   help="also poll these engines' Prometheus /metrics (vLLM, SGLang) into the run: prefix-cache "
+                   "counters, KV cache usage, queues, preemptions, KV transfer")
+    p.add_argument("--scrape-every", type=float, default=5.0, metavar="S", help="seconds between scrapes (default 5)")
     p.set_defaults(func=main)
 
 
@@ -66,6 +70,11 @@ def main(args: argparse.Namespace) -> int:
         import opentelemetry.proto.collector.trace.v1.trace_service_pb2  # noqa: F401
     except ImportError:
         raise RltraceConfigError("rltrace collect needs the OTLP message types: pip install 'rltrace[collect]'") from None
+    if args.scrape:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise RltraceConfigError("rltrace collect --scrape needs prometheus_client: pip install 'rltrace[collect]'") from None
     from rltrace.collect import Limits, Receiver
 
     host, port = parse_listen(args.listen or DEFAULT_LISTEN)
@@ -75,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
     for name in ("max_queue_spans", "max_queue_mb", "max_request_mb", "max_connections", "max_client_connections"):
         if getattr(args, name) <= 0:
             raise RltraceConfigError(f"--{name.replace('_', '-')} must be a positive integer")
-    for name in ("flush_interval", "request_timeout"):
+    for name in ("flush_interval", "request_timeout", "scrape_every"):
         if not getattr(args, name) > 0:
             raise RltraceConfigError(f"--{name.replace('_', '-')} must be positive")
     limits = Limits(max_queue_spans=args.max_queue_spans, max_queue_bytes=args.max_queue_mb * 2**20,
@@ -90,12 +99,24 @@ def main(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     receiver.start()
+    scraper = None
+    if args.scrape:
+        from rltrace.collect.scrape import Scraper
+
+        scraper = Scraper(receiver.run_dir, receiver.run_id, args.scrape, args.scrape_every)
+        scraper.start()
     print(f"rltrace collect: receiving OTLP/HTTP at {receiver.url} into {args.run_dir} (Ctrl-C to stop)", flush=True)
     try:
         while not stop.wait(0.5):
             pass
     finally:
+        if scraper is not None:
+            scraper.close()
         receiver.close()
+    if scraper is not None:
+        failed = sum(scraper.failed.values())
+        print(f"rltrace collect: scraped {sum(scraper.scrapes.values())} /metrics pages ({scraper.rows} values) from "
+              f"{len(args.scrape)} endpoints" + (f", {failed} scrapes failed" if failed else ""), flush=True)
     senders = receiver.senders()
     written = sum(s.written for s in senders)
     dropped = sum(s.dropped for s in senders)

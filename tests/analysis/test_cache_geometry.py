@@ -220,3 +220,30 @@ def test_the_served_dtype_is_said():
     layers = [{"layer_types": ["full_attention", "sliding_attention"] * 2, "num_hidden_layers": 4, "sliding_window": 512,
                "num_attention_heads": 4, "head_dim": 8, "torch_dtype": "bfloat16"}]
     assert geometry(layers[0])["refused"].startswith("sliding-window or chunked attention layers (2 sliding_attention of 4")
+
+
+def test_the_engine_whose_dtype_defaults_apply_is_given_or_read_from_the_spans_and_said(tmp_path):
+    smol = PUBLISHED["HuggingFaceTB/SmolLM-135M"][0]  # torch_dtype float32: the engines' `auto` serves it in bf16
+    g = geometry(smol, engine="vllm", engine_from="--engine")
+    assert g["dtype_from"] == ("torch_dtype float32, served in bf16 (vLLM's dtype auto serves a float32 checkpoint "
+                               "in 16 bits; engine from --engine)")
+    assert (g["defaults_of"], g["defaults_from"], g["kv_dtype"]) == ("vllm", "--engine", "bf16")
+    assert "(vLLM's and SGLang's dtype auto serve" in geometry(smol)["dtype_from"]  # no engine known: both said
+    assert geometry(smol)["defaults_of"] is None
+    rltrace.init(tmp_path / "run", role="rollout", model=smol)
+    with rltrace.phase("rollout", step=0):
+        pass
+    rltrace.shutdown()
+    con = store.open(tmp_path / "run")
+    configure_serving(con, engine="sglang")
+    geo = serving_section(con)["geometry"]
+    assert (geo["defaults_of"], geo["defaults_from"]) == ("sglang", "--engine")
+    assert geo["dtype_from"].endswith("(SGLang's dtype auto serves a float32 checkpoint in 16 bits; engine from --engine)")
+    from rltrace.analysis.serving import model_geometry
+
+    configure_serving(con)
+    read, _, _ = model_geometry(con, ["vllm"])  # the kinds the request spans name (engine_requests.engine_kind)
+    assert (read["defaults_of"], read["defaults_from"]) == ("vllm", "the engine spans")
+    with pytest.raises(RltraceConfigError, match="--engine 'tgi'"):
+        configure_serving(con, engine="tgi")
+    assert main(["report", str(tmp_path / "run"), "--engine", "sglang", "--json"]) == 0

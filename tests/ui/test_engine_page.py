@@ -147,3 +147,27 @@ def test_rltrace_ui_takes_the_serving_options_of_rltrace_report(fleet, tmp_path,
     with pytest.raises(RltraceConfigError, match="does not exist"):
         ui_cli.command(build_parser().parse_args(["ui", str(fleet), "--model", "nowhere.json"]))
     assert main(["ui", str(fleet), "--kv-bandwidth", "-1"]) == 2  # one line, as `rltrace report` says it
+
+
+def test_the_engine_page_shows_scraped_engine_metrics(tmp_path, monkeypatch):
+    """A vLLM run whose only engine evidence is its /metrics: the prefix-cache figure from the counters
+    and the scraped metrics table, nothing raised."""
+    from rltrace.collect.scrape import Scraper
+    from rltrace.store import layout
+
+    from ..collect.test_scrape import Engine
+
+    run = tmp_path / "run"
+    run_id = layout.create_or_join(run, run_name=None, config=None)["run_id"]
+    engine = Engine()
+    try:
+        scraper = Scraper(run, run_id, [engine.url], every=60, timeout=1)
+        engine.serve("0", 0, 0, 0.0)
+        scraper.scrape_once()
+        engine.serve("0", 4000, 1000, 0.6)
+        scraper.scrape_once()
+    finally:
+        engine.server.shutdown()
+    at = first_page(monkeypatch, run)
+    assert "Engine metrics (/metrics)" in [h.value for h in at.subheader]
+    assert metrics(at)["Prefix-cache hits"] == fmt.share_text(0.25)

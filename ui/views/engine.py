@@ -59,7 +59,7 @@ NO_REQUESTS = (f"No engine requests to show: {why('requests', 'none recorded')}.
                "`rltrace collect RUN` (resource attribute `rl.engine.role=prefill|decode` names an engine's role), "
                "import slime's dumps with `rltrace import slime`, or record `generate` phases with `prompt_tokens`, "
                "`cached_tokens` and `e2e_latency`.")
-if not serving.get("requests") and serving.get("kv_bytes_per_token") is None:
+if not serving.get("requests") and serving.get("kv_bytes_per_token") is None and not serving.get("engine_metrics"):
     st.info(NO_REQUESTS)  # a run without engines: one line saying what would fill the page, not a page of blanks
     st.stop()
 
@@ -123,6 +123,10 @@ else:
     st.subheader("Prefix-cache hits per weight version")
     if not prefix:
         st.info(f"No prefix-cache figures: {why('prefix_cache', 'not recorded')}.")
+    elif not prefix["per_version"]:  # from the engines' /metrics counters: one figure over the run
+        st.caption(f"{fmt.share_text(prefix['hit_rate'])} of {prefix['prompt_tokens']:,.0f} queried tokens hit, "
+                   f"{fmt.md(prefix.get('kind') or '')}; "
+                   f"{why('prefix_cache.hit_rate_within_version', 'not split by weight version')}.")
     else:
         st.plotly_chart(engine_charts.hits_by_version(pd.DataFrame(prefix["per_version"])), key="engine_hits")
         if prefix["hit_rate_within_version"] is None:
@@ -149,6 +153,14 @@ else:
                         f"{h['prefill_fitted_on']} requests without a hit); {io}.")
         else:
             st.caption(f"Avoided prefill unknown: {why('hicache.prefill_s_per_token', 'no prefill time recorded')}.")
+
+scraped = pd.DataFrame(serving.get("engine_metrics") or [])
+if len(scraped):
+    st.subheader("Engine metrics (/metrics)")
+    scraped["time"] = pd.to_datetime(scraped["time_ns"], unit="ns")
+    st.dataframe(scraped[["endpoint", "engine", "name", "value", "time"]], hide_index=True, width="stretch",
+                 key="engine_scraped")
+    st.caption("The last value each engine's Prometheus endpoint gave `rltrace collect --scrape`.")
 
 st.subheader("Cache budget")
 geo = serving.get("geometry")

@@ -1,0 +1,133 @@
+"""`rltrace collect --scrape URL`: poll engines' Prometheus /metrics into the run's `metrics` table.
+
+vLLM puts no cached tokens on its request spans; its prefix-cache figures exist only as counters
+on /metrics. Each scrape keeps the engine metrics named below (the names vLLM 0.34 and SGLang
+0.5.23 register) as `metrics` rows with the scrape's time and no step: they join to steps and
+weight versions by time. The endpoint is the engine's identity (`host` = the URL; `rank` = the
+`engine` label vLLM gives each data-parallel engine). An endpoint that cannot be read is counted
+and said once, never raised: the scraper runs beside the receiver and must not stop it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+
+import pyarrow as pa
+
+from rltrace import _names
+from rltrace.store.parts import write_part
+from rltrace.store.writer import ProcessInfo
+
+logger = logging.getLogger(__name__)
+
+ROLE = "engine-metrics"  # the process role of scraped rows: how the report finds them
+#: metric families kept (counters without their `_total` suffix, as the parser names families)
+KEPT = frozenset({
+    # vLLM (vllm/v1/metrics/loggers.py)
+    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
+    "vllm:external_prefix_cache_hits", "vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+    "vllm:num_requests_waiting", "vllm:num_preemptions",
+    # SGLang (sglang/srt/observability/metrics_collector.py)
+    "sglang:cache_hit_rate", "sglang:token_usage", "sglang:num_running_reqs", "sglang:num_queue_reqs",
+    "sglang:num_retracted_reqs", "sglang:num_retracted_requests", "sglang:kv_transfer_speed_gb_s",
+    "sglang:kv_transfer_latency_ms", "sglang:kv_transfer_total_mb",
+})
+DEFAULT_EVERY_S = 5.0
+
+
+def parse(text: str) -> list[tuple[str, int | None, float]]:
+    """(family name, vLLM `engine` label or None, value) for each kept sample of one /metrics page.
+    Histograms keep only their `_sum` (sglang kv_transfer_*); label sets other than `engine` are summed."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Counter = Counter()
+    for family in text_string_to_metric_families(text):
+        name = family.name if family.name in KEPT else family.name.removesuffix("_total")  # an untyped page
+        if name not in KEPT:
+            continue
+        for s in family.samples:
+            if family.type in ("histogram", "summary") and not s.name.endswith("_sum"):
+                continue
+            if s.name.endswith("_created"):
+                continue
+            engine = s.labels.get("engine")
+            out[(name, int(engine) if engine is not None and engine.isdigit() else None)] += s.value
+    return [(n, e, float(v)) for (n, e), v in out.items()]
+
+
+class Scraper:
+    """One thread polling every URL each `every` seconds; `close()` stops it after one last scrape."""
+
+    def __init__(self, run_dir, run_id: str, urls: list[str], every: float = DEFAULT_EVERY_S, timeout: float = 2.0):
+        self.run_dir, self.run_id, self.urls, self.every, self.timeout = run_dir, run_id, list(urls), every, timeout
+        self.scrapes: Counter = Counter()  # url -> pages read
+        self.failed: Counter = Counter()  # url -> scrapes that could not be read
+        self.rows = 0
+        self._said: set[str] = set()
+        self._processes: dict[tuple[str, int | None], ProcessInfo] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rltrace-scrape", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.timeout * len(self.urls) + 5)
+
+    def _run(self) -> None:
+        while True:
+            self.scrape_once()
+            if self._stop.wait(self.every):
+                return
+
+    def scrape_once(self) -> None:
+        """Read every URL once and write what it kept; failures are counted, never raised."""
+        for url in self.urls:
+            now = time.time_ns()
+            try:
+                with urllib.request.urlopen(url, timeout=self.timeout) as r:  # noqa: S310 - the user's own endpoints
+                    page = r.read().decode("utf-8", "replace")
+                samples = parse(page)
+            except Exception as exc:  # unreachable, not Prometheus text: counted and said once
+                self.failed[url] += 1
+                if url not in self._said:
+                    self._said.add(url)
+                    logger.warning("rltrace collect: cannot scrape %s (%s); counting further failures", url, exc)
+                continue
+            self.scrapes[url] += 1
+            if samples:
+                self._write(url, now, samples)
+
+    def _process(self, url: str, engine: int | None) -> ProcessInfo:
+        key = (url, engine)
+        if key not in self._processes:
+            self._processes[key] = ProcessInfo(run_id=self.run_id, role=ROLE, rank=engine, service_name=url, host=url,
+                                               pid=0, process_id=f"{ROLE}-{uuid.uuid4().hex[:12]}")
+        return self._processes[key]
+
+    def _write(self, url: str, now: int, samples: list) -> None:
+        by_engine: dict = {}
+        for name, engine, value in samples:
+            by_engine.setdefault(engine, []).append((name, value))
+        for engine, kept in by_engine.items():
+            p = self._process(url, engine)
+            n = len(kept)
+            table = pa.table({"step": pa.nulls(n, pa.int64()), "name": [k for k, _ in kept],
+                              "value": pa.array([v for _, v in kept], pa.float64()),
+                              "time_ns": pa.array([now] * n, pa.int64()),
+                              "process_id": [p.process_id] * n, "role": [ROLE] * n,
+                              "rank": pa.array([engine] * n, pa.int64()), "host": [url] * n,
+                              "pid": pa.array([0] * n, pa.int64())}, schema=_names.METRICS_SCHEMA)
+            try:
+                write_part(self.run_dir / _names.METRICS_TABLE.folder, f"{p.process_id}-{now}.parquet", table,
+                           _names.METRICS_TABLE)
+                self.rows += n
+            except Exception as exc:  # a full disk: counted as a failed scrape, the next one tries again
+                self.failed[url] += 1
+                logger.warning("rltrace collect: could not write scraped metrics of %s: %s", url, exc)
