@@ -140,10 +140,10 @@ def test_rltrace_ui_takes_the_serving_options_of_rltrace_report(fleet, tmp_path,
     config.write_text(json.dumps(QWEN3_NEXT))
     monkeypatch.chdir(tmp_path)
     args = build_parser().parse_args(["ui", str(fleet), "--model", "config.json", "--kv-bandwidth", "2e9",
-                                      "--kv-dtype", "fp8_e4m3"])
+                                      "--kv-dtype", "fp8_e4m3", "--engine", "sglang"])
     _, env = ui_cli.command(args)
     assert json.loads(env["RLTRACE_UI_SERVING"]) == {"model": str(config.resolve()), "kv_dtype": "fp8_e4m3",
-                                                     "ssm_dtype": None, "kv_bandwidth": 2e9}
+                                                     "ssm_dtype": None, "kv_bandwidth": 2e9, "engine": "sglang"}
     with pytest.raises(RltraceConfigError, match="does not exist"):
         ui_cli.command(build_parser().parse_args(["ui", str(fleet), "--model", "nowhere.json"]))
     assert main(["ui", str(fleet), "--kv-bandwidth", "-1"]) == 2  # one line, as `rltrace report` says it
