@@ -184,7 +184,7 @@ NOT_FLUSHED, FLUSHED, UNKNOWN = "not flushed", "flushed", "not recorded"
 #: where vLLM's prefix-cache figures are (its spans carry none: docs/analysis.md)
 VLLM_PREFIX_COUNTERS = ("vLLM does not put cached tokens on its request spans (gen_ai.usage.cached_tokens is never set); "
                         "its prefix-cache figures are the Prometheus counters vllm:prefix_cache_queries and "
-                        "vllm:prefix_cache_hits on the engine's /metrics")
+                        "vllm:prefix_cache_hits on the engine's /metrics: read them with `rltrace collect --scrape URL`")
 
 
 COUNTERS_KIND = "measured (Prometheus, vllm:prefix_cache_hits)"
@@ -447,6 +447,8 @@ def section(con, steps: Steps = None) -> dict:
     elif prefix["hit_rate_within_version"] is None:
         missing["prefix_cache.hit_rate_within_version"] = "no weight version recorded: stale hits cannot be told"
     cache, cache_missing = hicache(None if prefix is None or prefix.get("kind") == COUNTERS_KIND else prefix)
+    if prefix is not None and prefix.get("kind") == COUNTERS_KIND:
+        cache_missing = {"hicache": "prefix-cache figures from the engines' counters: no per-request hits to weigh"}
     missing |= cache_missing
     load, why = budget(per_engine, geo, fp8)
     if why:

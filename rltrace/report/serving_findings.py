@@ -86,6 +86,9 @@ def _cache_hits(s: dict) -> list[str]:
     p, h = s.get("prefix_cache") or {}, s.get("hicache") or {}
     if not p.get("hit_rate"):
         return []
+    if p.get("kind"):  # the engines' counters: one figure over the run, no requests behind it
+        return [f"Prefix cache: {p['hit_rate']:.0%} of {p['prompt_tokens']:,.0f} queried prompt tokens hit, {p['kind']}; "
+                "the counters do not tell stale hits apart."]
     within = "" if p.get("hit_rate_within_version") is None else f" ({p['hit_rate_within_version']:.0%} within a weight version)"
     text = f"Prefix cache: {p['hit_rate']:.0%} of prompt tokens were cached{within}"
     if h.get("avoided_prefill_s") is None:

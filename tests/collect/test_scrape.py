@@ -90,6 +90,11 @@ def test_scraped_vllm_counters_give_the_reports_prefix_cache_figure(tmp_path, ca
     assert p["prompt_tokens"] == 5000 and p["cached_tokens"] == 1000
     assert p["hit_rate"] == pytest.approx(1000 / 5000)
     assert "prefix_cache.hit_rate_within_version" in s["missing"]
+    from rltrace.report.serving_findings import sentences
+
+    said = [t for t in sentences({"serving": s}) if t.startswith("Prefix cache")]
+    assert said == ["Prefix cache: 20% of 5,000 queried prompt tokens hit, measured (Prometheus, vllm:prefix_cache_hits); "
+                    "the counters do not tell stale hits apart."]
     last = {(m["engine"], m["name"]): m["value"] for m in s["engine_metrics"] if m["endpoint"] == engine.url}
     assert last[(0, "vllm:kv_cache_usage_perc")] == 0.4 and last[(1, "vllm:kv_cache_usage_perc")] == 0.5
     assert last[(0, "vllm:prefix_cache_hits")] == 850
