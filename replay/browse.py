@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,21 @@ def pick_sample(views: list[dict], index: int, where: str) -> dict:
     if not 0 <= index < len(views):
         raise ReplayError(f"{where}: --sample {index} is out of range; the batch has {len(views)} samples (0..{len(views) - 1})")
     return views[index]
+
+
+def _outlier_severity(view: dict[str, Any], views: list[dict[str, Any]]) -> float:
+    """How far a sample's reward is from its batch's median (NaN/inf: infinitely far); 0 without a reward."""
+    reward = view.get("reward")
+    if reward is None:
+        return 0.0
+    if not math.isfinite(reward):
+        return math.inf
+    mates = [v["reward"] for v in views if v.get("batch_id") == view.get("batch_id") and v.get("step") == view.get("step")
+             and v.get("reward") is not None and math.isfinite(v["reward"])]
+    return abs(reward - statistics.median(mates)) if mates else 0.0
+
+
+def by_reward_outlier(views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sample views, reward outliers first, the farthest from its batch's median reward first: the one
+    order of `replay show --sort reward_outlier` and the dashboard's Batches page."""
+    return sorted(views, key=lambda v: ("reward_outlier" not in (v.get("flags") or {}), -_outlier_severity(v, views)))

@@ -332,10 +332,10 @@ def _tokens(value) -> list | None:
 
 @st.cache_data(**CACHE)
 def batch(run: RunRef, step: int, batch_id: str) -> dict:
-    """One frozen batch as plain data (`rltrace replay show`): meta, one row per sample with its
-    flags, and per-token arrays (response_tokens, rollout/train log-probs, loss_mask) by sample."""
+    """One frozen batch as plain data (`rltrace replay show --sort reward_outlier`): meta, one row per
+    sample with its flags (reward outliers first, the farthest first), and per-token arrays (response_tokens, rollout/train log-probs, loss_mask) by sample."""
     frozen = replay.load(run.path, step, batch_id=batch_id)
-    views = browse.sample_views(frozen)
+    views = browse.by_reward_outlier(browse.sample_views(frozen))  # the worst reward outlier first
     per_token = {name: [_tokens(v) for v in diff.rows_of(frozen[name], len(frozen))]
                  for name in TOKEN_COLUMNS if name in frozen}
     rows = pd.DataFrame([{k: v for k, v in view.items() if k != "response_tokens"} for view in views])

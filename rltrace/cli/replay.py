@@ -116,27 +116,14 @@ def _every_batch(args) -> list[tuple[int, str]]:
     return [(int(r["step"]), r["batch_id"]) for r in rows if r.get("step") is not None]
 
 
-def _severity(view: dict, views: list[dict]) -> float:
-    """How far a sample's reward is from its batch's median (NaN/inf: infinitely far); 0 without a reward."""
-    import math
-    import statistics
-
-    reward = view.get("reward")
-    if reward is None:
-        return 0.0
-    if not math.isfinite(reward):
-        return math.inf
-    mates = [v["reward"] for v in views if v.get("batch_id") == view.get("batch_id") and v.get("step") == view.get("step")
-             and v.get("reward") is not None and math.isfinite(v["reward"])]
-    return abs(reward - statistics.median(mates)) if mates else 0.0
-
-
 def _sort_views(views: list[dict], key: str | None) -> list[dict]:
     """`--sort`: samples flagged `key` first, or by the column `key`, largest first (missing last)."""
     if not key or not views:
         return views
     if key == "reward_outlier":  # flagged first, the farthest from its batch's median reward first
-        return sorted(views, key=lambda v: (key not in (v.get("flags") or {}), -_severity(v, views)))
+        from rltrace.replay.browse import by_reward_outlier
+
+        return by_reward_outlier(views)
     if key in render.FLAG_NAMES:
         return sorted(views, key=lambda v: key not in (v.get("flags") or {}))
     if key not in views[0]:

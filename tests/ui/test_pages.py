@@ -224,3 +224,22 @@ def test_the_metrics_page_draws_any_logged_scalar_and_says_what_fills_it(app, tm
     empty.write()
     at = page(app(empty.run_dir), "metrics")
     assert "log_metrics" in texts(at) and charts(at) == []
+
+
+def test_batches_rank_samples_as_replay_show_sort_reward_outlier_and_open_on_the_worst(app, tmp_path):
+    import rltrace
+    from rltrace.replay.browse import by_reward_outlier, sample_views
+
+    run_dir = tmp_path / "run"
+    rltrace.init(run_dir)
+    with rltrace.phase("train", step=1):
+        pass
+    rewards = [0.1, 0.2, 9.0, 0.0, -30.0, 0.15, 3.0, 0.1]
+    rltrace.replay.freeze(1, [{"reward": r, "response_text": f"answer {k}"} for k, r in enumerate(rewards)])
+    rltrace.replay.flush()
+    rltrace.shutdown()
+    cli_order = [v["reward"] for v in by_reward_outlier(sample_views(replay.load(run_dir, 1)))]  # `--sort reward_outlier`
+    assert cli_order[:3] == [-30.0, 9.0, 3.0]
+    at = page(app(run_dir), "batches")
+    assert at.dataframe[1].value["reward"].tolist() == cli_order
+    assert "#### Sample 4" in texts(at)  # the worst sample is open

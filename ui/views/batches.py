@@ -32,7 +32,7 @@ with_replays = table.index[table["replays"] > 0]
 default = (int(table.index[table["step"] == wanted][-1]) if wanted in set(table["step"])
            else int(with_replays[-1]) if len(with_replays) else len(table) - 1)  # the latest batch that was replayed
 st.caption("A frozen batch holds what the step's reward and train forward need to be recomputed bit for bit. "
-           "Select a batch, then a sample.")
+           "Select a batch, then a sample: its reward outliers come first, the farthest from the batch's median first.")
 picked = st.dataframe(
     table.assign(frozen=pd.to_datetime(table["frozen_ns"], unit="ns").dt.strftime("%H:%M:%S"))[
         ["step", "batch_id", "n_samples", "trigger", "reason", "train_version", "replays", "frozen"]],
