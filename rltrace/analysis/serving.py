@@ -215,15 +215,44 @@ def counter_increase(m: pd.DataFrame, name: str) -> float | None:
     return total
 
 
-def prefix_cache_counters(m: pd.DataFrame) -> dict | None:
-    """The run's prefix-cache hit rate from vLLM's counters (hits / queries, in tokens), or None."""
+def sync_ends(con) -> tuple[np.ndarray, np.ndarray]:
+    """(end_ns, weight_version) of the run's finished weight syncs, by end: a version holds from its sync's end."""
+    try:
+        t = con.execute("SELECT max(end_ns) AS end_ns, weight_version FROM spans WHERE coalesce(phase, name) = "
+                        "'weight_sync' AND weight_version IS NOT NULL AND end_ns IS NOT NULL GROUP BY weight_version "
+                        "ORDER BY end_ns").df()
+    except Exception:  # no spans in this run
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return t["end_ns"].to_numpy(np.int64), t["weight_version"].to_numpy(np.int64)
+
+
+def prefix_cache_counters(m: pd.DataFrame, syncs=None) -> dict | None:
+    """The run's prefix-cache hit rate from vLLM's counters (hits / queries, in tokens), or None;
+    `per_version` when weight syncs are recorded: each scrape's rise goes to the version in force
+    when it was scraped (a sync between two scrapes puts their rise on the newer version)."""
     queries, hits = counter_increase(m, "vllm:prefix_cache_queries"), counter_increase(m, "vllm:prefix_cache_hits")
     if not queries or hits is None:
         return None
+    per_version = []
+    ends, versions = syncs if syncs is not None else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if len(ends):
+        rises = {}
+        for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
+            c = m[m["name"] == name]
+            for _, g in c.groupby(["endpoint", c["engine"].fillna(-1)], sort=False):
+                v, t = g["value"].to_numpy(float), g["time_ns"].to_numpy(np.int64)
+                d = np.diff(v)
+                at = np.searchsorted(ends, t[1:], side="right") - 1  # the last sync ended by this scrape
+                for k, rise in zip(at, np.where(d < 0, v[1:], d)):
+                    key = None if k < 0 else int(versions[k])
+                    rises.setdefault(key, [0.0, 0.0])[name.endswith("hits")] += float(rise)
+        per_version = [{"weight_version": k, "requests": None, "prompt_tokens": q, "cached_tokens": h,
+                        "hit_rate": h / q if q else None}
+                       for k, (q, h) in sorted(rises.items(), key=lambda kv: _NO_VERSION if kv[0] is None else kv[0])]
     return {"kind": COUNTERS_KIND, "requests": None, "prompt_tokens": queries, "cached_tokens": hits,
-            "hit_rate": hits / queries, "hit_rate_within_version": None, "versions_known": False, "stale_hits": [],
-            "stale_hit_count": 0, "stale_cached_tokens": 0.0, "may_be_stale_hit_count": 0,
-            "may_be_stale_cached_tokens": 0.0, "updates": [], "per_version": []}
+            "hit_rate": hits / queries, "hit_rate_within_version": None, "versions_known": bool(per_version),
+            "stale_hits": [], "stale_hit_count": 0, "stale_cached_tokens": 0.0, "may_be_stale_hit_count": 0,
+            "may_be_stale_cached_tokens": 0.0, "updates": [], "per_version": per_version}
 
 
 def latest_metrics(m: pd.DataFrame) -> list[dict]:
@@ -437,7 +466,7 @@ def section(con, steps: Steps = None) -> dict:
     prefix, why = prefix_cache(req)
     counters = scraped_metrics(con)
     if prefix is None:
-        prefix = prefix_cache_counters(counters)
+        prefix = prefix_cache_counters(counters, sync_ends(con) if len(counters) else None)
         why = None if prefix is not None else why
     if why:
         missing["prefix_cache"] = why

@@ -134,3 +134,31 @@ def test_a_counter_reset_is_an_engine_restart_and_bad_pages_are_counted(tmp_path
     finally:
         server.shutdown()
     assert scraper.failed[url] == 1 and scraper.rows == 0
+
+
+def test_counters_split_by_the_weight_version_in_force_at_each_scrape(tmp_path):
+    import rltrace
+
+    run = tmp_path / "run"
+    rltrace.init(run, role="trainer")
+    run_id = layout.read_manifest(run)["run_id"]
+    engine = Engine()
+    try:
+        scraper = Scraper(run, run_id, [engine.url], every=60, timeout=1)
+        engine.serve("0", 0, 0, 0.0)
+        scraper.scrape_once()
+        with rltrace.phase("weight_sync", step=1, weight_version=1):
+            pass
+        engine.serve("0", 2000, 1000, 0.1)  # version 1: 50 %
+        scraper.scrape_once()
+        with rltrace.phase("weight_sync", step=2, weight_version=2):
+            pass
+        engine.serve("0", 3000, 300, 0.1)  # version 2: 10 %
+        scraper.scrape_once()
+    finally:
+        engine.server.shutdown()
+        rltrace.shutdown()
+    p = report(str(run))["serving"]["prefix_cache"]
+    assert p["hit_rate"] == pytest.approx(1300 / 5000) and p["versions_known"]
+    assert [(v["weight_version"], v["prompt_tokens"], v["cached_tokens"]) for v in p["per_version"]] == \
+        [(1, 2000, 1000), (2, 3000, 300)]

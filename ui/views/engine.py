@@ -123,7 +123,7 @@ else:
     st.subheader("Prefix-cache hits per weight version")
     if not prefix:
         st.info(f"No prefix-cache figures: {why('prefix_cache', 'not recorded')}.")
-    elif not prefix["per_version"]:  # from the engines' /metrics counters: one figure over the run
+    elif prefix.get("kind"):  # from the engines' /metrics counters: one figure per version, no stale hits
         st.caption(f"{fmt.share_text(prefix['hit_rate'])} of {prefix['prompt_tokens']:,.0f} queried tokens hit, "
                    f"{fmt.md(prefix.get('kind') or '')}; "
                    f"{why('prefix_cache.hit_rate_within_version', 'not split by weight version')}.")
