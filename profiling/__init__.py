@@ -23,6 +23,7 @@ from rltrace.profiling.query import (
     artefact_path,
     get_profile,
     list_profiles,
+    profile_stacks,
     profiles_for_spans,
     top_frames,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "PROFILES_FOR_SPANS_SQL",
     "list_profiles",
     "get_profile",
+    "profile_stacks",
     "top_frames",
     "artefact_path",
     "ProfileNotFoundError",

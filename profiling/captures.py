@@ -91,7 +91,7 @@ class Capturer:
         window = ((capture.phase_start_ns or zero) - zero) / 1e3, (end_ns - zero) / 1e3
         label = f"{capture.thread_name or 'thread'} ({capture.native_thread_id})"
         clipped = pyspy.chrome_frames(path, os.getpid(), capture.thread_ident, label, window, self.policy.rate)
-        capture.frames, capture.samples = clipped.frames, clipped.samples
+        capture.frames, capture.samples, capture.stacks = clipped.frames, clipped.samples, clipped.stacks
         if clipped.thread_samples:
             capture.inside_share = min(1.0, clipped.samples / clipped.thread_samples)
         recorded_ns = end_ns - zero

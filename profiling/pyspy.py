@@ -17,6 +17,7 @@ import subprocess
 import sysconfig
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NamedTuple
@@ -198,6 +199,7 @@ class Clipped(NamedTuple):
     samples: int  # samples of the phase's thread inside the phase
     thread_samples: int  # samples of the phase's thread in the whole recording
     after_s: float  # seconds of the thread's samples that came after the phase ended
+    stacks: str = ""  # folded stacks inside the phase ("outer;…;inner samples" a line, `folded_stacks`)
 
 
 def chrome_frames(path: Path, pid: int, thread_ident: int | None, label: str, window_us: tuple[float, float],
@@ -248,7 +250,25 @@ def chrome_frames(path: Path, pid: int, thread_ident: int | None, label: str, wi
               max(1, round(us / per_sample)), label)
         for (name, file), us in selfs.most_common(top)
     ] if total else []
-    return Clipped(out, round(total / per_sample), round(whole / per_sample), after / 1e6)
+    return Clipped(out, round(total / per_sample), round(whole / per_sample), after / 1e6,
+                   folded_stacks({k: us / per_sample for k, us in inside.items()}))
+
+
+MAX_STACKS = 200  # distinct stacks kept with a profile (the most sampled): its flame graph, bounded
+MAX_DEPTH = 64  # frames kept of one stack, outermost first
+
+
+def folded_stacks(samples: Mapping[tuple, float]) -> str:
+    """Brendan Gregg's folded format of {stack of (name, file, line), outermost first: samples}: one
+    "outer;…;inner N" line per stack, the MAX_STACKS most sampled, each cut to MAX_DEPTH frames;
+    a frame is "name (file's base name)". Bounded (~ MAX_STACKS x MAX_DEPTH frames) so it can be
+    stored with the profile's record and drawn without the recording."""
+    merged: collections.Counter = collections.Counter()
+    for stack, n in samples.items():
+        key = ";".join((f"{name} ({Path(file).name})" if file else str(name)).replace(";", ",")
+                       for name, file, _ in stack[:MAX_DEPTH]).replace("\n", " ")
+        merged[key] += n
+    return "\n".join(f"{key} {max(1, round(n))}" for key, n in merged.most_common(MAX_STACKS) if key)
 
 
 def thread_busy_ns(native_thread_id: int | None) -> int | None:

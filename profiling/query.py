@@ -83,6 +83,21 @@ def top_frames(con: duckdb.DuckDBPyConnection, profile_id: str) -> list[dict]:
     return _rows(con, "SELECT * FROM profile_frames WHERE profile_id = ? ORDER BY rank", [profile_id])
 
 
+def profile_stacks(con: duckdb.DuckDBPyConnection, profile_id: str) -> list[tuple[list[str], int]]:
+    """The folded stacks stored with a py-spy recording, [(frames outermost first, samples)], most
+    sampled first; [] when none were stored (a dump, torch, or a run recorded before they were)."""
+    try:
+        found = con.execute("SELECT stacks FROM profiles WHERE profile_id = ? AND stacks IS NOT NULL", [profile_id]).fetchone()
+    except duckdb.BinderException:  # no part of this run has the column
+        return []
+    out = []
+    for line in (found[0] if found else "").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if stack and n.isdigit():
+            out.append((stack.split(";"), int(n)))
+    return out
+
+
 def artefact_path(run_dir: str | Path, stored: str | None) -> Path | None:
     """The absolute path of a profile file stored as `stored`, checked to stay inside the run dir."""
     if not stored:

@@ -71,6 +71,7 @@ class Capture:
     busy_end_ns: int | None = None  # ... and when the phase ended
     inside_share: float | None = None
     idle_share: float | None = None
+    stacks: str | None = None  # py-spy record: folded stacks inside the phase (pyspy.folded_stacks)
 
     def end(self, status: str, message: str = "") -> None:
         self.status, self.message = status, message
@@ -125,6 +126,7 @@ def write(run_dir: Path, process: ProcessInfo, capture: Capture) -> None:
         "samples": capture.samples,
         "inside_share": capture.inside_share,
         "idle_share": capture.idle_share,
+        "stacks": capture.stacks or None,
         "command": json.dumps(capture.command) if capture.command else None,
         "started_ns": capture.started_ns,
         "ended_ns": capture.ended_ns,

@@ -372,6 +372,7 @@ PROFILES_SCHEMA = pa.schema(
         pa.field("samples", pa.int64()),  # py-spy: samples of the phase's thread inside the phase; torch: events
         pa.field("inside_share", pa.float64()),  # py-spy: share of its samples of the phase's thread inside the phase
         pa.field("idle_share", pa.float64()),  # py-spy: share of the recorded time the phase's thread was blocked
+        pa.field("stacks", pa.string()),  # py-spy record: folded stacks inside the phase, the 200 most sampled ("a;b;c N" lines)
         pa.field("command", pa.string()),  # the py-spy command line (JSON list), null for torch
         pa.field("started_ns", pa.int64()),
         pa.field("ended_ns", pa.int64()),

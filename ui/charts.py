@@ -243,3 +243,21 @@ def utilisation_lanes(samples: pd.DataFrame, t0_ns: int, x_range: tuple[float, f
     fig = base(fig, height=70 + 80 * max(1, len(lanes)))
     fig.update_layout(showlegend=False)
     return fig
+
+
+def icicle(stacks: list[tuple[list[str], int]], *, height: int = 420) -> go.Figure:
+    """A profile's icicle (a flame graph, root on top) from its folded stacks: a frame's width is
+    the samples with it on the stack at that depth, under its caller."""
+    values: dict[tuple[str, ...], int] = {}
+    for frames, n in stacks:
+        for depth in range(1, len(frames) + 1):
+            values[tuple(frames[:depth])] = values.get(tuple(frames[:depth]), 0) + n
+    total = sum(n for _, n in stacks)
+    ids = ["all", *(";".join(path) for path in values)]
+    parents = ["", *(";".join(path[:-1]) or "all" for path in values)]
+    labels = [f"all ({total} samples)", *(label(path[-1]) for path in values)]
+    fig = go.Figure(go.Icicle(ids=ids, parents=parents, labels=labels, values=[total, *values.values()],
+                              branchvalues="total", tiling={"orientation": "v"}, sort=False, maxdepth=-1,
+                              hovertemplate="%{label}<br>%{value} samples, %{percentRoot:.0%} of the phase<extra></extra>"))
+    fig.update_layout(margin={"l": 0, "r": 0, "t": 10, "b": 0}, height=height)
+    return fig

@@ -307,6 +307,12 @@ def profile_frames(run: RunRef, profile_id: str) -> pd.DataFrame:
                         columns=["profile_id", "rank", "frame", "file", "line", "self_share", "total_share", "samples", "thread"])
 
 
+@st.cache_data(**CACHE)
+def profile_stacks(run: RunRef, profile_id: str) -> list[tuple[list[str], int]]:
+    """The clipped stacks stored with one py-spy recording (its flame graph), most sampled first."""
+    return _with(run, profiling.profile_stacks, profile_id)
+
+
 def artefact(run: RunRef, stored: str | None):
     """The profile file `stored` names, only if it resolves to a file inside the run dir.
 

@@ -213,6 +213,7 @@ def test_a_recording_is_clipped_to_its_phase_and_its_thread(tmp_path):
     clipped = pyspy_mod.chrome_frames(path, 1, 7, "MainThread (7)", (0, 500_000), rate=100)
     assert [(f.frame, f.self_share, f.samples) for f in clipped.frames] == [("judge", 1.0, 50)]
     assert (clipped.samples, clipped.thread_samples, clipped.after_s) == (50, 100, 0.5)
+    assert clipped.stacks == "loop (x.py);reward (x.py);judge (x.py) 50"  # the phase's stacks only, for its flame graph
     nothing = pyspy_mod.chrome_frames(path, 1, 7, "t", (-200_000, -1), rate=100)  # ended before the first sample
     assert (nothing.frames, nothing.samples, nothing.thread_samples) == ([], 0, 100)
 
@@ -229,3 +230,12 @@ def test_a_recording_with_nothing_inside_its_phase_says_so(tmp_path):
     Capturer(tmp_path, None, "py-spy", resolve_policy({}))._clip(capture, path)
     assert capture.status == "no_samples" and capture.samples == 0 and capture.frames == []
     assert "all 60 samples py-spy took of the phase's thread came after the phase ended" in capture.message
+
+
+def test_the_stored_stacks_are_bounded_most_sampled_first():
+    deep = {tuple((f"f{d};x", f"/a/m{k}.py", d) for d in range(pyspy_mod.MAX_DEPTH + 30)): float(k + 1)
+            for k in range(pyspy_mod.MAX_STACKS + 50)}
+    lines = pyspy_mod.folded_stacks(deep).splitlines()
+    assert len(lines) == pyspy_mod.MAX_STACKS and lines[0].endswith(f" {pyspy_mod.MAX_STACKS + 50}")
+    assert all(len(line.rpartition(" ")[0].split(";")) == pyspy_mod.MAX_DEPTH for line in lines)  # `;` in a name is no split
+    assert pyspy_mod.folded_stacks({}) == ""

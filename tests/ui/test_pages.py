@@ -243,3 +243,38 @@ def test_batches_rank_samples_as_replay_show_sort_reward_outlier_and_open_on_the
     at = page(app(run_dir), "batches")
     assert at.dataframe[1].value["reward"].tolist() == cli_order
     assert "#### Sample 4" in texts(at)  # the worst sample is open
+
+
+def test_pages_without_data_for_the_run_say_in_one_line_what_fills_them(tmp_path, app):
+    b = RunBuilder(tmp_path / "run")  # phases only: no metrics, samples, batches, profiles, engines
+    b.process("trainer").span("train", 0, 1, step=0)
+    at = app(b.write())
+    for name, words in (("reward", "rltrace.log_samples(step, rows)"), ("compare", "a second step"),
+                        ("batches", "rltrace.replay.freeze"), ("profiles", "RLTRACE_PROFILE_SLOW"),
+                        ("metrics", "rltrace.log_metrics"), ("engine", "No engine requests")):
+        page(at, name)
+        assert len(at.info) == 1 and words in at.info[0].value, name
+        assert charts(at) == [] and len(at.dataframe) == 0 and not at.warning, name
+
+
+def test_the_profiles_page_draws_the_phase_profile_from_its_stored_stacks(tmp_path, app):
+    from types import SimpleNamespace
+
+    from rltrace.profiling import pyspy, records
+
+    b = RunBuilder(tmp_path / "run")
+    b.process("trainer").span("reward", 0, 1, step=0)
+    run_dir = b.write()
+    inside = {(("loop", "/u/loop.py", 1), ("reward", "/u/r.py", 2), ("judge", "/u/r.py", 3)): 80.0,
+              (("loop", "/u/loop.py", 1), ("reward", "/u/r.py", 2)): 20.0}  # samples inside the phase, per stack
+    capture = records.Capture(kind="pyspy_record", trigger="slow", reason="slow reward", span=None, trace_id="ab" * 16,
+                              span_id="cd" * 8, span_name="reward", phase="reward", step=0, native_thread_id=7,
+                              status="ok", samples=100, stacks=pyspy.folded_stacks(inside),
+                              frames=[pyspy.Frame("judge", "/u/r.py", 3, 0.8, 1.0, 80, "MainThread (7)")])
+    process = SimpleNamespace(process_id="trainer0", role="trainer", rank=0, host="node0", pid=1)
+    records.write(run_dir, process, capture)
+    at = page(app(run_dir), "profiles")
+    icicle = json.loads(charts(at)[0].proto.spec)["data"][0]
+    assert icicle["type"] == "icicle"
+    shown = dict(zip(values(icicle["labels"]), values(icicle["values"])))
+    assert shown == {"all (100 samples)": 100, "loop (loop.py)": 100, "reward (r.py)": 100, "judge (r.py)": 80}

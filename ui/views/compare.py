@@ -79,6 +79,10 @@ walls = data.table(data.report(run, steps), "steps", ["step", "wall_s"])
 if walls.empty:
     st.info("No finished steps in this range.")
     st.stop()
+if mode == STEPS_MODE and len(walls) < 2:
+    st.info(f"One finished step (step {int(walls['step'].iloc[0])}) in this range: a second step, or a second run "
+            "(`rltrace ui RUN_DIR OTHER_RUN_DIR`), gives something to compare.")
+    st.stop()
 if mode == STEPS_MODE:
     choices = walls["step"].astype(int).tolist()
     slowest = int(walls.loc[walls["wall_s"].idxmax(), "step"])

@@ -54,6 +54,11 @@ row = table.iloc[picked.selection.rows[0] if picked.selection.rows else first]
 st.subheader(fmt.md(f"{row['kind']} of {row['phase']} (step {'?' if fmt.missing(row['step']) else int(row['step'])}) on {row['who']}"))
 st.markdown(f":gray-badge[{fmt.md(row['trigger'])}] :{'green' if row['status'] == 'ok' else 'orange'}-badge[{fmt.md(row['status'])}] "
             f"{fmt.md(row['reason'] or '')} {'' if fmt.missing(row['message']) else '— ' + fmt.md(row['message'])}")
+stacks = data.profile_stacks(run, row["profile_id"])
+if stacks:
+    st.markdown("**Where the phase's time went** (root on top; a frame's width is its share of the samples inside "
+                "the phase; click a frame to zoom)")
+    st.plotly_chart(charts.icicle(stacks), key=f"profile_icicle_{row['profile_id']}")
 left, right = st.columns([3, 2])
 frames = data.profile_frames(run, row["profile_id"])
 with left:

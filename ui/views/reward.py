@@ -50,6 +50,12 @@ for ref in chosen_refs:
         trends.append(t | {"run": label, "computed": fmt.mismatch_label(t).strip(" ()") or "logged"})
     stale[label] = data.table(r["staleness"], "per_step", ["step", "mean", "max"])
 
+if (not any(len(f) for f in [*reward.values(), *stale.values()]) and not any(len(f) for m in mism.values() for f in m.values())
+        and (steps is None or data.samples(run, steps[0], steps[1], MAX_POINTS).empty) and data.batch_mismatch(run, steps).empty):
+    st.info("Nothing logged for this page yet: `rltrace.log_metrics(step, reward_mean=...)` draws the reward, and "
+            "`rltrace.log_samples(step, rows)` with `reward`, `weight_version` and log-probs the samples, staleness and mismatch.")
+    st.stop()
+
 left, right = st.columns(2)
 with left:
     if any(len(f) for f in reward.values()):
