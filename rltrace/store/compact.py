@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
+
 from rltrace import _names
 from rltrace.store import merge as merging
 from rltrace.store.layout import StoreError, read_manifest
@@ -167,17 +169,18 @@ def _settle_open_spans(run_dir: Path, snap, live: set[str]) -> None:
     in both; readers tell them apart by the flush parts newer than that file (`views.not_finished`),
     which this compaction is about to merge away: so the file loses those rows first."""
     from rltrace.store.parts import write_part
-    from rltrace.store.views import Part, list_parts, not_finished, read_whole
+    from rltrace.store.views import Part, list_parts, not_finished, read_whole, upgrade
 
+    versions = {p.path.name: p.version for p in snap.parts.get(_names.OPEN_SPANS.name, [])}
     for path in list_parts(run_dir / _names.OPEN_SPANS.folder):
         if path.stem in live:
             continue
-        try:
-            rows = read_whole(path)
+        try:  # an older writer's file (hex text ids) is read as the readers read it, then rewritten current
+            rows = upgrade(_names.OPEN_SPANS, read_whole(path), versions.get(path.name, _names.OPEN_SPANS.version))
             kept = not_finished(rows, [Part(path=path, rows=rows.num_rows, size=0)], snap.parts.get("spans", []))
             if kept.num_rows < rows.num_rows:
                 write_part(path.parent, path.name, kept, _names.OPEN_SPANS)
-        except (OSError, ValueError):
+        except (OSError, ValueError, pa.ArrowException):
             continue  # left as it is: readers still tell the spans apart while the flush parts are there
 
 

@@ -255,11 +255,10 @@ def test_export_replay_and_dashboard_accept_the_uri(s3_run, capsys, tmp_path):
     assert listed == {"batches": [], "skipped": []}  # read from the local copy; this run froze no batch
     assert main(["replay", "request", uri]) != 0  # it writes into the run: refused for s3:// runs
     assert "run directories on disk" in capsys.readouterr().err
-    import argparse
-
+    from rltrace.cli import build_parser
     from rltrace.cli import ui as ui_cli
 
-    _, ui_env = ui_cli.command(argparse.Namespace(run_dirs=[uri], port=8501, host="127.0.0.1", skip_corrupt=False))
+    _, ui_env = ui_cli.command(build_parser().parse_args(["ui", uri]))
     assert uri in ui_env["RLTRACE_UI_RUNS"]
     from ui import runs
 
