@@ -87,11 +87,11 @@ def profile_stacks(con: duckdb.DuckDBPyConnection, profile_id: str) -> list[tupl
     """The folded stacks stored with a py-spy recording, [(frames outermost first, samples)], most
     sampled first; [] when none were stored (a dump, torch, or a run recorded before they were)."""
     try:
-        found = con.execute("SELECT stacks FROM profiles WHERE profile_id = ? AND stacks IS NOT NULL", [profile_id]).fetchone()
+        found = con.execute("SELECT stacks FROM profiles WHERE profile_id = ? AND stacks IS NOT NULL", [profile_id]).fetchall()
     except duckdb.BinderException:  # no part of this run has the column
         return []
     out = []
-    for line in (found[0] if found else "").splitlines():
+    for line in (found[0][0] if found else "").splitlines():
         stack, _, n = line.rpartition(" ")
         if stack and n.isdigit():
             out.append((stack.split(";"), int(n)))

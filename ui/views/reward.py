@@ -50,6 +50,10 @@ for ref in chosen_refs:
         trends.append(t | {"run": label, "computed": fmt.mismatch_label(t).strip(" ()") or "logged"})
     stale[label] = data.table(r["staleness"], "per_step", ["step", "mean", "max"])
 
+for ref in chosen_refs:  # why mismatch is missing, said whether or not anything else is logged
+    for sentence in findings.mismatch_missing_sentences(data.report(ref, rng)):
+        st.warning(fmt.md((f"{labels[ref.path]}: " if overlay else "") + sentence))
+
 if (not any(len(f) for f in [*reward.values(), *stale.values()]) and not any(len(f) for m in mism.values() for f in m.values())
         and (steps is None or data.samples(run, steps[0], steps[1], MAX_POINTS).empty) and data.batch_mismatch(run, steps).empty):
     st.info("Nothing logged for this page yet: `rltrace.log_metrics(step, reward_mean=...)` draws the reward, and "
@@ -72,9 +76,6 @@ with right:
     else:
         st.info("No staleness: log `weight_version` and `train_version` per sample, or `staleness_mean`.")
 
-for ref in chosen_refs:
-    for sentence in findings.mismatch_missing_sentences(data.report(ref, rng)):
-        st.warning(fmt.md((f"{labels[ref.path]}: " if overlay else "") + sentence))
 cols = st.columns(2)
 for i, (metric, title, unit, log) in enumerate(PANELS):
     frames = mism.get(metric, {})
