@@ -40,6 +40,8 @@ def main(argv: list[str]) -> int:
     try:
         store(Path(argv[0]))
     except Exception as exc:
+        if not Path(argv[0]).is_dir():
+            return 0  # the run was removed after its last writer left (a temporary run): nothing to store, nothing to say
         logger.warning("rltrace: the run's summaries were not stored (%s: %s); the first report computes them",
                        type(exc).__name__, exc)
         return 1
