@@ -21,7 +21,7 @@ from rltrace.collect import Limits, Receiver
 from rltrace.testing import T0_NS, RunBuilder
 
 from .. import engine_code
-from ..conftest import PYTHON, python_env
+from ..conftest import PYTHON, python_env, unavailable
 
 HERE = Path(__file__).parent
 MS = 1_000_000
@@ -43,7 +43,7 @@ def send(tmp_path: Path, receiver: Receiver, engines: dict[str, tuple[str, list[
     """One sender process per engine, at once: {name: (OTEL_RESOURCE_ATTRIBUTES, requests)}, traced by
     `engine`'s own code (None: the hand-written sender)."""
     if engine is not None and engine_code.missing(engine):
-        pytest.skip(engine_code.missing(engine))
+        unavailable(engine_code.missing(engine))
     procs = []
     for name, (attrs, requests) in engines.items():
         spec = tmp_path / f"engine-{name}.json"

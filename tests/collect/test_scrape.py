@@ -9,14 +9,13 @@ import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+import prometheus_client
 import pytest
 
-prometheus_client = pytest.importorskip("prometheus_client")
-
-from rltrace.analysis.serving import COUNTERS_KIND  # noqa: E402
-from rltrace.cli.report import collect as report  # noqa: E402
-from rltrace.collect.scrape import Scraper, parse  # noqa: E402
-from rltrace.store import layout  # noqa: E402
+from rltrace.analysis.serving import COUNTERS_KIND
+from rltrace.cli.report import collect as report
+from rltrace.collect.scrape import Scraper, parse
+from rltrace.store import layout
 
 
 class Engine:

@@ -79,7 +79,6 @@ def test_a_collective_one_rank_never_entered_then_a_rank_killed_in_it(tmp_path, 
     """gloo on CPU, world 2: rank 1 skips the step-3 all_reduce and waits for a batch; rank 0 blocks
     in it. The stacks name both sides; once rank 1 is killed (its peers' connections held open, as
     when a host vanishes), the edge says it stopped, by its free writer lock."""
-    pytest.importorskip("torch.distributed")
     run_dir = tmp_path / "run"
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(), "RLTRACE_STACKS_AFTER": 1,
            "TORCH_FR_BUFFER_SIZE": 64}  # torch's Flight Recorder on: the collectives are numbered
@@ -192,7 +191,6 @@ def test_a_queue_no_one_will_fill(tmp_path, capsys, procs):
 
 @pytest.mark.slow  # a local Ray cluster takes 10-40 s to start on 2 cores
 def test_a_ray_actor_call_that_never_returns(tmp_path, capsys, procs):
-    pytest.importorskip("ray")
     proc = _start(tmp_path / "run", "ray")
     procs.append(proc)
     try:

@@ -3,13 +3,9 @@ each process polls it from its stack thread and its answer goes up with its othe
 
 from __future__ import annotations
 
-import pytest
-
-pytest.importorskip("moto.server")
-
-from rltrace.cli import main  # noqa: E402
-from tests.stacks.test_hangs import _start, _until, procs  # noqa: E402,F401
-from tests.store.test_objstore import s3_run, s3_server  # noqa: E402,F401
+from rltrace.cli import main
+from tests.stacks.test_hangs import _start, _until, procs  # noqa: F401
+from tests.store.test_objstore import s3_run, s3_server  # noqa: F401
 
 
 def test_a_process_writing_to_a_bucket_answers(s3_run, capsys, procs):  # noqa: F811

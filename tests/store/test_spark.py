@@ -13,13 +13,15 @@ import sys
 
 import pytest
 
-pytest.importorskip("pyspark")
-if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-    pytest.skip("Spark needs Java (make test installs default-jre-headless)", allow_module_level=True)
+from rltrace.cli import main as cli
 
-from rltrace.cli import main as cli  # noqa: E402
+from ..conftest import REPO, python_env, unavailable
 
-from ..conftest import REPO, python_env  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def java():
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        unavailable("Spark needs Java (make test installs default-jre-headless)")
 from .test_objstore import s3_run, s3_server  # noqa: E402,F401  (fixtures: the loopback S3 server)
 
 #: rank 0 trains, ranks 1-6 generate on two threads each (requests overlap), rank 7 scores
