@@ -287,8 +287,11 @@ def _weight_sync(r: dict) -> list[str]:
     stalls = fit.get("set_aside") or []
     if stalls:
         steps = ", ".join(str(x["step"]) for x in stalls[:5]) + (", ..." if len(stalls) > 5 else "")
-        out.append(f"{len(stalls)} stalled weight sync(s) set aside from the fit, {sec(stalls[-1]['seconds'])} to "
-                   f"{sec(stalls[0]['seconds'])} (steps {steps}, slowest first).")
+        if len(stalls) == 1:
+            out.append(f"1 stalled weight sync set aside from the fit: {sec(stalls[0]['seconds'])} at step {steps}.")
+        else:
+            out.append(f"{len(stalls)} stalled weight syncs set aside from the fit, {sec(stalls[-1]['seconds'])} to "
+                       f"{sec(stalls[0]['seconds'])} (steps {steps}, slowest first).")
     if r["t_sync"] and r["t_W"] is not None and r["t_W"] / r["t_sync"] >= SYNC_SHARE:
         out.append(
             f"Weight sync takes {r['t_W'] / r['t_sync']:.0%} of the synchronous step (t_W = {sec(r['t_W'])}): "

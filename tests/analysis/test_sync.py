@@ -145,7 +145,7 @@ def test_stalled_syncs_neither_bend_the_fit_nor_make_a_trend(tmp_path):
     assert sorted(x["step"] for x in fit["set_aside"]) == sorted(stalled) and fit["kept"] == 987
     text = " ".join(r["findings"])
     assert "B_W = 1.00 GB/s, t_0 = 1.00 ms" in text and "latency-bound" not in text
-    assert "13 stalled weight sync(s) set aside from the fit" in text
+    assert "13 stalled weight syncs set aside from the fit" in text
     g = r["weight_sync_children"]
     assert g["window"] == 100
     assert g["total"]["first_s"] == pytest.approx(4e-3, rel=0.02) and g["total"]["last_s"] == pytest.approx(4e-3, rel=0.02)
