@@ -36,7 +36,7 @@ from rltrace.store.digest import live_of
 from rltrace.store.merge import Merger, Summaries
 from rltrace.store.parts import write_part
 from rltrace.store.writer import BackgroundWriter, ProcessInfo, after_fork_in_child
-from rltrace.store.writer import errors as write_errors
+from rltrace.store.write_errors import errors as write_errors
 
 logger = logging.getLogger("rltrace")
 

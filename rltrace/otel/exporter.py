@@ -22,7 +22,7 @@ from rltrace.otel.live import LiveSpans
 from rltrace.store import rows
 from rltrace.store.parts import write_part
 from rltrace.store.writer import PartNamer, ProcessInfo, after_fork_in_child
-from rltrace.store.writer import errors as write_errors
+from rltrace.store.write_errors import errors as write_errors
 
 logger = logging.getLogger("rltrace")
 

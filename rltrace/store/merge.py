@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from rltrace import _names
 from rltrace.store import digest, requests, rows
 from rltrace.store.parts import MARK_ROWS, may_hold_engine_rows, write_part
+from rltrace.store.write_errors import errors
 
 logger = logging.getLogger("rltrace")
 
@@ -416,8 +417,6 @@ class Merger:
         try:
             merge(folder, table, list(paths), out_name, read=read, before_visible=summarise)
         except Exception as exc:  # never into the writer: the inputs stay as they are, readable
-            from rltrace.store.writer import errors
-
             errors(f"merging {table.name} parts", exc, "they stay as written and are merged later")
             if not (folder / out_name).exists():  # what was written beside the part that never came
                 for path in sidecar_paths(folder / out_name):
