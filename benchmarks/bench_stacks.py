@@ -22,14 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 import rltrace
-
-
-def phase_round(n: int) -> float:
-    t0 = time.perf_counter()
-    for i in range(n):
-        with rltrace.phase("reward", step=i, weight_version=i):
-            pass
-    return (time.perf_counter() - t0) / n
+from bench_overhead import phase_round  # benchmarks/ is the script's folder: the same loop as the overhead table
 
 
 def main() -> int:

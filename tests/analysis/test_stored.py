@@ -8,23 +8,15 @@ from __future__ import annotations
 import fcntl
 import json
 
-import pytest
-
 import rltrace
 from rltrace import report, store
-from rltrace.analysis import _compute, _parts
+from rltrace.analysis import _parts
 from rltrace.store import last_writer
+from tests.analysis.test_summary_cache import computed  # noqa: F401  (the steps each computation was asked for)
 
 NOW = 2_000_000_000 * 10**9
 
 
-@pytest.fixture
-def computed(monkeypatch):
-    """The number of steps each summary computation was asked for."""
-    calls = []
-    real = _compute.compute
-    monkeypatch.setattr(_compute, "compute", lambda spans, checks, *rest: calls.append(len(checks)) or real(spans, checks, *rest))
-    return calls
 
 
 def _record(run_dir, steps, first=0, role="trainer"):
@@ -57,7 +49,7 @@ def _from_spans(run_dir, tmp_path, monkeypatch) -> str:
         aside.rename(folder)
 
 
-def test_the_last_writer_stores_what_a_report_on_another_machine_then_reuses(run_dir, tmp_path, monkeypatch, computed):
+def test_the_last_writer_stores_what_a_report_on_another_machine_then_reuses(run_dir, tmp_path, monkeypatch, computed):  # noqa: F811
     monkeypatch.setattr(last_writer, "MIN_BYTES", 0)
     _record(run_dir, 4)
     files = {p.name.split(".", 1)[1] for p in (run_dir / _parts.STORED).glob("*.parquet")}
