@@ -145,3 +145,25 @@ def test_an_imported_step_keeps_its_logged_time_when_its_stages_overlapped(tmp_p
     assert (r["t_R"], r["t_T"], r["t_W"]) == pytest.approx((1.5, 1.0, 0.2))
     assert r["figures"]["achieved_speedup"]["kind"] == "not recorded"
     assert not any("overlap (measured)" in f or "Stages overlap" in f for f in r["findings"])
+
+
+def test_a_tensorboard_log_gives_imported_stage_times_and_no_measured_overlap(tmp_path):
+    """What users bring: an event file written by torch's own SummaryWriter with slime's timers and
+    its logged step time, no reward timer. The step keeps its logged 1.7 s, the stages are imported
+    with their tags, reward is not recorded, and nothing claims a measured overlap."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    for step in range(4):
+        for tag, value in (("perf/rollout_time", 1.5), ("perf/train_time", 1.0), ("perf/update_weights_time", 0.2),
+                           ("perf/step_time", 1.7)):
+            writer.add_scalar(tag, value, step)
+    writer.close()
+    import_metrics([tmp_path / "tb"], tmp_path / "run")
+    r = report.plain(report.build(store.open(tmp_path / "run")))
+    f = r["figures"]
+    assert f["wall_s"] == {"value": pytest.approx(1.7), "kind": "imported", "basis": "perf/step_time"}
+    assert f["t_T"]["kind"] == "imported" and f["t_T"]["value"] == pytest.approx(1.0)
+    assert f["t_reward"]["value"] is None and f["t_reward"]["kind"] == "not recorded"
+    assert f["achieved_speedup"]["kind"] == "not recorded"
+    assert not any("Stages overlap" in s for s in r["findings"])
