@@ -18,7 +18,12 @@ trainer with `Timer` (slime/observability/timer.py). Patched at import, nothing 
 - `Timer.start` / `Timer.end` open and close a phase per timer (`train`, `actor_train`,
   `log_probs`, `update_weights`, `train_wait`, ...; names map through
   `rltrace.importers.frameworks.SLIME_PHASES`, others keep their own) with step = the
-  `rollout_id` of the trainer code running it, else the latest rollout id seen.
+  `rollout_id` of the trainer code running it, else the latest rollout id seen;
+- slime's weight updaters (`update_weight_from_distributed`, `_from_tensor`, `_from_disk_delta`:
+  pause → `flush_cache` on every engine → send → continue): when one returns after it called its
+  engines' `flush_cache`, the open `update_weights` phase (`weight_sync`) records
+  `rl.cache_flushed` true. A process that did not flush (ranks other than 0; the full-disk mode,
+  whose flush runs in the driver after the timer) records nothing: its hits read "may be stale".
 
 Faults in this module are logged at debug level and counted in the run's drop table (`rltrace
 info`); slime's own code runs as before, exceptions included.
@@ -73,7 +78,10 @@ ROLLOUT_FUNCTIONS = {
     "slime.ray.rollout": "call_rollout_fn",  # imported by name from base_types
     "slime.rollout.sglang_rollout": "generate_rollout",
 }
-META_USERS = ("slime.rollout.sglang_rollout",)  # modules that import build_sglang_meta_trace_attrs by name
+META_USERS = ("slime.rollout.sglang_rollout",)
+#: modules of slime's weight updaters whose `update_weights` calls the engines' `flush_cache`
+UPDATER_MODULES = tuple(f"slime.backends.megatron_utils.update_weight.update_weight_from_{m}"
+                        for m in ("distributed", "tensor", "disk_delta"))  # modules that import build_sglang_meta_trace_attrs by name
 _FRAMES_UP = 8  # how far up the stack the trainer's `rollout_id` may be from Timer.start / Timer.end
 _WRAPPED = "__rltrace_original__"
 
@@ -307,6 +315,86 @@ def _patch_timer(module) -> None:
     _patch(cls, "end", make_end)
 
 
+# --- weight updates: the engines' prefix-cache flush -------------------------------------------
+class _Watched:
+    """An engine handle's `flush_cache` (a Ray actor method) that notes each `.remote()` call."""
+
+    def __init__(self, method, calls: list):
+        self._method, self._calls = method, calls
+
+    def remote(self, *args, **kwargs):
+        ref = self._method.remote(*args, **kwargs)
+        self._calls.append(ref)
+        return ref
+
+    def __getattr__(self, name):  # .options(...), .bind(...): the actor method's own
+        return getattr(self._method, name)
+
+
+def _watch_flushes(engines, calls: list) -> list:
+    """Wrap each engine handle's `flush_cache` for one update; returns what to restore."""
+    saved = []
+    for engine in engines or ():
+        try:
+            method = getattr(engine, "flush_cache", None)
+            if method is None or not callable(getattr(method, "remote", None)):
+                continue
+            before = engine.__dict__.get("flush_cache", _UNSET)
+            engine.flush_cache = _Watched(method, calls)
+            saved.append((engine, before))
+        except Exception as exc:  # a handle that takes no attribute: its flush is not seen
+            _fault("watching an engine's flush_cache", exc)
+    return saved
+
+
+def _restore_flushes(saved: list) -> None:
+    for engine, before in saved:
+        try:
+            if before is _UNSET:
+                engine.__dict__.pop("flush_cache", None)
+            else:
+                engine.flush_cache = before
+        except Exception as exc:
+            _fault("restoring an engine's flush_cache", exc)
+
+
+def _sync_phase():
+    """The open phase of slime's weight-update timer, or None."""
+    for name, handle in reversed(list(_timers.items())):
+        if phase_of(str(name)) == "weight_sync":
+            return handle
+    return None
+
+
+def _patch_updater(module) -> None:
+    def make(original):
+        @functools.wraps(original)
+        def update_weights(self, *args, **kwargs):
+            calls: list = []
+            saved = _watch_flushes(getattr(self, "rollout_engines", None), calls)
+            try:
+                out = original(self, *args, **kwargs)  # slime's errors (a flush that timed out) raise as before
+            finally:
+                _restore_flushes(saved)
+            if calls:  # it returned: slime waited on every flush it asked for (`ray.get`)
+                try:
+                    phase = _sync_phase()
+                    if phase is not None:
+                        phase.set(cache_flushed=True)
+                except Exception as exc:
+                    _fault("recording the engines' prefix-cache flush", exc)
+            return out
+
+        return update_weights
+
+    for cls in list(vars(module).values()):
+        if isinstance(cls, type) and cls.__module__ == module.__name__ and "update_weights" in vars(cls):
+            _patch(cls, "update_weights", make)
+
+
+_UNSET = object()
+
+
 # --- the instrumentor ----------------------------------------------------------------------------
 class SlimeInstrumentor(BaseInstrumentor):
     """Registered under the `rltrace.instrumentors` entry point (`rltrace run -- ...`).
@@ -327,6 +415,8 @@ class SlimeInstrumentor(BaseInstrumentor):
             when_imported(module_name, functools.partial(_patch_rollout, attr=attr))
         for module_name in META_USERS:
             when_imported(module_name, _rebind_meta)
+        for module_name in UPDATER_MODULES:
+            when_imported(module_name, _patch_updater)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         global _active
