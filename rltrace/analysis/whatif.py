@@ -19,9 +19,17 @@ means), and reward and sync can hide behind the next rollout. So this module rep
   devices and take turns.
 - **Bootstrap** (`predict`): each replicate replays the recorded steps drawn with replacement
   (a step keeps its samples and costs together), giving an interval for every figure.
+- **Prefill/decode split** (`Scenario.pd`): from the engine request spans, each request's prefill
+  and decode time and its prompt's KV bytes (prompt tokens × the model config's bytes per token,
+  as the serving section counts them). P prefill engines prefill a step's prompts one after
+  another each (μ_P = 1 / prefill time); each prompt's KV then crosses one link of B_KV bytes/s,
+  first come first served; a decode engine decodes each request from the moment its KV arrived.
+  The request that finished last says which of the three held the step.
 
 Assumed, since one run at one batch size cannot tell: decode time per token does not depend on
-the batch size, and a weight sync costs the trainer what it cost in the recorded run.
+the batch size (so a decode engine holds every request it is sent at once, and the number of
+decode engines does not change the step), and a weight sync costs the trainer what it cost in
+the recorded run.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rltrace.analysis._format import seconds_text
+from rltrace._config import RltraceError
+from rltrace.analysis._format import rate_text, seconds_text, size_text
 from rltrace.analysis.costs import cost_model, cost_summary
 from rltrace.analysis._steps import Steps, step_filter
 
@@ -43,6 +52,11 @@ CALIBRATION_STEPS = 1000  # the most recent steps calibrated on
 WORK = 5e7  # sample-steps over all replays: fewer replays of runs with many samples a step
 BOUND = 0.9  # the trainer waited for the rollout on this share of steps (or on 1 - this share at most): one binds
 PARTIAL_OVERSAMPLE = 1.25  # partial rollouts without a factor: 25 % more samples in flight than kept
+PD_TERMS = ("prefill", "KV link", "decode")  # what can hold a split step (`_split`)
+
+
+class Refused(RltraceError):
+    """A scenario this run cannot predict; the message says what is missing."""
 
 
 @dataclass
@@ -54,11 +68,15 @@ class Scenario:
     partial: float | None = None  # over-sampling factor of partial rollouts; None: off
     placement: str | None = None  # "colocated" (engines and trainer take turns) or "disaggregated"
     sync_s: float | None = None  # a weight sync's cost there (another placement's transfer); None: as recorded
+    pd: tuple[int, int] | None = None  # (prefill engines, decode engines); None: unified engines
+    kv_bandwidth: float | None = None  # the KV link's bytes/s under `pd`; None: the run's (given or measured)
 
     def label(self) -> str:
         workers = self.rollout_workers
         parts = ["sync" if self.staleness == 0 else f"async K={self.staleness}" if self.staleness else None,
-                 f"{workers} worker{'s' if workers > 1 else ''}" if workers else None,
+                 f"{workers} worker{'s' if workers > 1 else ''}" if workers and not self.pd else None,
+                 f"prefill/decode {self.pd[0]}:{self.pd[1]}" if self.pd else None,
+                 f"KV link {rate_text(self.kv_bandwidth)}" if self.pd and self.kv_bandwidth else None,
                  f"partial x{self.partial:g}" if self.partial else None,
                  "colocated" if self.placement == "colocated" else None,
                  f"weight sync {seconds_text(self.sync_s)}" if self.sync_s is not None else None]
@@ -80,8 +98,11 @@ class Calibration:
     workers: int  # engines recorded (distinct worker_rank; 1 when not recorded)
     staleness: int  # K recorded (max sample staleness; 0 when not recorded or negative: a version mix-up)
     per_sample: bool  # per-sample generation times were recorded
-    terms: dict = field(default_factory=dict)  # t_R, t_T, t_W: the cost model's medians, for the analytic bound
+    terms: dict = field(default_factory=dict)  # t_R, t_T, t_W, t_rollout: the cost model's medians, for the analytic bound
     notes: list[str] = field(default_factory=list)
+    requests: dict | None = None  # prefill, decode (s), kv_bytes: steps × requests (NaN padding), from the engine spans
+    requests_missing: str | None = None  # why `requests` is None: a split cannot be predicted
+    kv_bandwidth: float | None = None  # B_KV given (--kv-bandwidth) or measured from KV transfers
 
 
 def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
@@ -126,11 +147,53 @@ def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
     extra = np.zeros(len(costs)) if overlapped else np.clip(np.nan_to_num(period - stage, nan=0.0), 0.0, None)
     workers = int(per.groupby("step")["worker_rank"].nunique().max()) if len(per) and per["worker_rank"].notna().any() else 1
     stale = per.loc[~per["carried"], "staleness"].max() if len(per) else np.nan  # a carried sample's age is not K
+    requests, requests_missing, bandwidth = _requests(con, steps, costs.index, notes)
     return Calibration(
         steps=costs.index.to_numpy(), works=_padded(works), overhead=np.array(overhead),
         reward=zero("t_reward"), train=zero("t_T"), sync=zero("t_W"), extra=extra, period=period,
         workers=max(1, workers), staleness=0 if stale != stale else max(0, int(stale)), per_sample=per_sample,
-        terms={k: summary.get(k) or 0.0 for k in ("t_R", "t_T", "t_W")}, notes=notes)
+        terms={k: summary.get(k) or 0.0 for k in ("t_R", "t_T", "t_W", "t_rollout")}, notes=notes,
+        requests=requests, requests_missing=requests_missing, kv_bandwidth=bandwidth)
+
+
+def _requests(con, steps: Steps, index: pd.Index, notes: list[str]) -> tuple[dict | None, str | None, float | None]:
+    """(per step: each request's prefill and decode time and KV bytes, why there are none, B_KV):
+    what a prefill/decode split replays. A request served by a prefill and a decode engine is one
+    request (its id joins them); a request missing a time or its prompt tokens is left out, counted."""
+    from rltrace.analysis import serving
+    from rltrace.analysis.engine_requests import engine_requests, kv_transfers
+
+    r = engine_requests(con, steps, columns=("step", "request_id", "span_id", "engine_kind", "prefill_s", "decode_s",
+                                             "prompt_tokens"))
+    bandwidth = serving._options(con).get("kv_bandwidth")
+    if bandwidth is None:
+        moved = kv_transfers(con)
+        bandwidth = float(moved["kv_bytes"].sum() / moved["kv_transfer_s"].sum()) if len(moved) else None
+    if r.empty:
+        return None, ("no engine request spans (vLLM's or SGLang's through rltrace collect, or slime's): a split "
+                      "replays each request's prefill and decode time"), bandwidth
+    geo, _, why = serving.model_geometry(con, r["engine_kind"].dropna().unique())
+    if geo is None:
+        return None, ("no KV bytes per request: no model config (give --model PATH, the model's config.json, or "
+                      "rltrace.init(model=...))"), bandwidth
+    if why:
+        return None, f"no KV bytes per request: {why}", bandwidth
+    r = r[r["step"].notna()]
+    key = [r["step"], r["request_id"].fillna(r["span_id"])]
+    one = r.groupby(key)[["prefill_s", "decode_s", "prompt_tokens"]].max().reset_index()
+    whole = one[["prefill_s", "decode_s", "prompt_tokens"]].notna().all(axis=1)
+    if not whole.any():
+        return None, "no engine request records its prefill time, decode time and prompt tokens", bandwidth
+    if (~whole).any():
+        notes.append(f"{int((~whole).sum())} of {len(one)} engine requests lack a prefill time, decode time or prompt "
+                     "tokens: a split replays the others")
+    one = one[whole]
+    one["kv_bytes"] = one["prompt_tokens"].astype(float) * geo["c_A"] + (geo["c_R"] or 0)
+    groups = dict(tuple(one.groupby("step")))
+    out = {}
+    for col in ("prefill_s", "decode_s", "kv_bytes"):
+        out[col] = _padded([groups[k][col].to_numpy(float) if k in groups else np.zeros(0) for k in index])
+    return out, None, bandwidth
 
 
 def _padded(rows: list[np.ndarray]) -> np.ndarray:
@@ -212,8 +275,9 @@ def resolve(cal: Calibration, scenario: Scenario) -> Scenario:
     """The scenario with every knob set (as recorded where left None)."""
     return Scenario(
         staleness=cal.staleness if scenario.staleness is None else scenario.staleness,
-        rollout_workers=cal.workers if scenario.rollout_workers is None else scenario.rollout_workers,
-        partial=scenario.partial, placement=scenario.placement or "disaggregated", sync_s=scenario.sync_s)
+        rollout_workers=1 if scenario.pd else cal.workers if scenario.rollout_workers is None else scenario.rollout_workers,
+        partial=scenario.partial, placement=scenario.placement or "disaggregated", sync_s=scenario.sync_s,
+        pd=scenario.pd, kv_bandwidth=scenario.kv_bandwidth or (cal.kv_bandwidth if scenario.pd else None))
 
 
 def simulate(cal: Calibration, scenario: Scenario, order: np.ndarray, rng: np.random.Generator) -> dict:
@@ -236,13 +300,18 @@ def simulate(cal: Calibration, scenario: Scenario, order: np.ndarray, rng: np.ra
     medians = cal.overhead + np.nanmedian(np.where(counts[:, None] > 0, cal.works, 0.0), axis=1)
     carry = _Carry(reps, n, cal, scenario.partial) if scenario.partial and cal.per_sample else None
     syncs = cal.sync if scenario.sync_s is None else np.full(len(cal.sync), float(scenario.sync_s))
+    out["pd_parts"] = np.zeros((reps, len(PD_TERMS)))
     for i in range(steps):
         j = order[:, i]
         start = np.maximum(free, ready[:, max(0, i - k)][:, None])
         if colocated:
             start = np.maximum(start, trainer[:, None])
         version = (ready[:, None, : i + 1] <= start[:, :, None]).sum(axis=2) - 1
-        took, ages_of, kept = carry.batch(j, version, rng) if carry else _static(cal.works[j], n, rng, version)
+        if scenario.pd:
+            took, ages_of, kept, parts = _split(cal, j, scenario, rng, version)
+            out["pd_parts"] += parts
+        else:
+            took, ages_of, kept = carry.batch(j, version, rng) if carry else _static(cal.works[j], n, rng, version)
         took = np.where(kept > 0, took + cal.overhead[j][:, None], 0.0)
         free = start + took
         out["rollout_busy"] += took.sum(axis=1)
@@ -283,6 +352,62 @@ def _static(works: np.ndarray, n: int, rng: np.random.Generator, version: np.nda
     return np.where(kept > 0, took, 0.0), np.where(np.isfinite(dealt.transpose(0, 2, 1)), versions, np.nan), kept
 
 
+def _split(cal: Calibration, j: np.ndarray, sc: Scenario, rng: np.random.Generator, version: np.ndarray):
+    """A step's requests through P prefill engines, one KV link and the decode engines (the module
+    doc), as one static batch: (R × 1 batch time, R × 1 × samples weight versions, R × 1 sample
+    counts, R × 3 how long the request that finished last spent in prefill, on the link, decoding).
+    A step without requests takes its recorded batch time."""
+    req = cal.requests
+    pre, dec, kv = req["prefill_s"][j], req["decode_s"][j], req["kv_bytes"][j] / _bandwidth(cal, sc)
+    reps, m = pre.shape
+    n_p = sc.pd[0]
+    order = np.argsort(np.where(np.isfinite(pre), rng.random(pre.shape), np.inf), axis=1)  # dealt at random
+    width = -(-m // n_p) * n_p
+    pre, dec, kv = (np.pad(np.take_along_axis(a, order, axis=1), ((0, 0), (0, width - m)), constant_values=np.nan)
+                    for a in (pre, dec, kv))
+    # engine k prefills dealt positions k, k + P, ... one after another
+    filled = np.cumsum(np.nan_to_num(pre).reshape(reps, width // n_p, n_p), axis=1).reshape(reps, width)
+    filled = np.where(np.isfinite(pre), filled, np.inf)
+    by = np.argsort(filled, axis=1, kind="stable")  # the link takes them as their prefill ends
+    filled, dec, kv = (np.take_along_axis(a, by, axis=1) for a in (filled, dec, kv))
+    kv = np.nan_to_num(kv)
+    sent = np.cumsum(kv, axis=1)  # a_k = max(a_(k-1), e_k) + t_k, unrolled: C_k + max over j <= k of (e_j - C_(j-1))
+    arrived = sent + np.maximum.accumulate(filled - (sent - kv), axis=1)
+    ended = np.where(np.isfinite(filled), arrived + dec, -np.inf)
+    last = np.argmax(ended, axis=1)[:, None]
+    took = np.take_along_axis(ended, last, axis=1)[:, 0]
+    at = lambda a: np.take_along_axis(a, last, axis=1)[:, 0]  # noqa: E731 - the last request's
+    parts = np.stack([at(filled), at(arrived) - at(filled), at(dec)], axis=1)
+    recorded = np.nanmax(np.where(np.isfinite(cal.works[j]), cal.works[j], -np.inf), axis=1)
+    has = np.isfinite(took)
+    took = np.where(has, took, np.maximum(recorded, 0.0))
+    parts = np.where(has[:, None], parts, 0.0)
+    kept = np.isfinite(cal.works[j]).sum(axis=1, keepdims=True)
+    ages_of = np.where(np.isfinite(cal.works[j]), version[:, :1], np.nan)[:, None, :]
+    return took[:, None], ages_of, kept, parts
+
+
+def _bandwidth(cal: Calibration, sc: Scenario) -> float:
+    """B_KV: the scenario's, else the run's (given or measured)."""
+    return float(sc.kv_bandwidth or cal.kv_bandwidth)
+
+
+def _refusal(cal: Calibration, sc: Scenario) -> str | None:
+    """Why `sc` cannot be predicted from this run (one line), or None."""
+    if not sc.pd:
+        return None
+    if min(sc.pd) < 1:
+        return "a prefill/decode split needs at least one prefill and one decode engine"
+    if sc.partial:
+        return "a prefill/decode split replays static batches: partial rollouts cannot be combined with it"
+    if cal.requests is None:
+        return f"cannot predict a prefill/decode split: {cal.requests_missing}"
+    if not (sc.kv_bandwidth or cal.kv_bandwidth):
+        return ("cannot predict a prefill/decode split: no KV link bandwidth (no KV transfer recorded): give "
+                "--kv-bandwidth BYTES_PER_S")
+    return None
+
+
 class _Carry:
     """Partial rollouts: each engine keeps `slots` = ceil(share × factor) samples in flight; a batch
     ends when `share` of them finished, and the rest carry on, with the work they have left and the
@@ -312,15 +437,21 @@ class _Carry:
 def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATES, seed: int = 0) -> dict:
     """The scenario's figures over bootstrap replays of the recorded steps.
 
-    Returns a dict: scenario (a label of every knob), staleness, rollout_workers, partial, placement, sync_s (resolved);
+    Returns a dict: scenario (a label of every knob), staleness, rollout_workers, partial, placement, sync_s, pd,
+    kv_bandwidth (resolved);
     predicted_step_s (median over replays of each replay's median step period), interval_s ([5 %,
     95 %] of it), staleness_mean, staleness_max (of trained samples, median over replays),
     rollout_util, trainer_util (share of the time each pool was busy), tail_share (share of the
     rollout spent after the median sample finished), trainer_waited_share (share of steps on which
-    the trainer waited for the rollout), binding (which constraint sets the period),
-    why (a sentence), notes.
+    the trainer waited for the rollout), binding (which constraint sets the period: under a split, `prefill`,
+    `KV link` or `decode` when the rollout does), pd_shares (under a split: the share of the last
+    request's time in each of those), why (a sentence), notes. Raises `Refused` when the run
+    cannot tell (a split without engine request spans, model config or KV bandwidth).
     """
     sc = resolve(cal, scenario)
+    refused = _refusal(cal, sc)
+    if refused:
+        raise Refused(refused)
     rng = np.random.default_rng(seed)
     n = min(max(len(cal.steps), MIN_STEPS), MAX_STEPS)
     replicates = max(20, min(replicates, int(WORK / (n * cal.works.shape[1]))))
@@ -330,6 +461,7 @@ def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATE
     span = out["ends"][:, -1]
     row = {"scenario": sc.label(), "staleness": sc.staleness, "rollout_workers": sc.rollout_workers,
            "partial": sc.partial, "placement": sc.placement, "sync_s": sc.sync_s,
+           "pd": list(sc.pd) if sc.pd else None, "kv_bandwidth": sc.kv_bandwidth,
            "predicted_step_s": float(np.median(period)),
            "interval_s": [float(np.quantile(period, 0.05)), float(np.quantile(period, 0.95))],
            "staleness_mean": float(np.median(out["age_sum"] / np.maximum(out["age_n"], 1))),
@@ -338,6 +470,9 @@ def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATE
            "trainer_util": float(np.median(out["trainer_busy"] / span)),
            "tail_share": float(np.median(out["tail_s"].sum(axis=1) / np.maximum(out["rollout_s"].sum(axis=1), 1e-12))),
            "trainer_waited_share": float(np.median(out["waited"][:, warm:].mean(axis=1)))}
+    if sc.pd:
+        parts = out["pd_parts"] / np.maximum(out["pd_parts"].sum(axis=1, keepdims=True), 1e-12)
+        row["pd_shares"] = dict(zip(PD_TERMS, (float(v) for v in np.median(parts, axis=0))))
     return row | _binding(cal, sc, row) | {"notes": list(cal.notes)}
 
 
@@ -346,6 +481,17 @@ def _binding(cal: Calibration, sc: Scenario, row: dict) -> dict:
     waited for step by step (a few slow steps do not decide it, as they would a mean)."""
     tail = ("partial rollouts end each batch when its share of samples is in" if sc.partial else
             f"the longest sample of each batch: {row['tail_share']:.0%} of the rollout comes after the median sample")
+    if sc.pd:
+        shares = row["pd_shares"]
+        term = max(shares, key=shares.get)
+        tail = (f"{term} holds the rollout: the request that finished each step last spent {shares['prefill']:.0%} of "
+                f"its time in prefill (behind the other prompts of {sc.pd[0]} prefill engine{'s' if sc.pd[0] > 1 else ''}), "
+                f"{shares['KV link']:.0%} on the KV link ({_mean_kv(cal)} per request at {rate_text(_bandwidth(cal, sc))}) "
+                f"and {shares['decode']:.0%} decoding (a decode engine takes every request it is sent at once)")
+        rollout_binds = sc.staleness == 0 or sc.placement == "colocated" or row["trainer_waited_share"] >= BOUND
+        if rollout_binds:
+            return {"binding": term, "why": tail} if sc.staleness == 0 or sc.placement == "colocated" else {
+                "binding": term, "why": f"the trainer waits for the rollout on {row['trainer_waited_share']:.0%} of steps; {tail}"}
     if sc.staleness == 0 or sc.placement == "colocated":
         why = ("colocated: rollout and training take turns on the same devices, so the step is their sum"
                if sc.placement == "colocated" else "synchronous: each step is rollout + reward + train + sync in turn")
@@ -375,10 +521,30 @@ def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: i
     return table(calibrate(con, steps, per_step=per_step, summary=summary), scenarios, replicates=replicates)
 
 
+def _mean_kv(cal: Calibration) -> str:
+    return size_text(float(np.nanmean(cal.requests["kv_bytes"])))
+
+
+def _split_rollout(cal: Calibration, sc: Scenario) -> float:
+    """The serving formula's rollout under a split: a step's M requests at the slowest stage's rate,
+    max(M / (n_P μ_P), M · S_KV / B_KV, the longest decode: a decode engine takes all it is sent),
+    plus the rollout's own overhead; the median over recorded steps."""
+    req = cal.requests
+    m = np.isfinite(req["prefill_s"]).sum(axis=1)
+    prefill = np.nansum(req["prefill_s"], axis=1) / sc.pd[0]  # M / (n_P μ_P), μ_P = 1 / mean prefill
+    link = np.nansum(req["kv_bytes"], axis=1) / _bandwidth(cal, sc)
+    decode = np.nanmax(np.where(np.isfinite(req["decode_s"]), req["decode_s"], 0.0), axis=1)
+    rollout = np.where(m > 0, np.maximum.reduce([prefill, link, decode]) + cal.overhead, np.nan)
+    return float(np.nanmedian(rollout))
+
+
 def _analytic(cal: Calibration, sc: Scenario) -> float:
     """The cost model's formula for the scenario: t_sync = t_R + t_T + t_W for a synchronous or
-    colocated one, max(t_R, t_T) + t_W for an async one (t_W: the scenario's sync cost if given)."""
+    colocated one, max(t_R, t_T) + t_W for an async one (t_W: the scenario's sync cost if given;
+    t_R's rollout the split's, `_split_rollout`, under `pd`)."""
     r, t = cal.terms.get("t_R", 0.0), cal.terms.get("t_T", 0.0)
+    if sc.pd:
+        r = r - cal.terms.get("t_rollout", 0.0) + _split_rollout(cal, sc)
     w = cal.terms.get("t_W", 0.0) if sc.sync_s is None else sc.sync_s
     return r + t + w if sc.staleness == 0 or sc.placement == "colocated" else max(r, t) + w
 

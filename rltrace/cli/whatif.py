@@ -1,5 +1,5 @@
-"""`rltrace whatif RUN [--async K] [--rollout-workers N] [--partial] [--placement P] [--json]`: the
-step period, staleness and pool use another schedule would have, replayed from the run's own work."""
+"""`rltrace whatif RUN [--async K] [--rollout-workers N] [--partial] [--placement P] [--pd P:D] [--json]`:
+the step period, staleness and pool use another schedule would have, replayed from the run's own work."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.table import Table
 
 from rltrace import _json, store
 from rltrace._config import RltraceError
-from rltrace.analysis import parse_steps
+from rltrace.analysis import configure_serving, parse_steps
 from rltrace.analysis import whatif as model
 from rltrace.analysis._format import seconds_text as sec
 from rltrace.analysis._format import term
@@ -32,6 +32,18 @@ def _counts(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
     if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(f"expected whole numbers >= 0, got {text!r}")
+    return values
+
+
+def _splits(text: str) -> list[tuple[int, int]]:
+    """`1:1` or `1:1,2:2`: prefill engines : decode engines, each a scenario."""
+    try:
+        values = [tuple(int(n) for n in v.split(":")) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(len(v) != 2 or min(v) < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected P:D (prefill engines : decode engines, each >= 1), several as "
+                                         f"1:1,2:2; got {text!r}")
     return values
 
 
@@ -56,9 +68,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sync-s", metavar="SECONDS", type=float,
                    help="a weight sync's cost in the schedule asked (another placement's transfer, e.g. payload / "
                         "bandwidth); default: as recorded")
+    p.add_argument("--pd", metavar="P:D", type=_splits,
+                   help="split the rollout engines: P prefill and D decode engines, the KV of each prompt crossing "
+                        "a link of --kv-bandwidth (needs the run's engine request spans and the model config, --model); "
+                        "several as 1:1,2:2")
     p.add_argument("--steps", metavar="A:B", help="calibrate on steps A to B only")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
     _options.skip_corrupt(p)
+    _options.serving(p)
     p.set_defaults(func=main)
 
 
@@ -68,23 +85,30 @@ def scenarios(args: argparse.Namespace) -> list[model.Scenario]:
         raise RltraceError("--partial FACTOR must be >= 1 (1.25: a quarter more samples in flight)")
     if args.sync_s is not None and args.sync_s < 0:
         raise RltraceError("--sync-s must be >= 0 seconds")
+    pd = getattr(args, "pd", None)
     if (args.staleness is None and args.rollout_workers is None and args.partial is None and args.placement is None
-            and args.sync_s is None):
+            and args.sync_s is None and pd is None):
         return list(DEFAULT_SCENARIOS)
     if args.rollout_workers and 0 in args.rollout_workers:
         raise RltraceError("--rollout-workers must be >= 1")
+    if pd and args.rollout_workers:
+        raise RltraceError("--pd P:D names the engines already: leave out --rollout-workers")
     return [model.Scenario(staleness=k, rollout_workers=n, partial=args.partial, placement=args.placement,
-                           sync_s=args.sync_s)
-            for k, n in itertools.product(args.staleness or [None], args.rollout_workers or [None])]
+                           sync_s=args.sync_s, pd=split)
+            for k, n, split in itertools.product(args.staleness or [None], args.rollout_workers or [None], pd or [None])]
 
 
-def collect(run_dir: str, asked: list[model.Scenario], *, steps=None, skip_corrupt: bool = False) -> dict:
-    """{"run", "recorded", "predicted_step_s", "scenarios"}: the replay as recorded and each scenario asked."""
+def collect(run_dir: str, asked: list[model.Scenario], *, steps=None, skip_corrupt: bool = False,
+            serving: dict | None = None) -> dict:
+    """{"run", "recorded", "predicted_step_s", "scenarios"}: the replay as recorded and each scenario asked;
+    `serving`: the options of `analysis.configure_serving` (the model config a split's KV bytes need)."""
 
     def build():
         snap = store.scan(run_dir, skip_corrupt=skip_corrupt)
         con = store.connect(snap)
         try:
+            if serving:
+                configure_serving(con, **serving)
             return model.whatif(con, asked, steps), snap.manifest
         finally:
             con.close()
@@ -99,7 +123,8 @@ def collect(run_dir: str, asked: list[model.Scenario], *, steps=None, skip_corru
 
 def main(args: argparse.Namespace) -> int:
     asked = scenarios(args)
-    data = collect(args.run_dir, asked, steps=parse_steps(args.steps), skip_corrupt=args.skip_corrupt)
+    data = collect(args.run_dir, asked, steps=parse_steps(args.steps), skip_corrupt=args.skip_corrupt,
+                   serving=_options.serving_values(args))
     if args.json:
         print(_json.dumps(data, indent=2 if sys.stdout.isatty() else None))
         return 0
@@ -135,7 +160,9 @@ def render(data: dict, console: Console) -> None:
     recorded = "" if rec.get("recorded_step_s") is None else f" stepped in {sec(rec['recorded_step_s'])} (median)"
     console.print(f"The run ({rec['schedule']}){recorded}. 90 %: the step "
                   "in 90 % of replays; stale: mean/max weight versions; analytic: "
-                  "t_sync for a synchronous schedule, max(t_R, t_T) + t_W for an async one.")
+                  "t_sync for a synchronous schedule, max(t_R, t_T) + t_W for an async one"
+                  + ("; under a prefill/decode split t_R's rollout is max(M / (n_P μ_P), M · S_KV / B_KV, the longest "
+                     "decode) for M requests a step" if any(r.get("pd") for r in data["scenarios"]) else "") + ".")
     for row in data["scenarios"]:
         console.print(f" • {term(row['scenario'])}: {term(row['why'])} (busy: rollout engines "
                       f"{row['rollout_util']:.0%}, trainer {row['trainer_util']:.0%} of the time).")

@@ -158,3 +158,79 @@ def test_samples_from_newer_weights_than_the_trainer_read_as_synchronous(tmp_pat
     cal = whatif.calibrate(store.open(b.run_dir))
     assert cal.staleness == 0
     assert _predict(cal)["predicted_step_s"] == pytest.approx(1.0, abs=1e-6)
+
+
+GQA = {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "head_dim": 128,
+       "torch_dtype": "bfloat16"}  # 57,344 bytes of KV a token: 57.3 MB a 1,000-token prompt
+KV = 57_344 * 1000
+
+
+def _requests_loop(tmp_path, *, decode, prefill=0.1, train=0.5, sync=0.1, steps=6, model=GQA, bandwidth=None,
+                   requests=True):
+    """A synchronous loop on one unified engine that records each request as vLLM does (queue,
+    prefill and decode time, 1,000 prompt tokens): per step it prefills the prompts one after
+    another, then decodes them together; train and weight_sync follow."""
+    from rltrace.analysis import configure_serving
+
+    b = RunBuilder(tmp_path / "run")
+    tr, engine = b.process("trainer"), b.process("vllm")
+    t = 0.0
+    for step in range(steps):
+        filled = prefill * len(decode)
+        end = filled + max(decode)
+        engine.span("generate", t, t + end, step=step)
+        for i, d in enumerate(decode):
+            if requests:
+                engine.span("llm_request", t, t + filled + d, step=step, request_id=f"{step}-{i}", e2e_latency=filled + d,
+                            queue_time=prefill * i, prefill_s=prefill, decode_s=d, prompt_tokens=1000)
+        b.samples(step, [{"sample_id": f"{step}-{i}", "gen_start": t, "gen_end": t + filled + d, "worker_rank": 0,
+                          "weight_version": step, "train_version": step} for i, d in enumerate(decode)])
+        tr.span("train", t + end, t + end + train, step=step)
+        tr.span("weight_sync", t + end + train, t + end + train + sync, step=step)
+        t += end + train + sync
+    b.write()
+    con = store.open(b.run_dir)
+    configure_serving(con, model=model, kv_bandwidth=bandwidth)
+    return con
+
+
+def test_a_prefill_decode_split_replays_prefill_kv_link_and_decode(tmp_path):
+    """Recorded on one unified engine: 4 prompts prefilled 0.1 s each one after another, decoded
+    together for 0.3 s, train 0.5, sync 0.1 (1.3 s a step). Each split's step, the stage that held
+    its last request, and the serving formula's answer beside it, known exactly."""
+    con = _requests_loop(tmp_path, decode=[0.3] * 4, bandwidth=KV / 0.05)  # the KV link: 0.05 s a prompt
+    cal = whatif.calibrate(con)
+    assert cal.requests["prefill_s"].shape == (6, 4) and cal.kv_bandwidth == pytest.approx(KV / 0.05)
+    assert np.nanmean(cal.requests["kv_bytes"]) == KV
+    t = whatif.table(cal, [whatif.Scenario(staleness=0, pd=(1, 1)), whatif.Scenario(staleness=0, pd=(2, 2)),
+                           whatif.Scenario(staleness=0, pd=(2, 1), kv_bandwidth=KV / 0.2)], replicates=10)
+    assert t["scenario"].tolist() == ["as recorded", "sync, prefill/decode 1:1", "sync, prefill/decode 2:2",
+                                      "sync, prefill/decode 2:1, KV link 287 MB/s"]
+    assert t["predicted_step_s"].tolist() == pytest.approx([
+        1.3,
+        0.4 + 0.05 + 0.3 + 0.6,  # one prefill engine: the last prompt's prefill ends at 0.4, the link is free
+        0.3 + 0.3 + 0.6,  # two end two prompts each at 0.1 and 0.2: the link sends them by 0.15 .. 0.3
+        0.1 + 4 * 0.2 + 0.3 + 0.6,  # a slow link (0.2 s a prompt): the last KV arrives at 0.9
+    ], abs=1e-6)
+    assert t["binding"].tolist()[1:] == ["prefill", "decode", "KV link"]
+    assert "the request that finished each step last spent 53% of its time in prefill" in t["why"][1]
+    assert all(sum(s.values()) == pytest.approx(1.0) for s in t["pd_shares"][1:])
+    # max(M / (n_P μ_P) = 0.4 / n_P, M · S_KV / B_KV, the longest decode 0.3) + train + sync
+    assert t["analytic_s"].tolist()[1:] == pytest.approx([0.4 + 0.6, 0.3 + 0.6, 0.8 + 0.6], abs=1e-6)
+
+
+def test_a_split_without_what_it_needs_is_refused_with_the_reason(tmp_path):
+    """No model config, no KV link bandwidth, no engine request spans: each a one-line reason; the
+    other scenarios of the run still predict."""
+    from rltrace.analysis import configure_serving
+
+    con = _requests_loop(tmp_path / "a", decode=[0.1] * 4, model=None, bandwidth=1e9)
+    refusals = {"no KV bytes per request: no model config": whatif.calibrate(con)}
+    configure_serving(con, model=GQA)
+    refusals["no KV link bandwidth (no KV transfer recorded): give --kv-bandwidth"] = whatif.calibrate(con)
+    refusals["no engine request spans"] = whatif.calibrate(_loop(tmp_path / "b", gens=[0.5], train=0.5, sync=0.1))
+    for said, cal in refusals.items():
+        assert _predict(cal, staleness=0)["predicted_step_s"] == pytest.approx(1.1, abs=1e-6)
+        with pytest.raises(whatif.Refused, match="cannot predict a prefill/decode split") as refused:
+            _predict(cal, staleness=0, pd=(1, 1))
+        assert said in str(refused.value) and "\n" not in str(refused.value)

@@ -86,3 +86,29 @@ def test_another_placements_weight_sync_cost(run, capsys):
     assert data["scenarios"][0]["analytic_s"] == pytest.approx(max(0.5, 1.0) + 0.5, abs=1e-6)
     assert main(["whatif", run, "--sync-s", "-1"]) == 2
     assert "--sync-s must be >= 0" in capsys.readouterr().err
+
+
+def test_a_prefill_decode_split_from_the_request_spans_and_the_model_config(tmp_path, capsys):
+    """`--pd 1:1,2:1` on a run of one unified engine (4 prompts, 0.1 s of prefill each, 0.3 s of
+    decode; train 0.5, sync 0.1): each split's step and what holds it; without the model config for
+    the KV bytes, a one-line refusal."""
+    from ..analysis.test_whatif import GQA, KV, _requests_loop
+
+    _requests_loop(tmp_path, decode=[0.3] * 4, model=None)
+    run, config = str(tmp_path / "run"), tmp_path / "config.json"
+    config.write_text(json.dumps(GQA))
+    argv = ["whatif", run, "--async", "0", "--pd", "1:1,2:1", "--kv-bandwidth", str(KV / 0.2)]
+    assert main([*argv, "--model", str(config), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["scenarios"]
+    assert [r["scenario"] for r in rows] == ["sync, prefill/decode 1:1", "sync, prefill/decode 2:1"]
+    # one prefill engine: prompts end 0.1 .. 0.4 s, the 0.2 s link sends them by 0.3 .. 0.9; two: by 0.9 too
+    assert [r["predicted_step_s"] for r in rows] == pytest.approx([0.9 + 0.3 + 0.6, 0.9 + 0.3 + 0.6], abs=1e-6)
+    assert [r["binding"] for r in rows] == ["KV link", "KV link"]
+    assert main([*argv, "--model", str(config)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "KV link holds the rollout" in out and "57.3 MB per request at 287 MB/s" in out
+    assert "M / (n_P μ_P), M · S_KV / B_KV, the longest decode" in out
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot predict a prefill/decode split: no KV bytes per request: no model config (give --model PATH" in err
+    assert "\n" not in err
