@@ -189,6 +189,7 @@ META_RUN_ID = b"rltrace.run_id"  # the run a part belongs to (a part linked in f
 META_SUMMARY_OF = b"rltrace.summary_of"  # step_summary: digest of the span parts it was computed from
 META_DIGEST_OF = b"rltrace.digest_of"  # span_digest: JSON [name, rows] of the span part it summarises
 META_REQUESTS_SQL = b"rltrace.requests_sql"  # span_requests: the version of the SQL that found them
+META_RECEIVED = b"rltrace.received_from"  # span parts of a receiver or an import: JSON list of the sessions whose spans it holds
 #: spans parts: b"0" when no span of the part can be an engine request row (`ENGINE_ATTR_MARKS` and the
 #: names below), b"1" when one may; the serving sidecar does not scan a part marked 0. Bump the suffix
 #: whenever the marks change, so parts marked under the old ones are scanned again.

@@ -31,6 +31,7 @@ def clean_rltrace(monkeypatch, tmp_path_factory):
         if var.startswith(("RLTRACE_", "OTEL_")) or var in ("RANK", "TRACEPARENT", "BAGGAGE"):
             monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("RLTRACE_SUMMARY_CACHE_DIR", str(tmp_path_factory.mktemp("summaries")))
+    monkeypatch.setenv("RLTRACE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))  # s3:// copies, folded parts
     monkeypatch.setenv("RLTRACE_MERGE_GRACE", "0")
     rltrace.shutdown()
     monkeypatch.setattr(api, "_env_checked", False)

@@ -35,7 +35,7 @@ from rltrace.collect import decode
 from rltrace.collect.server import TRACES_PATH, Full, listen
 from rltrace.store import layout, objstore, rows
 from rltrace._names import safe_name
-from rltrace.store.parts import write_part
+from rltrace.store.parts import received_from, write_part
 from rltrace.store.writer import BackgroundWriter, ProcessInfo
 
 logger = logging.getLogger("rltrace")
@@ -197,6 +197,7 @@ class Receiver:
             max_pending_rows=2 * self.limits.max_queue_spans + 1,  # our own bound below trips first
             on_tick=self._heartbeat,
             drops=self.drops,
+            span_footer=received_from([self.process.process_id]),  # readers fold copies among such parts
         )
         try:
             self.server = listen(self, host, port)

@@ -145,7 +145,8 @@ def _compact(run_dir: Path, tables: dict, target_rows: int, grace_s: float, prog
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StoreError(f"another `rltrace compact` is running on {run_dir}; wait for it to finish") from None
-        snap = scan(run_dir, tables={**tables, **{t.name: t for t in _names.SPAN_SIDECARS}}, skip_corrupt=skip_corrupt)
+        snap = scan(run_dir, tables={**tables, **{t.name: t for t in _names.SPAN_SIDECARS}}, skip_corrupt=skip_corrupt,
+                    fold=False)
         now = time.time()
         for name in tables:
             for tmp in (run_dir / tables[name].folder).glob(".*.tmp"):
@@ -268,7 +269,7 @@ def _compact_uri(uri: str, *, target_rows: int, grace_s: float, progress=None, s
         local = objstore.mirror(uri)
         tables = {name: _names.TABLES[name] for name in _names.COMPACTABLE}
         snap = scan(local, tables={**tables, "processes": _names.PROCESSES, **{t.name: t for t in _names.SPAN_SIDECARS}},
-                    skip_corrupt=skip_corrupt)
+                    skip_corrupt=skip_corrupt, fold=False)
         for part in snap.parts.get("processes", []):
             try:
                 row = read_whole(part.path, columns=["process_id", "heartbeat_ns", "ended_ns"]).to_pylist()

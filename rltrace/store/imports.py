@@ -40,7 +40,7 @@ from rltrace import _names
 from rltrace.store import rows
 from rltrace.store.layout import StoreError, create_or_join
 from rltrace._names import safe_name
-from rltrace.store.parts import stage_part
+from rltrace.store.parts import received_from, stage_part
 from rltrace.store.writer import ProcessInfo
 
 IMPORTS_FOLDER = "imports"  # RUN_DIR/imports/: the ledger of finished imports
@@ -247,7 +247,8 @@ class Import:
         """Write `table` as a hidden part of table `spec`, made visible by `commit`."""
         name = name or self.part_name()
         folder = self.run_dir / spec.folder
-        self._staged.append((stage_part(folder, name, table, spec, write_options=write_options), folder / name))
+        footer = received_from([self.process.process_id]) if spec is _names.SPANS else None  # an import may be run twice
+        self._staged.append((stage_part(folder, name, table, spec, footer, write_options=write_options), folder / name))
 
     def commit(self, *, rows_written: int, spans_written: int, summary: dict | None = None) -> None:
         """Make every staged part visible, with this process's row, then record the files as imported."""

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from rltrace import _names
 from rltrace.store import digest, requests, rows
-from rltrace.store.parts import MARK_ROWS, may_hold_engine_rows, write_part
+from rltrace.store.parts import MARK_ROWS, may_hold_engine_rows, received_from, sessions_of, write_part
 from rltrace.store.write_errors import errors
 
 logger = logging.getLogger("rltrace")
@@ -80,6 +80,7 @@ def merge(
     from rltrace.store.views import read_whole, upgrade
 
     tables = [(read or read_whole)(p) for p in inputs]
+    sessions = {s for t in tables for s in sessions_of(t.schema.metadata)}
     tables = [upgrade(table, t, int((t.schema.metadata or {}).get(_names.META_VERSION, b"1"))) for t in tables]
     merged = rows.concat(tables)
     keys = _names.COMPACTABLE[table.name]
@@ -94,7 +95,10 @@ def merge(
     if before_visible is not None:
         before_visible(merged, out_name, list(zip(inputs, tables)))
     replaces = [p.name for p in inputs] + still_there(folder, tables)
-    out = write_part(folder, out_name, merged, table, {_names.META_REPLACES: json.dumps(replaces).encode()},
+    footer = {_names.META_REPLACES: json.dumps(replaces).encode()}
+    if sessions:  # received rows stay marked as such in the merged part
+        footer.update(received_from(sessions))
+    out = write_part(folder, out_name, merged, table, footer,
                      write_options={"row_group_size": ROW_GROUP_ROWS})
     written = pq.read_metadata(out).num_rows
     if written != expected:  # never: the part is made visible only whole; checked all the same

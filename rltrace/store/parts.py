@@ -84,6 +84,28 @@ def stage_part(
     return tmp
 
 
+def received_from(sessions) -> dict[bytes, bytes]:
+    """The footer of a span part holding spans of these receiver or import sessions (`views.fold_copies`:
+    only such parts can hold copies of a span, and only when they come from two or more sessions)."""
+    import json
+
+    return {_names.META_RECEIVED: json.dumps(sorted(set(sessions))).encode()}
+
+
+def sessions_of(metadata: dict | None) -> tuple[str, ...]:
+    """The receiver or import sessions a span part's footer names (`received_from`); () for a process's own."""
+    import json
+
+    raw = (metadata or {}).get(_names.META_RECEIVED)
+    if raw is None:
+        return ()
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return ("?",)  # unreadable: treated as a session of its own, so the part is checked
+    return tuple(str(s) for s in found) if isinstance(found, list) else ("?",)
+
+
 def _any_text(spans: pa.Table, column: str, text: str) -> bool:
     """Whether a value of a text column holds `text` (a dictionary column: any value it may hold)."""
     if column not in spans.column_names:

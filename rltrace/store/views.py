@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ class Part:
     engine_rows: bool | None = None  # spans parts: whether a span may be an engine request (None: not recorded)
     requests_sql: str | None = None  # span_requests parts: the version of the SQL that found them
     mismatch_missing: bool | None = None  # spans parts: whether a span may mark mismatch not recorded
+    received_from: tuple[str, ...] = ()  # spans parts: the receiver or import sessions whose spans it holds
 
 
 @dataclass
@@ -165,11 +167,13 @@ def _check_part(path: Path, table: _names.Table, run_id: str | None = None) -> P
     engine_rows = kv.get(_names.META_ENGINE_ROWS)
     requests_sql = kv.get(_names.META_REQUESTS_SQL)
     no_mismatch = kv.get(_names.META_MISMATCH_MISSING)
+    from rltrace.store.parts import sessions_of
+
     return Part(path=path, rows=meta.num_rows, size=path.stat().st_size, replaces=replaces,
                 summary_of=summary_of.decode("utf-8", "replace") if summary_of else None, version=version,
                 digest_of=digest_of, engine_rows=None if engine_rows is None else engine_rows != b"0",
                 requests_sql=requests_sql.decode("ascii", "replace") if requests_sql else None,
-                mismatch_missing=None if no_mismatch is None else no_mismatch != b"0")
+                mismatch_missing=None if no_mismatch is None else no_mismatch != b"0", received_from=sessions_of(kv))
 
 
 def spans_digest(snap: Snapshot) -> str:
@@ -188,9 +192,11 @@ def read_manifest(run_dir: str | Path) -> dict:
     return objstore.read_manifest(run_dir) if objstore.is_uri(run_dir) else layout.read_manifest(Path(run_dir))
 
 
-def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _names.Table] | None = None) -> Snapshot:
+def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _names.Table] | None = None,
+         fold: bool = True) -> Snapshot:
     """Check every part of every table and return the readable ones (an `s3://` run: of the
-    local copy that `objstore.mirror` brings up to date first)."""
+    local copy that `objstore.mirror` brings up to date first), with copies of a span folded
+    (`fold_copies`; `compact` folds them itself, `fold=False`)."""
     from rltrace.store import objstore
 
     run_dir = objstore.mirror(run_dir) if objstore.is_uri(run_dir) else Path(run_dir)
@@ -214,7 +220,97 @@ def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _
             found = snap.parts[sidecar.name]
             snap.parts[sidecar.name] = [d for d in found if d.digest_of in live]
             snap.replaced.extend(d.path for d in found if d.digest_of not in live)
+    if fold and snap.parts.get("spans"):
+        fold_copies(snap)
     return snap
+
+
+def fold_copies(snap: Snapshot) -> None:
+    """Read each span (trace_id, span_id) once where copies can exist: in the span parts of two
+    or more receiver or import sessions (`Part.received_from`; a resent OTLP request taken by two
+    receivers, or by one started again after it forgot). The parts among them that hold a span
+    another holds are replaced in this snapshot by one part of their rows, each identity once (what
+    `rltrace compact` writes), kept in the local cache (`RLTRACE_CACHE_DIR`) for the next reader
+    of the same parts. A process's own parts are never read for this: its writer stores a span once."""
+    received = [p for p in snap.parts["spans"] if p.received_from]
+    if len({s for p in received for s in p.received_from}) < 2:
+        return
+    import hashlib
+
+    listing = sorted((p.path.name, p.rows, p.size) for p in received)
+    key = hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:24]
+    folder = _folded_dir(snap)
+    holding = _holding(received, folder / f"holding-{key}.json")
+    if not holding:
+        return
+    parts = sorted((p for p in received if p.path.name in holding), key=lambda p: p.path.name)
+    name = hashlib.sha256(json.dumps(sorted((p.path.name, p.rows, p.size) for p in parts)).encode()).hexdigest()[:24]
+    path = folder / f"f-{name}.parquet"
+    if not path.exists():
+        _write_folded(parts, path)
+    folded = _check_part(path, _names.SPANS)
+    folded.received_from = tuple(sorted({s for p in parts for s in p.received_from}))
+    snap.parts["spans"] = [p for p in snap.parts["spans"] if p.path.name not in holding] + [folded]
+    for sidecar in _names.SPAN_SIDECARS:  # theirs describe rows with copies: the folded part is summarised anew
+        if sidecar.name in snap.parts:
+            snap.parts[sidecar.name] = [d for d in snap.parts[sidecar.name] if d.digest_of[0] not in holding]
+
+
+def _folded_dir(snap: Snapshot) -> Path:
+    from rltrace._config import resolve
+    from rltrace._names import safe_name
+
+    root = resolve("cache_dir")
+    root = Path(root) if root else Path.home() / ".cache" / "rltrace" / "runs"
+    folder = root / ".folded" / safe_name(snap.manifest.get("run_id") or "run")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    except OSError:  # no cache here (a read-only home): this process's temp folder
+        import tempfile
+
+        folder = Path(tempfile.gettempdir()) / f"rltrace-folded-{os.getuid()}" / folder.name
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+
+def _holding(received: list[Part], remembered: Path) -> set[str]:
+    """Names of the parts among `received` holding a span another (or the same) part holds: one
+    GROUP BY over their ids (`compact.holding_copies`), remembered for this listing."""
+    try:
+        return set(json.loads(remembered.read_text()))
+    except (OSError, ValueError):
+        pass
+    from rltrace.store.compact import holding_copies
+
+    found = sorted(p.name for p in holding_copies(received))
+    try:
+        tmp = remembered.with_name(f".{remembered.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(found))
+        os.replace(tmp, remembered)
+    except OSError:
+        pass
+    return set(found)
+
+
+def _write_folded(parts: list[Part], path: Path) -> None:
+    """The rows of `parts` with each identity once (its first copy, `merge.first_of_each`), as
+    a part of the current schema, written whole (temp name, then `os.replace`)."""
+    import pyarrow.compute as pc
+
+    from rltrace.store import merge, rows
+
+    tables = [upgrade(_names.SPANS, read_whole(p.path), p.version) for p in parts]
+    merged = rows.concat(tables)
+    keys = _names.COMPACTABLE[_names.SPANS.name]
+    merged = merge.first_of_each(merged.take(pc.sort_indices(merged, sort_keys=[(k, "ascending") for k in keys])))
+    meta = {_names.META_TABLE: _names.SPANS.name.encode(), _names.META_VERSION: str(_names.SPANS.version).encode()}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(merged.replace_schema_metadata(meta), tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 SCANS = 10  # listings of a table whose parts vanish under the reader, ~6 s in all (`backoff`)

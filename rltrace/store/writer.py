@@ -108,6 +108,7 @@ class BackgroundWriter:
         on_tick: Callable[[], None] | None = None,
         drops: rows.Drops | None = None,
         merger=None,
+        span_footer: dict[bytes, bytes] | None = None,
     ):
         from rltrace._config import resolve
 
@@ -118,6 +119,7 @@ class BackgroundWriter:
         self._interval = interval
         self._max_pending_rows = max_pending_rows
         self._on_tick = on_tick
+        self._span_footer = span_footer  # footer keys of its span parts (a receiver's: `_names.META_RECEIVED`)
         self.rows_written = 0
         self.rows_dropped = 0
         self.drops = drops if drops is not None else rows.Drops()
@@ -239,16 +241,19 @@ class BackgroundWriter:
         that cannot be written costs only itself."""
         if spec.name in _names.COMPACTABLE:
             self.merger.claim()
+        footer = self._span_footer if spec is _names.SPANS else None
         try:
             table = rows.concat(tables)
-            self.merger.wrote(spec, write_part(self._run_dir / spec.folder, self._namer.next(), table, spec), table.num_rows)
+            self.merger.wrote(spec, write_part(self._run_dir / spec.folder, self._namer.next(), table, spec, footer),
+                              table.num_rows)
             self.rows_written += table.num_rows
             return
         except Exception:  # noqa: BLE001 - retried call by call below
             pass
         for table in tables:
             try:
-                self.merger.wrote(spec, write_part(self._run_dir / spec.folder, self._namer.next(), table, spec), table.num_rows)
+                self.merger.wrote(spec, write_part(self._run_dir / spec.folder, self._namer.next(), table, spec, footer),
+                                  table.num_rows)
                 self.rows_written += table.num_rows
             except Exception as exc:
                 reason = f"part could not be written ({type(exc).__name__}: {rows.text(str(exc))[:160]})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import subprocess
 import threading
@@ -465,3 +466,41 @@ def test_a_body_of_two_gzip_members_is_read_whole(receiver, run_dir):
     receiver.flush()
     assert len(spans_of(run_dir)) == 5
     assert main(["info", str(run_dir)]) == 0
+
+
+def test_a_request_taken_by_two_receivers_is_read_once_before_any_compaction(run_dir, capsys):
+    """A sender's retry can reach another receiver (two behind one address), or one started again
+    after it forgot what it stored: both store the spans. `rltrace info` and `report`, the
+    dashboard's data layer and the pyarrow reader of docs/scale.md each count every span once,
+    with no `rltrace compact`; spans only one part holds are read as stored."""
+    from rltrace.ui import data, runs
+
+    from ..store.test_other_engines import documented_reader
+
+    body = proto_request(40, "resender")
+    with Receiver(run_dir, "127.0.0.1", 0) as a, Receiver(run_dir, "127.0.0.1", 0) as b:
+        assert post(a.url, body, PB)[0] == 200
+        assert post(b.url, body, PB)[0] == 200  # the first answer was lost: the retry went to b
+        assert post(a.url, proto_request(7, "resender"), PB)[0] == 200
+    r = Receiver(run_dir, "127.0.0.1", 0)
+    r.seen = receiver_module.Seen()  # started again, and remembers nothing of what it stored
+    with r:
+        assert post(r.url, body, PB)[0] == 200
+    assert len(spans_of(run_dir)) == 3 * 40 + 7  # every file read: each copy
+    assert info(str(run_dir))["spans"]["finished"] == 47
+    assert main(["report", str(run_dir), "--json"]) == 0
+    assert sum(p["spans"] for p in json.loads(capsys.readouterr().out)["phases"]) == 47
+    ref = runs.RunRef(str(run_dir), runs.fingerprint(str(run_dir)))
+    assert data.info(ref)["spans"] == 47
+    assert sum(p["spans"] for p in data.report(ref, None)["phases"]) == 47
+    read = documented_reader(run_dir)
+    assert read.num_rows == len(set(zip(read["trace_id"].to_pylist(), read["span_id"].to_pylist()))) == 47
+    con = store.open(run_dir)
+    assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (47, 47)
+    if importlib.util.find_spec("pyspark"):  # Spark's reader of rltrace's data source, called as Spark calls it
+        from rltrace.store.spark import SpansSource
+
+        reader = SpansSource({"path": str(run_dir)}).reader(None)
+        assert sum(b.num_rows for p in reader.partitions() for b in reader.read(p)) == 47
+    assert main(["compact", str(run_dir)]) == 0  # compaction writes what readers read
+    assert len(spans_of(run_dir)) == 47
