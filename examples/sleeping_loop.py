@@ -121,7 +121,7 @@ class _Engine(threading.Thread):
         self.share = len(range(rank, shape.batch, shape.rollout_workers))
         self.carry: list[dict] = []  # partial rollouts: unfinished samples, with what they have left
         self.next_id = 0
-        self.requests: list[tuple] = []  # request spans to record once the batch is handed over
+        self.requests: list[tuple] = []  # request spans, recorded when the run ends (`run`)
 
     def _lengths(self, n: int) -> np.ndarray:
         s = self.shape
@@ -141,11 +141,6 @@ class _Engine(threading.Thread):
             with self.done:
                 self.results.setdefault(step, []).extend(samples)
                 self.done.notify_all()
-            # recorded after the hand-over, while the trainer trains: a real engine exports its spans
-            # from its own process, not on the rollout's critical path
-            for args, latency in self.requests:
-                _request_span(*args, **latency)
-            self.requests.clear()
 
     def _batch(self, step: int, version: int, wall0: float, t0: float) -> list[dict]:
         """Decode one batch: every slot's sample from now; returns the samples that finished in it."""
@@ -296,6 +291,12 @@ def run(out: str, shape: Shape | None = None) -> dict:
         versions.publish(s.steps + s.staleness + 1)  # nobody waits on weights after the last step
         for e in engines:
             e.join(5)
+        # the engines' request spans, recorded now: a real engine exports them from its own process,
+        # here they would take the trainer's CPU in the middle of its steps
+        for n, (args, latency) in enumerate(r for e in engines for r in e.requests):
+            _request_span(*args, **latency)
+            if n % 500 == 499:
+                rltrace.flush()  # within the span exporter's queue
         rltrace.shutdown()
     skip = min(len(ends) - 2, 2 + s.staleness)
     return {"period_s": float(np.median(np.diff(ends)[skip:])), "staleness_mean": float(np.mean(ages)),
