@@ -14,14 +14,15 @@ from rltrace import _names
 from rltrace.replay.batch import FrozenBatch, batch_parts
 from rltrace.replay.diff import rows_of
 from rltrace.replay.errors import DamagedBatchError, ReplayError
-from rltrace.replay.flags import TextRules, as_ints, batch_flags, trained_part
+from rltrace.replay.flags import TextRules, as_ints, batch_flags, reward_outliers, trained_part
 
 _LIST_COLUMNS = ("step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version", "tokenizer_name", "checkpoint")
 
 
-def list_batches(run_dir: str | Path, *, skip_corrupt: bool = True) -> tuple[list[dict], list[str]]:
+def list_batches(run_dir: str | Path, *, skip_corrupt: bool = True, rewards: bool = False) -> tuple[list[dict], list[str]]:
     """One dict per frozen batch (oldest step first, with its replay count), and unreadable parts
-    (without `skip_corrupt`, the first unreadable one is a `CorruptPartError`)."""
+    (without `skip_corrupt`, the first unreadable one is a `CorruptPartError`). With `rewards`,
+    each dict also holds `rewards`: the batch's reward column alone, one value a sample (None without one)."""
     parts, skipped = batch_parts(run_dir, skip_corrupt=skip_corrupt)
     replays_dir = Path(run_dir) / _names.REPLAYS.folder
     replay_ids: dict[str, set[str]] = {}
@@ -32,17 +33,43 @@ def list_batches(run_dir: str | Path, *, skip_corrupt: bool = True) -> tuple[lis
     out = []
     for path in parts:
         try:
-            table = pq.read_table(path, columns=[c for c in _LIST_COLUMNS if c in pq.read_schema(path).names])
+            with pq.ParquetFile(path) as part:  # one open a part: a run may hold thousands of batches
+                names = part.schema_arrow.names
+                wanted = [c for c in _LIST_COLUMNS if c in names] + (["reward"] if rewards and "reward" in names else [])
+                table = part.read(columns=wanted)
         except (OSError, pa.ArrowException) as exc:
             if not skip_corrupt:
                 raise DamagedBatchError(f"{path}: cannot be read ({exc})") from None
             skipped.append(f"{path}: {exc}")
             continue
-        row = table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
+        head = table.drop_columns(["reward"]) if "reward" in wanted else table
+        row = head.slice(0, 1).to_pylist()[0] if table.num_rows else {}
+        if rewards:
+            row["rewards"] = _numbers(table.column("reward")) if "reward" in wanted else [None] * table.num_rows
         row.update(path=str(path), bytes=path.stat().st_size, replays=len(replay_ids.get(row.get("batch_id"), ())))
         out.append(row)
     out.sort(key=lambda r: (r.get("step") or 0, r.get("frozen_ns") or 0))
     return out, skipped
+
+
+def _numbers(column: pa.ChunkedArray) -> list[float | None]:
+    """A reward column as floats (None where missing or not a number: a reward stored as raw bits)."""
+    if pa.types.is_floating(column.type) or pa.types.is_integer(column.type) or pa.types.is_boolean(column.type):
+        return [None if v is None else float(v) for v in column.to_pylist()]
+    return [None] * len(column)
+
+
+def reward_ranking(batches: list[dict]) -> list[dict[str, Any]]:
+    """Every sample of `batches` (`list_batches(..., rewards=True)`) as step, batch_id, sample_index,
+    reward and its reward_outlier flag, in `by_reward_outlier`'s order: the first is the run's worst
+    sample as `replay show --step all --sort reward_outlier` ranks it, found from the reward column alone."""
+    views = []
+    for batch in batches:
+        values = batch["rewards"]
+        flagged = reward_outliers(values)
+        views += [{"step": batch.get("step"), "batch_id": batch.get("batch_id"), "sample_index": i, "reward": r,
+                   "flags": {"reward_outlier": flagged[i]} if i in flagged else {}} for i, r in enumerate(values)]
+    return by_reward_outlier(views)
 
 
 def _decode(tokenizer: Any, ids: Any) -> str | None:
@@ -103,19 +130,22 @@ def pick_sample(views: list[dict], index: int, where: str) -> dict:
     return views[index]
 
 
-def _outlier_severity(view: dict[str, Any], views: list[dict[str, Any]]) -> float:
-    """How far a sample's reward is from its batch's median (NaN/inf: infinitely far); 0 without a reward."""
-    reward = view.get("reward")
-    if reward is None:
-        return 0.0
-    if not math.isfinite(reward):
-        return math.inf
-    mates = [v["reward"] for v in views if v.get("batch_id") == view.get("batch_id") and v.get("step") == view.get("step")
-             and v.get("reward") is not None and math.isfinite(v["reward"])]
-    return abs(reward - statistics.median(mates)) if mates else 0.0
-
-
 def by_reward_outlier(views: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sample views, reward outliers first, the farthest from its batch's median reward first: the one
-    order of `replay show --sort reward_outlier` and the dashboard's Batches page."""
-    return sorted(views, key=lambda v: ("reward_outlier" not in (v.get("flags") or {}), -_outlier_severity(v, views)))
+    """Sample views, reward outliers first, the farthest from its batch's median reward first (NaN/inf:
+    infinitely far; no reward: 0): the one order of `replay show --sort reward_outlier` and the
+    dashboard's Batches page. A batch is the views of one (step, batch_id)."""
+    rewards: dict[tuple, list[float]] = {}
+    for v in views:
+        if v.get("reward") is not None and math.isfinite(v["reward"]):
+            rewards.setdefault((v.get("step"), v.get("batch_id")), []).append(v["reward"])
+    medians = {key: statistics.median(values) for key, values in rewards.items()}
+
+    def severity(v: dict[str, Any]) -> float:
+        reward, median = v.get("reward"), medians.get((v.get("step"), v.get("batch_id")))
+        if reward is None:
+            return 0.0
+        if not math.isfinite(reward):
+            return math.inf
+        return abs(reward - median) if median is not None else 0.0
+
+    return sorted(views, key=lambda v: ("reward_outlier" not in (v.get("flags") or {}), -severity(v)))

@@ -326,10 +326,20 @@ def artefact(run: RunRef, stored: str | None):
 # --- frozen batches and replays (rltrace.replay) -------------------------------------------------
 @st.cache_data(**CACHE)
 def batches(run: RunRef) -> pd.DataFrame:
-    """Every frozen batch (`rltrace replay list`): step, batch_id, n_samples, trigger, reason, ..."""
-    rows, _ = browse.list_batches(run.path)
-    return pd.DataFrame(rows, columns=["step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version",
-                                       "tokenizer_name", "checkpoint", "path", "bytes", "replays"])
+    """Every frozen batch (`rltrace replay list`): step, batch_id, n_samples, trigger, reason, ...; and
+    where its worst sample stands in the run (`replay show --step all --sort reward_outlier`):
+    `worst_rank` (0: it holds the run's worst sample; None: no reward in the run) and `worst_sample`."""
+    rows, _ = browse.list_batches(run.path, rewards=True)
+    worst: dict[tuple, tuple[int, int]] = {}
+    ranked = browse.reward_ranking(rows)
+    if any(v["reward"] is not None for v in ranked):
+        for rank, v in enumerate(ranked):
+            worst.setdefault((v["step"], v["batch_id"]), (rank, v["sample_index"]))
+    table = pd.DataFrame(rows, columns=["step", "batch_id", "n_samples", "frozen_ns", "trigger", "reason", "train_version",
+                                        "tokenizer_name", "checkpoint", "path", "bytes", "replays"])
+    found = [worst.get((r.get("step"), r.get("batch_id"))) for r in rows]
+    return table.assign(worst_rank=pd.array([f and f[0] for f in found], dtype="Int64"),
+                        worst_sample=pd.array([f and f[1] for f in found], dtype="Int64"))
 
 
 def _tokens(value) -> list | None:
@@ -354,8 +364,10 @@ def batch(run: RunRef, step: int, batch_id: str) -> dict:
 def replays(run: RunRef, step: int, batch_id: str) -> list[dict]:
     """Each replay of the batch (`rltrace replay diff`): label, entry, repeats, durations, repeatability,
     the recorded-vs-replayed diffs of its first repeat, and its per-token log-probs by sample."""
-    frozen = replay.load(run.path, step, batch_id=batch_id)
     found = [r for r in rerun.load_replays(run.path, step=step) if r.batch_id == batch_id]
+    if not found:
+        return []
+    frozen = replay.load(run.path, step, batch_id=batch_id)  # checks every batch part's footer: only when needed
     out = []
     for replay_id in dict.fromkeys(r.replay_id for r in found):
         repeats = [r for r in found if r.replay_id == replay_id]

@@ -157,9 +157,16 @@ def test_reward_and_mismatch_overlay_both_runs(colocated_run, async_run, app):
     assert at.selectbox(key="samples_y").value == "logprob_abs_diff"  # the demo's per-sample mismatch column
 
 
-def test_batches_show_flags_texts_and_the_replay_diff(colocated_run, app):
+def test_batches_show_flags_texts_and_the_replay_diff(colocated_run, app, capsys):
+    from rltrace.cli import main
+
+    assert main(["replay", "show", str(colocated_run), "--step", "all", "--sort", "reward_outlier", "--json"]) == 0
+    worst = json.loads(capsys.readouterr().out)["samples"][0]
     at = page(app(colocated_run), "batches")
-    assert at.subheader[0].value.startswith("Step 2 ")  # the latest batch that was replayed
+    assert at.subheader[0].value.startswith(f"Step {worst['step']} · batch {worst['batch_id']}")  # the run's worst sample
+    at.session_state["batches_step"] = 2  # the replayed batch, as the Reward page sends a step here
+    at = page(at, "batches")
+    assert at.subheader[0].value.startswith("Step 2 ")
     assert "truncated" in texts(at)  # the --straggler sample runs to its token budget
     assert "<|assistant|>" in at.code[0].value  # the prompt, with its chat template
     strip = json.loads(charts(at)[0].proto.spec)["data"][0]
@@ -245,6 +252,29 @@ def test_batches_rank_samples_as_replay_show_sort_reward_outlier_and_open_on_the
     at = page(app(run_dir), "batches")
     assert at.dataframe[1].value["reward"].tolist() == cli_order
     assert "#### Sample 4" in texts(at)  # the worst sample is open
+
+
+def test_the_batches_page_opens_on_the_run_s_worst_sample_across_every_batch(app, tmp_path, capsys):
+    """Not the latest batch's worst: the batch holding the run's worst sample, ranked as
+    `replay show --step all --sort reward_outlier` ranks it (read from the reward column alone)."""
+    import rltrace
+    from rltrace.cli import main
+
+    run_dir = tmp_path / "run"
+    rltrace.init(run_dir)
+    base = [0.1, 0.2, 0.0, 0.15, 0.1, 0.3, 0.2, 0.1]
+    for step, (k, bad) in enumerate([(2, 5.0), (6, -40.0), (1, 9.0), (3, 0.18)]):  # the latest: no outlier at all
+        with rltrace.phase("train", step=step):
+            pass
+        rltrace.replay.freeze(step, [{"reward": bad if i == k else r, "response_text": f"s{step} {i}"} for i, r in enumerate(base)])
+        rltrace.replay.flush()
+    rltrace.shutdown()
+    assert main(["replay", "show", str(run_dir), "--step", "all", "--sort", "reward_outlier", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)["samples"][0]
+    assert (first["step"], first["sample_index"], first["reward"]) == (1, 6, -40.0)
+    at = page(app(run_dir), "batches")
+    assert f"Step 1 · batch {first['batch_id']}" in at.subheader[0].value and "#### Sample 6" in texts(at)
+    assert at.dataframe[1].value["reward"].tolist()[0] == -40.0
 
 
 def test_pages_without_data_for_the_run_say_in_one_line_what_fills_them(tmp_path, app):

@@ -29,9 +29,13 @@ if steps is not None:
 table = table.reset_index(drop=True)
 wanted = st.session_state.pop("batches_step", None)  # sent here from Reward & mismatch
 with_replays = table.index[table["replays"] > 0]
+ranked = table["worst_rank"].dropna()
+worst = int(ranked.idxmin()) if len(ranked) else None  # holds the worst sample in the step range
 default = (int(table.index[table["step"] == wanted][-1]) if wanted in set(table["step"])
+           else worst if worst is not None  # as `replay show --step all --sort reward_outlier` ranks them
            else int(with_replays[-1]) if len(with_replays) else len(table) - 1)  # the latest batch that was replayed
 st.caption("A frozen batch holds what the step's reward and train forward need to be recomputed bit for bit. "
+           "The page opens on the run's worst sample (`rltrace replay show RUN --step all --sort reward_outlier`). "
            "Select a batch, then a sample: its reward outliers come first, the farthest from the batch's median first.")
 picked = st.dataframe(
     table.assign(frozen=pd.to_datetime(table["frozen_ns"], unit="ns").dt.strftime("%H:%M:%S"))[
@@ -39,7 +43,8 @@ picked = st.dataframe(
     hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row", key="batches_table", placeholder="–",
     column_config={"train_version": st.column_config.NumberColumn("v_t"), "n_samples": st.column_config.NumberColumn("samples")},
 )
-row = table.iloc[picked.selection.rows[0] if picked.selection.rows else default]
+at = picked.selection.rows[0] if picked.selection.rows else default
+row = table.iloc[at]
 step, batch_id = int(row["step"]), str(row["batch_id"])
 try:
     frozen = data.batch(run, step, batch_id)
@@ -66,7 +71,9 @@ if view.empty:
     st.info("No sample of this batch is flagged.")
     st.stop()
 flagged = np.flatnonzero(view["flag_names"].to_numpy() != "")
-sample = view.iloc[chosen.selection.rows[0] if chosen.selection.rows else (flagged[0] if len(flagged) else 0)]
+run_worst = np.flatnonzero(view["sample_index"].to_numpy() == row["worst_sample"]) if at == worst else []
+sample = view.iloc[chosen.selection.rows[0] if chosen.selection.rows else
+                   run_worst[0] if len(run_worst) else flagged[0] if len(flagged) else 0]
 i = int(sample["sample_index"])
 
 sample_id = sample.get("sample_id")
