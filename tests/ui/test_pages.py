@@ -310,3 +310,43 @@ def test_the_profiles_page_draws_the_phase_profile_from_its_stored_stacks(tmp_pa
     assert icicle["type"] == "icicle"
     shown = dict(zip(values(icicle["labels"]), values(icicle["values"])))
     assert shown == {"all (100 samples)": 100, "loop (loop.py)": 100, "reward (r.py)": 100, "judge (r.py)": 80}
+
+
+def test_a_hung_run_shows_its_blocking_edge_with_the_stack_one_click_away(tmp_path, app, capsys):
+    """A real process hung in a queue no one fills (tests/stacks/hung.py), its stacks asked for as a
+    user would (`rltrace stacks`): the Overview, and the Timeline once the open span is picked,
+    say who waits on what, and the expander under it holds that thread's stack."""
+    from rltrace.cli import main
+    from rltrace.stacks import edges
+    from rltrace.ui import state
+    from tests.stacks.test_hangs import _start, _until
+
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, "queue")
+    try:
+        _until(proc, "HUNG")
+        assert main(["stacks", str(run_dir), "--wait", "15"]) == 0
+        capsys.readouterr()
+        con = store.open(run_dir)
+        try:
+            (edge,) = edges(con)
+        finally:
+            con.close()
+        assert "waiting" in edge.text and "in queue.Queue.get in consume (rollout, step 0)" in edge.text
+        at = app(run_dir)
+        for where in ("overview", "timeline"):
+            if where == "timeline":
+                at.session_state[state.TIMELINE_STEP] = 0
+                at.session_state[state.TIMELINE_SPAN] = edge.span_id  # the open span, picked
+                at = page(at, "timeline")
+            no_exceptions(at)
+            shown = [w.value.replace("\\", "") for w in at.warning]  # markdown-escaped on the page
+            before, after = edge.text.split(" has been waiting ")[0], edge.text.split(" s in ")[1]
+            assert [t for t in shown if t.startswith(before + " has been waiting ") and t.endswith(after)], (where, shown)
+            (box,) = [x for x in at.expander if x.label == "Stack of trainer0, innermost call last"]
+            stack = box.get("code")[0].value.splitlines()
+            assert any("queue.py" in line and "get" in line for line in stack), (where, stack)
+            assert any("hung.py" in line and "consume" in line for line in stack), (where, stack)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
