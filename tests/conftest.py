@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,6 +75,27 @@ def python_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder `build(folder)` fills once per test session, then read by every xdist worker: the
+    first to ask builds it while the others wait for it (a demo run costs tens of CPU seconds, and
+    `--dist loadfile` sends files that read the same run to both workers). A build that fails
+    leaves nothing behind: the next to ask builds it again, and fails the same way."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    shared = root / "built-once"
+    shared.mkdir(exist_ok=True)
+    out, done = shared / name, shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when a worker dies holding it
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(out)
+            done.touch()
+    return out
 
 
 from .phoenix import phoenix  # noqa: E402,F401  (one OTLP backend for the whole session)

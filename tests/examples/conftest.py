@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import PYTHON, REPO, python_env
+from ..conftest import PYTHON, REPO, built_once, python_env
 
 FAST_WARMUP = ("--warmup-max-steps", "3")  # runs that test plumbing, not learning, skip most of the warm-up
 
@@ -44,16 +44,24 @@ def run_demo(out: Path, *args: str, timeout: float = 300) -> subprocess.Complete
 
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory):
-    """`demo(name)` -> (run dir, finished process) of the configuration `RUNS[name]`, run once."""
+    """`demo(name)` -> (run dir, finished process) of the configuration `RUNS[name]`, run once a
+    session for every worker (`built_once`)."""
     done: dict[str, tuple[Path, subprocess.CompletedProcess]] = {}
+
+    def build(name: str, folder: Path) -> None:
+        args, code = RUNS[name]
+        proc = run_demo(folder / "run", *args)
+        assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-3000:]
+        (folder / "stdout.txt").write_text(proc.stdout)
+        (folder / "stderr.txt").write_text(proc.stderr)
 
     def get(name: str) -> tuple[Path, subprocess.CompletedProcess]:
         if name not in done:
+            folder = built_once(tmp_path_factory, f"demo-{name}", lambda f: build(name, f))
             args, code = RUNS[name]
-            out = tmp_path_factory.mktemp(name) / "run"
-            proc = run_demo(out, *args)
-            assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-3000:]
-            done[name] = out, proc
+            proc = subprocess.CompletedProcess(["examples.tiny_grpo", *args], code,
+                                               (folder / "stdout.txt").read_text(), (folder / "stderr.txt").read_text())
+            done[name] = folder / "run", proc
         return done[name]
 
     return get

@@ -12,7 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from rltrace._config import paths_value
-from tests.conftest import REPO, python_env
+from tests.conftest import REPO, built_once, python_env
 
 APP = REPO / "ui" / "app.py"
 RUN_TIMEOUT_S = 120  # an AppTest script run (the first one imports plotly, pandas, the analyses)
@@ -33,21 +33,26 @@ REPLAY_LABEL = "trainer forward, v_t weights"
 def colocated_run(tmp_path_factory) -> Path:
     """Colocated sync demo with a straggler and slow rewards (profiled by py-spy), freezing every
     second batch; then step 2 is replayed twice (the trainer's log-probs from its v_t checkpoint)."""
-    out = tmp_path_factory.mktemp("ui") / "colocated"
+    return built_once(tmp_path_factory, "ui-colocated", _colocated) / "colocated"
+
+
+def _colocated(folder: Path) -> None:
+    out = folder / "colocated"
     _run("-m", "examples.tiny_grpo", "--out", str(out), *DEMO_SHORT, "--straggler", "--slow-reward", "0.05",
          "--freeze-every", "2", RLTRACE_PROFILE_AFTER="reward=0.3")
     _run("-m", "rltrace", "replay", "run", str(out), "--step", "2", "--repeat", "2",
          "--entry", "examples.tiny_grpo.replay:logprobs", "--label", REPLAY_LABEL)
-    return out
 
 
 @pytest.fixture(scope="session")
 def async_run(tmp_path_factory) -> Path:
     """Disaggregated async demo (trainer + a Ray rollout worker) whose worker hangs at step HANG_AT."""
-    out = tmp_path_factory.mktemp("ui") / "async"
-    _run("-m", "examples.tiny_grpo", "--out", str(out), *DEMO_SHORT, "--placement", "disaggregated", "--mode", "async",
-         "--hang-after", str(HANG_AT), "--hang-timeout", "5", expect=3)
-    return out
+    return built_once(tmp_path_factory, "ui-async", _async) / "async"
+
+
+def _async(folder: Path) -> None:
+    _run("-m", "examples.tiny_grpo", "--out", str(folder / "async"), *DEMO_SHORT, "--placement", "disaggregated",
+         "--mode", "async", "--hang-after", str(HANG_AT), "--hang-timeout", "5", expect=3)
 
 
 @pytest.fixture
