@@ -553,13 +553,29 @@ def parts_sql(table: _names.Table, parts: list[Part], options: str = "") -> str:
     return " UNION ALL BY NAME ".join(selects)
 
 
+#: table name -> its columns as DuckDB declares them, learnt from the Arrow schema once a process
+_COLUMNS: dict[str, str] = {}
+
+
+def _columns(con: duckdb.DuckDBPyConnection, table: _names.Table) -> str:
+    """`"name" TYPE, ...` of a table's full schema, as DuckDB reads the Arrow schema: declaring the
+    empty table with them costs a third of registering an Arrow table for it on every connection."""
+    if table.name not in _COLUMNS:
+        con.register("_schema", table.schema.empty_table())
+        try:
+            described = con.execute("DESCRIBE SELECT * FROM _schema").fetchall()
+        finally:
+            con.unregister("_schema")
+        _COLUMNS[table.name] = ", ".join('"{}" {}'.format(name.replace('"', '""'), kind)
+                                         for name, kind, *_ in described)
+    return _COLUMNS[table.name]
+
+
 def _source(con: duckdb.DuckDBPyConnection, table: _names.Table, parts: list[Part]) -> str:
     """SQL for all rows of a table: its parts, unioned with an empty table of the full schema so
     that every documented column exists even when no part has it yet."""
     empty = f"_empty_{table.name}"
-    con.register("_schema", table.schema.empty_table())
-    con.execute(f"CREATE TABLE {empty} AS SELECT * FROM _schema")  # a table, so cursors see it too
-    con.unregister("_schema")
+    con.execute(f"CREATE TABLE {empty} ({_columns(con, table)})")  # a table, so cursors see it too
     if not parts:
         return f"SELECT * FROM {empty}"
     return f"{parts_sql(table, parts)} UNION ALL BY NAME SELECT * FROM {empty}"
