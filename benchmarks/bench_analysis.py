@@ -15,6 +15,8 @@ as Parquet instead (seconds, not minutes; no writer exits, so nothing stored).
 `--names N`: a service whose N request spans each have their own name (`Req <id>`, with a
 `decode` child), as instrumentations that put ids in span names give, against the same run with
 one name for all: the report should cost about the same.
+`--received`: the run as two receivers (`rltrace collect`) store it, one request of 2,000 spans
+stored by both: the report with copies folded on read against the same with them not looked for.
 `--engine-meta`: generate spans carry attributes as a traced run's do (a sample id, ~80 bytes; one
 in 30 SGLang's request meta, ~190 bytes), so reading attribute text costs what it does there.
 
@@ -47,7 +49,7 @@ import pyarrow.compute as pc
 from rltrace import _names, analysis, report, store
 from rltrace.cli import main as cli
 from rltrace.store import digest, layout, merge
-from rltrace.store.parts import write_part
+from rltrace.store.parts import received_from, write_part
 
 STEP_NS = 10 * 10**9
 T0 = 1_700_000_000 * 10**9
@@ -177,10 +179,10 @@ def process_ids() -> list[str]:
     return [f"{role}{rank}-bench-{4000 + i}" for i, (role, rank) in enumerate(PROCS)]
 
 
-def write_as_writers_do(run_dir: Path, table: pa.Table, names: list[str]) -> None:
+def write_as_writers_do(run_dir: Path, table: pa.Table, names: list[str], received: bool = False) -> None:
     """Spans of several processes as their writers leave them once merged: per process, parts
     sorted by (step, start) in 128k-row groups, each with its per-part summary and engine request
-    rows (the same code)."""
+    rows (the same code). `received`: as two receivers' merged parts (`rltrace collect`)."""
     proc = table["process_id"]
     for i, process_id in enumerate(process_ids()):
         mine = table.filter(pc.equal(proc, process_id))
@@ -188,14 +190,16 @@ def write_as_writers_do(run_dir: Path, table: pa.Table, names: list[str]) -> Non
             continue
         mine = mine.take(pc.sort_indices(mine, sort_keys=[("step", "ascending"), ("start_ns", "ascending")]))
         name = names[i]
-        path = write_part(run_dir / "spans", name, mine, _names.SPANS, write_options={"row_group_size": merge.ROW_GROUP_ROWS})
+        footer = received_from([f"collector-bench-{i % 2}"]) if received else None
+        path = write_part(run_dir / "spans", name, mine, _names.SPANS, footer, write_options={"row_group_size": merge.ROW_GROUP_ROWS})
         merge.write_summary(path.parent, name, digest.build(mine), mine.num_rows)
         merge.write_requests(path.parent, name, mine)
 
 
-def generate(run_dir: Path, spans: int, seed: int = 0, meta: bool = False) -> int:
+def generate(run_dir: Path, spans: int, seed: int = 0, meta: bool = False, received: bool = False) -> int:
     """A run of about `spans` spans from 8 processes, as their writers leave it when they exit: per
-    process, merged parts of up to PART_ROWS spans with their per-part summaries."""
+    process, merged parts of up to PART_ROWS spans with their per-part summaries. `received`: as
+    two receivers store them, and one request of 2,000 spans stored by both (a resent export)."""
     rng = np.random.default_rng(seed)
     layout.create_or_join(run_dir, run_name="bench", config={"spans": spans})
     tpl = _template(rng)
@@ -206,7 +210,11 @@ def generate(run_dir: Path, spans: int, seed: int = 0, meta: bool = False) -> in
     for k, first in enumerate(range(0, n_steps, per_part)):
         steps = range(first, min(first + per_part, n_steps))
         table = _batch(tpl, steps, rng, meta)
-        write_as_writers_do(run_dir, table, [f"{p}-m{k + 1:08d}.parquet" for p in process_ids()])
+        write_as_writers_do(run_dir, table, [f"{p}-m{k + 1:08d}.parquet" for p in process_ids()], received)
+        if received and k == 0:
+            resent = table.filter(pc.equal(table["process_id"], process_ids()[1])).slice(0, 2000)
+            write_part(run_dir / "spans", "collector-bench-2-00000001.parquet", resent, _names.SPANS,
+                       received_from(["collector-bench-2"]))
         written += table.num_rows
         samples = {
             "step": np.repeat(np.asarray(steps), 256),
@@ -409,7 +417,10 @@ def _raw(run_dir: Path, written: int, rows: list, meta: bool = False) -> None:
     rows.append(("  peak memory of that report", "<= 4 GB (10M), < 8 GB (100M)", f"{first['peak_mb'] / 1024:.2f} GB", "", ""))
     shutil.rmtree(cache, ignore_errors=True)
     inproc = _child(build, cache)  # the same, imports excluded (the figure earlier releases gave)
-    rows.append(("  the same in-process (open + build, imports excluded)", "", f"{inproc['seconds']:.2f} s", "", ""))
+    shutil.rmtree(cache, ignore_errors=True)
+    unfolded = _child(f"report.build(store.connect(store.scan({str(run_dir)!r}, fold=False)))", cache)
+    rows.append(("  the same in-process (open + build, imports excluded)", "", f"{inproc['seconds']:.2f} s",
+                 f"{unfolded['seconds']:.2f} s copies not looked for", f"{inproc['seconds'] / unfolded['seconds']:.2f}x"))
     if stored.exists():
         shutil.rmtree(aside, ignore_errors=True)
         stored.rename(aside)
@@ -445,6 +456,39 @@ def _raw(run_dir: Path, written: int, rows: list, meta: bool = False) -> None:
                  f"{inproc['seconds']:.2f} s first", f"{100 * second['seconds'] / inproc['seconds']:.0f}%"))
     rows.append(("  the same as a command", "", f"{second_cmd['seconds']:.2f} s",
                  f"{first['seconds']:.2f} s first", f"{100 * second_cmd['seconds'] / first['seconds']:.0f}%"))
+
+
+def _received(run_dir: Path, written: int, rows: list) -> None:
+    """The report on a run whose spans all came through two receivers, one request stored by both:
+    readers look for copies among their parts and fold them (`store.views.fold_copies`), against
+    the same report with copies not looked for (the read path of earlier releases), each in a fresh
+    interpreter with nothing cached; then again with what the first reader kept (the copies found,
+    the folded part)."""
+    cache, kept = run_dir.parent / f"{run_dir.name}-summaries", run_dir.parent / f"{run_dir.name}-kept"
+    os.environ["RLTRACE_CACHE_DIR"] = str(kept)  # where readers keep folded parts (children inherit it)
+    d = str(run_dir)
+
+    def cold(body: str, keep: bool = False) -> float:
+        times = []
+        for _ in range(3):
+            shutil.rmtree(cache, ignore_errors=True)
+            if not keep:
+                shutil.rmtree(kept, ignore_errors=True)
+            times.append(_child(body, cache)["seconds"])
+        return statistics.median(times)
+
+    scan_before = cold(f"store.scan({d!r}, fold=False)")
+    scan_after = cold(f"store.scan({d!r})")
+    before = cold(f"report.build(store.connect(store.scan({d!r}, fold=False)))")
+    after = cold(f"report.build(store.open({d!r}))")
+    again = cold(f"report.build(store.open({d!r}))", keep=True)
+    counted = store.open(run_dir).execute("SELECT count(*) FROM spans").fetchall()[0][0]
+    rows.append((f"open a received run ({written:,} spans stored, {counted:,} once)", "", f"{scan_after:.2f} s",
+                 f"{scan_before:.2f} s copies not looked for", f"{scan_after / scan_before:.2f}x"))
+    rows.append(("report, copies folded on read (nothing kept yet)", "about the baseline", f"{after:.2f} s",
+                 f"{before:.2f} s copies counted", f"{after / before:.2f}x"))
+    rows.append(("  the same once a reader kept the folded part", "", f"{again:.2f} s",
+                 f"{before:.2f} s copies counted", f"{again / before:.2f}x"))
 
 
 def _many_names(root: Path, n: int) -> None:
@@ -485,6 +529,8 @@ def main() -> None:
     p.add_argument("--dir", default="/tmp/rltrace-bench")
     p.add_argument("--reuse", action="store_true", help="reuse a run generated before (skips the uncompacted baseline)")
     p.add_argument("--skip-raw", action="store_true", help="skip the report baseline without summaries (minutes at 10M)")
+    p.add_argument("--received", action="store_true",
+                   help="only the report on a run that two receivers stored (one request by both), copies folded on read or not")
     p.add_argument("--raw", action="store_true", help="only the never-compacted report against a GROUP BY, and a live run")
     p.add_argument("--direct", action="store_true",
                    help="--raw on a run written straight as Parquet (seconds), not by 8 writer processes (minutes)")
@@ -494,7 +540,7 @@ def main() -> None:
     args = p.parse_args()
     if args.names:
         return _many_names(Path(args.dir), args.names)
-    kind = "-direct" if args.direct or not args.raw else "-writers"
+    kind = "-received" if args.received else "-direct" if args.direct or not args.raw else "-writers"
     run_dir = Path(args.dir) / f"run-{args.spans}{'-meta' if args.engine_meta else ''}{kind}"
     rows = []
     before = None
@@ -505,9 +551,12 @@ def main() -> None:
             generate_with_writers(run_dir, args.spans, meta=args.engine_meta)
             rows.append(("8 writer processes record the run and exit", "", f"{time.perf_counter() - t:.1f} s", "", ""))
         else:
-            generate(run_dir, args.spans, meta=args.engine_meta)
+            generate(run_dir, args.spans, meta=args.engine_meta, received=args.received)
             rows.append(("generate run", "", f"{time.perf_counter() - t:.1f} s", "", ""))
     written = store.open(run_dir).execute("SELECT count(*) FROM spans").fetchall()[0][0]
+    if args.received:
+        _received(run_dir, sum(p.rows for p in store.scan(run_dir, fold=False).parts["spans"]), rows)
+        return _print(rows, written)
     if args.raw:
         _raw(run_dir, written, rows, meta=args.engine_meta)
         return _print(rows, written)
