@@ -24,6 +24,10 @@ in for a prefill/decode deployment by sleeping too:
   first come first served; D decode engines take the requests in turn and decode each from the
   moment its KV arrived (every request they are sent at once: no cap). Each prefill, transfer and
   decode is a sleep on its own thread; the KV bytes are those of `MODEL` (stored with the run).
+
+With `cap` set, each engine batches continuously instead: it runs at most `cap` of its share's
+requests at once, each for its own time (prefill then decode), and starts a waiting one the
+moment another finishes; the rest wait in its queue (`time_in_queue` on the request span).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Shape:
     prompt_tokens: float = 512.0  # median prompt length
     pd: tuple[int, int] | None = None  # (prefill engines, decode engines); None: unified engines
     kv_bandwidth: float = 1e10  # the KV link between prefill and decode engines, bytes/s
+    cap: int | None = None  # continuous batching: requests an engine runs at once (None: static batches)
 
 
 #: The served model's config (a 0.5B-parameter GQA model: 24 layers, 2 KV heads of 64, bf16): the KV
@@ -145,6 +150,8 @@ class _Engine(threading.Thread):
     def _batch(self, step: int, version: int, wall0: float, t0: float) -> list[dict]:
         """Decode one batch: every slot's sample from now; returns the samples that finished in it."""
         s = self.shape
+        if s.cap:
+            return self._continuous(step, version, wall0, t0)
         if s.prefill_tok_s > 0:
             return self._requests(step, version, wall0, t0)
         slots = self.share if s.partial is None else math.ceil(self.share * s.partial)
@@ -185,6 +192,31 @@ class _Engine(threading.Thread):
                 queue_s=float(filled[i] - prefill[i]), prefill_s=float(prefill[i]), decode_s=float(decode[i]),
                 prompt_tokens=int(p), completion_tokens=int(n))))
             out.append({"sample_id": rid, "response_len": int(n), "weight_version": version, "gen_start": wall0,
+                        "gen_end": wall0 + float(ends[i]), "worker_rank": self.rank, "train_version": step})
+        return out
+
+
+    def _continuous(self, step: int, version: int, wall0: float, t0: float) -> list[dict]:
+        """Continuous batching with a cap: the share's requests all arrive now; each of `cap` slots
+        takes the next waiting request when its last one finishes."""
+        s = self.shape
+        lengths, prompts = self._lengths(self.share), self._prompts(self.share)
+        prefill, decode = prompts * s.prefill_tok_s, lengths * s.tok_s
+        slots = [0.0] * s.cap
+        began, ends = np.zeros(self.share), np.zeros(self.share)
+        for i in range(self.share):  # first come, first served
+            began[i] = heapq.heappop(slots)
+            ends[i] = began[i] + prefill[i] + decode[i]
+            heapq.heappush(slots, ends[i])
+        _sleep_until(t0 + float(ends.max()))
+        out = []
+        for i in range(self.share):
+            rid = f"{self.rank}-{self.next_id}"
+            self.next_id += 1
+            self.requests.append((("unified", step, rid, wall0, wall0 + ends[i]), dict(
+                queue_s=float(began[i]), prefill_s=float(prefill[i]), decode_s=float(decode[i]),
+                prompt_tokens=int(prompts[i]), completion_tokens=int(lengths[i]))))
+            out.append({"sample_id": rid, "response_len": int(lengths[i]), "weight_version": version, "gen_start": wall0,
                         "gen_end": wall0 + float(ends[i]), "worker_rank": self.rank, "train_version": step})
         return out
 
@@ -260,9 +292,12 @@ def run(out: str, shape: Shape | None = None) -> dict:
     once the pipeline filled (after the first K + 2 steps), "staleness_mean", "staleness_max"}, as
     the loop itself measured them."""
     s = shape or Shape()
-    requests = s.prefill_tok_s > 0
-    if s.pd is not None and (not requests or s.partial is not None or min(s.pd) < 1):
-        raise ValueError("a prefill/decode split needs prefill_tok_s > 0, no partial rollouts and >= 1 engine of each")
+    requests = s.prefill_tok_s > 0 or bool(s.cap)
+    if s.pd is not None and (s.prefill_tok_s <= 0 or s.partial is not None or s.cap or min(s.pd) < 1):
+        raise ValueError("a prefill/decode split needs prefill_tok_s > 0, no partial rollouts, no cap and >= 1 engine "
+                         "of each")
+    if s.cap and s.partial is not None:
+        raise ValueError("continuous batching (cap) replaces static batches: no partial rollouts with it")
     rltrace.init(out, role="trainer", config=s.__dict__, model=MODEL if requests else None)
     versions, results, done = _Versions(), {}, threading.Condition()
     engines = ([_SplitEngines(s, versions, results, done)] if s.pd else
@@ -311,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partial", type=float, default=None, help="over-sampling factor of partial rollouts")
     p.add_argument("--prefill-tok-s", type=float, default=0.0, help="prefill seconds per prompt token (> 0: requests)")
     p.add_argument("--kv-bandwidth", type=float, default=Shape.kv_bandwidth, help="KV link, bytes/s")
+    p.add_argument("--cap", type=int, default=None, help="continuous batching: requests an engine runs at once")
     p.add_argument("--pd", type=lambda v: tuple(int(x) for x in v.split(":")), default=None, metavar="P:D",
                    help="split the engines: P prefill, D decode")
     a = vars(p.parse_args(argv))
