@@ -57,6 +57,8 @@ class Process:
     pid: int
     spans: list[dict] = field(default_factory=list)
     dropped: int = 0
+    started: float = 0.0
+    ended: float | None = None
 
     def span(
         self,
@@ -110,10 +112,13 @@ class RunBuilder:
         self._ids = itertools.count(1)
         self._parts = itertools.count()
 
-    def process(self, role: str, rank: int | None = 0, *, host: str = "node0", dropped: int = 0) -> Process:
+    def process(self, role: str, rank: int | None = 0, *, host: str = "node0", dropped: int = 0,
+                started: float = 0.0, ended: float | None = None) -> Process:
+        """A process of the run; `started`/`ended`: seconds after t0 its `rltrace.init` ran and it
+        shut down (None: still running, or killed)."""
         pid = 1000 + len(self.processes)
         process_id = f"{safe_name(role)}{'' if rank is None else rank}-{safe_name(host)}-{pid}"
-        proc = Process(self, process_id, role, rank, host, pid, dropped=dropped)
+        proc = Process(self, process_id, role, rank, host, pid, dropped=dropped, started=started, ended=ended)
         self.processes.append(proc)
         return proc
 
@@ -177,8 +182,9 @@ class RunBuilder:
             proc,
             run_id=self.manifest["run_id"],
             service_name=f"rltrace-{proc.role}",
-            started_ns=self.t0_ns,
-            heartbeat_ns=self.t0_ns,
+            started_ns=_ns(self.t0_ns, proc.started),
+            heartbeat_ns=_ns(self.t0_ns, proc.started if proc.ended is None else proc.ended),
+            ended_ns=_ns(self.t0_ns, proc.ended),
             spans_written=len(proc.spans),
             spans_dropped=proc.dropped,
             rltrace_version="test",

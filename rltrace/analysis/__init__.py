@@ -21,7 +21,7 @@ from rltrace.analysis.cache_geometry import geometry as cache_geometry
 from rltrace.analysis.critical_path import common_paths, critical_path
 from rltrace.analysis.delta_sync import delta_sync
 from rltrace.analysis.engine_requests import engine_requests
-from rltrace.analysis.health import crashes, drops, open_spans, processes, startups, unstepped
+from rltrace.analysis.health import crashes, drops, open_spans, processes, restarts, startups, unstepped
 from rltrace.analysis.long_tail import long_tail, stragglers
 from rltrace.analysis.long_tail import samples as generation_samples
 from rltrace.analysis.metrics import step_metrics
@@ -86,6 +86,7 @@ __all__ = [
     "drops",
     "processes",
     "unstepped",
+    "restarts",
     "startups",
     "imbalance",
     "step_timeline",

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,13 +59,16 @@ from rltrace._phases import term as term_of
 from rltrace.analysis import _intervals as iv
 from rltrace.store.ids import span_hex
 
-VERSION = 10  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
+logger = logging.getLogger("rltrace")
+
+VERSION = 11  # 4: stage time is own time (nested stages count once, innermost); nested and overlap rows
 # 5: a sync row for every weight_sync span, with its start and end (count NULL without rl.bytes)
 # 6: a container's own time with nothing running anywhere is its work, not idle; no waits from a step with no work
 # 7: child rows (the phases directly inside a stage's spans: reward functions, tool calls, engines)
 # 8: ties broken by what rows hold (phase, process names), so spans and per-part summaries give one answer
 # 9: the process that ran an awaited phase longest: ties by name, a phase's 0 ns runs left out (batching changed it)
 # 10: time before a process's first span (of the run) is its start-up, not a wait
+# 11: nor is time after a process ended; windows crossing most of the run are left out (bounded work)
 TOLERANCE_NS = 1_000_000  # critical path: a predecessor may end up to 1 ms after its successor starts
 
 _COLUMNS = (
@@ -377,12 +381,14 @@ class _Batch:
                 np.concatenate([ma[staged], a]), np.concatenate([me[staged], b]))
 
 
-def compute(spans: Spans, checks: pd.DataFrame, firsts: Mapping[str, int] | None = None) -> pd.DataFrame:
+def compute(spans: Spans, checks: pd.DataFrame, firsts: Mapping[str, int] | None = None,
+            lasts: Mapping[str, int] | None = None) -> pd.DataFrame:
     """Summary rows for the steps in `checks` (step, count, start_ns, end_ns, total_ns).
 
     `spans`: every finished span overlapping those steps' windows. `firsts`: each process's first
     span start in the whole run (`summary.first_starts`): before it the process was starting up
-    (spawning, importing, loading), which is not waiting for anything.
+    (spawning, importing, loading), which is not waiting for anything. `lasts`: when each process
+    that ended did so (`summary.last_ends`): after it, it waits for nothing.
     """
     x = _Batch(spans, checks)
     stage_frames, stage_unions = _stage_rows(x)
@@ -399,7 +405,7 @@ def compute(spans: Spans, checks: pd.DataFrame, firsts: Mapping[str, int] | None
         _phase_rows(x),
         *stage_frames,
         _overlap_rows(x, stage_unions),
-        _wait_rows(x, checks, firsts or {}),
+        _wait_rows(x, checks, firsts or {}, lasts or {}),
         _path_rows(x),
         _sync_rows(x),
         _child_rows(x),
@@ -606,7 +612,7 @@ def _overlap_rows(x: _Batch, mine) -> pd.DataFrame:
     return _rows("overlap", step=x.steps[gb], phase=np.array(TERMS, object)[gt], seconds=total / 1e9)
 
 
-def _wait_rows(x: _Batch, checks, firsts: Mapping[str, int]) -> pd.DataFrame:
+def _wait_rows(x: _Batch, checks, firsts: Mapping[str, int], lasts: Mapping[str, int]) -> pd.DataFrame:
     s = x.s
     if not len(s):
         return pd.DataFrame()
@@ -627,7 +633,17 @@ def _wait_rows(x: _Batch, checks, firsts: Mapping[str, int]) -> pd.DataFrame:
     wend = cstep.loc[x.steps[pb], "end_ns"].to_numpy(_I64)
     first = np.array([np.iinfo(_I64).min] + [firsts.get(p, np.iinfo(_I64).min) for p in s.proc_names], _I64)
     wstart = np.maximum(wstart, first[pp])  # a process idle before its first span is starting up
-    win, a, b = iv.clip(idle_g, idle_s, idle_e, pp, wstart, wend)
+    last = np.array([np.iinfo(_I64).max] + [lasts.get(p, np.iinfo(_I64).max) for p in s.proc_names], _I64)
+    wend = np.minimum(wend, last[pp])  # and one that has ended waits for nothing
+    # a step's window normally crosses a few idle gaps of each process; windows that cross most of
+    # the run (its step numbers recorded again by a later run into the same directory) are left out
+    win, a, b, left_out = iv.clip_within(idle_g, idle_s, idle_e, pp, wstart, wend,
+                                         limit=16 * (len(idle_g) + len(pp)) + 1_000_000)
+    if len(left_out):
+        steps = np.unique(x.steps[pb][left_out])
+        logger.warning("rltrace: waits of %d step(s) (%s) were not computed: each of their windows spans the work of "
+                       "many other steps (the same step numbers recorded again, by a later run into this directory?)",
+                       len(steps), _steps_text(steps))
     idle = _split_by_containers(x, x.steps[pb][win], pp[win], a, b)
 
     # wait spans of the batch's steps, over their self time (their thread is waiting, whatever encloses it)
@@ -974,3 +990,10 @@ def _path_rows(x: _Batch) -> pd.DataFrame:
         end_ns=end[links],
         seconds=(end[links] - start[links]) / 1e9,
     )
+
+
+def _steps_text(steps: np.ndarray) -> str:
+    """"3–7, 12" for a log line (ranges of consecutive steps, at most 6 of them)."""
+    runs = np.split(steps, np.flatnonzero(np.diff(steps) != 1) + 1)
+    text = ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs[:6])
+    return text + (", …" if len(runs) > 6 else "")

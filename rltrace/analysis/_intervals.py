@@ -149,10 +149,18 @@ def clip(group, start, end, win_group, win_start, win_end):
     Intervals must be disjoint and sorted within each group (as `union`/`complement` return).
     Returns (window index, start, end) for every non-empty intersection.
     """
+    return clip_within(group, start, end, win_group, win_start, win_end, None)[:3]
+
+
+def clip_within(group, start, end, win_group, win_start, win_end, limit: int | None):
+    """`clip`, leaving out the windows that cross the most intervals until at most `limit`
+    intersections remain: windows that each span most of a run (the same step numbers recorded
+    again much later) would cost time and memory quadratic in the run. Returns (window index,
+    start, end, indices of the windows left out)."""
     group, start, end = np.asarray(group, _I64), np.asarray(start, _I64), np.asarray(end, _I64)
     win_group, win_start, win_end = (np.asarray(x, _I64) for x in (win_group, win_start, win_end))
     if len(group) == 0 or len(win_group) == 0:
-        return np.empty(0, _I64), np.empty(0, _I64), np.empty(0, _I64)
+        return np.empty(0, _I64), np.empty(0, _I64), np.empty(0, _I64), np.empty(0, _I64)
     keys = _band_keys(
         np.concatenate([group, win_group]),
         np.concatenate([start, win_start]),
@@ -163,9 +171,14 @@ def clip(group, start, end, win_group, win_start, win_end):
     first = np.searchsorted(ke, ws, side="right")  # first interval ending after the window starts
     stop = np.searchsorted(ks, we, side="left")  # intervals starting before the window ends
     counts = np.maximum(stop - first, 0)
+    left_out = np.empty(0, _I64)
+    if limit is not None and int(counts.sum()) > limit:
+        order = np.argsort(counts, kind="stable")  # narrowest first
+        left_out = np.sort(order[np.cumsum(counts[order]) > limit])
+        counts[left_out] = 0
     win = np.repeat(np.arange(len(win_group), dtype=_I64), counts)
     idx = ranges(first, counts)
     s = np.maximum(start[idx], win_start[win])
     e = np.minimum(end[idx], win_end[win])
     keep = e > s
-    return win[keep], s[keep], e[keep]
+    return win[keep], s[keep], e[keep], left_out

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
-from rltrace.analysis import summary
+from rltrace.analysis import _parts, summary
 from rltrace.analysis._format import process_name, seconds_text
 
 STALE_AFTER_S = 30.0  # a process silent this long has stopped: three missed heartbeats (written every 10 s)
@@ -280,6 +281,39 @@ def startups(con) -> list[dict]:
     names = {p: process_name(r, k) for p, r, k in zip(who["process_id"], who["role"], who["rank"])}
     return sorted(({"process_id": p, "name": names.get(p, p), "seconds": s, "step": int(first_step["step"])}
                    for p, s in late.items()), key=lambda r: (-r["seconds"], r["name"]))
+
+
+_PART_STEP_RANGES_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()),
+                                      ("process_id", pa.string()), ("first_step", pa.int64()),
+                                      ("last_step", pa.int64()), ("last_ns", pa.int64())])
+
+
+def restarts(con) -> list[dict]:
+    """Steps recorded again by a later process of the same role and rank, started after the first
+    one had stopped: a resumed run redoing the steps after its checkpoint, or a script run again
+    into the same directory. Those steps' figures hold both attempts, and the report says so.
+
+    Returns: [{name, before (host:pid), after (host:pid), first_step, last_step (the steps both
+    recorded)}], in time order; from each part's step range (`_parts`: computed once per part)."""
+    name = _parts.table(con, "step_ranges", _PART_STEP_RANGES_SCHEMA, """
+        SELECT filename, process_id, min(step) AS first_step, max(step) AS last_step, max(end_ns) AS last_ns
+        FROM part_spans WHERE process_id IS NOT NULL AND step IS NOT NULL GROUP BY filename, process_id""", digests=1)
+    rows = con.execute(f"""
+        WITH r AS (SELECT process_id, min(first_step) AS lo, max(last_step) AS hi, max(last_ns) AS last_ns
+                   FROM {name} GROUP BY process_id),
+             p AS (SELECT process_id, any_value(role) AS role, any_value(rank) AS rank, any_value(host) AS host,
+                          any_value(pid) AS pid, min(started_ns) AS started_ns, max(ended_ns) AS ended_ns
+                   FROM processes GROUP BY process_id),
+             l AS (SELECT r.*, p.role, p.rank, p.host, p.pid, p.started_ns,
+                          coalesce(p.ended_ns, r.last_ns) AS stopped_ns FROM r JOIN p USING (process_id))
+        SELECT a.role, a.rank, a.host, a.pid, b.host, b.pid, greatest(a.lo, b.lo), least(a.hi, b.hi)
+        FROM l a JOIN l b ON a.role IS NOT DISTINCT FROM b.role AND a.rank IS NOT DISTINCT FROM b.rank
+                         AND a.process_id <> b.process_id AND a.stopped_ns <= b.started_ns
+                         AND b.lo <= a.hi AND a.lo <= b.hi
+        QUALIFY row_number() OVER (PARTITION BY b.process_id ORDER BY a.stopped_ns DESC, a.process_id) = 1
+        ORDER BY b.started_ns, a.started_ns""").fetchall()
+    return [{"name": process_name(role, rank), "before": f"{h1}:{p1}", "after": f"{h2}:{p2}",
+             "first_step": int(lo), "last_step": int(hi)} for role, rank, h1, p1, h2, p2, lo, hi in rows]
 
 
 def crashes(con) -> pd.DataFrame:

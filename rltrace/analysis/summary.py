@@ -93,6 +93,14 @@ def first_starts(con) -> dict[str, int]:
             WHERE p.started_ns > (SELECT min(first_ns) FROM f)""").fetchall())
 
 
+def last_ends(con) -> dict[str, int]:
+    """When each process that ended (cleanly, or with its crash recorded) did so, Unix ns, from the
+    process records: after it the process waits for nothing, whatever later steps others run (a
+    resumed run's restarted processes re-record the steps the first ones had reached)."""
+    return dict(con.execute("""SELECT process_id, max(ended_ns) FROM processes
+                               WHERE ended_ns IS NOT NULL AND process_id IS NOT NULL GROUP BY process_id""").fetchall())
+
+
 _PART_FIRSTS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()),
                                  ("process_id", pa.string()), ("first_ns", pa.int64())])
 _PART_STEPS_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("step", pa.int64()),
@@ -238,14 +246,15 @@ def _computed(con, batches: list[pd.DataFrame]):
     """Summary rows of each batch, two batches at a time on threads of their own (DuckDB and
     numpy's sorts run without the interpreter lock, so loading one batch overlaps computing another)."""
     firsts = first_starts(con) if batches else {}
+    lasts = last_ends(con) if batches else {}
     if len(batches) < 2:
         for batch in batches:
-            yield _compute.compute(_load_batch(con, batch), batch, firsts)
+            yield _compute.compute(_load_batch(con, batch), batch, firsts, lasts)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     def work(batch):
-        return _compute.compute(_load_batch(con.cursor(), batch), batch, firsts)
+        return _compute.compute(_load_batch(con.cursor(), batch), batch, firsts, lasts)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield from pool.map(work, batches)

@@ -125,6 +125,7 @@ def build(con, *, steps: Steps = None, now_ns: int | None = None, skipped: list[
         "unstepped": analysis.unstepped(con),
         "blocking": _blocking(con, now_ns),
         "startups": analysis.startups(con),
+        "restarts": analysis.restarts(con),
         "imbalance": plain(analysis.imbalance(con, steps)),
         "dropped": _dropped(con),
         "imported_spans": _imported_spans(con),

@@ -35,7 +35,7 @@ MATERIAL_CHANGE = 0.25  # ... and at least this share of the metric's largest di
 
 def sentences(r: dict) -> list[str]:
     out: list[str] = []
-    for part in (_skipped, _imported, _crashes, _blocking, _hangs, _unstepped, _ran_ahead, _bottleneck, _nested, _amortised, _outliers, _startups, _waits, _imbalance, _stragglers, _weight_sync,
+    for part in (_skipped, _imported, _crashes, _blocking, _hangs, _unstepped, _ran_ahead, _bottleneck, _nested, _amortised, _outliers, _startups, _restarts, _waits, _imbalance, _stragglers, _weight_sync,
                  _async, _drops, _reward, _staleness, _mismatch, _idle_devices, _engine, _serving):
         out.extend(part(r))
     return out
@@ -99,6 +99,18 @@ def _startups(r: dict) -> list[str]:
     took = times[0] if len(times) == 1 else ", ".join(times[:-1]) + " and " + times[-1]
     return [f"Start-up: {who} began {took} into step {s[0]['step']} (spawning, imports, loading); that is "
             "start-up, not a wait for anything."]
+
+
+def _restarts(r: dict) -> list[str]:
+    """Steps recorded twice: their step times and stage sums hold both attempts."""
+    out = []
+    for x in (r.get("restarts") or [])[:3]:
+        steps = (f"Step {x['first_step']} was" if x["first_step"] == x["last_step"]
+                 else f"Steps {x['first_step']}–{x['last_step']} were")
+        out.append(f"{steps} recorded twice: {x['name']} ({x['before']}) stopped and a later "
+                   f"{x['name']} ({x['after']}) recorded them again (a resumed run, or a run written "
+                   "into the same directory); their step times and stage sums hold both attempts.")
+    return out
 
 
 def _imbalance(r: dict) -> list[str]:

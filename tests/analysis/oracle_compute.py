@@ -84,7 +84,7 @@ def _rows(kind: str, **cols) -> pd.DataFrame:
     return frame
 
 
-def compute(spans: pd.DataFrame, checks: pd.DataFrame, firsts: dict | None = None) -> pd.DataFrame:
+def compute(spans: pd.DataFrame, checks: pd.DataFrame, firsts: dict | None = None, lasts: dict | None = None) -> pd.DataFrame:
     """Summary rows for the steps in `checks` (step, count, start_ns, end_ns, total_ns).
 
     `spans`: every finished span overlapping those steps' windows, with columns span_id,
@@ -117,7 +117,7 @@ def compute(spans: pd.DataFrame, checks: pd.DataFrame, firsts: dict | None = Non
         ),
         _phase_rows(spans[in_batch]),
         *_stage_rows(spans, phases, own, in_batch),
-        _wait_rows(spans, checks, prow, busy, in_batch, container_phases, firsts or {}),
+        _wait_rows(spans, checks, prow, busy, in_batch, container_phases, firsts or {}, lasts or {}),
         _path_rows(spans, prow, busy, in_batch, phases, own[1]),
         _sync_rows(spans[in_batch]),
         _child_rows(spans, prow, in_batch),
@@ -349,7 +349,7 @@ def _contained(idle: pd.DataFrame, proc_codes, start, end, container) -> pd.Data
                          "contained": np.array(cols[4], bool)})
 
 
-def _wait_rows(spans, checks, prow, busy, in_batch, container_phases, firsts) -> pd.DataFrame:
+def _wait_rows(spans, checks, prow, busy, in_batch, container_phases, firsts, lasts) -> pd.DataFrame:
     proc_codes, procs = pd.factorize(spans["process_id"])
     start, end = spans["start_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
     phase = spans["phase"].to_numpy(object)
@@ -369,6 +369,10 @@ def _wait_rows(spans, checks, prow, busy, in_batch, container_phases, firsts) ->
         if name in firsts:
             mine = pairs["proc"] == proc
             pairs.loc[mine, "start_ns"] = pairs.loc[mine, "start_ns"].clip(lower=int(firsts[name]))
+        # after it ended it waits for nothing
+        if name in lasts:
+            mine = pairs["proc"] == proc
+            pairs.loc[mine, "end_ns"] = pairs.loc[mine, "end_ns"].clip(upper=int(lasts[name]))
     win, a, b = iv.clip(idle_g, idle_s, idle_e, pairs["proc"], pairs["start_ns"], pairs["end_ns"])
     idle = pd.DataFrame(
         {"step": pairs["step"].to_numpy()[win], "proc": pairs["proc"].to_numpy()[win], "a": a, "b": b}
