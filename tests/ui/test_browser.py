@@ -7,6 +7,7 @@ is missing; in CI (CI=true) that is a failure, since `make test` installs both.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -35,7 +36,8 @@ PAGES = {
     "timeline": ("Timeline", "Chrome trace (Perfetto)"),
     "waits": ("Waiting stages", "Weight sync: t_W ≈ S_W / B_W + t_0"),
     "profiles": ("Profiles", "pyspy_record of reward"),
-    "batches": ("Batches", "Per-token log-prob difference"),
+    # opens on the run's worst sample; its batch may hold no per-token log-probs (the page then says what to freeze)
+    "batches": ("Batches", re.compile("Per-token log-prob difference|to see where the engines disagree")),
     "compare": ("Compare", "Timelines on one time scale"),
     "engine": ("Engine", "No engine requests to show"),
 }

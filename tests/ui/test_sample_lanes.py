@@ -182,7 +182,8 @@ def test_the_per_token_strip_greys_tokens_under_loss_mask_0(slime_dir, app):
     strips = [json.loads(c.proto.spec)["data"] for c in at.get("plotly_chart")]
     grey, diff = next(d for d in strips if d and d[0].get("name") == "loss mask 0")
     shown = int(at.markdown[[m.value.startswith("#### Sample") for m in at.markdown].index(True)].value.split()[2])
-    mask = [int(m) for m in replay.load(run_dir, 1)["loss_mask"][shown]]
+    step = int(at.subheader[0].value.split()[1])  # "Step 1 · batch …": the batch the page opened on
+    mask = [int(m) for m in replay.load(run_dir, step)["loss_mask"][shown]]
 
     def cells(trace):
         z = trace["z"]
