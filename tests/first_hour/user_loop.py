@@ -21,6 +21,7 @@ SLOW_EVERY = 6  # the reward is slow on steps 5, 11, 17, ...
 SLEEPY_STEPS = {5}  # ... waiting on a judge on these, burning CPU on the others
 SLOW_S = 1.2
 SLOW_LOAD_STEP = 7
+STARTUP_S = 1.5  # each worker's own start-up, beyond spawning (a fast machine spawns in under a second)
 
 
 def busy(seconds: float) -> int:
@@ -64,6 +65,7 @@ def load_weights(seconds: float) -> None:
 
 def worker(run_dir: str, rank: int, requests, replies) -> None:
     rltrace.init(run_dir, role="rollout", rank=rank)
+    time.sleep(STARTUP_S)  # builds its engine: a start-up the report must not call a wait, on any machine
     while (message := requests.get()) is not None:
         kind, carrier, step = message
         if kind == "generate":
