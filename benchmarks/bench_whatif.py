@@ -11,6 +11,11 @@ its median step period and staleness are compared with the prediction. Beside it
 bound of the cost model (`t_sync` for a synchronous schedule, max(t_R, t_T) + t_W for an async
 one), which is what the report said before. Goal: the prediction within 10 % on every scenario.
 
+Continuous batching (`--only capped`): the same loop's engines run at most 8 requests at once each
+(the rest wait in the engine's queue, a request taking the first slot that frees) and record each
+request as vLLM does (its time in the queue); predicted from the synchronous capped run: 2 engines,
+one-step-off, both.
+
 Prefill/decode split (`--only pd` runs just this part): the engines also prefill (prompts of median
 512 tokens at 8 µs a token, one after another) and record each request as vLLM does (queue,
 prefill, decode times). A run on 2 unified engines is recorded; `rltrace whatif --pd P:D
@@ -61,6 +66,16 @@ SPLITS = [
 ]
 
 
+#: Engines that batch continuously with a cap (each runs at most 8 requests at once, the rest wait in its queue).
+CAP = {"cap": 8}
+#: (label, loop knobs) of each schedule predicted from the synchronous capped run, then run.
+CAPPED = [
+    ("sync, 2 rollout workers", {"rollout_workers": 2}),
+    ("async K=1 (one-step-off)", {"staleness": 1}),
+    ("async K=1, 2 rollout workers", {"staleness": 1, "rollout_workers": 2}),
+]
+
+
 def scenario_of(knobs: dict) -> whatif.Scenario:
     return whatif.Scenario(staleness=knobs.get("staleness", 0), rollout_workers=knobs.get("rollout_workers", 1),
                            partial=knobs.get("partial"), pd=knobs.get("pd"), kv_bandwidth=knobs.get("kv_bandwidth"))
@@ -71,7 +86,9 @@ def measure(base: Path, steps: int, recorded_knobs: dict, scenarios: list, name:
     recorded = run(str(base / name), Shape(steps=steps, seed=0, **recorded_knobs))
     con = store.open(base / name)
     table = whatif.whatif(con, [scenario_of(k) for _, k in scenarios])
-    label = "sync, 2 unified engines (recorded; replayed)" if recorded_knobs else "sync (recorded; replayed)"
+    label = ("sync, 2 unified engines (recorded; replayed)" if "prefill_tok_s" in recorded_knobs else
+             f"sync, cap {recorded_knobs['cap']} (recorded; replayed)" if "cap" in recorded_knobs else
+             "sync (recorded; replayed)")
     rows = [{"label": label, "real": recorded, **table.iloc[0].to_dict()}]
     for i, (label, knobs) in enumerate(scenarios, start=1):
         real = run(str(base / f"{name}{i}"), Shape(steps=steps, seed=i, **{**recorded_knobs, **knobs}))
@@ -83,7 +100,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--dir", default="/tmp/rltrace-whatif")
-    p.add_argument("--only", choices=("schedules", "pd"), help="run one part: other schedules, or prefill/decode splits")
+    p.add_argument("--only", choices=("schedules", "capped", "pd"),
+                   help="run one part: other schedules, schedules of engines with a cap, or prefill/decode splits")
     args = p.parse_args()
     base = Path(args.dir)
     shutil.rmtree(base, ignore_errors=True)
@@ -91,10 +109,14 @@ def main() -> int:
     started = time.perf_counter()
     console = Console(width=160)
     worst = 0.0
-    if args.only != "pd":
+    if args.only in (None, "schedules"):
         worst = max(worst, show(console, measure(base, args.steps, {}, SCENARIOS, "sync"),
                                 f"Predicted from the synchronous run vs run ({args.steps} steps each; step = median period)"))
-    if args.only != "schedules":
+    if args.only in (None, "capped"):
+        worst = max(worst, show(console, measure(base, args.steps, CAP, CAPPED, "capped"),
+                                f"Continuous batching, at most {CAP['cap']} requests an engine at once: predicted from "
+                                f"the synchronous run vs run ({args.steps} steps each)"))
+    if args.only in (None, "pd"):
         worst = max(worst, show(console, measure(base, args.steps, {**PREFILL, "rollout_workers": 2}, SPLITS, "unified"),
                                 f"Prefill/decode splits predicted from a run on 2 unified engines vs run ({args.steps} "
                                 "steps each)", binds=True))

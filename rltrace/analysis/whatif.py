@@ -10,7 +10,12 @@ means), and reward and sync can hide behind the next rollout. So this module rep
   gen_start`; when an engine reports every sample of a batch at the batch's end, the batch time
   shared by response length), the rollout's fixed cost beyond its samples, and the reward, train
   and weight-sync times (own time, `cost_model`); the trainer's untraced time per step when the
-  run did not overlap stages.
+  run did not overlap stages. A sample whose engine request (the request span with the sample's
+  id) spent time in the engine's queue is timed from when the engine began serving it; an engine
+  that served fewer requests at once than a step sent it batched continuously with a cap
+  (`Calibration.cap`, the most it ever served at once).
+- **Continuous batching** (a recorded cap): each engine runs at most `cap` of its share at once,
+  a waiting request taking the first slot that frees; its batch ends with its last request.
 - **Event model** (`simulate`): N engines each decode their share of a step's samples as one
   static batch (ends with its longest sample); an engine starts the batch of step i when it is
   free and weights of version >= i - K exist (K = 0: synchronous); the trainer scores, trains
@@ -28,8 +33,9 @@ means), and reward and sync can hide behind the next rollout. So this module rep
 
 Assumed, since one run at one batch size cannot tell: decode time per token does not depend on
 the batch size (so a decode engine holds every request it is sent at once, and the number of
-decode engines does not change the step), and a weight sync costs the trainer what it cost in
-the recorded run.
+decode engines does not change the step, unless the run recorded a cap: then each decode engine
+runs at most that many at once, first come first served), and a weight sync costs the trainer
+what it cost in the recorded run.
 """
 
 from __future__ import annotations
@@ -103,6 +109,7 @@ class Calibration:
     requests: dict | None = None  # prefill, decode (s), kv_bytes: steps × requests (NaN padding), from the engine spans
     requests_missing: str | None = None  # why `requests` is None: a split cannot be predicted
     kv_bandwidth: float | None = None  # B_KV given (--kv-bandwidth) or measured from KV transfers
+    cap: int | None = None  # continuous batching: the most requests an engine ran at once (None: static batches)
 
 
 def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
@@ -120,6 +127,7 @@ def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
         steps = (int(costs.index[0]), int(costs.index[-1]))
     per = _sample_frame(con, steps)
     per = per[per["step"].isin(costs.index)]
+    cap = _cap(per, notes)
     ends = _step_ends(con, steps).reindex(costs.index)
     period = ends.diff().where(pd.Series(costs.index, index=costs.index).diff() == 1).to_numpy(float)
     zero = lambda col: costs[col].fillna(0.0).to_numpy(float)  # noqa: E731 - absent is no cost to replay
@@ -153,7 +161,7 @@ def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
         reward=zero("t_reward"), train=zero("t_T"), sync=zero("t_W"), extra=extra, period=period,
         workers=max(1, workers), staleness=0 if stale != stale else max(0, int(stale)), per_sample=per_sample,
         terms={k: summary.get(k) or 0.0 for k in ("t_R", "t_T", "t_W", "t_rollout")}, notes=notes,
-        requests=requests, requests_missing=requests_missing, kv_bandwidth=bandwidth)
+        requests=requests, requests_missing=requests_missing, kv_bandwidth=bandwidth, cap=cap)
 
 
 def _requests(con, steps: Steps, index: pd.Index, notes: list[str]) -> tuple[dict | None, str | None, float | None]:
@@ -211,11 +219,67 @@ def _sample_frame(con, steps: Steps) -> pd.DataFrame:
     kept = "in_batch IS NOT false" if "in_batch" in have else "true"
     cols = ["step", "gen_start", "gen_end"] + [c if c in have else f"NULL AS {c}"
                                                 for c in ("response_len", "worker_rank", "staleness")]
+    cols.append("sample_id::VARCHAR AS sample_id" if "sample_id" in have else "NULL::VARCHAR AS sample_id")
     s = con.execute(f"SELECT {', '.join(cols)} FROM samples WHERE gen_start IS NOT NULL AND gen_end IS NOT NULL "
                     f"AND {kept} AND {where}", params).df()
     s = s.astype({c: float for c in ("gen_start", "gen_end", "response_len", "worker_rank", "staleness")})
     s["work"] = (s["gen_end"] - s["gen_start"]).clip(lower=0.0)
-    return _carried_over(_share_batch_time(s))
+    s = _carried_over(_share_batch_time(s))
+    return _queued(con, steps, s)
+
+
+def _queued(con, steps: Steps, s: pd.DataFrame) -> pd.DataFrame:
+    """Each sample's `began`: when its engine started serving it. A sample whose engine request (the
+    request span whose request id is the sample's id, in the same step) records time in the engine's
+    queue began that long after `gen_start`, and its work is from then to `gen_end` (a continuous
+    batching engine with a cap queues what it cannot run yet); otherwise it began at `gen_start`."""
+    s["began"] = s["gen_start"]
+    if s.empty or s["sample_id"].isna().all():
+        return s
+    from rltrace.analysis.engine_requests import engine_requests
+
+    r = engine_requests(con, steps, columns=("step", "request_id", "queue_s"))
+    r = r[r["step"].notna() & r["request_id"].notna() & r["queue_s"].notna()]
+    if r.empty:
+        return s
+    q = (pd.DataFrame({"step": r["step"].astype(float), "sample_id": r["request_id"].astype(str),
+                       "queue_s": r["queue_s"].astype(float).clip(lower=0.0)})
+         .groupby(["step", "sample_id"], as_index=False)["queue_s"].max())
+    queued = pd.Series(s[["step", "sample_id"]].merge(q, how="left", on=["step", "sample_id"])["queue_s"].to_numpy(float),
+                       index=s.index)
+    has = queued.notna() & ~s["carried"]
+    if not has.any():
+        return s
+    s.loc[has, "began"] = np.minimum(s["gen_start"] + queued, s["gen_end"])[has]
+    s.loc[has, "work"] = (s["gen_end"] - s["began"])[has]
+    return s
+
+
+TOUCH_S = 1e-4  # a request that starts within this of another's end on the same engine took its slot
+
+
+def _cap(s: pd.DataFrame, notes: list[str]) -> int | None:
+    """Continuous batching with a cap, recognised from the recorded samples: per engine and step, the
+    most requests served at once (from `began` to `gen_end`; one that starts as another ends took its
+    slot). When some engine's step had more requests than any engine ever served at once, requests
+    waited for a slot: that maximum is the cap. None: every request of an engine's step ran at once
+    (a static batch, or continuous batching that never queued), or engines are not recorded."""
+    if s.empty or s["worker_rank"].isna().all():
+        return None
+    keys = ["step", "worker_rank"]
+    s = s[s["worker_rank"].notna()]
+    events = pd.concat([s[keys].assign(t=s["began"], d=1), s[keys].assign(t=s["gen_end"] - TOUCH_S, d=-1)])
+    events = events.sort_values([*keys, "t", "d"], kind="stable")
+    running = events.groupby(keys)["d"].cumsum()
+    most = running.groupby([events[k] for k in keys]).max()
+    count = s.groupby(keys).size()
+    cap = int(most.max())
+    if not (count > cap).any():
+        return None
+    waited = int((count > most).sum())
+    notes.append(f"continuous batching: each engine ran at most {cap} requests at once and the rest waited for a slot "
+                 f"({waited} of {len(count)} engine batches queued); replayed with that cap")
+    return cap
 
 
 def _carried_over(s: pd.DataFrame) -> pd.DataFrame:
@@ -311,7 +375,7 @@ def simulate(cal: Calibration, scenario: Scenario, order: np.ndarray, rng: np.ra
             took, ages_of, kept, parts = _split(cal, j, scenario, rng, version)
             out["pd_parts"] += parts
         else:
-            took, ages_of, kept = carry.batch(j, version, rng) if carry else _static(cal.works[j], n, rng, version)
+            took, ages_of, kept = carry.batch(j, version, rng) if carry else _static(cal.works[j], n, rng, version, cal.cap)
         took = np.where(kept > 0, took + cal.overhead[j][:, None], 0.0)
         free = start + took
         out["rollout_busy"] += took.sum(axis=1)
@@ -332,12 +396,16 @@ def simulate(cal: Calibration, scenario: Scenario, order: np.ndarray, rng: np.ra
     return out
 
 
-def _static(works: np.ndarray, n: int, rng: np.random.Generator, version: np.ndarray):
+def _static(works: np.ndarray, n: int, rng: np.random.Generator, version: np.ndarray, cap: int | None = None):
     """Each replay's step samples (R × M, NaN padding) dealt out at random to n engines (as even as
-    can be), each engine's share one static batch that ends with its longest sample. Returns
-    (R × n batch times, R × n × 1 weight versions, R × n sample counts); a rollout recorded as
-    one piece goes to engine 0 whole."""
+    can be), each engine's share one static batch that ends with its longest sample; with a `cap`
+    (continuous batching), an engine runs at most `cap` of its share at once, in the order dealt,
+    each waiting one taking the first slot that frees, and its batch ends when its last request
+    does. Returns (R × n batch times, R × n × M/n weight versions, R × n sample counts); a rollout
+    recorded as one piece goes to engine 0 whole."""
     reps, m = works.shape
+    if cap and cap < -(-int(np.isfinite(works).sum(axis=1).max(initial=0)) // n):
+        return _capped(works, n, rng, version, cap)
     if n == 1:  # one engine: the whole step is its batch
         kept = np.isfinite(works).sum(axis=1, keepdims=True)
         took = np.nanmax(np.where(np.isfinite(works), works, -np.inf), axis=1, keepdims=True)
@@ -350,6 +418,24 @@ def _static(works: np.ndarray, n: int, rng: np.random.Generator, version: np.nda
     took = np.nanmax(np.where(np.isfinite(dealt), dealt, -np.inf), axis=1)
     versions = np.where(kept > 0, version, np.nan)[:, :, None]  # every sample of a share: its engine's version
     return np.where(kept > 0, took, 0.0), np.where(np.isfinite(dealt.transpose(0, 2, 1)), versions, np.nan), kept
+
+
+def _capped(works: np.ndarray, n: int, rng: np.random.Generator, version: np.ndarray, cap: int):
+    """`_static` with a cap: list scheduling of each engine's share on `cap` slots."""
+    reps, m = works.shape
+    keys = np.where(np.isfinite(works), rng.random(works.shape), np.inf)
+    dealt = np.take_along_axis(works, np.argsort(keys, axis=1), axis=1)  # samples first, padding last
+    width = -(-m // n) * n
+    dealt = np.pad(dealt, ((0, 0), (0, width - m)), constant_values=np.nan).reshape(reps, width // n, n)
+    slots = np.zeros((reps, n, cap))  # when each slot of each engine frees
+    for p in range(width // n):  # engine e's p-th request takes its earliest free slot
+        w = dealt[:, p, :]
+        first = np.argmin(slots, axis=2)[:, :, None]
+        freed = np.take_along_axis(slots, first, axis=2)[:, :, 0]
+        np.put_along_axis(slots, first, np.where(np.isfinite(w), freed + w, freed)[:, :, None], axis=2)
+    kept = np.isfinite(dealt).sum(axis=1)
+    versions = np.where(kept > 0, version, np.nan)[:, :, None]
+    return slots.max(axis=2), np.where(np.isfinite(dealt.transpose(0, 2, 1)), versions, np.nan), kept
 
 
 def _split(cal: Calibration, j: np.ndarray, sc: Scenario, rng: np.random.Generator, version: np.ndarray):
@@ -374,10 +460,12 @@ def _split(cal: Calibration, j: np.ndarray, sc: Scenario, rng: np.random.Generat
     sent = np.cumsum(kv, axis=1)  # a_k = max(a_(k-1), e_k) + t_k, unrolled: C_k + max over j <= k of (e_j - C_(j-1))
     arrived = sent + np.maximum.accumulate(filled - (sent - kv), axis=1)
     ended = np.where(np.isfinite(filled), arrived + dec, -np.inf)
+    if cal.cap:  # the run's engines ran at most `cap` requests at once: so does each decode engine
+        ended = _decode_capped(arrived, dec, sc.pd[1], cal.cap)
     last = np.argmax(ended, axis=1)[:, None]
     took = np.take_along_axis(ended, last, axis=1)[:, 0]
     at = lambda a: np.take_along_axis(a, last, axis=1)[:, 0]  # noqa: E731 - the last request's
-    parts = np.stack([at(filled), at(arrived) - at(filled), at(dec)], axis=1)
+    parts = np.stack([at(filled), at(arrived) - at(filled), at(ended) - at(arrived)], axis=1)
     recorded = np.nanmax(np.where(np.isfinite(cal.works[j]), cal.works[j], -np.inf), axis=1)
     has = np.isfinite(took)
     took = np.where(has, took, np.maximum(recorded, 0.0))
@@ -387,6 +475,24 @@ def _split(cal: Calibration, j: np.ndarray, sc: Scenario, rng: np.random.Generat
     return took[:, None], ages_of, kept, parts
 
 
+def _decode_capped(arrived: np.ndarray, dec: np.ndarray, n_d: int, cap: int) -> np.ndarray:
+    """Each request's end (R × requests, in the order the link delivered them; -inf for padding)
+    when the link hands them to the D decode engines in turn and each engine decodes at most `cap`
+    at once, first come first served: a request starts when its KV arrived and a slot is free."""
+    reps, m = arrived.shape
+    slots = np.zeros((reps, n_d, cap))
+    ended = np.full((reps, m), -np.inf)
+    for p in range(m):
+        engine = slots[:, p % n_d, :]  # a view: updated in place
+        first = np.argmin(engine, axis=1)[:, None]
+        start = np.maximum(arrived[:, p], np.take_along_axis(engine, first, axis=1)[:, 0])
+        has = np.isfinite(arrived[:, p])
+        end = np.where(has, start + np.nan_to_num(dec[:, p]), np.take_along_axis(engine, first, axis=1)[:, 0])
+        np.put_along_axis(engine, first, end[:, None], axis=1)
+        ended[:, p] = np.where(has, end, -np.inf)
+    return ended
+
+
 def _bandwidth(cal: Calibration, sc: Scenario) -> float:
     """B_KV: the scenario's, else the run's (given or measured)."""
     return float(sc.kv_bandwidth or cal.kv_bandwidth)
@@ -394,6 +500,9 @@ def _bandwidth(cal: Calibration, sc: Scenario) -> float:
 
 def _refusal(cal: Calibration, sc: Scenario) -> str | None:
     """Why `sc` cannot be predicted from this run (one line), or None."""
+    if sc.partial and cal.cap and not sc.pd:
+        return (f"cannot predict partial rollouts: this run's engines batch continuously (at most {cal.cap} requests "
+                "at once, the rest queue), and partial rollouts replay static batches")
     if not sc.pd:
         return None
     if min(sc.pd) < 1:
@@ -480,6 +589,8 @@ def _binding(cal: Calibration, sc: Scenario, row: dict) -> dict:
     """Which constraint sets the period, named by the cost model's terms, and why: what the trainer
     waited for step by step (a few slow steps do not decide it, as they would a mean)."""
     tail = ("partial rollouts end each batch when its share of samples is in" if sc.partial else
+            f"each engine runs at most {cal.cap} requests at once (continuous batching, as recorded): the rest of its "
+            "share waits for a slot, and its batch ends with its last request" if cal.cap else
             f"the longest sample of each batch: {row['tail_share']:.0%} of the rollout comes after the median sample")
     if sc.pd:
         shares = row["pd_shares"]
@@ -487,7 +598,9 @@ def _binding(cal: Calibration, sc: Scenario, row: dict) -> dict:
         tail = (f"{term} holds the rollout: the request that finished each step last spent {shares['prefill']:.0%} of "
                 f"its time in prefill (behind the other prompts of {sc.pd[0]} prefill engine{'s' if sc.pd[0] > 1 else ''}), "
                 f"{shares['KV link']:.0%} on the KV link ({_mean_kv(cal)} per request at {rate_text(_bandwidth(cal, sc))}) "
-                f"and {shares['decode']:.0%} decoding (a decode engine takes every request it is sent at once)")
+                f"and {shares['decode']:.0%} decoding ("
+                + (f"a decode engine runs at most {cal.cap} requests at once, as the run's engines did)" if cal.cap else
+                   "a decode engine takes every request it is sent at once)"))
         rollout_binds = sc.staleness == 0 or sc.placement == "colocated" or row["trainer_waited_share"] >= BOUND
         if rollout_binds:
             return {"binding": term, "why": tail} if sc.staleness == 0 or sc.placement == "colocated" else {
@@ -509,7 +622,8 @@ def _binding(cal: Calibration, sc: Scenario, row: dict) -> dict:
 
 
 def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: int = REPLICATES,
-           per_step: pd.DataFrame | None = None, summary: dict | None = None) -> pd.DataFrame:
+           per_step: pd.DataFrame | None = None, summary: dict | None = None,
+           skip_refused: bool = False) -> pd.DataFrame:
     """Per scenario, `predict`'s figures, after a row for the recorded run replayed as recorded
     (`recorded_step_s`: its own median step period, to judge the replay by).
 
@@ -517,8 +631,11 @@ def whatif(con, scenarios: list[Scenario], steps: Steps = None, *, replicates: i
     asked; schedule: every knob, as resolved) and recorded_step_s, analytic_s
     (max(t_R, t_T) + t_W for an async scenario, t_sync for a synchronous one, from the medians).
     `per_step`, `summary`: `cost_model()` and `cost_summary()` of the same steps, when the caller has them.
+    `skip_refused`: leave out a scenario this run cannot predict (its reason among the notes) instead of
+    raising `Refused`.
     """
-    return table(calibrate(con, steps, per_step=per_step, summary=summary), scenarios, replicates=replicates)
+    return table(calibrate(con, steps, per_step=per_step, summary=summary), scenarios, replicates=replicates,
+                 skip_refused=skip_refused)
 
 
 def _mean_kv(cal: Calibration) -> str:
@@ -549,17 +666,26 @@ def _analytic(cal: Calibration, sc: Scenario) -> float:
     return r + t + w if sc.staleness == 0 or sc.placement == "colocated" else max(r, t) + w
 
 
-def table(cal: Calibration, scenarios: list[Scenario], *, replicates: int = REPLICATES) -> pd.DataFrame:
+def table(cal: Calibration, scenarios: list[Scenario], *, replicates: int = REPLICATES,
+          skip_refused: bool = False) -> pd.DataFrame:
     """`whatif` on a calibration already made (the dashboard keeps one per run and step range)."""
     if not len(cal.steps):
         return pd.DataFrame()
     recorded = float(np.nanmedian(cal.period)) if np.isfinite(cal.period).any() else None
-    rows = []
+    rows, skipped = [], []
     for i, sc in enumerate([Scenario()] + list(scenarios)):
-        row = predict(cal, sc, replicates=replicates)
+        try:
+            row = predict(cal, sc, replicates=replicates)
+        except Refused as e:
+            if not skip_refused:
+                raise
+            skipped.append(f"{sc.label()}: {e}")
+            continue
         row["schedule"] = row["scenario"]  # every knob, as resolved
         row["scenario"] = "as recorded" if i == 0 else sc.label()
         row["analytic_s"] = _analytic(cal, resolve(cal, sc))
         row["recorded_step_s"] = recorded
         rows.append(row)
+    for row in rows:
+        row["notes"] = row["notes"] + skipped
     return pd.DataFrame(rows)

@@ -109,7 +109,8 @@ def collect(run_dir: str, asked: list[model.Scenario], *, steps=None, skip_corru
         try:
             if serving:
                 configure_serving(con, **serving)
-            return model.whatif(con, asked, steps), snap.manifest
+            # the default set leaves out what this run cannot predict (partial rollouts of a capped run)
+            return model.whatif(con, asked, steps, skip_refused=asked == list(DEFAULT_SCENARIOS)), snap.manifest
         finally:
             con.close()
 

@@ -234,3 +234,77 @@ def test_a_split_without_what_it_needs_is_refused_with_the_reason(tmp_path):
         with pytest.raises(whatif.Refused, match="cannot predict a prefill/decode split") as refused:
             _predict(cal, staleness=0, pd=(1, 1))
         assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def _capped_loop(tmp_path, *, cap=2, work=1.0, requests=4, train=0.5, sync=0.1, steps=6, queue_spans=True):
+    """A synchronous loop on one engine that batches continuously with a cap: each step's requests
+    arrive together and each runs `work` seconds, `cap` at a time, a waiting one starting as
+    another ends. `queue_spans`: samples start at arrival and each request span records its time in
+    the queue (as vLLM does); otherwise samples start when the engine started serving them."""
+    b = RunBuilder(tmp_path / "run")
+    tr, engine = b.process("trainer"), b.process("vllm")
+    t = 0.0
+    for step in range(steps):
+        rows = []
+        for i in range(requests):
+            began = t + (i // cap) * work
+            rid = f"{step}-{i}"
+            rows.append({"sample_id": rid, "gen_start": t if queue_spans else began, "gen_end": began + work,
+                         "worker_rank": 0, "weight_version": step, "train_version": step})
+            if queue_spans:
+                engine.span("llm_request", t, began + work, step=step, request_id=rid, e2e_latency=began + work - t,
+                            queue_time=began - t, prefill_s=0.0, decode_s=work, prompt_tokens=1000)
+        rollout = -(-requests // cap) * work
+        engine.span("generate", t, t + rollout, step=step)
+        b.samples(step, rows)
+        tr.span("train", t + rollout, t + rollout + train, step=step)
+        tr.span("weight_sync", t + rollout + train, t + rollout + train + sync, step=step)
+        t += rollout + train + sync
+    b.write()
+    return store.open(b.run_dir)
+
+
+@pytest.mark.parametrize("queue_spans", [True, False], ids=["queue time on request spans", "samples start when served"])
+def test_continuous_batching_replays_with_the_recorded_cap(tmp_path, queue_spans):
+    """Cap 2, 4 requests of 1 s on one engine: 2 s of rollout, two rounds. Two engines take 2 requests
+    each (1 s); four, one each (1 s); a static batch would have said 1 s for one engine too."""
+    cal = whatif.calibrate(_capped_loop(tmp_path, queue_spans=queue_spans))
+    assert cal.cap == 2 and cal.workers == 1
+    assert np.nanmax(cal.works, axis=1) == pytest.approx([1.0] * 6, abs=1e-3)  # service time, not queue
+    assert any("at most 2 requests at once" in n for n in cal.notes)
+    step = lambda **k: _predict(cal, **k)["predicted_step_s"]  # noqa: E731
+    assert step(staleness=0) == pytest.approx(2.6, abs=1e-3)
+    assert step(staleness=0, rollout_workers=2) == pytest.approx(1.6, abs=1e-3)
+    assert step(staleness=0, rollout_workers=4) == pytest.approx(1.6, abs=1e-3)
+    assert step(staleness=1) == pytest.approx(2.0, abs=1e-3)  # the rollout binds: 2 s > train + sync
+    assert step(staleness=1, rollout_workers=2) == pytest.approx(1.0, abs=1e-3)
+    with pytest.raises(whatif.Refused, match="batch continuously"):
+        _predict(cal, staleness=1, partial=1.25)
+
+
+def test_a_static_batch_or_an_uncapped_engine_has_no_cap(tmp_path):
+    """Requests that all ran at once (a static batch; staggered starts that overlap) record no cap."""
+    assert whatif.calibrate(_loop(tmp_path / "a", gens=[0.1, 0.2, 1.0], train=0.5, sync=0.1)).cap is None
+    assert whatif.calibrate(_capped_loop(tmp_path / "b", cap=4)).cap is None
+
+
+def test_decode_engines_are_capped_only_when_the_run_recorded_a_cap(tmp_path):
+    """4 requests a step, no prefill, 1 s of decode each; the KV link sends a prompt in 0.01 s (they
+    arrive at 0.01 .. 0.04). Recorded with a cap of 2, one decode engine decodes them in two rounds
+    (the third starts when the first ends, 1.01 s: the last ends at 2.02 s) and two engines in one
+    (1.04 s); recorded as a static batch, one decode engine takes all four at once (1.04 s)."""
+    from rltrace.analysis import configure_serving
+
+    def split_steps(con):
+        configure_serving(con, model=GQA, kv_bandwidth=KV / 0.01)
+        cal = whatif.calibrate(con)
+        return cal, [_predict(cal, staleness=0, pd=pd) for pd in ((1, 1), (1, 2))]
+
+    cal, (one, two) = split_steps(_capped_loop(tmp_path / "capped"))
+    assert cal.cap == 2
+    assert [one["predicted_step_s"], two["predicted_step_s"]] == pytest.approx([2.02 + 0.6, 1.04 + 0.6], abs=1e-3)
+    assert one["binding"] == "decode" and "at most 2 requests at once" in one["why"]
+    cal, (one, two) = split_steps(_capped_loop(tmp_path / "static", cap=4))
+    assert cal.cap is None
+    assert [one["predicted_step_s"], two["predicted_step_s"]] == pytest.approx([1.04 + 0.6] * 2, abs=1e-3)
+    assert "takes every request it is sent at once" in one["why"]

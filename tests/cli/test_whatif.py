@@ -112,3 +112,22 @@ def test_a_prefill_decode_split_from_the_request_spans_and_the_model_config(tmp_
     err = capsys.readouterr().err.strip()
     assert "cannot predict a prefill/decode split: no KV bytes per request: no model config (give --model PATH" in err
     assert "\n" not in err
+
+
+def test_a_capped_run_predicts_more_engines_and_leaves_out_partial_rollouts(tmp_path, capsys):
+    """Engines that batch continuously with a cap of 2 (4 requests of 1 s a step, train 0.5, sync
+    0.1): twice the engines halve the rollout; the default set leaves partial rollouts out, saying
+    why, and asking for them is a one-line refusal."""
+    from ..analysis.test_whatif import _capped_loop
+
+    _capped_loop(tmp_path)
+    run = str(tmp_path / "run")
+    assert main(["whatif", run, "--async", "0,1", "--rollout-workers", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["predicted_step_s"] for s in data["scenarios"]] == pytest.approx([1.6, 1.0], abs=1e-3)
+    assert main(["whatif", run]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "async K=2" in out and "at most 2 requests at once" in out
+    assert "partial x1.25: cannot predict partial rollouts" in out
+    assert main(["whatif", run, "--partial"]) == 2
+    assert "batch continuously" in capsys.readouterr().err

@@ -21,3 +21,14 @@ def test_one_step_off_predicted_from_the_synchronous_run(tmp_path):
     assert predicted["predicted_step_s"] == pytest.approx(real["period_s"], rel=0.15)
     assert predicted["predicted_step_s"] < 0.75 * replay["predicted_step_s"]
     assert predicted["staleness_max"] == real["staleness_max"] == 1
+
+
+def test_engines_with_a_cap_are_recognised_and_more_engines_predicted(tmp_path):
+    """Recorded on one engine that runs at most 2 of its 8 requests at once (the rest queue): the cap
+    is read from the run, and 2 engines predicted from it come within 15 % of 2 engines run."""
+    run(str(tmp_path / "one"), Shape(**SMALL, cap=2))
+    cal = whatif.calibrate(store.open(tmp_path / "one"))
+    assert cal.cap == 2 and cal.workers == 1
+    predicted = whatif.predict(cal, whatif.Scenario(rollout_workers=2), replicates=50)
+    real = run(str(tmp_path / "two"), Shape(**SMALL, cap=2, rollout_workers=2, seed=1))
+    assert predicted["predicted_step_s"] == pytest.approx(real["period_s"], rel=0.15)
