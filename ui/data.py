@@ -194,17 +194,32 @@ PARTIAL_OVERSAMPLE = whatif_model.PARTIAL_OVERSAMPLE  # the page's default for -
 
 
 @st.cache_data(**CACHE)
-def whatif_calibration(run: RunRef, steps: Steps) -> whatif_model.Calibration:
-    """What `rltrace whatif` replays for these steps, read once per run version and step range."""
-    return _with(run, whatif_model.calibrate, steps)
+def whatif_calibration(run: RunRef, steps: Steps, serving: str = "{}") -> whatif_model.Calibration:
+    """What `rltrace whatif` replays for these steps, read once per run version, step range and
+    serving options (JSON text: `rltrace ui --model`, `--kv-bandwidth`, ..., what a split needs)."""
+    return _with(run, _calibrate, steps, json.loads(serving))
+
+
+def _calibrate(con, steps: Steps, options: dict) -> whatif_model.Calibration:
+    if not options:
+        return whatif_model.calibrate(con, steps)
+    serving_mod.configure(con, **{k: options.get(k) for k in SERVING_OPTIONS})
+    try:
+        return whatif_model.calibrate(con, steps)
+    finally:
+        serving_mod.configure(con)  # the shared connection: the next reader starts without them
 
 
 @st.cache_data(**CACHE)
 def whatif(run: RunRef, steps: Steps, scenarios: tuple[tuple, ...]) -> list[dict]:
     """`rltrace whatif --json`'s rows for these steps: the run replayed as recorded, then one row per
-    scenario, each `(staleness, rollout_workers, partial, placement, sync_s)` (None: as recorded)."""
+    scenario, each `(staleness, rollout_workers, partial, placement, sync_s[, pd, kv_bandwidth])`
+    (None: as recorded; pd: (prefill engines, decode engines)). Raises `whatif.Refused` with the
+    reason when the run cannot predict a scenario (a split without request spans, model config or
+    KV bandwidth), as `rltrace whatif` does."""
     asked = [analysis.WhatIf(*s) for s in scenarios]
-    return report_mod.plain(whatif_model.table(whatif_calibration(run, steps), asked))
+    cal = whatif_calibration(run, steps, json.dumps(serving_given(), sort_keys=True))
+    return report_mod.plain(whatif_model.table(cal, asked))
 
 
 # --- drill-downs: one step's detail, per-sample rows ---------------------------------------------

@@ -126,7 +126,7 @@ def calibrate(con, steps: Steps = None, *, per_step: pd.DataFrame | None = None,
     if len(costs) and steps is None:
         steps = (int(costs.index[0]), int(costs.index[-1]))
     per = _sample_frame(con, steps)
-    per = per[per["step"].isin(costs.index)]
+    per = per[per["step"].isin(costs.index)].copy()
     cap = _cap(per, notes)
     ends = _step_ends(con, steps).reindex(costs.index)
     period = ends.diff().where(pd.Series(costs.index, index=costs.index).diff() == 1).to_numpy(float)
@@ -229,10 +229,10 @@ def _sample_frame(con, steps: Steps) -> pd.DataFrame:
 
 
 def _queued(con, steps: Steps, s: pd.DataFrame) -> pd.DataFrame:
-    """Each sample's `began`: when its engine started serving it. A sample whose engine request (the
-    request span whose request id is the sample's id, in the same step) records time in the engine's
-    queue began that long after `gen_start`, and its work is from then to `gen_end` (a continuous
-    batching engine with a cap queues what it cannot run yet); otherwise it began at `gen_start`."""
+    """Each sample's `began`: when its engine may have started serving it. A sample whose engine
+    request (the request span whose request id is the sample's id, in the same step) records time in
+    the engine's queue began that long after `gen_start`; otherwise at `gen_start`. Only an engine
+    recognised as batching continuously (`_cap`) has its samples' work counted from then."""
     s["began"] = s["gen_start"]
     if s.empty or s["sample_id"].isna().all():
         return s
@@ -248,37 +248,48 @@ def _queued(con, steps: Steps, s: pd.DataFrame) -> pd.DataFrame:
     queued = pd.Series(s[["step", "sample_id"]].merge(q, how="left", on=["step", "sample_id"])["queue_s"].to_numpy(float),
                        index=s.index)
     has = queued.notna() & ~s["carried"]
-    if not has.any():
-        return s
     s.loc[has, "began"] = np.minimum(s["gen_start"] + queued, s["gen_end"])[has]
-    s.loc[has, "work"] = (s["gen_end"] - s["began"])[has]
     return s
 
 
-TOUCH_S = 1e-4  # a request that starts within this of another's end on the same engine took its slot
+TOUCH_S = 1e-3  # a request that starts within this (or 2 % of the median sample) of another's end took its slot
 
 
 def _cap(s: pd.DataFrame, notes: list[str]) -> int | None:
-    """Continuous batching with a cap, recognised from the recorded samples: per engine and step, the
-    most requests served at once (from `began` to `gen_end`; one that starts as another ends took its
-    slot). When some engine's step had more requests than any engine ever served at once, requests
-    waited for a slot: that maximum is the cap. None: every request of an engine's step ran at once
-    (a static batch, or continuous batching that never queued), or engines are not recorded."""
+    """Continuous batching with a cap, recognised from the recorded samples (each served from `began`
+    to `gen_end`): per engine and step, the most requests served at once. An engine's step that had
+    more requests than that, where every request that ended while others had yet to start was
+    followed at once by a start (no slot stayed free while a request waited: not static batches one
+    after another), queued for a slot. When most such engine steps did, the cap is the most requests
+    any engine served at once, and each sample's work is counted from `began` (its queue time out);
+    None otherwise (a static batch, continuous batching that never queued, or engines not recorded)."""
     if s.empty or s["worker_rank"].isna().all():
         return None
     keys = ["step", "worker_rank"]
-    s = s[s["worker_rank"].notna()]
-    events = pd.concat([s[keys].assign(t=s["began"], d=1), s[keys].assign(t=s["gen_end"] - TOUCH_S, d=-1)])
+    x = s[s["worker_rank"].notna()]
+    tol = max(TOUCH_S, 0.02 * float(np.median(x["gen_end"] - x["began"])))
+    events = pd.concat([x[keys].assign(t=x["began"], d=1), x[keys].assign(t=x["gen_end"] - tol, d=-1)])
     events = events.sort_values([*keys, "t", "d"], kind="stable")
-    running = events.groupby(keys)["d"].cumsum()
-    most = running.groupby([events[k] for k in keys]).max()
-    count = s.groupby(keys).size()
-    cap = int(most.max())
-    if not (count > cap).any():
+    most = events.groupby(keys)["d"].cumsum().groupby([events[k] for k in keys]).max()
+    count = x.groupby(keys).size()
+    split = count > most  # requests of this engine's step did not all run at once
+    if not split.any():
         return None
-    waited = int((count > most).sum())
+    # every end before the group's last start must meet a start (a freed slot taken at once)
+    last = x.groupby(keys)["began"].transform("max")
+    ends = x.loc[x["gen_end"] < last - tol, [*keys, "gen_end"]].rename(columns={"gen_end": "t"}).sort_values("t")
+    starts = x[[*keys, "began"]].rename(columns={"began": "t"}).assign(met=True).sort_values("t")
+    met = pd.merge_asof(ends, starts, on="t", by=keys, direction="nearest", tolerance=tol)["met"].notna()
+    idle = met.groupby([ends[k].to_numpy() for k in keys]).all() if len(ends) else pd.Series(dtype=bool)
+    conserving = pd.Series(True, index=count.index)
+    conserving.loc[idle.index[~idle.to_numpy()]] = False
+    queued = split & conserving
+    if queued.sum() * 2 < split.sum():
+        return None
+    cap = int(most.max())
+    s["work"] = (s["gen_end"] - s["began"]).where(~s["carried"], s["work"]).clip(lower=0.0)
     notes.append(f"continuous batching: each engine ran at most {cap} requests at once and the rest waited for a slot "
-                 f"({waited} of {len(count)} engine batches queued); replayed with that cap")
+                 f"({int(queued.sum())} of {len(count)} engine batches queued); replayed with that cap")
     return cap
 
 

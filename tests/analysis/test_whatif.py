@@ -283,9 +283,25 @@ def test_continuous_batching_replays_with_the_recorded_cap(tmp_path, queue_spans
 
 
 def test_a_static_batch_or_an_uncapped_engine_has_no_cap(tmp_path):
-    """Requests that all ran at once (a static batch; staggered starts that overlap) record no cap."""
+    """Requests that all ran at once (a static batch; requests that queued for their prefill, then
+    decoded together) record no cap, nor do two static batches one after another on an engine (the
+    second waits for the first's longest sample, where a capped engine fills each slot as it frees)."""
     assert whatif.calibrate(_loop(tmp_path / "a", gens=[0.1, 0.2, 1.0], train=0.5, sync=0.1)).cap is None
     assert whatif.calibrate(_capped_loop(tmp_path / "b", cap=4)).cap is None
+    prefilled = whatif.calibrate(_requests_loop(tmp_path / "c", decode=[0.3, 0.3, 0.3, 0.6]))
+    assert prefilled.cap is None
+    assert np.nanmax(prefilled.works, axis=1) == pytest.approx([0.4 + 0.6] * 6, abs=1e-6)  # its queue time kept
+    b = RunBuilder(tmp_path / "d" / "run")
+    tr, engine = b.process("trainer"), b.process("rollout")
+    for step in range(4):
+        t = 2.0 * step
+        engine.span("generate", t, t + 1.5, step=step)
+        b.samples(step, [{"sample_id": f"{step}-{i}", "gen_start": t + 0.5 * (i // 2), "gen_end": t + 0.5 * (i // 2) + g,
+                          "worker_rank": 0, "weight_version": step, "train_version": step}
+                         for i, g in enumerate([0.2, 0.5, 1.0, 0.3])])
+        tr.span("train", t + 1.5, t + 2.0, step=step)
+    b.write()
+    assert whatif.calibrate(store.open(b.run_dir)).cap is None
 
 
 def test_decode_engines_are_capped_only_when_the_run_recorded_a_cap(tmp_path):
