@@ -187,7 +187,21 @@ VLLM_PREFIX_COUNTERS = ("vLLM does not put cached tokens on its request spans (g
                         "vllm:prefix_cache_hits on the engine's /metrics: read them with `rltrace collect --scrape URL`")
 
 
-COUNTERS_KIND = "measured (Prometheus, vllm:prefix_cache_hits)"
+#: each engine's prefix-cache counters: (prompt tokens queried, cached tokens of them), and how the
+#: figure says where it came from (docs/analysis.md, "Engine metrics")
+PREFIX_COUNTERS = {"vllm": ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"),
+                   "sglang": ("sglang:prompt_tokens", "sglang:cached_tokens")}
+_SAID = {"vllm": "vllm:prefix_cache_hits", "sglang": "sglang:cached_tokens_total"}  # the names users see on /metrics
+COUNTERS_KIND = f"measured (Prometheus, {_SAID['vllm']})"
+SGLANG_COUNTERS_KIND = f"measured (Prometheus, {_SAID['sglang']})"
+#: gauges that are a 0-1 fraction whatever their name says (vLLM's "_perc" included)
+FRACTIONS = frozenset({"vllm:kv_cache_usage_perc", "sglang:token_usage", "sglang:cache_hit_rate"})
+MIB = 1 << 20  # SGLang's kv_transfer_total_mb is bytes / (1024 * 1024) (req_time_stats.py)
+
+
+def from_counters(prefix: dict | None) -> bool:
+    """Whether a `prefix_cache` figure comes from the engines' Prometheus counters (not their requests)."""
+    return bool(prefix) and str(prefix.get("kind") or "").startswith("measured (Prometheus")
 
 
 def scraped_metrics(con) -> pd.DataFrame:
@@ -201,18 +215,33 @@ def scraped_metrics(con) -> pd.DataFrame:
         return pd.DataFrame(columns=["endpoint", "engine", "name", "value", "time_ns"])
 
 
-def counter_increase(m: pd.DataFrame, name: str) -> float | None:
-    """How much counter `name` rose over the scrapes, summed over endpoints and engines; a drop is an
-    engine restart (the counter began again from 0). None when it was never scraped."""
+def counter_rises(m: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scrape time_ns, rise since the previous scrape) of counter `name` over every endpoint and engine,
+    or None when it was never scraped. The first scrape of an endpoint is the baseline (what the engine
+    counted before is not the run's); a series that first appears later began from 0 (SGLang creates a
+    labelled series at its first increment); a drop is an engine restart: the counter began again from
+    0, so the rise is the new value, never negative."""
     c = m[m["name"] == name]
     if c.empty:
         return None
-    total = 0.0
-    for _, g in c.groupby(["endpoint", c["engine"].fillna(-1)], sort=False):
-        v = g["value"].to_numpy(float)
+    up = m[m["name"] == "up"]  # the pages read (rltrace.collect.scrape.UP); older runs have none
+    first = (up if len(up) else m).groupby("endpoint")["time_ns"].min()
+    times, rises = [], []
+    for (endpoint, _), g in c.groupby(["endpoint", c["engine"].fillna(-1)], sort=False):
+        v, t = g["value"].to_numpy(float), g["time_ns"].to_numpy(np.int64)
+        if t[0] > first.get(endpoint, t[0]):
+            v, t = np.concatenate([[0.0], v]), np.concatenate([[first[endpoint]], t])
         d = np.diff(v)
-        total += float(np.where(d < 0, v[1:], d).sum())
-    return total
+        times.append(t[1:])
+        rises.append(np.where(d < 0, v[1:], d))
+    return np.concatenate(times), np.concatenate(rises)
+
+
+def counter_increase(m: pd.DataFrame, name: str) -> float | None:
+    """How much counter `name` rose over the scrapes, summed over endpoints and engines (`counter_rises`).
+    None when it was never scraped."""
+    r = counter_rises(m, name)
+    return None if r is None else float(r[1].sum())
 
 
 def sync_ends(con) -> tuple[np.ndarray, np.ndarray]:
@@ -227,40 +256,61 @@ def sync_ends(con) -> tuple[np.ndarray, np.ndarray]:
 
 
 def prefix_cache_counters(m: pd.DataFrame, syncs=None) -> dict | None:
-    """The run's prefix-cache hit rate from vLLM's counters (hits / queries, in tokens), or None;
+    """The run's prefix-cache hit rate from the engines' counters (cached / queried prompt tokens: vLLM's
+    prefix_cache_hits / prefix_cache_queries, SGLang's cached_tokens / prompt_tokens), or None;
     `per_version` when weight syncs are recorded: each scrape's rise goes to the version in force
     when it was scraped (a sync between two scrapes puts their rise on the newer version)."""
-    queries, hits = counter_increase(m, "vllm:prefix_cache_queries"), counter_increase(m, "vllm:prefix_cache_hits")
-    if not queries or hits is None:
+    used = {e: (counter_rises(m, q), counter_rises(m, h)) for e, (q, h) in PREFIX_COUNTERS.items()}
+    used = {e: (q, h) for e, (q, h) in used.items() if q is not None}
+    queries = sum(float(q[1].sum()) for q, _ in used.values())
+    if not queries:
         return None
+    hits = sum(float(h[1].sum()) for _, h in used.values() if h is not None)
     per_version = []
     ends, versions = syncs if syncs is not None else (np.zeros(0, np.int64), np.zeros(0, np.int64))
     if len(ends):
         rises = {}
-        for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
-            c = m[m["name"] == name]
-            for _, g in c.groupby(["endpoint", c["engine"].fillna(-1)], sort=False):
-                v, t = g["value"].to_numpy(float), g["time_ns"].to_numpy(np.int64)
-                d = np.diff(v)
-                at = np.searchsorted(ends, t[1:], side="right") - 1  # the last sync ended by this scrape
-                for k, rise in zip(at, np.where(d < 0, v[1:], d)):
+        for pair in used.values():
+            for is_hit, r in enumerate(pair):
+                if r is None:
+                    continue
+                at = np.searchsorted(ends, r[0], side="right") - 1  # the last sync ended by this scrape
+                for k, rise in zip(at, r[1]):
                     key = None if k < 0 else int(versions[k])
-                    rises.setdefault(key, [0.0, 0.0])[name.endswith("hits")] += float(rise)
+                    rises.setdefault(key, [0.0, 0.0])[is_hit] += float(rise)
         per_version = [{"weight_version": k, "requests": None, "prompt_tokens": q, "cached_tokens": h,
                         "hit_rate": h / q if q else None}
                        for k, (q, h) in sorted(rises.items(), key=lambda kv: _NO_VERSION if kv[0] is None else kv[0])]
-    return {"kind": COUNTERS_KIND, "requests": None, "prompt_tokens": queries, "cached_tokens": hits,
+    return {"kind": f"measured (Prometheus, {', '.join(_SAID[e] for e in used)})",
+            "requests": None, "prompt_tokens": queries, "cached_tokens": hits,
             "hit_rate": hits / queries, "hit_rate_within_version": None, "versions_known": bool(per_version),
             "stale_hits": [], "stale_hit_count": 0, "stale_cached_tokens": 0.0, "may_be_stale_hit_count": 0,
             "may_be_stale_cached_tokens": 0.0, "updates": [], "per_version": per_version}
 
 
+def kv_transfer_counters(m: pd.DataFrame) -> dict | None:
+    """SGLang's KV transfers over the run from its histograms' _sum and _count (prefill side,
+    `compute_and_observe_kv_transfer_metrics`): transfers, bytes (MiB × 2**20), seconds, the bandwidth
+    they moved at (bytes / seconds), the mean latency; None when none was scraped."""
+    count = counter_increase(m, "sglang:kv_transfer_latency_ms_count")
+    if not count:
+        return None
+    seconds = (counter_increase(m, "sglang:kv_transfer_latency_ms_sum") or 0.0) / 1000
+    moved = counter_increase(m, "sglang:kv_transfer_total_mb_sum")
+    nbytes = None if moved is None else moved * MIB
+    return {"transfers": count, "bytes": nbytes, "seconds": seconds, "latency_ms_mean": seconds * 1000 / count,
+            "bandwidth": nbytes / seconds if nbytes and seconds > 0 else None}
+
+
 def latest_metrics(m: pd.DataFrame) -> list[dict]:
-    """Each scraped engine metric's last value, per endpoint and engine (the Engine page's table)."""
+    """Each scraped engine metric's last value, per endpoint and engine (the Engine page's table);
+    `percent` for the gauges that are a 0-1 fraction (`FRACTIONS`), None for the others."""
+    m = m[m["name"] != "up"]
     if m.empty:
         return []
     last = m.groupby(["endpoint", m["engine"].fillna(-1), "name"], sort=True).tail(1)
-    return [{"endpoint": e, "engine": None if pd.isna(g) else int(g), "name": n, "value": float(v), "time_ns": int(t)}
+    return [{"endpoint": e, "engine": None if pd.isna(g) else int(g), "name": n, "value": float(v), "time_ns": int(t),
+             "percent": 100.0 * float(v) if n in FRACTIONS else None}
             for e, g, n, v, t in last[["endpoint", "engine", "name", "value", "time_ns"]].itertuples(index=False)]
 
 
@@ -452,11 +502,15 @@ def section(con, steps: Steps = None) -> dict:
         s_kv = prompt_mean * geo["c_A"] + (geo["c_R"] or 0)
     elif geo_missing is None:
         missing["kv_bytes_per_request_mean"] = "no request reports its prompt tokens"
+    counters = scraped_metrics(con)
+    scraped_kv = kv_transfer_counters(counters)
     bandwidth, bandwidth_from = options.get("kv_bandwidth"), "given"
     if bandwidth is None:
         moved = kv_transfers(con)
         if len(moved):
             bandwidth, bandwidth_from = float(moved["kv_bytes"].sum() / moved["kv_transfer_s"].sum()), "measured"
+        elif scraped_kv is not None and scraped_kv["bandwidth"]:
+            bandwidth, bandwidth_from = scraped_kv["bandwidth"], "measured (Prometheus, sglang:kv_transfer_*)"
     balance, why = pd_balance(per_engine, s_kv, bandwidth, bandwidth_from, roles)
     if why:
         missing["pd"] = why
@@ -464,19 +518,18 @@ def section(con, steps: Steps = None) -> dict:
         missing["pd.kv_transfer_rps"] = ((geo_missing or "no request reports its prompt tokens") if s_kv is None else
                                          "no KV bandwidth: no KV-transfer record; give --kv-bandwidth BYTES_PER_S")
     prefix, why = prefix_cache(req)
-    counters = scraped_metrics(con)
     if prefix is None:
         prefix = prefix_cache_counters(counters, sync_ends(con) if len(counters) else None)
         why = None if prefix is not None else why
     if why:
         missing["prefix_cache"] = why
-    elif prefix.get("kind") == COUNTERS_KIND:
+    elif from_counters(prefix):
         missing["prefix_cache.hit_rate_within_version"] = ("from the engines' Prometheus counters over the run: "
                                                            "stale hits cannot be told apart")
     elif prefix["hit_rate_within_version"] is None:
         missing["prefix_cache.hit_rate_within_version"] = "no weight version recorded: stale hits cannot be told"
-    cache, cache_missing = hicache(None if prefix is None or prefix.get("kind") == COUNTERS_KIND else prefix)
-    if prefix is not None and prefix.get("kind") == COUNTERS_KIND:
+    cache, cache_missing = hicache(None if prefix is None or from_counters(prefix) else prefix)
+    if from_counters(prefix):
         cache_missing = {"hicache": "prefix-cache figures from the engines' counters: no per-request hits to weigh"}
     missing |= cache_missing
     load, why = budget(per_engine, geo, fp8)
@@ -503,5 +556,6 @@ def section(con, steps: Steps = None) -> dict:
         "timeline": timeline(req, per_engine),
         "delta_sync": sync,
         "engine_metrics": latest_metrics(counters),
+        "kv_transfer_metrics": scraped_kv,
         "missing": missing,
     }

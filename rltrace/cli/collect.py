@@ -114,9 +114,10 @@ def main(args: argparse.Namespace) -> int:
             scraper.close()
         receiver.close()
     if scraper is not None:
-        failed = sum(scraper.failed.values())
+        failed, bad = sum(scraper.failed.values()), sum(scraper.bad_lines.values())
         print(f"rltrace collect: scraped {sum(scraper.scrapes.values())} /metrics pages ({scraper.rows} values) from "
-              f"{len(args.scrape)} endpoints" + (f", {failed} scrapes failed" if failed else ""), flush=True)
+              f"{len(args.scrape)} endpoints" + (f", {failed} scrapes failed" if failed else "")
+              + (f", {bad} malformed lines dropped" if bad else ""), flush=True)
     senders = receiver.senders()
     written = sum(s.written for s in senders)
     dropped = sum(s.dropped for s in senders)

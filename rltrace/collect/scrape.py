@@ -4,8 +4,9 @@ vLLM puts no cached tokens on its request spans; its prefix-cache figures exist 
 on /metrics. Each scrape keeps the engine metrics named below (the names vLLM 0.34 and SGLang
 0.5.23 register) as `metrics` rows with the scrape's time and no step: they join to steps and
 weight versions by time. The endpoint is the engine's identity (`host` = the URL; `rank` = the
-`engine` label vLLM gives each data-parallel engine). An endpoint that cannot be read is counted
-and said once, never raised: the scraper runs beside the receiver and must not stop it.
+`engine` label vLLM gives each data-parallel engine, SGLang's `dp_rank`). An endpoint that cannot be
+read is counted and said once, never raised: the scraper runs beside the receiver and must not stop
+it; a malformed line costs that line only (counted in `bad_lines`).
 """
 
 from __future__ import annotations
@@ -26,37 +27,90 @@ from rltrace.store.writer import ProcessInfo
 logger = logging.getLogger(__name__)
 
 ROLE = "engine-metrics"  # the process role of scraped rows: how the report finds them
-#: metric families kept (counters without their `_total` suffix, as the parser names families)
+#: metric families kept (counters without their `_total` suffix, as the parser names families);
+#: what each one means, per engine version: docs/analysis.md, "Engine metrics"
 KEPT = frozenset({
-    # vLLM (vllm/v1/metrics/loggers.py)
+    # vLLM 0.34 (vllm/v1/metrics/loggers.py, PrometheusStatLogger)
     "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
     "vllm:external_prefix_cache_hits", "vllm:kv_cache_usage_perc", "vllm:num_requests_running",
     "vllm:num_requests_waiting", "vllm:num_preemptions",
-    # SGLang (sglang/srt/observability/metrics_collector.py)
+    # SGLang 0.5.23 (sglang/srt/observability/metrics_collector.py): the scheduler's ...
     "sglang:cache_hit_rate", "sglang:token_usage", "sglang:num_running_reqs", "sglang:num_queue_reqs",
     "sglang:num_retracted_reqs", "sglang:num_retracted_requests", "sglang:kv_transfer_speed_gb_s",
     "sglang:kv_transfer_latency_ms", "sglang:kv_transfer_total_mb",
+    # ... and the tokenizer's (per finished request: its prefix-cache figure is cached / prompt tokens)
+    "sglang:cached_tokens", "sglang:prompt_tokens",
 })
+#: histograms: their `_sum` and `_count` are kept (as NAME_sum, NAME_count), never their buckets
+HISTOGRAMS = frozenset({"sglang:kv_transfer_speed_gb_s", "sglang:kv_transfer_latency_ms", "sglang:kv_transfer_total_mb"})
+#: SGLang's queue gauges (`_log_gauge_queue_count`): with priority scheduling the total is the
+#: series `priority=""` and each `priority="N"` series a part of it, so only the total is kept
+PRIORITY_TOTALS = frozenset({"sglang:num_running_reqs", "sglang:num_queue_reqs"})
+#: the label naming one engine of an endpoint: vLLM's data-parallel `engine`, SGLang's `dp_rank`
+ENGINE_LABELS = ("engine", "dp_rank")
 DEFAULT_EVERY_S = 5.0
+#: one row per page read (value 1, no engine), as Prometheus records `up`: the first one is the
+#: endpoint's baseline, whether or not the page had a kept metric yet
+UP = "up"
+
+
+def _family_of(name: str) -> str | None:
+    """The kept family a sample of an untyped page (no `# TYPE`) belongs to, or None."""
+    for suffix in ("_total", "_sum", "_count", ""):
+        if name.endswith(suffix) and name[:len(name) - len(suffix)] in KEPT:
+            return name[:len(name) - len(suffix)]
+    return None
+
+
+def well_formed(text: str) -> tuple[str, int]:
+    """(the page without the lines the Prometheus text parser rejects, how many it dropped): a malformed
+    line costs that line only. The whole page is tried first; lines are tried one by one only when it fails."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        for _ in text_string_to_metric_families(text):
+            pass
+        return text, 0
+    except Exception:
+        pass
+    kept, bad = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            for _ in text_string_to_metric_families(line + "\n"):
+                pass
+            kept.append(line)
+        except Exception:
+            bad += 1
+    return "\n".join(kept) + "\n", bad
 
 
 def parse(text: str) -> list[tuple[str, int | None, float]]:
-    """(family name, vLLM `engine` label or None, value) for each kept sample of one /metrics page.
-    Histograms keep only their `_sum` (sglang kv_transfer_*); label sets other than `engine` are summed."""
+    """(metric name, engine or None, value) for each kept family of one well-formed /metrics page.
+    Label sets other than the engine's are summed (vLLM's model_name, SGLang's cache_source, is_streaming
+    and the tokenizer's per-request `priority`), except SGLang's queue gauges, whose `priority=""` series
+    is already the total; histograms give NAME_sum and NAME_count."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: Counter = Counter()
     for family in text_string_to_metric_families(text):
-        name = family.name if family.name in KEPT else family.name.removesuffix("_total")  # an untyped page
-        if name not in KEPT:
+        name = family.name if family.name in KEPT else _family_of(family.name)
+        if name is None:
             continue
         for s in family.samples:
-            if family.type in ("histogram", "summary") and not s.name.endswith("_sum"):
+            if s.name.endswith(("_created", "_bucket", "_gsum", "_gcount")):
                 continue
-            if s.name.endswith("_created"):
-                continue
-            engine = s.labels.get("engine")
-            out[(name, int(engine) if engine is not None and engine.isdigit() else None)] += s.value
+            if name in HISTOGRAMS:
+                if not s.name.endswith(("_sum", "_count")):
+                    continue
+                key = name + s.name[s.name.rindex("_"):]
+            else:
+                key = name
+            if name in PRIORITY_TOTALS and s.labels.get("priority", "") != "":
+                continue  # a part of the priority="" total
+            engine = next((s.labels[k] for k in ENGINE_LABELS if k in s.labels), None)
+            out[(key, int(engine) if engine is not None and engine.isdigit() else None)] += s.value
     return [(n, e, float(v)) for (n, e), v in out.items()]
 
 
@@ -67,8 +121,9 @@ class Scraper:
         self.run_dir, self.run_id, self.urls, self.every, self.timeout = run_dir, run_id, list(urls), every, timeout
         self.scrapes: Counter = Counter()  # url -> pages read
         self.failed: Counter = Counter()  # url -> scrapes that could not be read
+        self.bad_lines: Counter = Counter()  # url -> malformed lines dropped from pages that were read
         self.rows = 0
-        self._said: set[str] = set()
+        self._said: set = set()
         self._processes: dict[tuple[str, int | None], ProcessInfo] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rltrace-scrape", daemon=True)
@@ -93,6 +148,9 @@ class Scraper:
             try:
                 with urllib.request.urlopen(url, timeout=self.timeout) as r:  # noqa: S310 - the user's own endpoints
                     page = r.read().decode("utf-8", "replace")
+                page, bad = well_formed(page)
+                if bad and not page.strip():
+                    raise ValueError(f"not Prometheus text ({bad} malformed lines)")
                 samples = parse(page)
             except Exception as exc:  # unreachable, not Prometheus text: counted and said once
                 self.failed[url] += 1
@@ -101,8 +159,13 @@ class Scraper:
                     logger.warning("rltrace collect: cannot scrape %s (%s); counting further failures", url, exc)
                 continue
             self.scrapes[url] += 1
-            if samples:
-                self._write(url, now, samples)
+            if bad:
+                self.bad_lines[url] += bad
+                if ("lines", url) not in self._said:
+                    self._said.add(("lines", url))
+                    logger.warning("rltrace collect: %s gave %d malformed /metrics lines, dropped (the rest kept); "
+                                   "counting further ones", url, bad)
+            self._write(url, now, samples + [(UP, None, 1.0)])  # `up`: this scrape read the page
 
     def _process(self, url: str, engine: int | None) -> ProcessInfo:
         key = (url, engine)
@@ -127,7 +190,7 @@ class Scraper:
             try:
                 write_part(self.run_dir / _names.METRICS_TABLE.folder, f"{p.process_id}-{now}.parquet", table,
                            _names.METRICS_TABLE)
-                self.rows += n
+                self.rows += sum(name != UP for name, _ in kept)
             except Exception as exc:  # a full disk: counted as a failed scrape, the next one tries again
                 self.failed[url] += 1
                 logger.warning("rltrace collect: could not write scraped metrics of %s: %s", url, exc)

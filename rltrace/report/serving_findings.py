@@ -20,8 +20,17 @@ def sentences(r: dict) -> list[str]:
     s = r.get("serving") or {}
     geo = s.get("geometry") or {}
     out = [f"Cache geometry not computed: {geo['refused']}."] if geo.get("refused") else []
-    out += _pd(s) + _stale_hits(s) + _cache_hits(s) + _hybrid_budget(s) + _delta_sync(s.get("delta_sync"))
-    return out
+    out += _pd(s) + _kv_transfers(s) + _stale_hits(s) + _cache_hits(s) + _hybrid_budget(s)
+    return out + _delta_sync(s.get("delta_sync"))
+
+
+def _kv_transfers(s: dict) -> list[str]:
+    kv = s.get("kv_transfer_metrics")
+    if not kv:
+        return []
+    rate = f" at {rate_text(kv['bandwidth'])}" if kv.get("bandwidth") else ""
+    return [f"KV transfers: {kv['transfers']:,.0f} moved {size_text(kv['bytes'] or 0)}{rate}, "
+            f"{kv['latency_ms_mean']:.1f} ms each on average (Prometheus, sglang:kv_transfer_latency_ms / _total_mb)."]
 
 
 def _rps(x) -> str:
@@ -87,8 +96,11 @@ def _cache_hits(s: dict) -> list[str]:
     if not p.get("hit_rate"):
         return []
     if p.get("kind"):  # the engines' counters: one figure over the run, no requests behind it
-        return [f"Prefix cache: {p['hit_rate']:.0%} of {p['prompt_tokens']:,.0f} queried prompt tokens hit, {p['kind']}; "
-                "the counters do not tell stale hits apart."]
+        versions = ", ".join(f"{'before any update' if v['weight_version'] is None else 'v' + str(v['weight_version'])} "
+                             f"{v['hit_rate']:.0%}" for v in p.get("per_version") or [] if v.get("hit_rate") is not None)
+        return [f"Prefix cache: {p['hit_rate']:.0%} of {p['prompt_tokens']:,.0f} queried prompt tokens hit, {p['kind']}"
+                + (f" (by weight version: {versions})" if versions else "")
+                + "; the counters do not tell stale hits apart."]
     within = "" if p.get("hit_rate_within_version") is None else f" ({p['hit_rate_within_version']:.0%} within a weight version)"
     text = f"Prefix cache: {p['hit_rate']:.0%} of prompt tokens were cached{within}"
     if h.get("avoided_prefill_s") is None:

@@ -1,57 +1,78 @@
-"""`rltrace collect --scrape`: engines' Prometheus /metrics into the run, and the report's prefix-cache
-figure from vLLM's counters. The page is written by prometheus_client itself under vLLM's metric names
-(vllm/v1/metrics/loggers.py: counters with `model_name` and `engine` labels)."""
+"""`rltrace collect --scrape`: engines' Prometheus /metrics into the run, and the report's engine figures
+from them. Every page here is written by the engine's **own** metrics code (vLLM 0.34.0's
+`PrometheusStatLogger`, SGLang 0.5.23's `SchedulerMetricsCollector` / `TokenizerMetricsCollector`,
+loaded from ../shared/engine_src by tests/engine_code.py in tests/collect/engine_own_metrics.py, a
+process of its own with a start-up timeout) fed the engine's own stats objects; the answers are
+known from the requests fed."""
 
 from __future__ import annotations
 
+import json
 import logging
+import select
 import socket
+import subprocess
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
-import prometheus_client
 import pytest
 
-from rltrace.analysis.serving import COUNTERS_KIND
+import rltrace
+from rltrace.analysis.serving import COUNTERS_KIND, SGLANG_COUNTERS_KIND, counter_increase
 from rltrace.cli.report import collect as report
-from rltrace.collect.scrape import Scraper, parse
+from rltrace.collect.scrape import Scraper, parse, well_formed
+from rltrace.report.serving_findings import sentences
 from rltrace.store import layout
 
+from .. import engine_code
+from ..conftest import PYTHON, python_env, unavailable
 
-class Engine:
-    """A loopback /metrics endpoint with vLLM's prefix-cache counters, two data-parallel engines."""
+DRIVER = Path(__file__).with_name("engine_own_metrics.py")
+START_S = 30  # the engine's metrics code loads in well under a second; a hang fails here, not the suite
+GIB = 1 << 30
 
-    def __init__(self):
-        self.registry = prometheus_client.CollectorRegistry()
-        labels = ["model_name", "engine"]
-        self.queries = prometheus_client.Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
-                                                 "queried tokens.", labels, registry=self.registry)
-        self.hits = prometheus_client.Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
-                                              "tokens.", labels, registry=self.registry)
-        self.usage = prometheus_client.Gauge("vllm:kv_cache_usage_perc", "KV-cache usage.", labels, registry=self.registry)
-        self.other = prometheus_client.Counter("vllm:unrelated_thing", "not kept", registry=self.registry)
-        registry = self.registry
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                body = prometheus_client.generate_latest(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", prometheus_client.CONTENT_TYPE_LATEST)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+class OwnEngine:
+    """An engine process whose /metrics page its own metrics code writes (engine_own_metrics.py)."""
 
-            def log_message(self, *a):
-                pass
+    def __init__(self, engine: str, engines: int = 1):
+        if engine_code.missing(engine):
+            unavailable(engine_code.missing(engine))
+        self.proc = subprocess.Popen([PYTHON, str(DRIVER), engine, str(engines)], env=python_env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_S)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith("URL "):
+            self.close()
+            pytest.fail(f"{engine}'s metrics code did not start in {START_S} s: {self.proc.stderr.read()[-3000:]}")
+        self.url = line.split()[1]
 
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _post(self, path: str, events) -> None:
+        req = urllib.request.Request(self.url.removesuffix("/metrics") + path, data=json.dumps(events).encode(),
+                                     method="POST")
+        try:
+            urllib.request.urlopen(req, timeout=10).read()
+        except urllib.error.HTTPError as exc:  # the engine's code raised: its traceback
+            pytest.fail(exc.read().decode())
 
-    def serve(self, engine: str, queries: int, hits: int, usage: float) -> None:
-        self.queries.labels("m", engine).inc(queries)
-        self.hits.labels("m", engine).inc(hits)
-        self.usage.labels("m", engine).set(usage)
+    def record(self, *events: dict) -> None:
+        self._post("/record", list(events))
+
+    def restart(self, *events: dict) -> None:
+        """The engine starts again: its metric objects built anew, its counters from 0."""
+        self._post("/restart", list(events))
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.communicate(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _closed_port_url() -> str:
@@ -62,102 +83,192 @@ def _closed_port_url() -> str:
     return f"http://127.0.0.1:{port}/metrics"
 
 
-def test_scraped_vllm_counters_give_the_reports_prefix_cache_figure(tmp_path, caplog):
-    run = tmp_path / "run"
-    run_id = layout.create_or_join(run, run_name=None, config=None)["run_id"]
-    engine, dead = Engine(), _closed_port_url()
-    try:
-        engine.serve("0", 0, 0, 0.0)
-        engine.serve("1", 0, 0, 0.0)
-        scraper = Scraper(run, run_id, [engine.url, dead], every=60, timeout=1)
-        with caplog.at_level(logging.WARNING, logger="rltrace.collect.scrape"):
-            scraper.scrape_once()  # the baseline: what the engines counted before the run is not the run's
-            engine.serve("0", 1000, 250, 0.3)
-            engine.serve("1", 3000, 150, 0.5)
-            scraper.scrape_once()
-            engine.serve("0", 1000, 600, 0.4)
-            scraper.scrape_once()
-    finally:
-        engine.server.shutdown()
-    assert scraper.scrapes[engine.url] == 3
-    assert scraper.failed[dead] == 3  # counted every time, said once, never raised
-    assert sum(dead in r.getMessage() for r in caplog.records) == 1
+def _serve(body) -> tuple[HTTPServer, str]:
+    """A loopback endpoint answering GET with body() (bytes)."""
 
-    s = report(str(run))["serving"]
-    p = s["prefix_cache"]
-    assert p["kind"] == COUNTERS_KIND
-    assert p["prompt_tokens"] == 5000 and p["cached_tokens"] == 1000
-    assert p["hit_rate"] == pytest.approx(1000 / 5000)
-    assert "prefix_cache.hit_rate_within_version" in s["missing"]
-    from rltrace.report.serving_findings import sentences
-
-    said = [t for t in sentences({"serving": s}) if t.startswith("Prefix cache")]
-    assert said == ["Prefix cache: 20% of 5,000 queried prompt tokens hit, measured (Prometheus, vllm:prefix_cache_hits); "
-                    "the counters do not tell stale hits apart."]
-    last = {(m["engine"], m["name"]): m["value"] for m in s["engine_metrics"] if m["endpoint"] == engine.url}
-    assert last[(0, "vllm:kv_cache_usage_perc")] == 0.4 and last[(1, "vllm:kv_cache_usage_perc")] == 0.5
-    assert last[(0, "vllm:prefix_cache_hits")] == 850
-    assert not any(name == "vllm:unrelated_thing" for _, name in last)
-
-
-def test_a_counter_reset_is_an_engine_restart_and_bad_pages_are_counted(tmp_path):
-    from rltrace.analysis.serving import counter_increase
-    import pandas as pd
-
-    m = pd.DataFrame({"endpoint": ["u"] * 4, "engine": [0] * 4, "name": ["vllm:prefix_cache_hits"] * 4,
-                      "value": [10.0, 30.0, 5.0, 8.0], "time_ns": [1, 2, 3, 4]})
-    assert counter_increase(m, "vllm:prefix_cache_hits") == 20 + 5 + 3
-    assert counter_increase(m, "vllm:prefix_cache_queries") is None
-    assert parse("# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{engine=\"2\"} 7\n"
-                 "sglang:num_queue_reqs 3\n") == [("vllm:num_preemptions", 2, 7.0), ("sglang:num_queue_reqs", None, 3.0)]
-    run = tmp_path / "run"
-    run_id = layout.create_or_join(run, run_name=None, config=None)["run_id"]
-
-    class Garbage(BaseHTTPRequestHandler):
+    class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            body = b"this is { not prometheus\n"
+            page = body()
             self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(page)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(page)
 
         def log_message(self, *a):
             pass
 
-    server = HTTPServer(("127.0.0.1", 0), Garbage)
+    server = HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    try:
-        scraper = Scraper(run, run_id, [url], every=60, timeout=1)
-        scraper.scrape_once()
-    finally:
-        server.shutdown()
-    assert scraper.failed[url] == 1 and scraper.rows == 0
+    return server, f"http://127.0.0.1:{server.server_address[1]}/metrics"
 
 
-def test_counters_split_by_the_weight_version_in_force_at_each_scrape(tmp_path):
-    import rltrace
+def _last(s: dict, url: str) -> dict:
+    return {(m["engine"], m["name"]): m for m in s["engine_metrics"] if m["endpoint"] == url}
 
+
+@pytest.fixture
+def run(tmp_path):
     run = tmp_path / "run"
     rltrace.init(run, role="trainer")
-    run_id = layout.read_manifest(run)["run_id"]
-    engine = Engine()
-    try:
-        scraper = Scraper(run, run_id, [engine.url], every=60, timeout=1)
-        engine.serve("0", 0, 0, 0.0)
+    yield run, layout.read_manifest(run)["run_id"]
+    rltrace.shutdown()
+
+
+def test_vllm_two_engines_prefix_cache_kv_usage_queue_and_an_unreachable_endpoint(run, caplog):
+    """Two data-parallel engines of one vLLM logger: its prefix-cache counters give the report's figure
+    (hits / queries over the run, what the engines counted before the first scrape left out); its
+    kv_cache_usage_perc, a 0-1 fraction, is shown as a percentage; num_requests_waiting counts the
+    deferred requests too; an unreachable endpoint is counted on every scrape and said once."""
+    run_dir, run_id = run
+    dead = _closed_port_url()
+    with OwnEngine("vllm", engines=2) as engine:
+        engine.record({"engine": 0, "requests": [[700, 700]]})  # before the run: not the run's
+        scraper = Scraper(run_dir, run_id, [engine.url, dead], every=60, timeout=1)
+        with caplog.at_level(logging.WARNING, logger="rltrace.collect.scrape"):
+            scraper.scrape_once()
+            engine.record({"engine": 0, "requests": [[600, 250], [400, 0]], "kv_usage": 0.3, "running": 2,
+                           "waiting": 1, "deferred": 1, "preempted": 1},
+                          {"engine": 1, "requests": [[3000, 150]], "kv_usage": 0.5, "running": 4})
+            scraper.scrape_once()
+            engine.record({"engine": 0, "requests": [[1000, 600]], "kv_usage": 0.42, "running": 1, "waiting": 2})
+            scraper.scrape_once()
+    assert scraper.scrapes[engine.url] == 3 and scraper.failed[dead] == 3  # counted every time, never raised
+    assert sum(dead in r.getMessage() for r in caplog.records) == 1  # said once
+    assert scraper.bad_lines[engine.url] == 0
+
+    s = report(str(run_dir))["serving"]
+    p = s["prefix_cache"]
+    assert p["kind"] == COUNTERS_KIND
+    assert (p["prompt_tokens"], p["cached_tokens"]) == (5000, 1000) and p["hit_rate"] == pytest.approx(0.2)
+    said = [t for t in sentences({"serving": s}) if t.startswith("Prefix cache")]
+    assert said == ["Prefix cache: 20% of 5,000 queried prompt tokens hit, measured (Prometheus, vllm:prefix_cache_hits); "
+                    "the counters do not tell stale hits apart."]
+    last = _last(s, engine.url)
+    assert last[(0, "vllm:kv_cache_usage_perc")]["value"] == pytest.approx(0.42)
+    assert last[(0, "vllm:kv_cache_usage_perc")]["percent"] == pytest.approx(42.0)  # not 0.42 %
+    assert last[(1, "vllm:kv_cache_usage_perc")]["percent"] == pytest.approx(50.0)
+    assert last[(0, "vllm:num_requests_waiting")]["value"] == 2 and last[(0, "vllm:num_requests_running")]["value"] == 1
+    assert last[(0, "vllm:num_preemptions")]["value"] == 1 and last[(0, "vllm:num_requests_running")]["percent"] is None
+    assert last[(0, "vllm:prefix_cache_hits")]["value"] == 700 + 850  # the counter as the engine counted it
+    assert {name for _, name in last} <= {"vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
+                                          "vllm:external_prefix_cache_queries", "vllm:external_prefix_cache_hits",
+                                          "vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+                                          "vllm:num_requests_waiting", "vllm:num_preemptions"}
+    assert s["kv_transfer_metrics"] is None
+
+
+def test_vllm_counters_split_by_weight_version_through_an_engine_restart(run):
+    """Each scrape's rise goes to the weight version in force; the engine restarts during version 2
+    (its counters begin again from 0, 3,000 -> 2,000): the drop is a restart, the 2,000 new tokens
+    are counted, never a negative rise."""
+    run_dir, run_id = run
+    with OwnEngine("vllm") as engine:
+        scraper = Scraper(run_dir, run_id, [engine.url], every=60, timeout=1)
         scraper.scrape_once()
         with rltrace.phase("weight_sync", step=1, weight_version=1):
             pass
-        engine.serve("0", 2000, 1000, 0.1)  # version 1: 50 %
+        engine.record({"requests": [[2000, 1000]]})  # version 1: 50 %
         scraper.scrape_once()
         with rltrace.phase("weight_sync", step=2, weight_version=2):
             pass
-        engine.serve("0", 3000, 300, 0.1)  # version 2: 10 %
+        engine.record({"requests": [[1000, 100]]})
         scraper.scrape_once()
-    finally:
-        engine.server.shutdown()
-        rltrace.shutdown()
-    p = report(str(run))["serving"]["prefix_cache"]
-    assert p["hit_rate"] == pytest.approx(1300 / 5000) and p["versions_known"]
+        engine.restart({"requests": [[2000, 200]]})
+        scraper.scrape_once()
+    rltrace.shutdown()  # the trainer's spans (its weight syncs) written
+    s = report(str(run_dir))["serving"]
+    p = s["prefix_cache"]
+    assert (p["prompt_tokens"], p["cached_tokens"]) == (5000, 1300) and p["versions_known"]
     assert [(v["weight_version"], v["prompt_tokens"], v["cached_tokens"]) for v in p["per_version"]] == \
         [(1, 2000, 1000), (2, 3000, 300)]
+    said = [t for t in sentences({"serving": s}) if t.startswith("Prefix cache")]
+    assert said == ["Prefix cache: 26% of 5,000 queried prompt tokens hit, measured (Prometheus, vllm:prefix_cache_hits) "
+                    "(by weight version: v1 50%, v2 10%); the counters do not tell stale hits apart."]
+
+
+def test_sglang_priority_totals_cached_tokens_by_version_and_kv_transfers(run):
+    """SGLang with priority scheduling: its queue gauges' priority="" total is kept, never summed with
+    the per-priority parts (3 running, not 6); the tokenizer's cached_tokens_total / prompt_tokens_total
+    (labelled per request's priority, series created at the first increment) give the prefix-cache
+    figure per weight version; the KV-transfer histograms' _sum and _count give 2 transfers, 1.5 GiB
+    in 1 s: 1.5 GiB/s."""
+    run_dir, run_id = run
+    with OwnEngine("sglang") as engine:
+        scraper = Scraper(run_dir, run_id, [engine.url], every=60, timeout=1)
+        scraper.scrape_once()  # nothing logged yet: the page holds no kept series, `up` is the baseline
+        with rltrace.phase("weight_sync", step=1, weight_version=1):
+            pass
+        engine.record({"running": {"0": 2, "5": 1}, "queue": {"0": 4, "5": 2}, "token_usage": 0.25,
+                       "finished": [[1000, 250, None], [2000, 0, 5]],
+                       "kv_transfers": [[GIB, 0.5], [GIB // 2, 0.5]]})
+        scraper.scrape_once()
+        first = {name: v for name, _, v in parse(urllib.request.urlopen(engine.url, timeout=5).read().decode())}
+        with rltrace.phase("weight_sync", step=2, weight_version=2):
+            pass
+        engine.record({"running": {"0": 1}, "token_usage": 0.4, "finished": [[1000, 900, 5]]})
+        scraper.scrape_once()
+    rltrace.shutdown()
+    assert first["sglang:num_running_reqs"] == 3 and first["sglang:num_queue_reqs"] == 6  # not 6 and 12
+    s = report(str(run_dir))["serving"]
+    p = s["prefix_cache"]
+    assert p["kind"] == SGLANG_COUNTERS_KIND
+    assert (p["prompt_tokens"], p["cached_tokens"]) == (4000, 1150)
+    assert [(v["weight_version"], v["prompt_tokens"], v["cached_tokens"]) for v in p["per_version"]] == \
+        [(1, 3000, 250), (2, 1000, 900)]
+    last = _last(s, engine.url)
+    assert last[(None, "sglang:num_running_reqs")]["value"] == 1 and last[(None, "sglang:num_queue_reqs")]["value"] == 0
+    assert last[(None, "sglang:token_usage")]["percent"] == pytest.approx(40.0)
+    kv = s["kv_transfer_metrics"]
+    assert kv["transfers"] == 2 and kv["bytes"] == 1.5 * GIB and kv["seconds"] == pytest.approx(1.0)
+    assert kv["bandwidth"] == pytest.approx(1.5 * GIB) and kv["latency_ms_mean"] == pytest.approx(500.0)
+    said = sentences({"serving": s})
+    assert "Prefix cache: 29% of 4,000 queried prompt tokens hit, measured (Prometheus, sglang:cached_tokens_total) " \
+           "(by weight version: v1 8%, v2 90%); the counters do not tell stale hits apart." in said
+    assert any(t.startswith("KV transfers: 2 moved ") and "500.0 ms each" in t for t in said)
+
+
+def test_a_malformed_line_costs_that_line_only(run):
+    """The engine's page with one malformed line spliced in: every other value is kept, the line is
+    counted; a page with nothing Prometheus in it is a failed scrape."""
+    run_dir, run_id = run
+    with OwnEngine("vllm") as engine:
+        engine.record({"requests": [[1000, 400]], "kv_usage": 0.2})
+
+        def broken():
+            page = urllib.request.urlopen(engine.url, timeout=5).read()
+            return page.replace(b"# HELP vllm:kv_cache_usage_perc", b"vllm:oops{engine=\"0\" 12\n# HELP vllm:kv_cache_usage_perc")
+
+        server, url = _serve(broken)
+        garbage, junk_url = _serve(lambda: b"<html>this is { not prometheus</html>\n")
+        try:
+            scraper = Scraper(run_dir, run_id, [url, junk_url], every=60, timeout=1)
+            scraper.scrape_once()
+            scraper.scrape_once()
+            direct = sorted(parse(urllib.request.urlopen(engine.url, timeout=5).read().decode()))
+            broken_page, bad = well_formed(broken().decode())
+        finally:
+            server.shutdown()
+            garbage.shutdown()
+    assert bad == 1 and sorted(parse(broken_page)) == direct
+    assert scraper.bad_lines[url] == 2 and scraper.scrapes[url] == 2 and scraper.failed[url] == 0
+    assert scraper.failed[junk_url] == 2 and scraper.scrapes[junk_url] == 0
+    last = _last(report(str(run_dir))["serving"], url)
+    assert last[(0, "vllm:kv_cache_usage_perc")]["percent"] == pytest.approx(20.0)
+    assert last[(0, "vllm:prefix_cache_hits")]["value"] == 400
+
+
+def test_counter_rises_restart_and_late_series():
+    """The rule on its own: a drop is a restart (the new value is the rise); a series first seen after
+    the endpoint's first page began from 0."""
+    import pandas as pd
+
+    m = pd.DataFrame({"endpoint": ["u"] * 5, "engine": [None, 0, 0, 0, 0],
+                      "name": ["up", "vllm:prefix_cache_hits", "vllm:prefix_cache_hits", "vllm:prefix_cache_hits",
+                               "vllm:prefix_cache_hits"],
+                      "value": [1.0, 10.0, 30.0, 5.0, 8.0], "time_ns": [0, 1, 2, 3, 4]})
+    assert counter_increase(m, "vllm:prefix_cache_hits") == 10 + 20 + 5 + 3
+    assert counter_increase(m[m["name"] != "up"], "vllm:prefix_cache_hits") == 20 + 5 + 3  # an older run: no `up`
+    assert counter_increase(m, "vllm:prefix_cache_queries") is None
+    assert parse('sglang:num_queue_reqs{priority="",dp_rank="1"} 3\nsglang:num_queue_reqs{priority="2",dp_rank="1"} 3\n'
+                 "sglang:kv_transfer_latency_ms_sum 20\n") == \
+        [("sglang:num_queue_reqs", 1, 3.0), ("sglang:kv_transfer_latency_ms_sum", None, 20.0)]

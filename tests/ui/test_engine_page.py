@@ -149,25 +149,39 @@ def test_rltrace_ui_takes_the_serving_options_of_rltrace_report(fleet, tmp_path,
     assert main(["ui", str(fleet), "--kv-bandwidth", "-1"]) == 2  # one line, as `rltrace report` says it
 
 
-def test_the_engine_page_shows_scraped_engine_metrics(tmp_path, monkeypatch):
-    """A vLLM run whose only engine evidence is its /metrics: the prefix-cache figure from the counters
-    and the scraped metrics table, nothing raised."""
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_engine_page_shows_scraped_engine_metrics(engine, tmp_path, monkeypatch):
+    """A run whose only engine evidence is its /metrics, written by the engine's own metrics code
+    (tests/collect/engine_own_metrics.py): the prefix-cache figure from the counters (vLLM's hits /
+    queries, SGLang's cached / prompt tokens) split by weight version, the KV usage gauge (a 0-1
+    fraction) as a percentage, SGLang's KV transfers; nothing raised."""
+    import rltrace
     from rltrace.collect.scrape import Scraper
     from rltrace.store import layout
 
-    from ..collect.test_scrape import Engine
+    from ..collect.test_scrape import GIB, OwnEngine
 
     run = tmp_path / "run"
-    run_id = layout.create_or_join(run, run_name=None, config=None)["run_id"]
-    engine = Engine()
-    try:
-        scraper = Scraper(run, run_id, [engine.url], every=60, timeout=1)
-        engine.serve("0", 0, 0, 0.0)
+    rltrace.init(run, role="trainer")
+    run_id = layout.read_manifest(run)["run_id"]
+    with OwnEngine(engine) as own:
+        scraper = Scraper(run, run_id, [own.url], every=60, timeout=1)
         scraper.scrape_once()
-        engine.serve("0", 4000, 1000, 0.6)
+        with rltrace.phase("weight_sync", step=1, weight_version=1):
+            pass
+        own.record({"requests": [[4000, 1000]], "kv_usage": 0.6} if engine == "vllm" else
+                   {"finished": [[4000, 1000, None]], "token_usage": 0.6, "kv_transfers": [[GIB, 0.5]]})
         scraper.scrape_once()
-    finally:
-        engine.server.shutdown()
+    rltrace.shutdown()
     at = first_page(monkeypatch, run)
     assert "Engine metrics (/metrics)" in [h.value for h in at.subheader]
     assert metrics(at)["Prefix-cache hits"] == fmt.share_text(0.25)
+    usage = "vllm:kv_cache_usage_perc" if engine == "vllm" else "sglang:token_usage"
+    (table,) = [d.value for d in at.dataframe if "endpoint" in d.value.columns]
+    assert table.loc[table["name"] == usage, "value"].tolist() == ["60.0%"]
+    (versions,) = [d.value for d in at.dataframe if "cached_tokens" in d.value.columns]
+    assert versions[["prompt_tokens", "cached_tokens"]].values.tolist() == [[4000, 1000]]
+    kv = [m.value for m in at.markdown if m.value.startswith("KV transfers")]
+    assert kv == ([] if engine == "vllm" else
+                  [f"KV transfers (sglang:kv_transfer_*): 1 moved {fmt.size_text(GIB)} at {fmt.rate_text(2 * GIB)}, "
+                   "500.0 ms each on average."])

@@ -79,12 +79,29 @@ cols[4].metric("KV per token (c_A)", size(serving.get("kv_bytes_per_token")),
                f"c_R {size(serving['state_bytes_per_slot'])} per state slot", delta_color="off",
                help="attention KV bytes per token of the whole model; c_R: a hybrid model's recurrent state per request slot")
 
+def counter_hits() -> None:
+    """The prefix-cache figure from the engines' /metrics counters: one per weight version, no stale hits."""
+    st.caption(f"{fmt.share_text(prefix['hit_rate'])} of {prefix['prompt_tokens']:,.0f} queried tokens hit, "
+               f"{fmt.md(prefix.get('kind') or '')}; "
+               f"{why('prefix_cache.hit_rate_within_version', 'not split by weight version')}.")
+    if prefix.get("per_version"):
+        by_version = pd.DataFrame(prefix["per_version"])
+        by_version["weight_version"] = [engine_charts.version_label(None if pd.isna(v) else int(v))
+                                        for v in by_version["weight_version"]]
+        st.dataframe(by_version[["weight_version", "prompt_tokens", "cached_tokens", "hit_rate"]], hide_index=True,
+                     width="stretch", key="engine_counter_versions",
+                     column_config={"hit_rate": st.column_config.NumberColumn("hit rate", format="percent")})
+
+
 said = serving_findings.sentences(report)  # the report's own sentences about the engine, as `rltrace report` prints them
 if said:
     st.info("\n".join(f"- {fmt.md(s)}" for s in said), icon=":material/bolt:")
 
 if not serving.get("requests"):
     st.info(NO_REQUESTS)
+    if prefix and prefix.get("kind"):  # a vLLM run's prefix cache is on its /metrics only
+        st.subheader("Prefix-cache hits per weight version")
+        counter_hits()
 else:
     st.subheader("Requests per engine over the run")
     timeline = pd.DataFrame(serving.get("timeline") or [])
@@ -124,9 +141,7 @@ else:
     if not prefix:
         st.info(f"No prefix-cache figures: {why('prefix_cache', 'not recorded')}.")
     elif prefix.get("kind"):  # from the engines' /metrics counters: one figure per version, no stale hits
-        st.caption(f"{fmt.share_text(prefix['hit_rate'])} of {prefix['prompt_tokens']:,.0f} queried tokens hit, "
-                   f"{fmt.md(prefix.get('kind') or '')}; "
-                   f"{why('prefix_cache.hit_rate_within_version', 'not split by weight version')}.")
+        counter_hits()
     else:
         st.plotly_chart(engine_charts.hits_by_version(pd.DataFrame(prefix["per_version"])), key="engine_hits")
         if prefix["hit_rate_within_version"] is None:
@@ -158,9 +173,17 @@ scraped = pd.DataFrame(serving.get("engine_metrics") or [])
 if len(scraped):
     st.subheader("Engine metrics (/metrics)")
     scraped["time"] = pd.to_datetime(scraped["time_ns"], unit="ns")
+    percent = scraped["percent"] if "percent" in scraped else pd.Series([None] * len(scraped))
+    scraped["value"] = [fmt.number_text(v) if pd.isna(p) else f"{p:.1f}%" for v, p in zip(scraped["value"], percent)]
     st.dataframe(scraped[["endpoint", "engine", "name", "value", "time"]], hide_index=True, width="stretch",
                  key="engine_scraped")
-    st.caption("The last value each engine's Prometheus endpoint gave `rltrace collect --scrape`.")
+    st.caption("The last value each engine's Prometheus endpoint gave `rltrace collect --scrape` (usage gauges, "
+               "0-1 fractions on the page, shown as percentages; counters as the engine counted them).")
+    kv = serving.get("kv_transfer_metrics")
+    if kv:
+        rate = "" if not kv.get("bandwidth") else f" at {fmt.rate_text(kv['bandwidth'])}"
+        st.markdown(f"KV transfers (sglang:kv_transfer_*): {kv['transfers']:,.0f} moved "
+                    f"{fmt.size_text(kv['bytes'] or 0)}{rate}, {kv['latency_ms_mean']:.1f} ms each on average.")
 
 st.subheader("Cache budget")
 geo = serving.get("geometry")
