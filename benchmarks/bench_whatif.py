@@ -1,6 +1,6 @@
 """What if, checked against reality: predict other schedules from a synchronous run, run them, compare.
 
-    python benchmarks/bench_whatif.py [--steps 40] [--dir /tmp/rltrace-whatif]
+    python benchmarks/bench_whatif.py [--steps 40] [--dir /tmp/rltrace-whatif] [--only schedules|capped|pd]
 
 The loop is GPU-shaped (examples/sleeping_loop.py): engines that sleep `len × 0.16 ms` per sample,
 lognormal response lengths (median 200 tokens, σ 0.6), static batches that end with their longest
