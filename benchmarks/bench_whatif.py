@@ -14,7 +14,9 @@ one), which is what the report said before. Goal: the prediction within 10 % on 
 Continuous batching (`--only capped`): the same loop's engines run at most 8 requests at once each
 (the rest wait in the engine's queue, a request taking the first slot that frees) and record each
 request as vLLM does (its time in the queue); predicted from the synchronous capped run: 2 engines,
-one-step-off, both.
+one-step-off, both. Then the same with prefill, recorded on 2 unified engines with the cap, and split
+into P prefill and D decode engines whose decode engines keep the cap (each decodes at most 8
+requests at once, first come first served): the number of decode engines now matters.
 
 Prefill/decode split (`--only pd` runs just this part): the engines also prefill (prompts of median
 512 tokens at 8 µs a token, one after another) and record each request as vLLM does (queue,
@@ -75,6 +77,13 @@ CAPPED = [
     ("async K=1, 2 rollout workers", {"staleness": 1, "rollout_workers": 2}),
 ]
 
+#: (label, loop knobs) of each split predicted from a run on 2 unified engines with the cap: its decode engines keep it.
+CAPPED_SPLITS = [
+    ("prefill/decode 1:1, KV link 10 GB/s", {"pd": (1, 1), "kv_bandwidth": 1e10}),
+    ("prefill/decode 2:2, KV link 10 GB/s", {"pd": (2, 2), "kv_bandwidth": 1e10}),
+    ("prefill/decode 2:4, KV link 10 GB/s", {"pd": (2, 4), "kv_bandwidth": 1e10}),
+]
+
 
 def scenario_of(knobs: dict) -> whatif.Scenario:
     return whatif.Scenario(staleness=knobs.get("staleness", 0), rollout_workers=knobs.get("rollout_workers", 1),
@@ -86,7 +95,8 @@ def measure(base: Path, steps: int, recorded_knobs: dict, scenarios: list, name:
     recorded = run(str(base / name), Shape(steps=steps, seed=0, **recorded_knobs))
     con = store.open(base / name)
     table = whatif.whatif(con, [scenario_of(k) for _, k in scenarios])
-    label = ("sync, 2 unified engines (recorded; replayed)" if "prefill_tok_s" in recorded_knobs else
+    cap = f", cap {recorded_knobs['cap']}" if "cap" in recorded_knobs else ""
+    label = (f"sync, 2 unified engines{cap} (recorded; replayed)" if "prefill_tok_s" in recorded_knobs else
              f"sync, cap {recorded_knobs['cap']} (recorded; replayed)" if "cap" in recorded_knobs else
              "sync (recorded; replayed)")
     rows = [{"label": label, "real": recorded, **table.iloc[0].to_dict()}]
@@ -116,6 +126,10 @@ def main() -> int:
         worst = max(worst, show(console, measure(base, args.steps, CAP, CAPPED, "capped"),
                                 f"Continuous batching, at most {CAP['cap']} requests an engine at once: predicted from "
                                 f"the synchronous run vs run ({args.steps} steps each)"))
+        worst = max(worst, show(console, measure(base, args.steps, {**PREFILL, "rollout_workers": 2, **CAP},
+                                                 CAPPED_SPLITS, "capped_unified"),
+                                f"Prefill/decode splits whose decode engines keep the cap of {CAP['cap']}, predicted from "
+                                f"a run on 2 unified engines with it vs run ({args.steps} steps each)", binds=True))
     if args.only in (None, "pd"):
         worst = max(worst, show(console, measure(base, args.steps, {**PREFILL, "rollout_workers": 2}, SPLITS, "unified"),
                                 f"Prefill/decode splits predicted from a run on 2 unified engines vs run ({args.steps} "

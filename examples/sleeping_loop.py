@@ -22,8 +22,9 @@ in for a prefill/decode deployment by sleeping too:
 - split (`pd` = (P, D)): P prefill engines prefill the step's prompts one after another each; every
   prompt's KV (`prompt × kv_bytes_per_token` bytes) then crosses one link of `kv_bandwidth` bytes/s,
   first come first served; D decode engines take the requests in turn and decode each from the
-  moment its KV arrived (every request they are sent at once: no cap). Each prefill, transfer and
-  decode is a sleep on its own thread; the KV bytes are those of `MODEL` (stored with the run).
+  moment its KV arrived (every request they are sent at once; with `cap`, at most `cap` at once, a
+  request waiting for a slot first come first served). Each prefill, transfer and decode is a sleep
+  on its own thread; the KV bytes are those of `MODEL` (stored with the run).
 
 With `cap` set, each engine batches continuously instead: it runs at most `cap` of its share's
 requests at once, each for its own time (prefill then decode), and starts a waiting one the
@@ -233,7 +234,7 @@ class _SplitEngines(_Engine):
         n_p, n_d = s.pd
         lengths, prompts = self._lengths(m), self._prompts(m)
         prefill, decode, kv = prompts * s.prefill_tok_s, lengths * s.tok_s, prompts * KV_BYTES_PER_TOKEN
-        filled, arrived, ended = np.zeros(m), np.zeros(m), np.zeros(m)
+        filled, arrived, began, ended = np.zeros(m), np.zeros(m), np.zeros(m), np.zeros(m)
         link, to_decode = queue.Queue(), [queue.Queue() for _ in range(n_d)]
 
         def prefill_engine(k: int) -> None:  # its prompts one after another
@@ -253,12 +254,16 @@ class _SplitEngines(_Engine):
                 arrived[i] = free
                 to_decode[n % n_d].put(i)
 
-        def decode_engine(d: int) -> None:  # each request decoded from its KV's arrival, all at once
-            expected, running = len(range(d, m, n_d)), []
+        def decode_engine(d: int) -> None:  # each request decoded from its KV's arrival: all at once, or `cap` at a time
+            expected, running, slots = len(range(d, m, n_d)), [], [0.0] * (s.cap or 0)
             while expected:
                 try:
                     i = to_decode[d].get(timeout=max(0.0, running[0][0] - time.perf_counter()) if running else None)
-                    heapq.heappush(running, (arrived[i] + decode[i], i))
+                    # with a cap, a request starts when its KV arrived and a slot is free (first come, first served)
+                    began[i] = max(arrived[i], heapq.heappop(slots)) if s.cap else arrived[i]
+                    if s.cap:
+                        heapq.heappush(slots, began[i] + decode[i])
+                    heapq.heappush(running, (began[i] + decode[i], i))
                 except queue.Empty:
                     pass
                 while running and running[0][0] <= time.perf_counter():
@@ -281,7 +286,8 @@ class _SplitEngines(_Engine):
                     queue_s=float(filled[i] - t0 - prefill[i]), prefill_s=float(prefill[i]),
                     prompt_tokens=int(prompts[i]), completion_tokens=1)),
                 (("decode", step, rid, wall(arrived[i]), wall(ended[i])), dict(
-                    decode_s=float(decode[i]), prompt_tokens=int(prompts[i]), completion_tokens=int(lengths[i])))]
+                    queue_s=float(began[i] - arrived[i]), decode_s=float(decode[i]), prompt_tokens=int(prompts[i]),
+                    completion_tokens=int(lengths[i])))]
             out.append({"sample_id": rid, "response_len": int(lengths[i]), "weight_version": version, "gen_start": wall0,
                         "gen_end": wall(ended[i]), "worker_rank": 0, "train_version": step})
         return out
@@ -293,9 +299,8 @@ def run(out: str, shape: Shape | None = None) -> dict:
     the loop itself measured them."""
     s = shape or Shape()
     requests = s.prefill_tok_s > 0 or bool(s.cap)
-    if s.pd is not None and (s.prefill_tok_s <= 0 or s.partial is not None or s.cap or min(s.pd) < 1):
-        raise ValueError("a prefill/decode split needs prefill_tok_s > 0, no partial rollouts, no cap and >= 1 engine "
-                         "of each")
+    if s.pd is not None and (s.prefill_tok_s <= 0 or s.partial is not None or min(s.pd) < 1):
+        raise ValueError("a prefill/decode split needs prefill_tok_s > 0, no partial rollouts and >= 1 engine of each")
     if s.cap and s.partial is not None:
         raise ValueError("continuous batching (cap) replaces static batches: no partial rollouts with it")
     rltrace.init(out, role="trainer", config=s.__dict__, model=MODEL if requests else None)
