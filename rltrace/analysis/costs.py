@@ -56,8 +56,16 @@ def cost_model(con, steps: Steps = None) -> pd.DataFrame:
     for col in _RAW:
         out[col + "_amortised"] = _amortise(out[col])
     out["t_rollout_amortised"] = out["t_R_amortised"] - out["t_reward_amortised"].fillna(0.0)
+    if not _records_rollout(con, steps):  # reward spans only: the rollout is not recorded, not 0 s
+        out["t_rollout"] = out["t_rollout_amortised"] = np.nan
     out = _formulas(out, suffix="_amortised")
     return out.reset_index()
+
+
+def _records_rollout(con, steps: Steps) -> bool:
+    """Whether any selected step holds a rollout-stage phase (rollout, generate)."""
+    phases = summary.rows(con, steps, kinds=("phase",), columns=("phase",))["phase"]
+    return bool(phases.isin(phases_of("rollout")).any())
 
 
 def serving_period(present: np.ndarray) -> int:

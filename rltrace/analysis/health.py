@@ -279,8 +279,21 @@ def startups(con) -> list[dict]:
         return []
     who = _who.processes(con, list(late))
     names = {p: process_name(r, k) for p, r, k in zip(who["process_id"], who["role"], who["rank"])}
+    names = _told_apart(con, names)
     return sorted(({"process_id": p, "name": names.get(p, p), "seconds": s, "step": int(first_step["step"])}
                    for p, s in late.items()), key=lambda r: (-r["seconds"], r["name"]))
+
+
+def _told_apart(con, names: dict[str, str]) -> dict[str, str]:
+    """Names that two processes share (a role without ranks, or a run started twice) get the
+    process's host:pid, so a sentence never reads "bench and bench"."""
+    shared = [p for p, n in names.items() if list(names.values()).count(n) > 1]
+    if not shared:
+        return names
+    marks = ", ".join("?" for _ in shared)
+    where = dict(con.execute(f"SELECT process_id, any_value(host) || ':' || any_value(pid) FROM processes "
+                             f"WHERE process_id IN ({marks}) GROUP BY process_id", shared).fetchall())
+    return {p: f"{n} ({where[p]})" if p in where and where[p] else n for p, n in names.items()}
 
 
 _PART_STEP_RANGES_SCHEMA = pa.schema([("part", pa.string()), ("rows", pa.int64()), ("size", pa.int64()),

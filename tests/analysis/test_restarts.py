@@ -78,3 +78,21 @@ def test_a_script_run_three_times_into_one_directory_still_reports(tmp_path, cap
         r = report.build(store.open(run.write()))
     assert r["steps"] and len([s for s in r["findings"] if "recorded twice" in s]) == 2
     assert any("were not computed" in m for m in caplog.messages), caplog.messages
+
+
+def test_late_starters_sharing_a_name_are_told_apart(tmp_path):
+    """Two rankless `bench` processes joining step 0 late: the start-up sentence names each by host:pid."""
+    run = RunBuilder(tmp_path / "run")
+    tr = run.process("trainer")
+    benches = [run.process("bench", None, started=0.1), run.process("bench", None, started=0.2)]
+    for step in range(3):
+        tr.span("rollout", step * 5.0, step * 5.0 + 4.0, step=step)
+        tr.span("train", step * 5.0 + 4.0, step * 5.0 + 5.0, step=step)
+    for proc, late in zip(benches, (1.5, 2.5)):
+        for step in range(3):
+            proc.span("generate", step * 5.0 + (late if step == 0 else 0.5), step * 5.0 + 3.9, step=step)
+    r = report.build(store.open(run.write()))
+    names = [s["name"] for s in r["startups"]]
+    assert names == [f"bench (node0:{benches[1].pid})", f"bench (node0:{benches[0].pid})"], names
+    [said] = [f for f in r["findings"] if f.startswith("Start-up:")]
+    assert "bench and bench" not in said and f"bench (node0:{benches[0].pid})" in said

@@ -72,6 +72,20 @@ def test_an_imported_run_without_a_reward_timer_says_not_recorded_never_zero(tmp
     assert "measured" not in text and "Overlap of stages not recorded" in text
 
 
+def test_a_run_with_reward_but_no_rollout_spans_says_rollout_not_recorded_never_zero(tmp_path):
+    b = RunBuilder(tmp_path / "run")
+    tr = b.process("trainer")
+    for step in range(4):
+        tr.span("reward", step * 1.0, step * 1.0 + 0.2, step=step)
+        tr.span("train", step * 1.0 + 0.2, step * 1.0 + 0.7, step=step)
+    b.write()
+    r = report.plain(report.build(store.open(b.run_dir)))
+    assert r["t_rollout"] is None and r["t_R"] == pytest.approx(0.2)
+    assert r["figures"]["t_rollout"]["kind"] == "not recorded"
+    text = " ".join(r["findings"])
+    assert "rollout 0 s" not in text and "(rollout not recorded + reward 200 ms)" in text
+
+
 def test_a_traced_run_is_measured_and_its_formulas_derived(tmp_path):
     f = report.plain(report.build(store.open(traced(tmp_path))))["figures"]
     assert {k: v["kind"] for k, v in f.items()} == {
