@@ -558,7 +558,7 @@ def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATE
     """The scenario's figures over bootstrap replays of the recorded steps.
 
     Returns a dict: scenario (a label of every knob), staleness, rollout_workers, partial, placement, sync_s, pd,
-    kv_bandwidth (resolved);
+    kv_bandwidth (resolved), cap (the recorded cap of continuous batching each engine keeps; None: static batches);
     predicted_step_s (median over replays of each replay's median step period), interval_s ([5 %,
     95 %] of it), staleness_mean, staleness_max (of trained samples, median over replays),
     rollout_util, trainer_util (share of the time each pool was busy), tail_share (share of the
@@ -581,7 +581,7 @@ def predict(cal: Calibration, scenario: Scenario, *, replicates: int = REPLICATE
     span = out["ends"][:, -1]
     row = {"scenario": sc.label(), "staleness": sc.staleness, "rollout_workers": sc.rollout_workers,
            "partial": sc.partial, "placement": sc.placement, "sync_s": sc.sync_s,
-           "pd": list(sc.pd) if sc.pd else None, "kv_bandwidth": sc.kv_bandwidth,
+           "pd": list(sc.pd) if sc.pd else None, "kv_bandwidth": sc.kv_bandwidth, "cap": cal.cap,
            "predicted_step_s": float(np.median(period)),
            "interval_s": [float(np.quantile(period, 0.05)), float(np.quantile(period, 0.95))],
            "staleness_mean": float(np.median(out["age_sum"] / np.maximum(out["age_n"], 1))),
@@ -692,7 +692,7 @@ def table(cal: Calibration, scenarios: list[Scenario], *, replicates: int = REPL
                 raise
             skipped.append(f"{sc.label()}: {e}")
             continue
-        row["schedule"] = row["scenario"]  # every knob, as resolved
+        row["schedule"] = row["scenario"] + (f", at most {cal.cap} requests an engine at once" if cal.cap else "")
         row["scenario"] = "as recorded" if i == 0 else sc.label()
         row["analytic_s"] = _analytic(cal, resolve(cal, sc))
         row["recorded_step_s"] = recorded

@@ -125,6 +125,7 @@ def test_a_capped_run_predicts_more_engines_and_leaves_out_partial_rollouts(tmp_
     assert main(["whatif", run, "--async", "0,1", "--rollout-workers", "2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [s["predicted_step_s"] for s in data["scenarios"]] == pytest.approx([1.6, 1.0], abs=1e-3)
+    assert data["recorded"]["cap"] == 2 and data["recorded"]["schedule"].endswith("at most 2 requests an engine at once")
     assert main(["whatif", run]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "async K=2" in out and "at most 2 requests at once" in out
