@@ -115,7 +115,9 @@ def parse(text: str) -> list[tuple[str, int | None, float]]:
 
 
 class Scraper:
-    """One thread polling every URL each `every` seconds; `close()` stops it after one last scrape."""
+    """One thread polling every URL each `every` seconds; `close()` stops it after one last scrape, so what
+    the engines counted since the last periodic one is kept (an engine already gone by then is not a
+    failure: engines usually stop before the collector)."""
 
     def __init__(self, run_dir, run_id: str, urls: list[str], every: float = DEFAULT_EVERY_S, timeout: float = 2.0):
         self.run_dir, self.run_id, self.urls, self.every, self.timeout = run_dir, run_id, list(urls), every, timeout
@@ -133,16 +135,18 @@ class Scraper:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.timeout * len(self.urls) + 5)
+        self._thread.join(timeout=2 * self.timeout * len(self.urls) + 5)  # a scrape under way, then the last
 
     def _run(self) -> None:
         while True:
             self.scrape_once()
             if self._stop.wait(self.every):
+                self.scrape_once(last=True)
                 return
 
-    def scrape_once(self) -> None:
-        """Read every URL once and write what it kept; failures are counted, never raised."""
+    def scrape_once(self, last: bool = False) -> None:
+        """Read every URL once and write what it kept; failures are counted, never raised (`last`: the
+        scrape at close, whose failures are neither counted nor said)."""
         for url in self.urls:
             now = time.time_ns()
             try:
@@ -153,6 +157,9 @@ class Scraper:
                     raise ValueError(f"not Prometheus text ({bad} malformed lines)")
                 samples = parse(page)
             except Exception as exc:  # unreachable, not Prometheus text: counted and said once
+                if last:
+                    logger.debug("rltrace collect: last scrape of %s at close failed (%s)", url, exc)
+                    continue
                 self.failed[url] += 1
                 if url not in self._said:
                     self._said.add(url)

@@ -13,6 +13,7 @@ import select
 import socket
 import subprocess
 import threading
+import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -272,3 +273,79 @@ def test_counter_rises_restart_and_late_series():
     assert parse('sglang:num_queue_reqs{priority="",dp_rank="1"} 3\nsglang:num_queue_reqs{priority="2",dp_rank="1"} 3\n'
                  "sglang:kv_transfer_latency_ms_sum 20\n") == \
         [("sglang:num_queue_reqs", 1, 3.0), ("sglang:kv_transfer_latency_ms_sum", None, 20.0)]
+
+
+def test_closing_reads_every_endpoint_once_more(run):
+    """`rltrace collect` stopped at the end of a run: what the engines counted since the last periodic
+    scrape is read by one last scrape, not lost; an engine already gone by then is no failure."""
+    run_dir, run_id = run
+    dead = _closed_port_url()
+    with OwnEngine("vllm") as engine:
+        scraper = Scraper(run_dir, run_id, [engine.url, dead], every=60, timeout=1)
+        scraper.start()  # reads each endpoint at once (the baseline), then every 60 s
+        deadline = time.monotonic() + 10
+        while scraper.scrapes[engine.url] + scraper.failed[dead] < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        engine.record({"requests": [[2000, 500]]})
+        scraper.close()
+    assert scraper.scrapes[engine.url] == 2 and scraper.failed[dead] == 1  # the last read of a gone engine: not counted
+    p = report(str(run_dir))["serving"]["prefix_cache"]
+    assert (p["prompt_tokens"], p["cached_tokens"]) == (2000, 500)
+
+
+def test_rltrace_collect_scrape_then_rltrace_report(run):
+    """As docs/collect.md says: `rltrace collect RUN --scrape URL…` (a process of its own) beside a
+    traced trainer, one endpoint vLLM's own metrics code, one that nothing answers; then `rltrace
+    report RUN` gives the prefix-cache figure from the counters per weight version. The unreachable
+    endpoint costs one line on stderr, however often it fails; spans and metrics are still recorded."""
+    from .test_receiver import otlp_json
+
+    run_dir, _ = run
+    dead = _closed_port_url()
+    with OwnEngine("vllm") as engine:
+        engine.record({"requests": [[700, 700]]})  # counted before collect started: not the run's
+        collect = subprocess.Popen([PYTHON, "-m", "rltrace", "collect", str(run_dir), "--listen", "127.0.0.1:0",
+                                    "--scrape", engine.url, dead, "--scrape-every", "0.1"],
+                                   env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            ready, _, _ = select.select([collect.stdout], [], [], START_S)
+            line = collect.stdout.readline() if ready else ""
+            assert "receiving OTLP/HTTP at http://127.0.0.1:" in line, collect.stderr.read() if not ready else line
+            receiver_url = line.split(" at ")[1].split()[0]
+
+            def scraped_after(t_ns: int) -> None:  # a scrape that began after t_ns is stored
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    if any(int(f.stem.rsplit("-", 1)[1]) > t_ns for f in run_dir.rglob("engine-metrics-*.parquet")):
+                        return
+                    time.sleep(0.02)
+                pytest.fail("no scrape stored within 10 s")
+
+            scraped_after(0)
+            for version, requests in ((1, [[2000, 1000]]), (2, [[1000, 100]])):
+                with rltrace.phase("weight_sync", step=version, weight_version=version):
+                    pass
+                engine.record({"requests": requests})
+                scraped_after(time.time_ns())
+            urllib.request.urlopen(urllib.request.Request(  # a span over OTLP, while one endpoint keeps failing
+                receiver_url, data=json.dumps(otlp_json(2)).encode(), headers={"Content-Type": "application/json"}),
+                timeout=10).read()
+        finally:
+            collect.terminate()  # SIGTERM, as Ctrl-C
+            out, err = collect.communicate(timeout=60)
+    rltrace.shutdown()
+    assert collect.returncode == 0, err
+    (said,) = [e for e in err.splitlines() if e.strip()]  # one line, no traceback
+    assert said.startswith(f"rltrace collect: cannot scrape {dead} (<urlopen error ") and \
+        said.endswith("refused>); counting further failures")
+    summary = next(t for t in out.splitlines() if "/metrics pages" in t)
+    pages, failed = int(summary.split("scraped ")[1].split()[0]), int(summary.split(", ")[-1].split()[0])
+    assert pages >= 3 and failed >= 3 and summary.endswith(f"from 2 endpoints, {failed} scrapes failed")
+    assert "stopped; 2 spans written from 1 senders" in out
+
+    done = subprocess.run([PYTHON, "-m", "rltrace", "report", str(run_dir)], env=python_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())  # the report wraps its lines to the terminal
+    assert ("Prefix cache: 37% of 3,000 queried prompt tokens hit, measured (Prometheus, vllm:prefix_cache_hits) "
+            "(by weight version: v1 50%, v2 10%); the counters do not tell stale hits apart.") in text
