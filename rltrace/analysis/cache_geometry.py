@@ -254,7 +254,10 @@ def _layer_kinds(cfg: dict) -> list[str] | str:
     """Each layer's type (`full_attention` / `linear_attention`), or why they cannot be known."""
     n = _first(cfg, *_LAYERS)
     if n is None:
-        return "config.json lacks num_hidden_layers (a positive integer)"
+        kind = cfg.get("model_type")
+        return ("config.json lacks num_hidden_layers (a positive integer)" + (
+            f": its {str(kind)[:40]} sizes left to transformers' defaults, which rltrace does not assume; give a "
+            "config.json that lists them" if isinstance(kind, str) and kind else ""))
     if not _int(n):
         return f"num_hidden_layers {str(n)[:40]} is not a positive integer up to {MAX_SIZE:,}"
     kinds = cfg.get("layer_types")

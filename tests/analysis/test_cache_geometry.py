@@ -163,6 +163,12 @@ PUBLISHED = {
     "THUDM/chatglm3-6b": ({"model_type": "chatglm", "num_layers": 28, "hidden_size": 4096, "num_attention_heads": 32,
                            "kv_channels": 128, "multi_query_attention": True, "multi_query_group_num": 2,
                            "torch_dtype": "float16"}, 2 * 2 * 128 * 2 * 28),  # 28,672
+    "mosaicml/mpt-7b": ({"model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32, "max_seq_len": 2048,
+                         "attn_config": {"attn_type": "multihead_attention", "alibi": True, "clip_qkv": None},
+                         "torch_dtype": "bfloat16"}, 2 * 32 * 128 * 2 * 32),  # 524,288: no kv_n_heads, every head
+    "databricks/dbrx-base": ({"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "max_seq_len": 32768,
+                              "attn_config": {"clip_qkv": 8, "kv_n_heads": 8, "rope_theta": 500000},
+                              "torch_dtype": "bfloat16"}, 2 * 8 * 128 * 2 * 40),  # 163,840: attn_config.kv_n_heads
     "mistralai/Mistral-7B-v0.3": ({"model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32,
                                    "num_key_value_heads": 8, "num_hidden_layers": 32, "sliding_window": None,
                                    "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}, 2 * 8 * 128 * 2 * 32),
@@ -196,6 +202,24 @@ PUBLISHED = {
                                              "attention_chunk_size": 8192, "max_position_embeddings": 10485760}},
                                          "chunked attention (attention_chunk_size 8192, Llama-4)"),
 }
+
+
+#: llava-hf/llava-1.5-7b-hf: its text_config names only what differs from transformers' LlamaConfig
+#: defaults (32 layers, 32 heads, 4,096 wide), which the engines fill through transformers
+LLAVA_15 = {"model_type": "llava", "torch_dtype": "float16", "image_token_index": 32000,
+            "text_config": {"_name_or_path": "lmsys/vicuna-7b-v1.5", "architectures": ["LlamaForCausalLM"],
+                            "max_position_embeddings": 4096, "model_type": "llama", "rms_norm_eps": 1e-05,
+                            "torch_dtype": "float16", "vocab_size": 32064},
+            "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "num_attention_heads": 16,
+                              "num_hidden_layers": 24, "patch_size": 14}}
+
+
+def test_a_text_config_that_leaves_its_sizes_to_transformers_defaults_is_refused_by_name():
+    """Never the vision tower's 24 layers, never a guess: the refusal says whose defaults are missing."""
+    g = geometry(LLAVA_15)
+    assert g["c_A"] is None and g["refused"] == (
+        "config.json lacks num_hidden_layers (a positive integer): its llama sizes left to transformers' defaults, "
+        "which rltrace does not assume; give a config.json that lists them")
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))

@@ -119,6 +119,34 @@ def test_decode_limits_two_prefill_and_two_decode_engines(pd_run, capsys):
     assert s["prefix_cache"] is None and "vllm:prefix_cache_hits" in s["missing"]["prefix_cache"]
 
 
+def test_sglang_prefill_and_decode_servers_keep_their_role_from_their_own_span_names(tmp_path, capsys):
+    """SGLang in PD mode names each request's root span `prefill Req …` / `decode Req …` (its own
+    TraceReqContext, no rl.engine.role set): prefill 0 and decode 0 (the same instance id, one host)
+    stay two engines with their roles, and the split is the same known answer as vLLM's above."""
+    b = RunBuilder(tmp_path / "run")
+    b.process("trainer").span("rollout", 0.0, 5.0, step=1)
+    b.write()
+    prefill = {f"p{i}": (f"service.instance.id={i}", [request(f"p{i}-{k}", 100 + 25 * k, 125 + 25 * k, role="prefill")
+                                                       for k in range(40)]) for i in (0, 1)}
+    decode = {f"d{i}": (f"service.instance.id={i}", [request(f"d{i}-{w}-{k}", 150 + 400 * w, 550 + 400 * w,
+                                                             completion=300, role="decode")
+                                                     for w in range(10) for k in range(4)]) for i in (0, 1)}
+    receiver = Receiver(tmp_path / "run", "127.0.0.1", 0, Limits(flush_interval=0.2)).start()
+    send(tmp_path, receiver, prefill | decode, "sglang")
+    r = report(capsys, tmp_path / "run")
+    s = r["serving"]
+    assert {(e["engine"], e["role"], e["requests"]) for e in s["engines"]} == {
+        ("sglang-prefill-0", "prefill", 40), ("sglang-prefill-1", "prefill", 40), ("sglang-decode-0", "decode", 40),
+        ("sglang-decode-1", "decode", 40)}
+    p = s["pd"]
+    assert (p["prefill_engines"], p["decode_engines"]) == (2, 2) and p["limit"] == "decode"
+    assert p["lambda_max"] == pytest.approx(20.0, rel=1e-4)
+    assert p["split"] == {"engines": 4, "prefill": 1, "decode": 3, "lambda": pytest.approx(30.0, rel=1e-4), "limit": "decode"}
+    assert "with 4 engines: 1 prefill + 3 decode → 30 req/s." in " ".join(r["findings"])
+    names = set(analysis.engine_requests(store.open(tmp_path / "run"))["name"].str.split().str[0])
+    assert names == {"prefill", "decode"}  # the role came from SGLang's span names
+
+
 def test_a_slow_kv_link_limits_instead(pd_run, capsys):
     run_dir, model = pd_run
     s = report(capsys, run_dir, "--model", str(model), "--kv-bandwidth", "1e9")["serving"]
