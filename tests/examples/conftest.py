@@ -23,6 +23,8 @@ RUNS = {
     "slow_reward": (("--steps", "3", "--slow-reward", "0.05", *FAST_WARMUP), 0),
     "straggler": (("--steps", "3", "--straggler", *FAST_WARMUP), 0),
     "slow_sync": (("--steps", "3", "--slow-sync", "--slow-sync-bandwidth", "2e6", *FAST_WARMUP), 0),
+    "bad_template": (("--steps", "2", "--seed", "1", "--bad-template", "--freeze-every", "1", *FAST_WARMUP), 0),
+    "bf16": (("--steps", "2", "--seed", "1", "--rollout-precision", "bf16", "--freeze-every", "1", *FAST_WARMUP), 0),
     "ray_async": (("--placement", "disaggregated", "--mode", "async", "--steps", "8", "--max-staleness", "3",
                    *FAST_WARMUP), 0),
     "ray_sync_hang": (("--placement", "disaggregated", "--sync-method", "gloo", "--steps", "6", "--hang-after", "3",

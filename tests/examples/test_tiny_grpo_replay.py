@@ -9,25 +9,17 @@ import pytest
 
 from rltrace.cli import main
 
-from .test_tiny_grpo_runs import FAST_WARMUP, run_demo
-
 ENTRY = "examples.tiny_grpo.replay"
 
 
-@pytest.fixture(scope="module")
-def bad_template_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("replay") / "bad"
-    proc = run_demo(out, "--steps", "2", "--seed", "1", "--bad-template", "--freeze-every", "1", *FAST_WARMUP)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+@pytest.fixture
+def bad_template_run(demo):
+    return demo("bad_template")[0]  # conftest.RUNS: 2 steps, seed 1, every step frozen
 
 
-@pytest.fixture(scope="module")
-def bf16_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("replay") / "bf16"
-    proc = run_demo(out, "--steps", "2", "--seed", "1", "--rollout-precision", "bf16", "--freeze-every", "1", *FAST_WARMUP)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+@pytest.fixture
+def bf16_run(demo):
+    return demo("bf16")[0]  # conftest.RUNS: the same, with a bf16 rollout engine
 
 
 def cli_json(capsys, *args) -> dict:

@@ -17,7 +17,6 @@ from examples.tiny_grpo.system.cli import Config, prepare_out
 from rltrace import _names
 
 from ..conftest import PYTHON, REPO, python_env
-from .conftest import FAST_WARMUP, run_demo
 
 
 def rows(con, sql: str, params=None) -> list[dict]:
@@ -92,12 +91,13 @@ def test_final_checkpoint_reproduces_trainer_logprobs(colocated_run):
     assert logp.shape == (6,) and logp.sum().item() > -6.0  # the trained policy likes the right answer
 
 
-def test_bf16_rollout_has_larger_mismatch_than_fp32(tmp_path):
+def test_bf16_rollout_has_larger_mismatch_than_fp32(demo):
     diffs = {}
-    for precision in ("fp32", "bf16"):
-        proc = run_demo(tmp_path / precision, "--steps", "2", "--rollout-precision", precision, *FAST_WARMUP)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        diffs[precision] = max(metric(rltrace.store.open(tmp_path / precision), "train_rollout_logprob_abs_diff"))
+    # conftest.RUNS, shared with other tests: two colocated runs with the fast warm-up, one with a bf16 rollout engine
+    for precision, name in (("fp32", "slow_reward"), ("bf16", "bf16")):
+        out, _ = demo(name)
+        assert json.loads((out / "demo_summary.json").read_text())["config"]["rollout_precision"] == precision
+        diffs[precision] = max(metric(rltrace.store.open(out), "train_rollout_logprob_abs_diff"))
     assert diffs["fp32"] < 1e-5
     assert diffs["bf16"] > 100 * diffs["fp32"]
 
