@@ -78,9 +78,9 @@ def test_hang_is_the_first_finding(demo, report_of):
 @pytest.mark.slow
 def test_colocated_run_reports_the_wait_for_the_engine_thread(demo, report_of):
     data, text = report_of(demo("colocated")[0])
-    assert len(data["steps"]) == 40 and data["bottleneck"] is not None
+    assert len(data["steps"]) == 24 and data["bottleneck"] is not None
     engine = [w for w in data["waits"] if w["in_phase"] == "rollout" and w["waited_for"] == "rollout"]
-    assert {w["step"] for w in engine} == set(range(40))  # every step's wait for generation on the engine thread
+    assert {w["step"] for w in engine} == set(range(24))  # every step's wait for generation on the engine thread
     assert all(w["waited_for_process"] == w["process_id"] for w in engine)
     assert "on another thread" in engine[0]["text"]
     assert "(thread)" in text and not data["async"]["overlapping"]

@@ -38,12 +38,12 @@ def colocated_run(demo):
 def test_reward_rises_clearly_in_a_short_run(colocated_run):
     out, proc = colocated_run
     reward = metric(rltrace.store.open(out), "reward_mean")
-    assert len(reward) == 40
+    assert len(reward) == 24
     first, last = sum(reward[:5]) / 5, sum(reward[-5:]) / 5
     assert last > first + 0.2, (first, last)
     assert "reward" in proc.stdout and f"rltrace info {out}" in proc.stdout  # progress lines and what next
     summary = json.loads((out / "demo_summary.json").read_text())
-    assert summary["exit_code"] == 0 and len(summary["steps"]) == 40
+    assert summary["exit_code"] == 0 and len(summary["steps"]) == 24
 
 
 @pytest.mark.slow
@@ -57,7 +57,7 @@ def test_every_documented_metric_and_sample_column_is_recorded(colocated_run):
         assert sample[column] is not None, column
     assert sample["finish_reason"] in ("stop", "length") and sample["gen_end"] >= sample["gen_start"]
     assert sample["staleness"] == 0  # colocated sync: generated with the weights it trains
-    assert metric(con, "staleness_max") == [0.0] * 40
+    assert metric(con, "staleness_max") == [0.0] * 24
 
 
 @pytest.mark.slow
