@@ -70,15 +70,22 @@ def nested(root):
     return b.run_dir
 
 
-def hf_trainer(root, *extra):
-    subprocess.run([sys.executable, str(REPO / "tests" / "integrations" / "hf_train.py"), "--callback",
-                    str(root / "run"), "--steps", "4", *extra], env=python_env(), cwd=REPO, check=False, timeout=300,
-                   capture_output=True)
+def hf_trainer(root):
+    """In this process, as `hf_train.py --callback RUN --steps 4` trains (transformers is loaded already)."""
+    from rltrace.integrations.hf import RltraceCallback
+    from tests.integrations.hf_train import make_trainer
+
+    make_trainer(steps=4, callbacks=[RltraceCallback(str(root / "run"))], output_dir=str(root / "out")).train()
+    rltrace.shutdown()
     return root / "run"
 
 
 def hf_crash(root):
-    return hf_trainer(root, "--raise-at", "3")
+    """A child process that dies of the error raised at step 3, as a user's script does."""
+    subprocess.run([sys.executable, str(REPO / "tests" / "integrations" / "hf_train.py"), "--callback",
+                    str(root / "run"), "--steps", "4", "--raise-at", "3"], env=python_env(), cwd=REPO, check=False,
+                   timeout=300, capture_output=True)
+    return root / "run"
 
 
 def slime_partial(root):
