@@ -55,6 +55,27 @@ def _async(folder: Path) -> None:
          "--mode", "async", "--hang-after", str(HANG_AT), "--hang-timeout", "5", expect=3)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def components_scanned_once():
+    """Each new AppTest scans every installed distribution's metadata for Streamlit components
+    (`scan_component_manifests`, about half a second on a loaded machine, and these tests make a
+    hundred AppTests): nothing is installed during a session, so the first scan's list is kept
+    and every AppTest still registers the components it names."""
+    from streamlit.components.v2 import manifest_scanner
+
+    real = manifest_scanner.scan_component_manifests
+    found: list = []
+
+    def scan_once(*args, **kwargs):
+        if not found:
+            found.append(real(*args, **kwargs))
+        return list(found[0])
+
+    manifest_scanner.scan_component_manifests = scan_once
+    yield
+    manifest_scanner.scan_component_manifests = real
+
+
 @pytest.fixture
 def app(monkeypatch):
     """`app(run_dir, ...)`: an AppTest of the dashboard over these runs, run once (on Overview);

@@ -70,6 +70,7 @@ def test_the_walk_covers_every_ordered_pair():
 def test_every_page_after_every_other_page(colocated_run, monkeypatch):
     at = fresh(monkeypatch, colocated_run)
     at.run()
+    no_exceptions(at)
     for name in _every_pair():
         visit(at, name)
 

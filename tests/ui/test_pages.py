@@ -59,10 +59,11 @@ def name_of(run) -> str:
     return read_manifest(run)["name"]
 
 
-@pytest.mark.slow  # ~40 s a run shape on 2 loaded cores: every page, each a full script run
-@pytest.mark.parametrize("which", ["colocated_run", "async_run"])
-def test_every_page_renders_without_an_exception(which, request, app):
-    at = app(request.getfixturevalue(which))
+@pytest.mark.slow  # ~40 s on 2 loaded cores: every page, each a full script run
+def test_every_page_renders_without_an_exception(async_run, app):
+    """On the async run; on the colocated run every page is opened after every other page
+    (this order included) by test_first_page.py::test_every_page_after_every_other_page."""
+    at = app(async_run)
     no_exceptions(at)
     for name in PAGES:
         page(at, name)
