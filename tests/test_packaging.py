@@ -35,24 +35,29 @@ def build_wheel(tmp_path, kind: str = "wheel"):
     return built
 
 
-def test_the_license_text_ships_in_the_sdist_and_the_wheel(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """The wheel, built once for the tests of this module (each reads it, none changes it)."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_the_license_text_ships_in_the_sdist_and_the_wheel(wheel, tmp_path):
     """pyproject says Apache-2.0: the license's own text is at the top of the repository and in both
     distributions (the license asks that it go with every copy)."""
     text = (REPO / "LICENSE").read_text()
     assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
     assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply the Apache License" in text
-    wheel = zipfile.ZipFile(build_wheel(tmp_path))
-    (licensed,) = [n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
-    assert wheel.read(licensed).decode() == text
-    metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    whl = zipfile.ZipFile(wheel)
+    (licensed,) = [n for n in whl.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    assert whl.read(licensed).decode() == text
+    metadata = whl.read(next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     assert "\nLicense-Expression: Apache-2.0\n" in metadata and "\nLicense-File: LICENSE\n" in metadata
     with tarfile.open(build_wheel(tmp_path, "sdist")) as sdist:
         (member,) = [m for m in sdist.getmembers() if m.name == f"rltrace-{rltrace.__version__}/LICENSE"]
         assert sdist.extractfile(member).read().decode() == text
 
 
-def test_wheel_has_only_the_rltrace_import_name(tmp_path):
-    wheel = build_wheel(tmp_path)
+def test_wheel_has_only_the_rltrace_import_name(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert top == {"rltrace", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
@@ -82,9 +87,8 @@ def test_a_folder_named_rltrace_beside_a_script_does_not_shadow_the_install(tmp_
 
 
 @pytest.mark.slow
-def test_the_wheel_without_extras_runs_the_command_on_a_recorded_run(tmp_path):
+def test_the_wheel_without_extras_runs_the_command_on_a_recorded_run(wheel, tmp_path):
     """`pip install rltrace` (no extras) gives a working `rltrace --version`, `info` and `report`."""
-    wheel = build_wheel(tmp_path)
     venv = tmp_path / "venv"
     subprocess.run([PYTHON, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
