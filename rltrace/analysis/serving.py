@@ -25,7 +25,7 @@ from rltrace.analysis import _intervals, _parts
 from rltrace.analysis._steps import Steps
 from rltrace.analysis.cache_geometry import ENGINES, dtype_name, geometry
 from rltrace.analysis.delta_sync import delta_sync, mean_of
-from rltrace.analysis.engine_requests import DISAGGREGATED, engine_requests, kv_transfers, stored_model
+from rltrace.analysis.engine_requests import DISAGGREGATED, engine_requests, kv_transfers, marks, stored_model
 
 _OPTIONS = "_rltrace_serving_options"
 FP8 = "fp8_e4m3"
@@ -196,6 +196,12 @@ COUNTERS_KIND = f"measured (Prometheus, {_SAID['vllm']})"
 SGLANG_COUNTERS_KIND = f"measured (Prometheus, {_SAID['sglang']})"
 #: gauges that are a 0-1 fraction whatever their name says (vLLM's "_perc" included)
 FRACTIONS = frozenset({"vllm:kv_cache_usage_perc", "sglang:token_usage", "sglang:cache_hit_rate"})
+#: the kept families that are counters (their rise per step is summed); the others are gauges (their peak)
+SCRAPED_COUNTERS = frozenset({
+    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
+    "vllm:external_prefix_cache_hits", "vllm:num_preemptions", "sglang:prompt_tokens", "sglang:cached_tokens",
+    "sglang:num_retracted_requests", *(f"sglang:kv_transfer_{h}_{p}" for h in ("speed_gb_s", "latency_ms", "total_mb")
+                                       for p in ("sum", "count"))})
 MIB = 1 << 20  # SGLang's kv_transfer_total_mb is bytes / (1024 * 1024) (req_time_stats.py)
 
 
@@ -255,37 +261,77 @@ def sync_ends(con) -> tuple[np.ndarray, np.ndarray]:
     return t["end_ns"].to_numpy(np.int64), t["weight_version"].to_numpy(np.int64)
 
 
-def prefix_cache_counters(m: pd.DataFrame, syncs=None) -> dict | None:
+def rollout_starts(con) -> tuple[np.ndarray, np.ndarray]:
+    """(start_ns, step) of the run's rollout windows, by start: a step holds from its rollout's start."""
+    try:
+        w = marks(con, "window").sort_values(["start_ns", "step"], kind="stable")
+    except Exception:  # no spans in this run
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return w["start_ns"].to_numpy(np.int64), w["step"].to_numpy(np.int64)
+
+
+def _at(bounds, times: np.ndarray) -> list:
+    """The key in force at each time: the last of `bounds` (times, keys) at or before it; None before the first."""
+    ends, keys = bounds
+    k = np.searchsorted(ends, times, side="right") - 1
+    return [None if i < 0 else int(keys[i]) for i in k]
+
+
+def _split_rises(used: dict, bounds, key: str) -> list[dict]:
+    """The prefix counters' rises per key in force at each scrape (`_at`): prompt and cached tokens, hit rate."""
+    rises: dict = {}
+    for pair in used.values():
+        for is_hit, r in enumerate(pair):
+            if r is None:
+                continue
+            for k, rise in zip(_at(bounds, r[0]), r[1]):
+                rises.setdefault(k, [0.0, 0.0])[is_hit] += float(rise)
+    return [{key: k, "requests": None, "prompt_tokens": q, "cached_tokens": h, "hit_rate": h / q if q else None}
+            for k, (q, h) in sorted(rises.items(), key=lambda kv: _NO_VERSION if kv[0] is None else kv[0])]
+
+
+def prefix_cache_counters(m: pd.DataFrame, syncs=None, windows=None) -> dict | None:
     """The run's prefix-cache hit rate from the engines' counters (cached / queried prompt tokens: vLLM's
     prefix_cache_hits / prefix_cache_queries, SGLang's cached_tokens / prompt_tokens), or None;
     `per_version` when weight syncs are recorded: each scrape's rise goes to the version in force
-    when it was scraped (a sync between two scrapes puts their rise on the newer version)."""
+    when it was scraped (a sync between two scrapes puts their rise on the newer version); `per_step`
+    when rollouts are recorded (`rollout_starts`): each rise goes to the step whose rollout began last
+    before that scrape."""
     used = {e: (counter_rises(m, q), counter_rises(m, h)) for e, (q, h) in PREFIX_COUNTERS.items()}
     used = {e: (q, h) for e, (q, h) in used.items() if q is not None}
     queries = sum(float(q[1].sum()) for q, _ in used.values())
     if not queries:
         return None
     hits = sum(float(h[1].sum()) for _, h in used.values() if h is not None)
-    per_version = []
-    ends, versions = syncs if syncs is not None else (np.zeros(0, np.int64), np.zeros(0, np.int64))
-    if len(ends):
-        rises = {}
-        for pair in used.values():
-            for is_hit, r in enumerate(pair):
-                if r is None:
-                    continue
-                at = np.searchsorted(ends, r[0], side="right") - 1  # the last sync ended by this scrape
-                for k, rise in zip(at, r[1]):
-                    key = None if k < 0 else int(versions[k])
-                    rises.setdefault(key, [0.0, 0.0])[is_hit] += float(rise)
-        per_version = [{"weight_version": k, "requests": None, "prompt_tokens": q, "cached_tokens": h,
-                        "hit_rate": h / q if q else None}
-                       for k, (q, h) in sorted(rises.items(), key=lambda kv: _NO_VERSION if kv[0] is None else kv[0])]
+    per_version = _split_rises(used, syncs, "weight_version") if syncs is not None and len(syncs[0]) else []
+    per_step = _split_rises(used, windows, "step") if windows is not None and len(windows[0]) else []
     return {"kind": f"measured (Prometheus, {', '.join(_SAID[e] for e in used)})",
             "requests": None, "prompt_tokens": queries, "cached_tokens": hits,
             "hit_rate": hits / queries, "hit_rate_within_version": None, "versions_known": bool(per_version),
             "stale_hits": [], "stale_hit_count": 0, "stale_cached_tokens": 0.0, "may_be_stale_hit_count": 0,
-            "may_be_stale_cached_tokens": 0.0, "updates": [], "per_version": per_version}
+            "may_be_stale_cached_tokens": 0.0, "updates": [], "per_version": per_version, "per_step": per_step}
+
+
+def metrics_by_step(m: pd.DataFrame, windows) -> list[dict]:
+    """Each scraped metric per step (the step whose rollout began last before the scrape, `rollout_starts`):
+    a counter's `rise` over the step's scrapes, summed over endpoints and engines (`counter_rises`: a
+    restart counted from 0); a gauge's `peak`, the most any one engine showed at a scrape of the step
+    (`percent` for the 0-1 fractions). Scrapes before the first rollout are left out."""
+    if m.empty or windows is None or not len(windows[0]):
+        return []
+    out = []
+    for name in sorted(set(m["name"]) - {"up"}):
+        if name in SCRAPED_COUNTERS:
+            r = counter_rises(m, name)
+            by = pd.Series(r[1]).groupby(pd.Series(_at(windows, r[0]), dtype="Int64")).sum()
+            out += [{"step": int(k), "name": name, "rise": float(v), "peak": None, "percent": None} for k, v in by.items()]
+        else:
+            g = m[m["name"] == name]
+            by = g["value"].groupby(pd.Series(_at(windows, g["time_ns"].to_numpy(np.int64)), index=g.index,
+                                              dtype="Int64")).max()
+            out += [{"step": int(k), "name": name, "rise": None, "peak": float(v),
+                     "percent": 100.0 * float(v) if name in FRACTIONS else None} for k, v in by.items()]
+    return sorted(out, key=lambda r: (r["step"], r["name"]))
 
 
 def kv_transfer_counters(m: pd.DataFrame) -> dict | None:
@@ -503,6 +549,7 @@ def section(con, steps: Steps = None) -> dict:
     elif geo_missing is None:
         missing["kv_bytes_per_request_mean"] = "no request reports its prompt tokens"
     counters = scraped_metrics(con)
+    windows = rollout_starts(con) if len(counters) else None
     scraped_kv = kv_transfer_counters(counters)
     bandwidth, bandwidth_from = options.get("kv_bandwidth"), "given"
     if bandwidth is None:
@@ -519,7 +566,7 @@ def section(con, steps: Steps = None) -> dict:
                                          "no KV bandwidth: no KV-transfer record; give --kv-bandwidth BYTES_PER_S")
     prefix, why = prefix_cache(req)
     if prefix is None:
-        prefix = prefix_cache_counters(counters, sync_ends(con) if len(counters) else None)
+        prefix = prefix_cache_counters(counters, *((sync_ends(con), windows) if len(counters) else (None, None)))
         why = None if prefix is not None else why
     if why:
         missing["prefix_cache"] = why
@@ -556,6 +603,7 @@ def section(con, steps: Steps = None) -> dict:
         "timeline": timeline(req, per_engine),
         "delta_sync": sync,
         "engine_metrics": latest_metrics(counters),
+        "engine_metrics_by_step": metrics_by_step(counters, windows),
         "kv_transfer_metrics": scraped_kv,
         "missing": missing,
     }

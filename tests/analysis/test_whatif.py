@@ -229,6 +229,9 @@ def test_a_split_without_what_it_needs_is_refused_with_the_reason(tmp_path):
     configure_serving(con, model=GQA)
     refusals["no KV link bandwidth (no KV transfer recorded): give --kv-bandwidth"] = whatif.calibrate(con)
     refusals["no engine request spans"] = whatif.calibrate(_loop(tmp_path / "b", gens=[0.5], train=0.5, sync=0.1))
+    configure_serving(con, model={**GQA, "sliding_window": 4096, "max_position_embeddings": 32768}, kv_bandwidth=1e9)
+    refusals["no KV bytes per request: sliding-window attention (sliding_window 4096 on every layer"] = \
+        whatif.calibrate(con)  # a refused config names its reason, never "no model config"
     for said, cal in refusals.items():
         assert _predict(cal, staleness=0)["predicted_step_s"] == pytest.approx(1.1, abs=1e-6)
         with pytest.raises(whatif.Refused, match="cannot predict a prefill/decode split") as refused:

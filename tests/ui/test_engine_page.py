@@ -169,9 +169,10 @@ def test_the_engine_page_shows_scraped_engine_metrics(engine, tmp_path, monkeypa
         scraper.scrape_once()
         with rltrace.phase("weight_sync", step=1, weight_version=1):
             pass
-        own.record({"requests": [[4000, 1000]], "kv_usage": 0.6} if engine == "vllm" else
-                   {"finished": [[4000, 1000, None]], "token_usage": 0.6, "kv_transfers": [[GIB, 0.5]]})
-        scraper.scrape_once()
+        with rltrace.phase("rollout", step=1):
+            own.record({"requests": [[4000, 1000]], "kv_usage": 0.6} if engine == "vllm" else
+                       {"finished": [[4000, 1000, None]], "token_usage": 0.6, "kv_transfers": [[GIB, 0.5]]})
+            scraper.scrape_once()
     rltrace.shutdown()
     at = first_page(monkeypatch, run)
     assert "Engine metrics (/metrics)" in [h.value for h in at.subheader]
@@ -181,6 +182,9 @@ def test_the_engine_page_shows_scraped_engine_metrics(engine, tmp_path, monkeypa
     assert table.loc[table["name"] == usage, "value"].tolist() == ["60.0%"]
     (versions,) = [d.value for d in at.dataframe if "cached_tokens" in d.value.columns]
     assert versions[["prompt_tokens", "cached_tokens"]].values.tolist() == [[4000, 1000]]
+    (steps,) = [d.value for d in at.dataframe if "step" in d.value.columns and usage in d.value.columns]
+    assert steps["step"].tolist() == [1]
+    assert steps[usage].tolist() == ["60.0%"]  # step 1's peak
     kv = [m.value for m in at.markdown if m.value.startswith("KV transfers")]
     assert kv == ([] if engine == "vllm" else
                   [f"KV transfers (sglang:kv_transfer_*): 1 moved {fmt.size_text(GIB)} at {fmt.rate_text(2 * GIB)}, "

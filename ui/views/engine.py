@@ -179,6 +179,14 @@ if len(scraped):
                  key="engine_scraped")
     st.caption("The last value each engine's Prometheus endpoint gave `rltrace collect --scrape` (usage gauges, "
                "0-1 fractions on the page, shown as percentages; counters as the engine counted them).")
+    by_step = pd.DataFrame(serving.get("engine_metrics_by_step") or [])
+    if len(by_step):
+        by_step["shown"] = [fmt.number_text(r) if pd.notna(r) else (f"{c:.1f}%" if pd.notna(c) else fmt.number_text(k))
+                            for r, k, c in zip(by_step["rise"], by_step["peak"], by_step["percent"])]
+        table = by_step.pivot(index="step", columns="name", values="shown").reset_index()
+        st.dataframe(table, hide_index=True, width="stretch", key="engine_scraped_steps")
+        st.caption("Per step (the step whose rollout began last before each scrape): counters as their rise over "
+                   "the step, summed over engines; gauges as the most one engine showed.")
     kv = serving.get("kv_transfer_metrics")
     if kv:
         rate = "" if not kv.get("bandwidth") else f" at {fmt.rate_text(kv['bandwidth'])}"
