@@ -112,6 +112,7 @@ class Run:
         source = self._spool.source if self._spool else None
         self.merger = Merger(self.run_dir, self.process, enabled=resolve("merge_parts"), grace_s=resolve("merge_grace"),
                              source=source, replaced=self._spool.replaced if self._spool else None,
+                             covered=self._spool.covered if self._spool else None,
                              lock=self._spool is None,
                              summaries=Summaries(self.process, lambda: live_of(self.live_spans.snapshot()), source))
         if self._spool is not None:

@@ -67,6 +67,7 @@ def merge(
     read: Callable[[Path], pa.Table] | None = None,
     before_visible: Callable[[pa.Table, str, list[tuple[Path, pa.Table]]], None] | None = None,
     unique: bool = False,
+    also_replaces: list[str] = (),
 ) -> Path:
     """Write the rows of `inputs` (parts of `table`, of any schema version) as one part
     `folder/out_name` of the current version, sorted by the table's compaction keys, that replaces
@@ -76,7 +77,9 @@ def merge(
     out_name, inputs)` runs on the sorted rows (and the inputs' paths and rows) before the part
     becomes visible: a span part's per-part summary is written there, so a reader never finds the
     part without it. With `unique`, a span whose identity (trace_id, span_id) is in the inputs more
-    than once is kept once (`rltrace compact` folds copies left behind away)."""
+    than once is kept once (`rltrace compact` folds copies left behind away). `also_replaces`:
+    parts the inputs hid that are still in the store (`Spool.covered`: an `s3://` run's bucket,
+    which `still_there` cannot look into); the merged part names them too."""
     from rltrace.store.views import read_whole, upgrade
 
     tables = [(read or read_whole)(p) for p in inputs]
@@ -94,7 +97,7 @@ def merge(
         raise OSError(f"merging {folder} gave {merged.num_rows} rows for {expected}; the inputs were kept")
     if before_visible is not None:
         before_visible(merged, out_name, list(zip(inputs, tables)))
-    replaces = [p.name for p in inputs] + still_there(folder, tables)
+    replaces = list(dict.fromkeys([p.name for p in inputs] + still_there(folder, tables) + list(also_replaces)))
     footer = {_names.META_REPLACES: json.dumps(replaces).encode()}
     if sessions:  # received rows stay marked as such in the merged part
         footer.update(received_from(sessions))
@@ -258,20 +261,23 @@ class Merger:
     and deletes replaced parts whose grace is over (on the writer thread); `close()` merges
     everything at exit. `source(folder, name)` finds an input (an `s3://` run's spool may have
     moved it), `replaced(folder, names, by)` is told of parts a merged part replaced (the spool
-    deletes them from the bucket). Never raises into its caller: a merge that fails is logged and
-    its inputs stay as they are.
+    deletes them from the bucket), `covered(folder, names)` gives the parts those parts hid that
+    are still in the store (the spool's bucket), which the merged part names too. Never raises into
+    its caller: a merge that fails is logged and its inputs stay as they are.
     """
 
     def __init__(self, run_dir: Path, process, *, enabled: bool = True, grace_s: float = 5.0,
                  source: Callable[[str, str], Path | None] | None = None,
                  replaced: Callable[[str, list[str], str], None] | None = None,
-                 lock: bool = True, summaries: Summaries | None = None):
+                 lock: bool = True, summaries: Summaries | None = None,
+                 covered: Callable[[str, list[str]], list[str]] | None = None):
         self.run_dir = Path(run_dir)
         self.process = process
         self.enabled = enabled
         self.grace_s = grace_s
         self._source = source
         self._replaced = replaced
+        self._covered = covered
         self._summaries = summaries if summaries is not None else Summaries(source=source)
         self._lock = threading.Lock()
         self._ticking = threading.Lock()
@@ -419,7 +425,8 @@ class Merger:
             def summarise(merged, name, inputs):
                 self._summaries(merged, name, inputs, folder)
         try:
-            merge(folder, table, list(paths), out_name, read=read, before_visible=summarise)
+            hidden = self._covered(table.folder, [p.name for p in group]) if self._covered else []
+            merge(folder, table, list(paths), out_name, read=read, before_visible=summarise, also_replaces=hidden)
         except Exception as exc:  # never into the writer: the inputs stay as they are, readable
             errors(f"merging {table.name} parts", exc, "they stay as written and are merged later")
             if not (folder / out_name).exists():  # what was written beside the part that never came

@@ -11,7 +11,10 @@ a process that died is uploaded by the next process of the same run on that host
 The process merges its own parts as on disk (`rltrace.store.merge`): an uploaded flush part is
 kept in the spool (`.kept/`) until a merged part replaces it; once the merged part is up, the parts
 it replaces are deleted from the bucket after the merge grace (readers that listed them can still
-fetch them), and from the spool.
+fetch them), and from the spool. Until a replaced part is known to be gone from the bucket (a
+delete that failed, a part whose PUT failed after the store may have taken it, a merged part
+merged again before it went up), each later merge of the part hiding it names it too
+(`Spool.covered`), so no span is ever read twice.
 
 Readers copy the run's objects into a local cache folder (only new or changed ones) and read
 that copy as a local run, so every view and check is the same as for a run on disk.
@@ -50,6 +53,7 @@ _OWNER = ".owner"
 _KEPT = ".kept"  # uploaded flush parts waiting for the merge that replaces them
 _KEPT_MAX_AGE_S = 900  # kept longer than this, a part is an orphan (of a forked child that died)
 _SETTLE_S = 1.0  # the uploader leaves a file this long after its last change
+_DELETE_RETRY_S = 30.0  # a replaced part whose delete failed is tried again this much later
 
 
 def _mergeable(rel: str) -> bool:
@@ -221,9 +225,18 @@ class Spool:
         self._sent: dict[str, tuple[int, int]] = {}  # key -> (mtime_ns, size) of mutable files uploaded
         self._lock = threading.Lock()
         self.grace_s = 5.0  # replaced parts stay in the bucket this long after the merged part is up
-        self._retire_after: dict[str, list[str]] = {}  # merged part (rel) -> parts it replaces (rels)
-        self._retiring: list[tuple[float, list[str]]] = []  # (delete from the bucket after, rels)
+        self._reset_replaced()
         self._start()
+
+    def _reset_replaced(self) -> None:
+        """What this process's merges replaced that may still be in the bucket, by the merged part
+        that hides it (`covered`: a later merge of that part names them again in its footer)."""
+        self._retire_after: dict[str, list[str]] = {}  # merged part not up yet (rel) -> parts to delete once it is
+        self._retiring: list[tuple[float, str, list[str]]] = []  # (delete from the bucket after, merged part, rels)
+        self._undeleted: dict[str, str] = {}  # replaced part whose delete failed -> the merged part hiding it
+        self._retry_at = 0.0  # when those are tried again
+        self._said_undeleted = False
+        self._maybe_up: set[str] = set()  # waiting parts whose PUT failed: the store may hold them all the same
 
     def _start(self) -> None:
         self._stop = threading.Event()
@@ -244,7 +257,7 @@ class Spool:
     def after_fork(self) -> None:
         """In a forked child: a fresh uploader thread over the same spool folder."""
         self._lock = threading.Lock()
-        self._retire_after, self._retiring = {}, []
+        self._reset_replaced()
         self.spans_dropped = self.rows_dropped = self.failures = self.uploaded_bytes = 0  # the child's own counts
         self._own(add=os.getpid())
         self._start()
@@ -319,6 +332,8 @@ class Spool:
                     try:
                         put(self._s3, f"{self.base}/{rel}", data)
                     except OSError as exc:
+                        if folder == self.dir and not mutable:  # a timeout may come after the store took it
+                            self._maybe_up.add(rel)
                         self.failures += 1
                         if not self._failing:  # once per outage, not once per retry
                             self._failing = True
@@ -326,6 +341,7 @@ class Spool:
                                            self.uri, folder, str(exc).splitlines()[0][:200] if str(exc) else exc)
                         return False
                     self.uploaded_bytes += len(data)
+                    self._maybe_up.discard(rel)
                     if self._failing:
                         self._failing = False
                         logger.warning("rltrace: %s reachable again, uploading the spooled parts", self.uri)
@@ -338,9 +354,9 @@ class Spool:
                             os.replace(path, kept)
                     else:
                         path.unlink(missing_ok=True)
-                    replaced = self._retire_after.pop(rel, None)
+                    replaced = self._retire_after.pop(rel, None) if folder == self.dir else None
                     if replaced:
-                        self._retiring.append((time.monotonic() + self.grace_s, replaced))
+                        self._retiring.append((time.monotonic() + self.grace_s, rel, replaced))
                 if folder != self.dir:  # an orphan spool, fully uploaded
                     shutil.rmtree(folder, ignore_errors=True)
             self._retire(time.monotonic())
@@ -370,37 +386,84 @@ class Spool:
 
     def replaced(self, folder: str, names: list[str], by: str) -> None:
         """Parts of this spool that the merged part `by` replaces: those not uploaded yet never will
-        be (the merged part holds their rows); the others are deleted from the bucket `grace_s`
-        after `by` is up, and from the spool."""
+        be (the merged part holds their rows); the others, and those a part not uploaded yet was to
+        delete, are deleted from the bucket `grace_s` after `by` is up, and from the spool. A part
+        whose upload failed counts as uploaded: the store may have taken it before the error."""
         with self._lock:
-            uploaded = []
+            by_rel = f"{folder}/{by}"
+            uploaded: list[str] = []
             for name in names:
                 rel = f"{folder}/{name}"
                 waiting = self.dir / rel
-                if waiting.exists():
+                inherited = self._retire_after.pop(rel, [])  # it never goes up now: `by` deletes them
+                if waiting.exists() and rel not in self._maybe_up:
                     waiting.unlink(missing_ok=True)
                 else:
+                    if waiting.exists():
+                        waiting.unlink(missing_ok=True)
+                        self._maybe_up.discard(rel)
                     uploaded.append(rel)
+                uploaded += inherited
+                for i, (due, hider, rels) in enumerate(self._retiring):  # hidden by `by` too from now on
+                    if hider == rel:
+                        self._retiring[i] = (due, by_rel, rels)
+                for other, hider in self._undeleted.items():
+                    if hider == rel:
+                        self._undeleted[other] = by_rel
+            uploaded = list(dict.fromkeys(uploaded))
             if not uploaded:
                 return
-            if (self.dir / folder / by).exists():
-                self._retire_after[f"{folder}/{by}"] = uploaded
+            if (self.dir / by_rel).exists():
+                self._retire_after[by_rel] = list(dict.fromkeys(self._retire_after.get(by_rel, []) + uploaded))
             else:  # the merged part is up already
-                self._retiring.append((time.monotonic() + self.grace_s, uploaded))
+                self._retiring.append((time.monotonic() + self.grace_s, by_rel, uploaded))
+
+    def covered(self, folder: str, names: list[str]) -> list[str]:
+        """The parts of `folder` that the parts `names` hid and that may still be in the bucket
+        (not deleted yet: waiting for their grace, or their delete failed). A merge of `names`
+        names them in its footer too, so they stay hidden once `names` leave the bucket, and
+        whatever path left them there (a failed delete, a part merged again before it was
+        uploaded) never makes a span count twice."""
+        rels = {f"{folder}/{n}" for n in names}
+        with self._lock:
+            found = [r for rel in rels for r in self._retire_after.get(rel, [])]
+            found += [r for _, hider, replaced in self._retiring if hider in rels for r in replaced]
+            found += [r for r, hider in self._undeleted.items() if hider in rels]
+        prefix = folder + "/"
+        return list(dict.fromkeys(r[len(prefix):] for r in found if r.startswith(prefix) and r not in rels))
 
     def _retire(self, now: float, everything: bool = False) -> None:
-        """Delete from the bucket (and the spool) the replaced parts whose grace is over."""
+        """Delete from the bucket (and the spool) the replaced parts whose grace is over; those
+        whose delete fails stay hidden (`covered`) and are tried again `_DELETE_RETRY_S` later."""
         due = [r for r in self._retiring if everything or r[0] <= now]
         self._retiring = [r for r in self._retiring if not (everything or r[0] <= now)]
-        for _, rels in due:
-            for rel in rels:
-                try:
-                    self._s3.delete_file(f"{self.base}/{rel}")
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:  # left in the bucket: readers ignore a replaced part; compact deletes it
-                    logger.debug("rltrace: could not delete the replaced part %s: %s", rel, exc)
-                (self.dir / _KEPT / rel).unlink(missing_ok=True)
+        todo = [(rel, hider) for _, hider, rels in due for rel in rels]
+        if self._undeleted and (everything or now >= self._retry_at):
+            todo += list(self._undeleted.items())
+        failed = None
+        for rel, hider in todo:
+            if failed is not None:  # the store is failing: the rest waits for the next try
+                self._undeleted[rel] = hider
+                continue
+            try:
+                self._s3.delete_file(f"{self.base}/{rel}")
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                failed = exc
+                self._undeleted[rel] = hider
+                continue
+            self._undeleted.pop(rel, None)
+            (self.dir / _KEPT / rel).unlink(missing_ok=True)
+        if failed is not None:
+            self._retry_at = now + _DELETE_RETRY_S
+            if not self._said_undeleted:  # once until deletes work again: the parts stay hidden meanwhile
+                self._said_undeleted = True
+                logger.warning("rltrace: could not delete %d replaced parts from %s (%s); they stay hidden and "
+                               "are deleted later", len(self._undeleted), self.uri, str(failed).splitlines()[0][:200]
+                               if str(failed) else type(failed).__name__)
+        elif not self._undeleted:
+            self._said_undeleted = False
         kept = self.dir / _KEPT
         if kept.is_dir():
             old = time.time() - _KEPT_MAX_AGE_S
@@ -440,7 +503,7 @@ class Spool:
                     if part in self._retire_after:
                         self._retire_after[part] = [*self._retire_after[part], *replaced]
                     else:
-                        self._retiring.append((time.monotonic() + self.grace_s, replaced))
+                        self._retiring.append((time.monotonic() + self.grace_s, part, replaced))
                 logger.debug("rltrace: spool full, %s left out (reports compute it from its span part)", rel)
                 continue
             try:
@@ -450,6 +513,8 @@ class Spool:
             path.unlink(missing_ok=True)
             files.remove((path, rel, st))
             total -= st.st_size
+            self._retire_after.pop(rel, None)  # what it was to replace stays in the bucket, in force
+            self._maybe_up.discard(rel)
             table = by_folder.get(folder)
             self.drops.add(table.name if table else folder, n, reason)
             if table is _names.SPANS:
@@ -486,7 +551,7 @@ class Spool:
                            "process of this run on this host", self.uri, self.pending(), self.dir)
             return
         with self._lock:  # the process is leaving: replaced parts wait out a short grace, not all of it
-            wait = max((t for t, _ in self._retiring), default=0.0) - time.monotonic()
+            wait = max((t for t, _, _ in self._retiring), default=0.0) - time.monotonic()
             if wait > 0:
                 time.sleep(min(wait, 1.0))
             self._retire(time.monotonic(), everything=True)

@@ -514,3 +514,103 @@ def test_a_writer_paused_past_its_heartbeat_and_a_compaction_still_count_each_sp
     assert paused.returncode == 0, err
     con = store.open(uri)
     assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (270, 270)
+
+
+class _Flaky:
+    """The writer's S3 client with chosen deletes refused (the store timing out)."""
+
+    def __init__(self, real):
+        self.real, self.refuse = real, set()
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def delete_file(self, key):
+        if key.rsplit("/", 1)[-1] in self.refuse:
+            raise OSError("When deleting key: AWS Error NETWORK_CONNECTION during DeleteObject operation: timed out")
+        return self.real.delete_file(key)
+
+
+def test_parts_left_in_the_bucket_by_an_outage_are_read_once(s3_run, monkeypatch, capsys):
+    """What an outage leaves behind, made to happen at chosen moments (no timing, no load): a merged
+    part merged again before it was ever uploaded (its inputs were already up), deletes of replaced
+    parts that fail, and a PUT the store took whose answer never came. Every reader counts each span
+    once at every moment, and what stays in the bucket is deleted once the store works again."""
+    import rltrace
+    from rltrace.store import merge
+
+    uri, _, _ = s3_run
+    monkeypatch.setenv("RLTRACE_MERGE_GRACE", "0")
+    monkeypatch.setattr(merge, "FLUSH_PARTS", 10**6)  # merges happen only when asked for here
+    monkeypatch.setattr(merge, "MAX_AGE_S", 1e9)
+    run = rltrace.init(uri, role="rollout", flush_interval=3600)
+    spool = run._spool
+    spool._stop.set()
+    spool._wake.set()
+    spool._thread.join()  # uploads happen only when asked for here
+    s3 = spool._s3 = _Flaky(spool._s3)
+    lose_answer = set()
+    real_put = objstore.put
+
+    def put(client, key, data):  # the store takes the object, the answer is lost (a client timeout)
+        real_put(client, key, data)
+        if key.rsplit("/", 1)[-1] in lose_answer:
+            lose_answer.discard(key.rsplit("/", 1)[-1])
+            raise OSError("AWS Error NETWORK_CONNECTION during PutObject operation: curlCode: 28, Timeout was reached")
+
+    monkeypatch.setattr(objstore, "put", put)
+    steps = [0]
+
+    def record() -> str:
+        """One span, flushed into the spool (not uploaded); the name of its part."""
+        before = set(os.listdir(spool.dir / "spans")) if (spool.dir / "spans").is_dir() else set()
+        with rltrace.phase("step", step=steps[0]):
+            pass
+        steps[0] += 1
+        run.tracer_provider.force_flush()
+        (name,) = set(os.listdir(spool.dir / "spans")) - before
+        return name
+
+    def counts() -> tuple[int, int]:
+        con = store.open(uri)
+        return con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans WHERE NOT is_open").fetchone()
+
+    # 1. flush parts uploaded, merged into a part that is merged again before it is ever uploaded
+    record(), record()
+    assert spool.upload_once()
+    run.merger.tick(final=True)  # m1 waits in the spool (the store is away); it is to delete the two
+    record()
+    run.merger.tick(final=True)  # m2 = m1 + the third part: m1 never goes up
+    assert spool.upload_once()
+    assert counts() == (3, 3)
+    assert len(_objects(uri, "spans")) == 1  # the two flush parts left the bucket once m2 was up
+    # 2. the deletes of what a merged part replaces fail; that part is merged again and deleted
+    (m2,) = _objects(uri, "spans")
+    f4 = record()
+    assert spool.upload_once()
+    run.merger.tick(final=True)  # m3 = m2 + f4
+    s3.refuse |= {m2, f4}
+    assert spool.upload_once()  # m3 up; m2 and f4 stay in the bucket, hidden by m3
+    assert set(_objects(uri, "spans")) >= {m2, f4} and counts() == (4, 4)
+    record()
+    run.merger.tick(final=True)  # m4 = m3 + f5; m3's delete works, m2's and f4's still fail
+    assert spool.upload_once()
+    assert set(_objects(uri, "spans")) >= {m2, f4} and counts() == (5, 5)
+    # 3. a PUT the store took but whose answer was lost; the part is merged before it goes up again
+    f6 = record()
+    lose_answer.add(f6)
+    assert not spool.upload_once()  # "failed": f6 is in the bucket all the same
+    assert f6 in _objects(uri, "spans") and counts() == (6, 6)
+    run.merger.tick(final=True)  # m5 = m4 + f6
+    assert spool.upload_once() and counts() == (6, 6)
+    record()
+    run.merger.tick(final=True)  # m6 = m5 + f7; m5 leaves the bucket
+    assert spool.upload_once() and counts() == (7, 7)
+    info = _cli_json(capsys, "info", uri)
+    assert info["rows"]["spans"] == 7
+    # the store works again: what stayed is deleted (at exit at the latest), and nothing counts twice
+    s3.refuse.clear()
+    rltrace.shutdown()
+    assert len(_objects(uri, "spans")) == 1 and counts() == (7, 7)
+    assert main(["compact", uri, "--grace", "0"]) == 0
+    assert counts() == (7, 7)
