@@ -99,4 +99,39 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Pa
     return out
 
 
+def entry_points_site(site: Path) -> Path:
+    """A dist-info declaring this checkout's `rltrace.instrumentors` entry points, as an install would."""
+    import tomllib
+
+    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["rltrace.instrumentors"]
+    dist = site / "rltrace_checkout-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rltrace-checkout\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[rltrace.instrumentors]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    return site
+
+
+@pytest.fixture(scope="session")
+def hf_crash_run(tmp_path_factory):
+    """`rltrace run -- python hf_train.py --steps 3 --raise-at 2` (an unmodified Trainer script whose
+    loss raises at step 2), run once a session for every worker (`built_once`): (run dir, the
+    finished `rltrace run` process). Read by the HF integration tests and the report's consistency checks."""
+    import subprocess
+
+    def build(folder: Path) -> None:
+        env = python_env()
+        env["PYTHONPATH"] = os.pathsep.join([str(entry_points_site(folder / "site")), env["PYTHONPATH"]])
+        out = subprocess.run([PYTHON, "-m", "rltrace", "run", "--run-dir", str(folder / "run"), "--", PYTHON,
+                              str(REPO / "tests" / "integrations" / "hf_train.py"), "--steps", "3", "--raise-at", "2"],
+                             env=env, capture_output=True, text=True, timeout=600, cwd=folder)
+        (folder / "returncode").write_text(str(out.returncode))
+        (folder / "stdout.txt").write_text(out.stdout)
+        (folder / "stderr.txt").write_text(out.stderr)
+
+    folder = built_once(tmp_path_factory, "hf-crash", build)
+    proc = subprocess.CompletedProcess(["rltrace", "run"], int((folder / "returncode").read_text()),
+                               (folder / "stdout.txt").read_text(), (folder / "stderr.txt").read_text())
+    return folder / "run", proc
+
+
 from .phoenix import phoenix  # noqa: E402,F401  (one OTLP backend for the whole session)

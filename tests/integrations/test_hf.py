@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -17,10 +13,7 @@ import rltrace  # noqa: E402
 from rltrace import report, store  # noqa: E402
 from rltrace.integrations.hf import HFInstrumentor, RltraceCallback  # noqa: E402
 
-from ..conftest import PYTHON, REPO, python_env  # noqa: E402
 from .hf_train import make_trainer  # noqa: E402
-
-HERE = Path(__file__).parent
 
 
 def spans(run_dir) -> list[dict]:
@@ -117,23 +110,9 @@ def test_instrumentor_adds_the_callback_and_a_raising_step_ends_with_the_error(r
     assert steps[1]["status_message"] == "RuntimeError: loss is NaN"
 
 
-def pyproject_entry_points(site: Path) -> Path:
-    """A dist-info declaring this checkout's `rltrace.instrumentors` entry points, as an install would."""
-    eps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["rltrace.instrumentors"]
-    dist = site / "rltrace_checkout-0.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rltrace-checkout\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text("[rltrace.instrumentors]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
-    return site
-
-
 @pytest.mark.slow
-def test_rltrace_run_traces_an_unmodified_trainer_script_and_its_crash(run_dir, tmp_path):
-    env = python_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(pyproject_entry_points(tmp_path / "site")), env["PYTHONPATH"]])
-    out = subprocess.run([PYTHON, "-m", "rltrace", "run", "--run-dir", str(run_dir), "--", PYTHON,
-                          str(HERE / "hf_train.py"), "--steps", "3", "--raise-at", "2"],
-                         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+def test_rltrace_run_traces_an_unmodified_trainer_script_and_its_crash(hf_crash_run):
+    run_dir, out = hf_crash_run  # `rltrace run -- python hf_train.py --steps 3 --raise-at 2` (tests/conftest.py)
     assert out.returncode == 1, out.stderr[-3000:]
     assert "RuntimeError: loss is NaN" in out.stderr
     steps = [r for r in spans(run_dir) if r["name"] == "step"]

@@ -12,8 +12,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import subprocess
-import sys
 import time
 
 import pytest
@@ -27,7 +25,6 @@ from rltrace._config import paths_value
 from rltrace.analysis import _format as fmt
 from rltrace.cli import main
 from rltrace.testing import RunBuilder
-from tests.conftest import REPO, python_env
 from tests.ui.conftest import APP, RUN_TIMEOUT_S, no_exceptions
 
 SLOW_REWARD_S = 1.5
@@ -80,14 +77,6 @@ def hf_trainer(root):
     return root / "run"
 
 
-def hf_crash(root):
-    """A child process that dies of the error raised at step 3, as a user's script does."""
-    subprocess.run([sys.executable, str(REPO / "tests" / "integrations" / "hf_train.py"), "--callback",
-                    str(root / "run"), "--steps", "4", "--raise-at", "3"], env=python_env(), cwd=REPO, check=False,
-                   timeout=300, capture_output=True)
-    return root / "run"
-
-
 def slime_partial(root):
     from rltrace.replay.slime import import_slime
     from tests.replay import slime_run
@@ -99,8 +88,11 @@ def slime_partial(root):
     return root / "run"
 
 
-SHAPES = {"trl_every_4": trl_every_4, "nested": nested, "hf_trainer": hf_trainer, "hf_crash": hf_crash,
+SHAPES = {"trl_every_4": None, "nested": nested, "hf_trainer": hf_trainer, "hf_crash": None,
           "slime_partial": slime_partial}
+#: shapes other tests read too, made once by a fixture: trl_every_4 for this module; hf_crash, an unmodified
+#: Trainer script that dies of its loss under `rltrace run` (tests/conftest.py), once a session
+FROM_FIXTURE = {"trl_every_4": "trl_run", "hf_crash": "hf_crash_run"}
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +102,9 @@ def trl_run(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=list(SHAPES))
 def shaped(request, tmp_path_factory):
-    if request.param == "trl_every_4":
-        run_dir = request.getfixturevalue("trl_run")
+    if request.param in FROM_FIXTURE:
+        made = request.getfixturevalue(FROM_FIXTURE[request.param])
+        run_dir = made[0] if isinstance(made, tuple) else made
     else:
         run_dir = SHAPES[request.param](tmp_path_factory.mktemp(request.param))
     return request.param, run_dir, report.plain(report.build(store.open(run_dir)))
