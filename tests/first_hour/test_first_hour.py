@@ -18,6 +18,7 @@ from rltrace.report.findings import steps_text
 from tests.conftest import python_env
 from tests.profiling.conftest import PYSPY
 from tests.ui.conftest import app, no_exceptions  # noqa: F401  (app: a fixture)
+from tests.ui.conftest import components_scanned_once  # noqa: F401  (autouse: one component scan a session)
 
 LOOP = Path(__file__).with_name("user_loop.py")
 STEPS = 14

@@ -26,6 +26,7 @@ from rltrace.analysis import _format as fmt
 from rltrace.cli import main
 from rltrace.testing import RunBuilder
 from tests.ui.conftest import APP, RUN_TIMEOUT_S, no_exceptions
+from tests.ui.conftest import components_scanned_once  # noqa: F401  (autouse: one component scan a session)
 
 SLOW_REWARD_S = 1.5
 

@@ -20,6 +20,7 @@ from rltrace.importers.metrics import import_metrics
 from rltrace.report import evidence
 from rltrace.testing import RunBuilder
 from tests.ui.conftest import APP, RUN_TIMEOUT_S, no_exceptions
+from tests.ui.conftest import components_scanned_once  # noqa: F401  (autouse: one component scan a session)
 
 #: slime's own metric log: rollout, train and weight-sync timers, no reward timer
 SLIME = {"perf/rollout_time": 3.2, "perf/train_time": 2.0, "perf/actor_train_time": 1.5,

@@ -20,6 +20,7 @@ from rltrace.analysis.health import open_text
 from rltrace.cli import info
 from rltrace.testing import RunBuilder
 from tests.ui.conftest import APP, RUN_TIMEOUT_S, no_exceptions
+from tests.ui.conftest import components_scanned_once  # noqa: F401  (autouse: one component scan a session)
 
 
 def killed_worker(path):

@@ -15,6 +15,7 @@ from rltrace._config import paths_value
 from rltrace.analysis import _format as fmt
 from rltrace.testing import RunBuilder
 from tests.ui.conftest import APP, RUN_TIMEOUT_S, no_exceptions
+from tests.ui.conftest import components_scanned_once  # noqa: F401  (autouse: one component scan a session)
 
 STEPS = 25
 
