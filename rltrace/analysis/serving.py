@@ -308,8 +308,8 @@ def prefix_cache_counters(m: pd.DataFrame, syncs=None, windows=None) -> dict | N
     return {"kind": f"measured (Prometheus, {', '.join(_SAID[e] for e in used)})",
             "requests": None, "prompt_tokens": queries, "cached_tokens": hits,
             "hit_rate": hits / queries, "hit_rate_within_version": None, "versions_known": bool(per_version),
-            "stale_hits": [], "stale_hit_count": 0, "stale_cached_tokens": 0.0, "may_be_stale_hit_count": 0,
-            "may_be_stale_cached_tokens": 0.0, "updates": [], "per_version": per_version, "per_step": per_step}
+            "stale_hits": [], "stale_hit_count": 0, "stale_cached_tokens": 0.0, "stale_kind": None,
+            "may_be_stale_hit_count": 0, "may_be_stale_cached_tokens": 0.0, "updates": [], "per_version": per_version, "per_step": per_step}
 
 
 def metrics_by_step(m: pd.DataFrame, windows) -> list[dict]:
@@ -409,11 +409,12 @@ def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
                      np.where(group_no | evidence, NOT_FLUSHED, np.where(group_yes, FLUSHED, UNKNOWN)))
     stale = hit & (state == NOT_FLUSHED)
     maybe = hit & (state == UNKNOWN)
+    stale_tokens, exact = _stale_tokens(stale, cached_tokens)
     prompt, cached = float(r["prompt_tokens"].sum()), float(cached_tokens.sum())
-    stale_cached, maybe_cached = float(cached_tokens[stale].sum()), float(cached_tokens[maybe].sum())
+    stale_cached, maybe_cached = float(stale_tokens.sum()), float(cached_tokens[maybe].sum())
     known = version.notna().any()
     table = pd.DataFrame({"_v": group, "prompt_tokens": r["prompt_tokens"].to_numpy(float), "cached_tokens": cached_tokens,
-                          "_stale": stale, "_stale_cached": np.where(stale, cached_tokens, 0.0),
+                          "_stale": stale, "_stale_cached": stale_tokens,
                           "_maybe_cached": np.where(maybe, cached_tokens, 0.0)})
     sums = table.groupby("_v", sort=True).agg(requests=("_v", "size"), prompt_tokens=("prompt_tokens", "sum"),
                                               cached_tokens=("cached_tokens", "sum"), stale_hits=("_stale", "sum"),
@@ -426,30 +427,51 @@ def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
     updates = [{"engine": e, "weight_version": None if v == _NO_VERSION else int(v), "cache": st,
                 "evidence": ("recorded by the weight sync (rl.cache_flushed)" if st != NOT_FLUSHED or n_ else
                              "its first request after the update already hit the cache"),
-                "hits": int(h), "cached_tokens": float(c)}
-               for (e, v, st, n_), h, c in _update_rows(r["engine"].to_numpy(), group, state, group_no, hit, cached_tokens)]
+                "hits": int(h), "cached_tokens": float(c), "stale_tokens": float(sc) if st == NOT_FLUSHED else 0.0,
+                "stale_kind": _kind(ex) if st == NOT_FLUSHED else None}
+               for (e, v, st, n_), h, c, sc, ex in _update_rows(r["engine"].to_numpy(), group, state, group_no, hit,
+                                                                cached_tokens, stale_tokens, exact | ~stale)]
     named = r.iloc[np.flatnonzero(stale)[:STALE_LISTED]][["engine", "weight_version", "request_id", "span_id",
                                                          "cached_tokens", "start_ns", "step"]]
     hits = [{"engine": e, "weight_version": None if pd.isna(v) else int(v), "request": q if isinstance(q, str) and q else s,
-             "cached_tokens": int(c), "start_ns": int(t), "step": None if pd.isna(st) else int(st)}
-            for e, v, q, s, c, t, st in named.itertuples(index=False)]
+             "cached_tokens": int(c), "stale_tokens": int(k), "start_ns": int(t), "step": None if pd.isna(st) else int(st)}
+            for (e, v, q, s, c, t, st), k in zip(named.itertuples(index=False), stale_tokens[stale][:STALE_LISTED])]
     return {
         "requests": len(r), "prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt,
         "hit_rate_within_version": (cached - stale_cached - maybe_cached) / prompt if known else None,
         "versions_known": bool(known), "stale_hits": hits, "stale_hit_count": int(stale.sum()),
-        "stale_cached_tokens": stale_cached, "may_be_stale_hit_count": int(maybe.sum()),
+        "stale_cached_tokens": stale_cached, "stale_kind": _kind(bool((exact | ~stale).all())),
+        "may_be_stale_hit_count": int(maybe.sum()),
         "may_be_stale_cached_tokens": maybe_cached, "updates": updates,
-        "per_version": per_version, "_stale": stale | maybe, "_rows": r,
+        "per_version": per_version, "_rows": r,
+        "_valid_cached": cached_tokens - stale_tokens - np.where(maybe, cached_tokens, 0.0),
     }, None
 
 
-def _update_rows(engine, group, state, said_no, hit, cached):
-    """((engine, version, state, recorded not flushed), hits, cached tokens) per engine and version
-    after an update on that engine, in engine then version order."""
-    frame = pd.DataFrame({"e": engine, "v": group, "s": state, "n": said_no, "h": hit, "c": np.where(hit, cached, 0.0)})
+#: `stale_kind`: "exact" when every stale hit's request was joined to its sample group, else "at most"
+STALE_EXACT, STALE_AT_MOST = "exact", "at most"
+
+
+def _kind(exact: bool) -> str:
+    return STALE_EXACT if exact else STALE_AT_MOST
+
+
+def _stale_tokens(stale: np.ndarray, cached: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(stale tokens per request, whether that figure is exact). Every hit after an unflushed update
+    counts whole: an upper bound, since a group's later requests also hit what its first computed
+    with the new weights."""
+    return np.where(stale, cached, 0.0), np.zeros(len(stale), bool)
+
+
+def _update_rows(engine, group, state, said_no, hit, cached, stale_tokens, exact):
+    """((engine, version, state, recorded not flushed), hits, cached tokens, stale tokens, all exact)
+    per engine and version after an update on that engine, in engine then version order."""
+    frame = pd.DataFrame({"e": engine, "v": group, "s": state, "n": said_no, "h": hit, "c": np.where(hit, cached, 0.0),
+                          "k": stale_tokens, "x": exact})
     frame = frame[frame["s"].notna()]
-    sums = frame.groupby(["e", "v", "s", "n"], sort=True).agg(h=("h", "sum"), c=("c", "sum"))
-    return [(k, h, c) for k, h, c in zip(sums.index, sums["h"], sums["c"])]
+    sums = frame.groupby(["e", "v", "s", "n"], sort=True).agg(h=("h", "sum"), c=("c", "sum"), k=("k", "sum"),
+                                                               x=("x", "all"))
+    return [(k, h, c, sc, bool(x)) for k, h, c, sc, x in zip(sums.index, sums["h"], sums["c"], sums["k"], sums["x"])]
 
 
 def hicache(prefix: dict | None) -> tuple[dict | None, dict]:
@@ -457,20 +479,20 @@ def hicache(prefix: dict | None) -> tuple[dict | None, dict]:
     with the prefill cost per token fitted over requests without hits (Σ prefill_s / Σ prompt tokens)."""
     if prefix is None:
         return None, {"hicache": "no prefix-cache figures (see prefix_cache)"}
-    r, stale = prefix["_rows"], prefix["_stale"]
+    r, valid_cached = prefix["_rows"], prefix["_valid_cached"]
     missing = {}
     cold = r[(r["cached_tokens"] == 0) & (r["prefill_s"] > 0)]
     per_token = float(cold["prefill_s"].sum() / cold["prompt_tokens"].sum()) if len(cold) else None
     if per_token is None:
         missing["hicache.prefill_s_per_token"] = (SGLANG_PREFILL if (r["engine_kind"] == "sglang").any() else
                                                   "no request without a hit records its prefill time")
-    valid = r[(r["cached_tokens"] > 0) & ~stale]
-    avoided = float(valid["cached_tokens"].sum()) * per_token if per_token is not None else None
+    valid = valid_cached[valid_cached > 0]  # the cached tokens known valid, per request with any
+    avoided = float(valid.sum()) * per_token if per_token is not None else None
     io = r["cache_io_s"].dropna()
     cache_io = float(io.sum()) if len(io) else None
     if cache_io is None:
         missing["hicache.cache_io_s"] = "not recorded"
-    return {"requests_with_hits": len(valid), "valid_cached_tokens": float(valid["cached_tokens"].sum()),
+    return {"requests_with_hits": len(valid), "valid_cached_tokens": float(valid.sum()),
             "prefill_s_per_token": per_token, "prefill_fitted_on": len(cold), "avoided_prefill_s": avoided,
             "cache_io_s": cache_io, "net_gain_s": avoided - cache_io if avoided is not None and cache_io is not None else None,
             }, missing

@@ -68,6 +68,20 @@ def split_text(best: dict | None) -> str:
             f"{_rps(best['lambda'])}{limit}")
 
 
+#: why a stale count is what it is (`prefix_cache.stale_kind`; docs/analysis.md, "Prefix cache")
+STALE_WHY = {"at most": "every hit after an unflushed update; a group's later requests also hit what its first "
+                        "computed with the new weights",
+             "exact": "each sample group's first request found only old prefix; its later requests, what the first "
+                      "found"}
+
+
+def stale_text(tokens: float, kind: str | None) -> str:
+    """`at most 1,300 stale tokens (every hit after …)` / `exactly 800 stale tokens (…)`: one wording
+    for the report and the dashboard."""
+    amount = "exactly" if kind == "exact" else "at most"
+    return f"{amount} {tokens:,.0f} stale tokens ({STALE_WHY['exact' if kind == 'exact' else 'at most']})"
+
+
 def _stale_hits(s: dict) -> list[str]:
     p = s.get("prefix_cache") or {}
     kept = [u for u in p.get("updates") or [] if u["cache"] == "not flushed" and u["hits"]]
@@ -75,11 +89,11 @@ def _stale_hits(s: dict) -> list[str]:
     for u in kept[:STALE_NAMED]:
         update = "a weight update" if u["weight_version"] is None else f"the update to weight version {u['weight_version']}"
         out.append(f"engine {u['engine']} kept its prefix cache across {update} ({u['evidence']}): its "
-                   f"{_count(u['hits'], 'hit')} since ({u['cached_tokens']:,.0f} cached tokens) were computed by the "
-                   "old weights, a mismatch source.")
+                   f"{_count(u['hits'], 'hit')} since ({u['cached_tokens']:,.0f} cached tokens) hold "
+                   f"{stale_text(u.get('stale_tokens', u['cached_tokens']), u.get('stale_kind'))}, a mismatch source.")
     if len(kept) > STALE_NAMED:
         out.append(f"{len(kept) - STALE_NAMED} more engine updates kept a stale prefix cache "
-                   f"({p['stale_cached_tokens']:,.0f} stale cached tokens in all).")
+                   f"({stale_text(p['stale_cached_tokens'], p.get('stale_kind'))} in all).")
     if p.get("may_be_stale_cached_tokens"):
         out.append(f"{_count(p['may_be_stale_hit_count'], 'hit')} ({p['may_be_stale_cached_tokens']:,.0f} cached tokens) after "
                    "weight updates may be stale: the syncs did not record whether the prefix cache was flushed "

@@ -209,8 +209,12 @@ def test_sglang_every_hit_after_an_unflushed_update_is_stale(tmp_path, capsys):
     assert c["hit_rate_within_version"] == pytest.approx(1200 / 12000)  # version 1's hits only are known valid
     text = " ".join(r["findings"])
     assert ("engine sglang-0 kept its prefix cache across the update to weight version 2 (its first request after the "
-            "update already hit the cache): its 2 hits since (1,300 cached tokens) were computed by the old weights"
-            ) in text
+            "update already hit the cache): its 2 hits since (1,300 cached tokens) hold at most 1,300 stale tokens "
+            "(every hit after an unflushed update; a group's later requests also hit what its first computed with the "
+            "new weights), a mismatch source.") in text
+    # no request is joined to its sample group: the count is an upper bound, and says so
+    assert c["stale_kind"] == "at most" and [u["stale_kind"] for u in c["updates"]] == ["at most", None]
+    assert [h["stale_tokens"] for h in c["stale_hits"]] == [500, 800]
     assert "1 hit (800 cached tokens) after weight updates may be stale" in text
     # SGLang's own meaning: time_in_model_prefill = dispatch → first token, its scheduler queue included
     requests = analysis.engine_requests(store.open(tmp_path / "run"))
@@ -237,7 +241,7 @@ def test_sglang_a_recorded_flush_decides(tmp_path, capsys):
     receiver = Receiver(tmp_path / "run", "127.0.0.1", 0, Limits(flush_interval=0.2)).start()
     send(tmp_path, receiver, {"0": ("service.instance.id=0", requests)}, "sglang")
     c = report(capsys, tmp_path / "run")["serving"]["prefix_cache"]
-    assert (c["stale_cached_tokens"], c["may_be_stale_cached_tokens"]) == (3500, 0)
+    assert (c["stale_cached_tokens"], c["may_be_stale_cached_tokens"], c["stale_kind"]) == (3500, 0, "at most")
     assert [(u["weight_version"], u["cache"], u["cached_tokens"]) for u in c["updates"]] == [
         (2, "not flushed", 3500), (3, "flushed", 3500)]
     requests = analysis.engine_requests(store.open(tmp_path / "run"))

@@ -68,9 +68,12 @@ def test_the_engine_page_opens_first_and_shows_the_reports_figures(fleet, monkey
     assert len(charts(at)) == 4  # over time, throughput, hits per version, budget
     text = texts(at)
     assert fmt.md("engine rltrace-vllm-prefill-0 kept its prefix cache across the update to weight version 2 "
-                  "(its first request after the update already hit the cache): its 40 hits since (8,000 cached tokens)"
-                  ) in text
-    assert "40 request(s) got cached tokens computed by the old weights (a mismatch source): 8,000 tokens" in text
+                  "(its first request after the update already hit the cache): its 40 hits since (8,000 cached tokens) "
+                  "hold at most 8,000 stale tokens") in text
+    assert serving["prefix_cache"]["stale_kind"] == "at most"
+    assert ("40 request(s) hit the prefix cache after weight updates that kept it (a mismatch source): "
+            + fmt.md("at most 8,000 stale tokens (every hit after an unflushed update; a group's later requests also "
+                     "hit what its first computed with the new weights)") + ".") in text
     assert "39 more hit(s), 7,800 cached tokens, may be stale" in text  # engine 1: no flush recorded, first request cold
     lanes = json.loads(charts(at)[0].proto.spec)["layout"]["annotations"]
     assert [a["text"] for a in lanes] == ["prefill engines", "decode engines"]

@@ -148,17 +148,17 @@ else:
             st.caption(f"Stale hits cannot be told: {why('prefix_cache.hit_rate_within_version', 'no weight version')}.")
         stale = pd.DataFrame(prefix["stale_hits"])
         if len(stale):
-            st.warning(f"{prefix['stale_hit_count']:,} request(s) got cached tokens computed by the old weights (a "
-                       f"mismatch source): {prefix['stale_cached_tokens']:,.0f} tokens after weight updates that kept "
-                       "the engine's prefix cache.")
+            st.warning(f"{prefix['stale_hit_count']:,} request(s) hit the prefix cache after weight updates that kept "
+                       "it (a mismatch source): " + fmt.md(serving_findings.stale_text(
+                           prefix["stale_cached_tokens"], prefix.get("stale_kind"))) + ".")
         if prefix.get("may_be_stale_cached_tokens"):
             st.caption(f"{prefix['may_be_stale_hit_count']:,} more hit(s), {prefix['may_be_stale_cached_tokens']:,.0f} "
                        "cached tokens, may be stale: the weight syncs did not record whether the prefix cache was "
                        "flushed (`rl.cache_flushed`).")
         if len(stale):
             stale["weight_version"] = [engine_charts.version_label(None if pd.isna(v) else int(v)) for v in stale["weight_version"]]
-            st.dataframe(stale[["engine", "weight_version", "request", "cached_tokens", "step"]], hide_index=True,
-                         width="stretch", key="engine_stale")
+            st.dataframe(stale[["engine", "weight_version", "request", "cached_tokens", "stale_tokens", "step"]],
+                         hide_index=True, width="stretch", key="engine_stale")
         h = serving.get("hicache") or {}
         if h.get("avoided_prefill_s") is not None:
             io = ("cache I/O not recorded, so this is an upper bound on the gain" if h.get("cache_io_s") is None else
