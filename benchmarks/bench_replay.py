@@ -21,6 +21,12 @@ with ragged per-sample tensors ("rows").
 instead runs the tiny GRPO demo (colocated, seed 0) in this process and reports the CPU time of
 each piece of its debug replay (building the rows, the Freezer's decision, pinning checkpoints,
 the writer thread, the checkpoint thread) as a share of the steps' CPU time.
+
+    python benchmarks/bench_replay.py --batches 1000
+
+instead freezes 1,000 small batches (one a step) and times `replay.load` of one step against
+`replay list`'s read of every batch's footer and first row (what loading one step cost before it
+read only that step's parts), medians of --repeats.
 """
 
 from __future__ import annotations
@@ -181,6 +187,27 @@ def demo_cost(steps: int, work: Path) -> None:
     print(f"{'all of debug replay':38} {1e3 * total / steps:8.2f} {total / cpu:7.2%}")
 
 
+def many_batches(n: int, work: Path, repeats: int) -> None:
+    from rltrace.replay.browse import list_batches
+
+    rltrace.init(work / "run")
+    for step in range(n):
+        replay.freeze(step, {"response_ids": torch.ones(4, 16, dtype=torch.long), "reward": torch.rand(4)})
+        replay.flush()
+    rltrace.shutdown()
+    one, every = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        replay.load(work / "run", n // 2)
+        one.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        list_batches(work / "run")
+        every.append(time.perf_counter() - t0)
+    a, b = statistics.median(one) * 1e3, statistics.median(every) * 1e3
+    print(f"\n{n:,} frozen batches, median of {repeats}")
+    print(f"{'load one step (ms)':24} {a:9.1f}\n{'read every batch (ms)':24} {b:9.1f}  (baseline)\n{'ratio':24} {a / b:9.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=1024)
@@ -188,9 +215,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--demo-steps", type=int, default=None, help="measure replay's share of a tiny GRPO demo run instead")
+    parser.add_argument("--batches", type=int, default=None, help="time loading one step of a run of this many batches instead")
     args = parser.parse_args()
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="bench_replay_", dir=args.dir))
+    if args.batches:
+        try:
+            many_batches(args.batches, work, args.repeats)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     if args.demo_steps:
         try:
             demo_cost(args.demo_steps, work)

@@ -23,7 +23,8 @@ from rltrace import _names
 from rltrace.replay import codec
 from rltrace.replay.errors import DamagedBatchError, ReplayError
 from rltrace.replay.tokenizer import check_tokenizer, tokenizer_identity
-from rltrace.store import scan
+from rltrace.store import objstore, scan
+from rltrace.store.views import list_parts
 from rltrace.store.parts import write_part
 from rltrace.store.writer import ProcessInfo
 
@@ -326,11 +327,19 @@ def read_part(path: Path) -> pa.Table:
         raise DamagedBatchError(f"{path}: cannot be read ({reason}); the file is damaged, delete it or freeze again") from None
 
 
-def batch_parts(run_dir: str | Path, *, skip_corrupt: bool = True) -> tuple[list[Path], list[str]]:
+def batch_parts(run_dir: str | Path, *, skip_corrupt: bool = True, step: int | None = None) -> tuple[list[Path], list[str]]:
     """Readable batch parts of a run (footers checked), and 'path: why' for the unreadable ones
-    (without `skip_corrupt`, the first unreadable one is a `CorruptPartError`)."""
-    snap = scan(run_dir, skip_corrupt=skip_corrupt, tables={"batches": _names.BATCHES})
+    (without `skip_corrupt`, the first unreadable one is a `CorruptPartError`). With `step`, only
+    the parts frozen at that step (by file name: a run may hold thousands of batches)."""
+    named = None if step is None else (lambda name: _step_of(Path(name)) == step)
+    snap = scan(run_dir, skip_corrupt=skip_corrupt, tables={"batches": _names.BATCHES}, named=named)
     return [p.path for p in snap.parts["batches"]], snap.skipped
+
+
+def _frozen_steps(run_dir: str | Path) -> list[int]:
+    """Steps with a frozen batch, from the part names alone (for an error message)."""
+    run_dir = objstore.mirror(run_dir) if objstore.is_uri(run_dir) else run_dir
+    return sorted({s for s in (_step_of(p) for p in list_parts(Path(run_dir) / _names.BATCHES.folder)) if s is not None})
 
 
 def load(run_dir: str | Path, step: int, *, batch_id: str | None = None, tokenizer: Any = None) -> FrozenBatch:
@@ -339,13 +348,13 @@ def load(run_dir: str | Path, step: int, *, batch_id: str | None = None, tokeniz
     With `tokenizer`, checks that its vocabulary hash equals the batch's `tokenizer_hash`
     (`TokenizerMismatchError` otherwise). Raises `ReplayError`/`StoreError` naming the file.
     """
-    parts, skipped = batch_parts(run_dir)
+    parts, skipped = batch_parts(run_dir, step=step)
     candidates = [p for p in parts if _step_of(p) == step and (batch_id is None or p.stem.endswith(batch_id))]
     if not candidates:
         bad = [s for s in skipped if f"{step:010d}-" in s]
         if bad:
             raise ReplayError(bad[0])
-        have = sorted({s for s in (_step_of(p) for p in parts) if s is not None})
+        have = _frozen_steps(run_dir)
         which = f"batch {batch_id} at step {step}" if batch_id else f"batch at step {step}"
         raise ReplayError(f"{Path(run_dir) / 'batches'}: no frozen {which}; frozen steps: {have or 'none'}")
     if len(candidates) > 1:

@@ -193,10 +193,11 @@ def read_manifest(run_dir: str | Path) -> dict:
 
 
 def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _names.Table] | None = None,
-         fold: bool = True) -> Snapshot:
+         fold: bool = True, named: Callable[[str], bool] | None = None) -> Snapshot:
     """Check every part of every table and return the readable ones (an `s3://` run: of the
     local copy that `objstore.mirror` brings up to date first), with copies of a span folded
-    (`fold_copies`; `compact` folds them itself, `fold=False`)."""
+    (`fold_copies`; `compact` folds them itself, `fold=False`). `named`: check only the parts whose
+    file name it accepts (a table whose parts are never merged, read by name: one frozen batch)."""
     from rltrace.store import objstore
 
     run_dir = objstore.mirror(run_dir) if objstore.is_uri(run_dir) else Path(run_dir)
@@ -204,7 +205,8 @@ def scan(run_dir: str | Path, *, skip_corrupt: bool = False, tables: dict[str, _
     for table in (tables or _names.TABLES).values():
         for attempt in range(SCANS):
             try:
-                parts, replaced = _scan_table(run_dir / table.folder, table, skip_corrupt, snap.skipped, snap.manifest["run_id"])
+                parts, replaced = _scan_table(run_dir / table.folder, table, skip_corrupt, snap.skipped, snap.manifest["run_id"],
+                                              named)
                 break
             except FileNotFoundError:  # a merge or a compaction removed a part while we read: list again, after a while
                 time.sleep(backoff(attempt))
@@ -370,11 +372,14 @@ def list_parts(folder: Path, skipped: list[str] | None = None) -> list[Path]:
     return sorted(found)
 
 
-def _scan_table(folder: Path, table: _names.Table, skip_corrupt: bool, skipped: list[str], run_id: str | None = None):
+def _scan_table(folder: Path, table: _names.Table, skip_corrupt: bool, skipped: list[str], run_id: str | None = None,
+                named: Callable[[str], bool] | None = None):
     if not folder.is_dir():
         return [], []
     parts = []
     for path in list_parts(folder, skipped):
+        if named is not None and not named(path.name):
+            continue
         why = _DAMAGED.get(path.resolve()) if _DAMAGED else None
         if why is not None:
             if not skip_corrupt:

@@ -90,6 +90,27 @@ def test_missing_step_lists_the_frozen_steps(tmp_path):
         replay.load(run_dir, 9)
 
 
+def test_loading_one_step_reads_only_that_steps_parts(tmp_path, monkeypatch):
+    """A run may hold thousands of batches: loading one checks the footers of its own step's parts
+    (a damaged part of another step costs nothing), while a missing step still lists every frozen step."""
+    from rltrace.store import views
+
+    rltrace.init(tmp_path / "run")
+    for step in range(4):
+        replay.freeze(step, [{"reward": float(step)}])
+        replay.flush()
+    rltrace.shutdown()
+    folder = tmp_path / "run" / "batches"
+    next(folder.glob("0000000001-*.parquet")).write_bytes(b"not parquet")
+    checked = []
+    real = views._check_part
+    monkeypatch.setattr(views, "_check_part", lambda path, *a: checked.append(path.name) or real(path, *a))
+    assert replay.load(tmp_path / "run", 2)["reward"] == [2.0]
+    assert [name.split("-")[0] for name in checked] == ["0000000002"]
+    with pytest.raises(ReplayError, match=r"no frozen batch at step 9; frozen steps: \[0, 1, 2, 3\]"):
+        replay.load(tmp_path / "run", 9)
+
+
 def test_a_tokenizer_with_another_vocabulary_is_refused_naming_the_field(tmp_path):
     run_dir, tok, _ = make_run(tmp_path)
     replay.load(run_dir, 3, tokenizer=tok)
