@@ -109,26 +109,35 @@ for step in itertools.count():
 LAST_STEP = "() => Number([...document.querySelectorAll('[data-testid=stSliderThumbValue]')].at(-1)?.innerText ?? -1)"
 
 
-#: True once the page stopped changing: no running indicator, and the same height as last time asked.
+#: True once the page stopped changing: no running indicator and the same height at every check
+#: for the last SETTLED_MS (asked every SETTLED_POLL_MS: it answers soon after the page settles).
+SETTLED_MS, SETTLED_POLL_MS = 500, 100
 SETTLED = """() => {
     const main = document.querySelector('[data-testid=stMain]');
-    if (!main || document.querySelector('[data-testid=stStatusWidget]')) return false;
-    const same = window.__lastHeight === main.scrollHeight;
-    window.__lastHeight = main.scrollHeight;
-    return same;
-}"""
+    const now = performance.now();
+    if (!main || document.querySelector('[data-testid=stStatusWidget]')) {
+        window.__sameSince = undefined;
+        return false;
+    }
+    if (window.__sameSince === undefined || window.__lastHeight !== main.scrollHeight) {
+        window.__lastHeight = main.scrollHeight;
+        window.__sameSince = now;
+        return false;
+    }
+    return now - window.__sameSince >= %d;
+}""" % SETTLED_MS
 
 
 def _settle(page) -> None:
     """Wait until the script run finished and the page stopped growing (charts and tables drawn)."""
     page.wait_for_selector("h1", timeout=PAGE_TIMEOUT_MS)
-    page.wait_for_function(SETTLED, polling=500, timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_function(SETTLED, polling=SETTLED_POLL_MS, timeout=PAGE_TIMEOUT_MS)
 
 
 def _shoot(page, name: str) -> None:
     height = page.evaluate("() => document.querySelector('[data-testid=stMain]').scrollHeight")
     page.set_viewport_size({"width": 1440, "height": max(900, height + 40)})
-    page.wait_for_function(SETTLED, polling=500, timeout=PAGE_TIMEOUT_MS)  # relaid out at the new size
+    page.wait_for_function(SETTLED, polling=SETTLED_POLL_MS, timeout=PAGE_TIMEOUT_MS)  # relaid out at the new size
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
     page.set_viewport_size({"width": 1440, "height": 900})
 
