@@ -456,7 +456,10 @@ SPAN_REQUESTS_SCHEMA = pa.schema([("kind", pa.string()), ("span_id", pa.string()
                                   ("rank", pa.int64()), ("step", pa.int64()), ("weight_version", pa.int64()),
                                   ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("timed", pa.bool_()),
                                   ("request_id", pa.string()), ("role", pa.string()), ("engine_process", pa.string()),
+                                  ("trace_id", pa.string()), ("group_id", pa.string()),
                                   *((c, pa.float64()) for c in REQUEST_FIELDS)])
+#: span attributes naming the sample group a span works on (rltrace's `phase(..., group_id=...)`, slime's traces)
+GROUP_ATTRS = ("rl.group_id", "slime.group_id")
 
 
 #: Uncaught exceptions (docs/integrations.md): one row per exception that reached the top of a

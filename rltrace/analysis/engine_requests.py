@@ -48,7 +48,9 @@ TABLE = "_rltrace_engine_requests"
 FLUSHED = "rl.cache_flushed"  # a weight sync's record of whether the engines' prefix cache was flushed
 MARKS_KIND = "serving_marks_v2"  # the sidecar's name: a new name whenever what it holds changes (2: windows by coalesce(phase, name))
 COLUMNS = ["engine", "role", "engine_kind", "request_id", "span_id", "name", "process_id", "start_ns", "end_ns", "step",
-           "step_from", "weight_version", "version_from", "cache_flushed", *_OUT, "timed"]
+           "step_from", "weight_version", "version_from", "cache_flushed", *_OUT, "timed", "trace_id", "parent_span_id",
+           "group_id"]
+GROUP_ANCESTORS = 16  # how far up its trace a request's sample group is looked for (`groups_of`)
 VLLM_SPAN = "llm_request"  # the span vLLM's OutputProcessor.do_tracing sends per request
 SGLANG_SPAN = "^(prefill|decode|) Req "  # SGLang's TraceReqContext root span: "{disaggregation mode} Req {rid[:8]}"
 
@@ -242,7 +244,8 @@ def table(con) -> str:
                    {', '.join(c for c in _OUT if c != "prefill_s")},
                    -- SGLang's time_in_model_prefill runs from dispatch to the first token: its scheduler
                    -- queue too, not the prefill's compute (docs/analysis.md, "What each engine's attributes mean")
-                   CASE WHEN engine_kind = 'sglang' THEN NULL ELSE prefill_s END AS prefill_s, timed
+                   CASE WHEN engine_kind = 'sglang' THEN NULL ELSE prefill_s END AS prefill_s, timed,
+                   trace_id, parent_span_id, group_id
             FROM named r JOIN stepped USING (start_ns) JOIN synced USING (start_ns)""")  # unordered: readers sort
     finally:
         con.unregister("_rltrace_windows_now")
@@ -316,6 +319,43 @@ def engine_requests(con, steps: Steps = None, *, columns: tuple[str, ...] | None
                    params=params).to_arrow_table()
     # through Arrow: text columns convert several times faster than with .df(); integers stay integers
     return rows.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}.get)
+
+
+def groups_of(con, req: pd.DataFrame) -> pd.Series:
+    """The sample group each request served (text, as recorded; None when unknown): its own
+    `rl.group_id` / `slime.group_id`, else that of the nearest span above it in its trace that has
+    one (`GROUP_ANCESTORS` levels at most). An engine's request span is a child of the caller's
+    span when the caller passes `rltrace.inject()` as the request's headers (vLLM and SGLang read
+    `traceparent`), so `with rltrace.phase("generate", group_id=g)` around the call names its group.
+    Reads the spans of the requests' traces only when some request has no group of its own."""
+    if "group_id" not in req:
+        return pd.Series(None, index=req.index, dtype=object)
+    own = req["group_id"].astype(object).where(req["group_id"].notna(), None)
+    if "trace_id" not in req or "parent_span_id" not in req:
+        return own
+    need = own.isna() & req["trace_id"].notna() & req["parent_span_id"].notna()
+    if not need.any() or not _parts.has_table(con, "spans"):
+        return own
+    group = "coalesce(" + ", ".join(f"attr(s.attributes, {_q(a)})" for a in _names.GROUP_ATTRS) + ")"
+    con.register("_rltrace_group_traces", pa.table({"trace_id": pa.array(sorted(set(req.loc[need, "trace_id"])),
+                                                                         pa.string())}))
+    try:
+        spans = con.execute(f"""SELECT s.trace_id, s.span_id, s.parent_span_id, {group} AS g FROM spans s
+                                SEMI JOIN _rltrace_group_traces t ON s.trace_id = t.trace_id""").fetchall()
+    finally:
+        con.unregister("_rltrace_group_traces")
+    up = {(t, s): (p, g) for t, s, p, g in spans}
+    out = own.copy()
+    for i, trace, parent in zip(req.index[need], req.loc[need, "trace_id"], req.loc[need, "parent_span_id"]):
+        for _ in range(GROUP_ANCESTORS):
+            above = up.get((trace, parent))
+            if above is None:
+                break
+            if above[1] is not None:
+                out[i] = above[1]
+                break
+            parent = above[0]
+    return out
 
 
 def kv_transfers(con) -> pd.DataFrame:

@@ -25,7 +25,8 @@ from rltrace.analysis import _intervals, _parts
 from rltrace.analysis._steps import Steps
 from rltrace.analysis.cache_geometry import ENGINES, dtype_name, geometry
 from rltrace.analysis.delta_sync import delta_sync, mean_of
-from rltrace.analysis.engine_requests import DISAGGREGATED, engine_requests, kv_transfers, marks, stored_model
+from rltrace.analysis.engine_requests import (DISAGGREGATED, ROUTER, engine_requests, groups_of, kv_transfers, marks,
+                                              stored_model)
 
 _OPTIONS = "_rltrace_serving_options"
 FP8 = "fp8_e4m3"
@@ -36,7 +37,8 @@ SPLITS_UP_TO = 16  # `pd.splits`: the best split for 2 .. this many engines (or 
 _NO_VERSION = -1.5  # the group of requests with no known weight version (sorts before every version)
 #: the engine-request columns this module reads
 _COLUMNS = ("engine", "role", "engine_kind", "request_id", "span_id", "start_ns", "end_ns", "step", "weight_version",
-            "cache_flushed", "prompt_tokens", "completion_tokens", "cached_tokens", "prefill_s", "cache_io_s")
+            "cache_flushed", "prompt_tokens", "completion_tokens", "cached_tokens", "prefill_s", "cache_io_s",
+            "trace_id", "parent_span_id", "group_id")
 
 
 def configure(con, *, model=None, kv_dtype: str | None = None, ssm_dtype: str | None = None,
@@ -364,7 +366,7 @@ SGLANG_PREFILL = ("SGLang's gen_ai.latency.time_in_model_prefill runs from its d
                   "queueing included: not a prefill time, so it is not used")
 
 
-def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
+def prefix_cache(req: pd.DataFrame, join=None) -> tuple[dict | None, str | None]:
     """(the `prefix_cache` dict, why it is None). Hits are counted on prefill and unified engines
     (a decode engine's prompt KV arrives by transfer).
 
@@ -374,10 +376,17 @@ def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
     recorded `rl.cache_flushed` false or the version's first request on the engine already hit
     (nothing the new weights computed could be cached yet): every hit of it is stale; `flushed` when
     the sync recorded true: none is; else `not recorded`: every hit may be stale (an upper bound,
-    counted apart)."""
+    counted apart).
+
+    How many of a hit's tokens are stale (`_stale_tokens`): where the request is joined to its sample
+    group (`group_id`; `join(rows)` gives it for rows after an update, `engine_requests.groups_of`),
+    the group's first request on that engine in that version found only old prefix, and each later
+    one hit that old part and what the first computed with the new weights: stale = min(its cached
+    tokens, the first's). Without a group, every cached token counts (`stale_kind` "at most")."""
     keep = (req["role"] != "decode") & req["prompt_tokens"].notna() & req["cached_tokens"].notna()
     r = req.loc[keep, ["engine", "engine_kind", "start_ns", "span_id", "request_id", "step", "weight_version", "cache_flushed",
-                       "prompt_tokens", "cached_tokens", "prefill_s", "cache_io_s"]]
+                       "prompt_tokens", "cached_tokens", "prefill_s", "cache_io_s",
+                       *(c for c in ("trace_id", "parent_span_id", "group_id") if c in req)]]
     r = r[r["prompt_tokens"] > 0]
     if r.empty:
         kinds = set(req["engine_kind"].dropna()) if "engine_kind" in req else set()
@@ -407,15 +416,18 @@ def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
     group_yes = pd.Series(said_yes).groupby(key).transform("all").to_numpy()
     state = np.where(~after_update, None,
                      np.where(group_no | evidence, NOT_FLUSHED, np.where(group_yes, FLUSHED, UNKNOWN)))
-    stale = hit & (state == NOT_FLUSHED)
-    maybe = hit & (state == UNKNOWN)
-    stale_tokens, exact = _stale_tokens(stale, cached_tokens)
+    after = (state == NOT_FLUSHED) | (state == UNKNOWN)
+    groups = _sample_groups(r, after, join)
+    old_tokens, exact = _stale_tokens(key, r["step"], groups, r["engine"].to_numpy() != ROUTER, cached_tokens)
+    stale_tokens = np.where(state == NOT_FLUSHED, old_tokens, 0.0)
+    maybe_tokens = np.where(state == UNKNOWN, old_tokens, 0.0)
+    stale, maybe = stale_tokens > 0, maybe_tokens > 0
     prompt, cached = float(r["prompt_tokens"].sum()), float(cached_tokens.sum())
-    stale_cached, maybe_cached = float(stale_tokens.sum()), float(cached_tokens[maybe].sum())
+    stale_cached, maybe_cached = float(stale_tokens.sum()), float(maybe_tokens.sum())
     known = version.notna().any()
     table = pd.DataFrame({"_v": group, "prompt_tokens": r["prompt_tokens"].to_numpy(float), "cached_tokens": cached_tokens,
                           "_stale": stale, "_stale_cached": stale_tokens,
-                          "_maybe_cached": np.where(maybe, cached_tokens, 0.0)})
+                          "_maybe_cached": maybe_tokens})
     sums = table.groupby("_v", sort=True).agg(requests=("_v", "size"), prompt_tokens=("prompt_tokens", "sum"),
                                               cached_tokens=("cached_tokens", "sum"), stale_hits=("_stale", "sum"),
                                               stale_cached_tokens=("_stale_cached", "sum"),
@@ -430,7 +442,7 @@ def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
                 "hits": int(h), "cached_tokens": float(c), "stale_tokens": float(sc) if st == NOT_FLUSHED else 0.0,
                 "stale_kind": _kind(ex) if st == NOT_FLUSHED else None}
                for (e, v, st, n_), h, c, sc, ex in _update_rows(r["engine"].to_numpy(), group, state, group_no, hit,
-                                                                cached_tokens, stale_tokens, exact | ~stale)]
+                                                                cached_tokens, stale_tokens, exact | ~hit)]
     named = r.iloc[np.flatnonzero(stale)[:STALE_LISTED]][["engine", "weight_version", "request_id", "span_id",
                                                          "cached_tokens", "start_ns", "step"]]
     hits = [{"engine": e, "weight_version": None if pd.isna(v) else int(v), "request": q if isinstance(q, str) and q else s,
@@ -440,11 +452,11 @@ def prefix_cache(req: pd.DataFrame) -> tuple[dict | None, str | None]:
         "requests": len(r), "prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt,
         "hit_rate_within_version": (cached - stale_cached - maybe_cached) / prompt if known else None,
         "versions_known": bool(known), "stale_hits": hits, "stale_hit_count": int(stale.sum()),
-        "stale_cached_tokens": stale_cached, "stale_kind": _kind(bool((exact | ~stale).all())),
+        "stale_cached_tokens": stale_cached, "stale_kind": _kind(bool((exact | ~(hit & (state == NOT_FLUSHED))).all())),
         "may_be_stale_hit_count": int(maybe.sum()),
         "may_be_stale_cached_tokens": maybe_cached, "updates": updates,
         "per_version": per_version, "_rows": r,
-        "_valid_cached": cached_tokens - stale_tokens - np.where(maybe, cached_tokens, 0.0),
+        "_valid_cached": cached_tokens - stale_tokens - maybe_tokens,
     }, None
 
 
@@ -456,11 +468,35 @@ def _kind(exact: bool) -> str:
     return STALE_EXACT if exact else STALE_AT_MOST
 
 
-def _stale_tokens(stale: np.ndarray, cached: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(stale tokens per request, whether that figure is exact). Every hit after an unflushed update
-    counts whole: an upper bound, since a group's later requests also hit what its first computed
-    with the new weights."""
-    return np.where(stale, cached, 0.0), np.zeros(len(stale), bool)
+def _sample_groups(r: pd.DataFrame, after: np.ndarray, join) -> np.ndarray:
+    """Each request's sample group (text or None): its own, else `join`'s for the requests after an
+    update (only those are weighed, so only their traces are read)."""
+    own = r["group_id"].astype(object) if "group_id" in r else pd.Series(None, index=r.index, dtype=object)
+    own = own.where(own.notna(), None)
+    lacking = after & own.isna().to_numpy()
+    if join is not None and lacking.any():
+        own = own.copy()
+        own[lacking] = join(r[lacking]).to_numpy()
+    return own.to_numpy(object)
+
+
+def _stale_tokens(key: np.ndarray, step: pd.Series, groups: np.ndarray, engine_known: np.ndarray,
+                  cached: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the cached tokens per request that the old weights may have computed, whether that figure is
+    exact), for requests in the order of `key` (engine then start). A request joined to its sample
+    group (`groups`) on a known engine: its group's first request in that (engine, version, step)
+    found only old prefix (all its hit), the later ones that and what the first computed with the new
+    weights: min(its cached tokens, the first's). Others: every cached token (an upper bound).
+    Requests through a router keep the bound: which engine served them, and so whose cache, is unknown."""
+    joined = np.array([g is not None and not (isinstance(g, float) and math.isnan(g)) for g in groups], bool) & engine_known
+    out = cached.astype(float).copy()
+    if joined.any():
+        idx = np.flatnonzero(joined)
+        steps = step.astype("Float64").fillna(_NO_VERSION).to_numpy(float)[idx]
+        frame = pd.DataFrame({"k": key[idx], "s": steps, "g": [str(g) for g in groups[idx]], "c": cached[idx]})
+        first = frame.groupby(["k", "s", "g"], sort=False)["c"].transform("first").to_numpy(float)
+        out[idx] = np.minimum(cached[idx], first)
+    return out, joined
 
 
 def _update_rows(engine, group, state, said_no, hit, cached, stale_tokens, exact):
@@ -586,7 +622,7 @@ def section(con, steps: Steps = None) -> dict:
     elif balance["kv_transfer_rps"] is None:
         missing["pd.kv_transfer_rps"] = ((geo_missing or "no request reports its prompt tokens") if s_kv is None else
                                          "no KV bandwidth: no KV-transfer record; give --kv-bandwidth BYTES_PER_S")
-    prefix, why = prefix_cache(req)
+    prefix, why = prefix_cache(req, lambda rows: groups_of(con, rows))
     if prefix is None:
         prefix = prefix_cache_counters(counters, *((sync_ends(con), windows) if len(counters) else (None, None)))
         why = None if prefix is not None else why

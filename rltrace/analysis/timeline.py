@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from rltrace import _names
+
 
 def step_timeline(con, step: int) -> pd.DataFrame:
     """Every span of one step (finished and open), in start order.
@@ -21,7 +23,7 @@ def step_timeline(con, step: int) -> pd.DataFrame:
 
 #: Span attributes that name the sample / group a span works on (rltrace's `phase(..., sample_id=...)`, slime's traces).
 SAMPLE_ATTRS = ("rl.sample_id", "slime.sample_id")
-GROUP_ATTRS = ("rl.group_id", "slime.group_id")
+GROUP_ATTRS = _names.GROUP_ATTRS
 
 
 def sample_timeline(con, first: int, last: int) -> pd.DataFrame:

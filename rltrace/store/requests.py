@@ -36,6 +36,8 @@ NUMBERS = {
     "_bytes": ("rl.bytes",),  # a `kv_transfer` span's payload
 }
 TEXTS = {"request_id": ("gen_ai.request.id", "sglang_request_id", "rl.request_id", "rid"), "role": ("rl.engine.role",),
+         # the sample group a request served, on its own span (slime's `sglang_generate`, an rltrace phase)
+         "group_id": _names.GROUP_ATTRS,
          # SGLang's thread span below each request: which server process handled it (`engine_thread` rows)
          "_host_id": ("host_id",), "_pid": ("pid",), "_thread_label": ("thread_label",)}
 #: what makes a span a request: SGLang's meta (what slime reads), or any OTel gen_ai latency
@@ -82,10 +84,10 @@ def sql(keep: str, source: str, where: str) -> str:
     plain = ", ".join(f"{num[c]} AS {c}" for c in OUT if c not in ("kv_bytes", "kv_transfer_s"))
     pd_names = ", ".join(q(n) for n in PD_SPANS)
     # ids as hex text, as the `spans` view shows them (parts store them as integers)
-    ids = ("span_hex(span_id) AS span_id, span_hex(parent_span_id) AS parent_span_id" if source == "part_spans"
-           else "span_id, parent_span_id")
+    ids = ("span_hex(span_id) AS span_id, span_hex(parent_span_id) AS parent_span_id, trace_hex(trace_id) AS trace_id"
+           if source == "part_spans" else "span_id, parent_span_id, trace_id")
     return f"""SELECT {keep}kind, span_id, parent_span_id, name, process_id, service_name, rank, step, weight_version,
-               start_ns, end_ns, timed, request_id, role, engine_process, {', '.join(OUT)}
+               start_ns, end_ns, timed, request_id, role, engine_process, trace_id, group_id, {', '.join(OUT)}
         FROM (SELECT {keep}CASE WHEN {sglang} OR {gen_ai} THEN 'request' WHEN name IN ({pd_names}) THEN 'pd'
                               WHEN {segment} THEN 'pd_segment' WHEN {is_kv} THEN 'kv_transfer'
                               WHEN {first['_thread_label']} IS NOT NULL AND {first['_pid']} IS NOT NULL
@@ -95,6 +97,7 @@ def sql(keep: str, source: str, where: str) -> str:
                      lower(coalesce({first['role']}, CASE WHEN name LIKE 'prefill Req %' THEN 'prefill'
                                                           WHEN name LIKE 'decode Req %' THEN 'decode' END)) AS role,
                      coalesce({first['_host_id']}, '') || ':' || {first['_pid']} AS engine_process,
+                     {first['group_id']} AS group_id,
                      {plain}, {kv_bytes} AS kv_bytes, {kv_s} AS kv_transfer_s
               FROM (SELECT {keep}*, json_extract_string(attributes, [{paths}]) AS v FROM {source}
                     WHERE {where} AND ({MENTIONS} OR {PD_NAMES} OR {THREAD_NAMES} OR {is_kv})))

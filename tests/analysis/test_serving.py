@@ -206,3 +206,29 @@ def _one_span_part(tmp_path):
     b.process("trainer").span("train", 0, 1, step=0)
     b.write()
     return next((b.run_dir / "spans").glob("*.parquet"))
+
+
+def test_a_group_id_on_the_request_span_itself_refines_stale_hits(tmp_path):
+    """rltrace's own `generate` spans carrying the request's tokens and `group_id` (as
+    `rltrace.phase("generate", group_id=g, prompt_tokens=..., cached_tokens=...)` records them): after
+    a sync recorded as not flushing, group 3's four requests hit 200, 1,000, 1,000, 1,000 of a
+    1,000-token prompt: 800 stale tokens, exact. On a second engine the same hits without a group
+    count whole (3,200, at most), and the run's figure is "at most"."""
+    b = RunBuilder(tmp_path / "run")
+    trainer = b.process("trainer")
+    trainer.span("weight_sync", 0.0, 0.1, step=0, weight_version=1)
+    trainer.span("rollout", 0.2, 1.0, step=1)
+    trainer.span("weight_sync", 1.0, 1.1, step=1, weight_version=2, cache_flushed=False)
+    trainer.span("rollout", 1.2, 3.0, step=2)
+    for engine, group in ((0, {"group_id": 3}), (1, {})):
+        proc = b.process("vllm", engine)
+        proc.span("generate", 0.3, 0.4, prompt_tokens=1000, cached_tokens=0, e2e_latency=0.1)
+        for k, cached in enumerate([200, 1000, 1000, 1000]):
+            proc.span("generate", 1.2 + 0.1 * k, 1.25 + 0.1 * k, prompt_tokens=1000, cached_tokens=cached,
+                      e2e_latency=0.05, **group)
+    b.write()
+    c = _report(b.run_dir)["serving"]["prefix_cache"]
+    assert [(u["engine"], u["stale_tokens"], u["stale_kind"]) for u in c["updates"]] == [
+        ("rltrace-vllm-0", 800, "exact"), ("rltrace-vllm-1", 3200, "at most")]
+    assert (c["stale_cached_tokens"], c["stale_kind"]) == (4000, "at most")
+    assert engine_requests(store.open(b.run_dir)).dropna(subset=["group_id"])["group_id"].tolist() == ["3"] * 4

@@ -8,7 +8,8 @@ at the times given, as the engine would have traced it then.
 Usage: python engine_own_sender.py vllm|sglang URL REQUESTS.json [--old-sdk]
 REQUESTS.json: a list of {"id", "start_ns", "end_ns", "prompt_tokens", "completion_tokens",
 "cached_tokens", "queue_s" (waiting for the scheduler), "prefill_s" (the prefill forward itself),
-"role" (SGLang's disaggregation mode: unified / prefill / decode)}. `--old-sdk`: the resource as
+"role" (SGLang's disaggregation mode: unified / prefill / decode), optional "traceparent" (the W3C
+header the caller sent, e.g. `rltrace.inject()`'s: the engine continues that trace)}. `--old-sdk`: the resource as
 an OTel SDK before 1.40 builds it (no random `service.instance.id`).
 The resource comes from OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, as a real engine's does.
 """
@@ -63,7 +64,7 @@ def vllm() -> None:
         stats = IterationStats()
         stats.iteration_timestamp = end
         NOW[0] = r["end_ns"]
-        processor.do_tracing(types.SimpleNamespace(trace_headers=None), state, stats)
+        processor.do_tracing(types.SimpleNamespace(trace_headers=_headers(r)), state, stats)
     trace.get_tracer_provider().shutdown()
 
 
@@ -82,7 +83,7 @@ def sglang() -> None:
         start, end = r["start_ns"] / 1e9, r["end_ns"] / 1e9
         mode = DisaggregationMode(r.get("role", "unified").replace("unified", "null"))
         stats = req_time_stats.APIServerReqTimeStats(disagg_mode=mode)
-        stats.init_trace_ctx(r["id"], None if mode is DisaggregationMode.NULL else 1000 + k)
+        stats.init_trace_ctx(r["id"], None if mode is DisaggregationMode.NULL else 1000 + k, _headers(r))
         stats.set_created_time(start)
         stats.set_tokenize_finish_time(start + 0.0002)
         stats.set_api_server_dispatch_time(start + 0.0002)
@@ -100,6 +101,11 @@ def sglang() -> None:
         NOW[0] = r["end_ns"]
         stats.set_finished_time(end, span_attrs=attrs)
     trace.get_tracer_provider().shutdown()
+
+
+def _headers(r: dict) -> dict | None:
+    """The request's HTTP headers as the engine's server hands them to its tracing code."""
+    return {"traceparent": r["traceparent"]} if r.get("traceparent") else None
 
 
 def _scheduler(ctx, received: float, forward: float, first: float) -> None:

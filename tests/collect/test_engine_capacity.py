@@ -249,6 +249,88 @@ def test_sglang_a_recorded_flush_decides(tmp_path, capsys):
         1: [pd.NA] * 3, 2: [False] * 2, 3: [True] * 2}
 
 
+def _traceparent(span) -> str:
+    """The W3C header `rltrace.inject()` gives inside that span: the engine's request span becomes its child."""
+    return f"00-{span.trace_id}-{span.span_id}-01"
+
+
+def _group_run(run_dir: Path, groups: dict[str, list[tuple[float, float]]], via_parent: set[str] = frozenset()):
+    """Weight versions 1 then 2 (the second sync recorded not flushing), and each sample's caller span
+    in step 2's rollout: `rltrace.phase("generate", group_id=g)` around its engine call, or (groups in
+    `via_parent`) a `group` span with the group id and an unnamed `generate` below it per sample.
+    Returns {group: [caller spans, one per sample]}."""
+    b = RunBuilder(run_dir)
+    trainer = b.process("trainer")
+    trainer.span("weight_sync", 0.0, 0.1, step=0, weight_version=1)
+    trainer.span("rollout", 0.2, 1.0, step=1)
+    trainer.span("weight_sync", 1.0, 1.1, step=1, weight_version=2, cache_flushed=False)
+    trainer.span("rollout", 1.2, 3.0, step=2)
+    callers = {}
+    for g, spans in groups.items():
+        if g in via_parent:
+            top = trainer.span("group", spans[0][0], spans[-1][1], step=2, group_id=g)
+            callers[g] = [trainer.span("generate", a, z, step=2, parent=top) for a, z in spans]
+        else:
+            callers[g] = [trainer.span("generate", a, z, step=2, group_id=g) for a, z in spans]
+    b.write()
+    return callers
+
+
+def test_sglang_a_groups_later_requests_are_stale_only_in_what_its_first_found(tmp_path, capsys):
+    """GRPO: one group of 4 samples shares a 1,000-token prompt of which 200 tokens were cached before
+    the update that did not flush. SGLang's own request spans continue each sample's trace (the caller
+    passed `rltrace.inject()`): the first request hits 200 (old), the other three hit 1,000 each, of
+    which the same 200 are old, the rest computed by the first with the new weights: 800 stale tokens,
+    exact (every hit joined to its group), not 3,200."""
+    callers = _group_run(tmp_path / "run", {"7": [(1.2 + 0.2 * k, 1.3 + 0.2 * k) for k in range(4)]})
+    requests = [request(f"req-{k + 1}", t, t + 100, cached=c, prefill_s=0.05)
+                for k, (t, c) in enumerate(zip([200, 400, 600], [0, 600, 0]))]
+    requests += [dict(request(f"g7-{k}", 1200 + 200 * k, 1300 + 200 * k, cached=c, prefill_s=0.05),
+                      traceparent=_traceparent(callers["7"][k])) for k, c in enumerate([200, 1000, 1000, 1000])]
+    receiver = Receiver(tmp_path / "run", "127.0.0.1", 0, Limits(flush_interval=0.2)).start()
+    send(tmp_path, receiver, {"0": ("service.instance.id=0", requests)}, "sglang")
+    r = report(capsys, tmp_path / "run")
+    c = r["serving"]["prefix_cache"]
+    assert (c["stale_cached_tokens"], c["stale_kind"], c["stale_hit_count"]) == (800, "exact", 4)
+    assert [(h["request"], h["cached_tokens"], h["stale_tokens"]) for h in c["stale_hits"]] == [
+        ("g7-0", 200, 200), ("g7-1", 1000, 200), ("g7-2", 1000, 200), ("g7-3", 1000, 200)]
+    assert [(u["engine"], u["cache"], u["hits"], u["cached_tokens"], u["stale_tokens"], u["stale_kind"])
+            for u in c["updates"]] == [("sglang-0", "not flushed", 4, 3200, 800, "exact")]
+    assert c["hit_rate_within_version"] == pytest.approx((600 + 3200 - 800) / 7000)
+    assert ("engine sglang-0 kept its prefix cache across the update to weight version 2 (recorded by the weight sync "
+            "(rl.cache_flushed)): its 4 hits since (3,200 cached tokens) hold exactly 800 stale tokens (each sample "
+            "group's first request found only old prefix; its later requests, what the first found), a mismatch source."
+            ) in " ".join(r["findings"])
+    rows = analysis.engine_requests(store.open(tmp_path / "run"))
+    joined = rows[rows["request_id"].str.startswith("g7")]
+    assert joined["group_id"].isna().all()  # SGLang's span names no group: its caller's does, one level up
+    assert set(joined["trace_id"]) == {s.trace_id for s in callers["7"]}
+
+
+def test_sglang_requests_without_a_group_keep_the_bound(tmp_path, capsys):
+    """The same engine and version: group 7 as above (its group id on the caller's span: 800 stale),
+    group 8 named two levels up (its `group` span; 100 old cached, then 500: 100 + 100 stale) and one
+    request whose caller passed no trace context (300 cached, counted whole): 1,300 stale tokens,
+    "at most", since not every hit was joined to its group."""
+    callers = _group_run(tmp_path / "run", {"7": [(1.2 + 0.1 * k, 1.25 + 0.1 * k) for k in range(4)],
+                                            "8": [(1.7, 1.75), (1.8, 1.85)]}, via_parent={"8"})
+    requests = [request("req-1", 200, 300, cached=0, prefill_s=0.05)]
+    requests += [dict(request(f"g7-{k}", 1200 + 100 * k, 1250 + 100 * k, cached=c, prefill_s=0.05),
+                      traceparent=_traceparent(callers["7"][k])) for k, c in enumerate([200, 1000, 1000, 1000])]
+    requests += [dict(request(f"g8-{k}", 1700 + 100 * k, 1750 + 100 * k, cached=c, prefill_s=0.05),
+                      traceparent=_traceparent(callers["8"][k])) for k, c in enumerate([100, 500])]
+    requests += [request("lone", 1900, 1950, cached=300, prefill_s=0.05)]
+    receiver = Receiver(tmp_path / "run", "127.0.0.1", 0, Limits(flush_interval=0.2)).start()
+    send(tmp_path, receiver, {"0": ("service.instance.id=0", requests)}, "sglang")
+    r = report(capsys, tmp_path / "run")
+    c = r["serving"]["prefix_cache"]
+    assert [(h["request"], h["stale_tokens"]) for h in c["stale_hits"]] == [
+        ("g7-0", 200), ("g7-1", 200), ("g7-2", 200), ("g7-3", 200), ("g8-0", 100), ("g8-1", 100), ("lone", 300)]
+    assert (c["stale_cached_tokens"], c["stale_kind"]) == (1300, "at most")
+    assert [(u["stale_tokens"], u["stale_kind"]) for u in c["updates"]] == [(1300, "at most")]
+    assert "hold at most 1,300 stale tokens (every hit after an unflushed update;" in " ".join(r["findings"])
+
+
 def test_sglang_servers_of_one_host_without_an_instance_id_stay_apart(tmp_path, capsys):
     """An OTel SDK before 1.40 sets no service.instance.id: two SGLang servers of one host send equal
     resources. Their thread spans' pid keeps them two engines."""
