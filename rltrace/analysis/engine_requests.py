@@ -345,16 +345,18 @@ def groups_of(con, req: pd.DataFrame) -> pd.Series:
     finally:
         con.unregister("_rltrace_group_traces")
     up = {(t, s): (p, g) for t, s, p, g in spans}
-    out = own.copy()
-    for i, trace, parent in zip(req.index[need], req.loc[need, "trace_id"], req.loc[need, "parent_span_id"]):
+    found = []
+    for trace, parent in zip(req.loc[need, "trace_id"].tolist(), req.loc[need, "parent_span_id"].tolist()):
+        group = None
         for _ in range(GROUP_ANCESTORS):
             above = up.get((trace, parent))
-            if above is None:
-                break
-            if above[1] is not None:
-                out[i] = above[1]
+            if above is None or above[1] is not None:
+                group = None if above is None else above[1]
                 break
             parent = above[0]
+        found.append(group)
+    out = own.copy()
+    out[need.to_numpy()] = found
     return out
 
 
