@@ -38,7 +38,7 @@ demo: install
 	$(BIN)/rltrace report runs/demo
 	@echo "Next: $(BIN)/rltrace ui runs/demo   (the dashboard; docs/demo.md lists the fault flags to try)"
 
-JOBS ?= 2  # pytest workers: the suite takes about 18 minutes on 2 cores this way (goal: under 10)
+JOBS ?= 2  # pytest workers: the suite takes about 14 minutes on 2 cores this way (goal: under 10)
 
 test: install-dev browser
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile
