@@ -40,7 +40,7 @@ from rltrace import _names
 from rltrace.store import merge as merging
 from rltrace.store.layout import StoreError, read_manifest
 from rltrace.store.merge import TARGET_ROWS
-from rltrace.store.views import Part, scan
+from rltrace.store.views import Part, holding_copies, scan
 
 GRACE_S = 5.0  # seconds a replaced part stays on disk for readers that listed it
 LIVE_S = 300.0  # s3:// runs: a writer whose heartbeat was younger than this when the bucket was listed (and
@@ -73,28 +73,6 @@ def _groups(parts: list[Part], target_rows: int, version: int, copies: set[Path]
         by_writer.setdefault(owner if owner in alone else None, []).append(p)
     groups = [g for own in by_writer.values() for g in merging.by_rows(own, target_rows)]
     return ([folding] if folding else []) + [g for g in groups if len(g) > 1 or g[0].version < version]
-
-
-def holding_copies(parts: list[Part]) -> set[Path]:
-    """The span parts that hold a span (trace_id, span_id) also held by another of `parts`, or twice
-    (left by a resent export, or by an older rltrace): `compact` merges them into one part."""
-    import duckdb
-
-    from rltrace.store import ids
-    from rltrace.store.views import parts_sql
-
-    if not parts:
-        return set()
-    con = duckdb.connect(":memory:")
-    try:
-        for macro in ids.SQL_MACROS:
-            con.execute(macro)
-        con.execute(f"CREATE TEMP VIEW s AS {parts_sql(_names.SPANS, parts, ', filename=true')}")
-        found = con.execute("""SELECT DISTINCT filename FROM s JOIN (SELECT trace_id, span_id FROM s GROUP BY ALL
-                               HAVING count(*) > 1) USING (trace_id, span_id)""").fetchall()
-    finally:
-        con.close()
-    return {Path(f) for (f,) in found}
 
 
 def compact(

@@ -91,7 +91,7 @@ def merge(
         merged = merged.take(pc.sort_indices(merged, sort_keys=[(k, "ascending") for k in keys]))  # nulls last
     expected = sum(t.num_rows for t in tables)
     if unique and table.name == _names.SPANS.name and merged.num_rows:
-        merged = first_of_each(merged)
+        merged = rows.first_of_each(merged)
         expected = merged.num_rows if merged.num_rows <= expected else -1
     if merged.num_rows != expected:
         raise OSError(f"merging {folder} gave {merged.num_rows} rows for {expected}; the inputs were kept")
@@ -107,18 +107,6 @@ def merge(
     if written != expected:  # never: the part is made visible only whole; checked all the same
         raise OSError(f"{out} holds {written} rows for {expected}")
     return out
-
-
-def first_of_each(spans: pa.Table) -> pa.Table:
-    """The rows of `spans` with each identity (trace_id, span_id) once: its first row, in order."""
-    import numpy as np
-
-    index = pa.array(np.arange(spans.num_rows, dtype=np.int64))
-    keys = pa.table({"t": spans.column("trace_id"), "s": spans.column("span_id"), "i": index})
-    first = keys.group_by(["t", "s"], use_threads=False).aggregate([("i", "min")]).column("i_min")
-    if len(first) == spans.num_rows:
-        return spans
-    return spans.take(np.sort(first.to_numpy()))
 
 
 def still_there(folder: Path, inputs: list[pa.Table]) -> list[str]:

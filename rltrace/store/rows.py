@@ -582,3 +582,13 @@ def samples_table(step: int, payload: Any, logged_ns: int, process, *, drops: Dr
         drops=drops,
         why=lambda row, exc: _diagnose(_split_versions(row), schema, exc),
     )
+
+
+def first_of_each(spans: pa.Table) -> pa.Table:
+    """The rows of `spans` with each identity (trace_id, span_id) once: its first row, in order."""
+    index = pa.array(np.arange(spans.num_rows, dtype=np.int64))
+    keys = pa.table({"t": spans.column("trace_id"), "s": spans.column("span_id"), "i": index})
+    first = keys.group_by(["t", "s"], use_threads=False).aggregate([("i", "min")]).column("i_min")
+    if len(first) == spans.num_rows:
+        return spans
+    return spans.take(np.sort(first.to_numpy()))

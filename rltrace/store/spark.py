@@ -99,7 +99,7 @@ class _Reader(DataSourceReader):
         return [_Part(paths) for paths in partitions(self.run)]
 
     def read(self, partition: _Part):
-        from rltrace.store.merge import first_of_each
+        from rltrace.store.rows import first_of_each
         from rltrace.store.views import upgrade
 
         filesystem, _ = _filesystem(self.run)

@@ -276,15 +276,32 @@ def _folded_dir(snap: Snapshot) -> Path:
         return folder
 
 
+def holding_copies(parts: list[Part]) -> set[Path]:
+    """The span parts that hold a span (trace_id, span_id) also held by another of `parts`, or twice
+    (left by a resent export, or by an older rltrace): `compact` merges them into one part."""
+    from rltrace.store import ids
+
+    if not parts:
+        return set()
+    con = duckdb.connect(":memory:")
+    try:
+        for macro in ids.SQL_MACROS:
+            con.execute(macro)
+        con.execute(f"CREATE TEMP VIEW s AS {parts_sql(_names.SPANS, parts, ', filename=true')}")
+        found = con.execute("""SELECT DISTINCT filename FROM s JOIN (SELECT trace_id, span_id FROM s GROUP BY ALL
+                               HAVING count(*) > 1) USING (trace_id, span_id)""").fetchall()
+    finally:
+        con.close()
+    return {Path(f) for (f,) in found}
+
+
 def _holding(received: list[Part], remembered: Path) -> set[str]:
     """Names of the parts among `received` holding a span another (or the same) part holds: one
-    GROUP BY over their ids (`compact.holding_copies`), remembered for this listing."""
+    GROUP BY over their ids (`holding_copies`), remembered for this listing."""
     try:
         return set(json.loads(remembered.read_text()))
     except (OSError, ValueError):
         pass
-    from rltrace.store.compact import holding_copies
-
     found = sorted(p.name for p in holding_copies(received))
     try:
         tmp = remembered.with_name(f".{remembered.name}.{os.getpid()}")
@@ -296,16 +313,16 @@ def _holding(received: list[Part], remembered: Path) -> set[str]:
 
 
 def _write_folded(parts: list[Part], path: Path) -> None:
-    """The rows of `parts` with each identity once (its first copy, `merge.first_of_each`), as
+    """The rows of `parts` with each identity once (its first copy, `rows.first_of_each`), as
     a part of the current schema, written whole (temp name, then `os.replace`)."""
     import pyarrow.compute as pc
 
-    from rltrace.store import merge, rows
+    from rltrace.store import rows
 
     tables = [upgrade(_names.SPANS, read_whole(p.path), p.version) for p in parts]
     merged = rows.concat(tables)
     keys = _names.COMPACTABLE[_names.SPANS.name]
-    merged = merge.first_of_each(merged.take(pc.sort_indices(merged, sort_keys=[(k, "ascending") for k in keys])))
+    merged = rows.first_of_each(merged.take(pc.sort_indices(merged, sort_keys=[(k, "ascending") for k in keys])))
     meta = {_names.META_TABLE: _names.SPANS.name.encode(), _names.META_VERSION: str(_names.SPANS.version).encode()}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
