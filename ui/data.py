@@ -148,11 +148,17 @@ def _report_of(run: RunRef, steps: Steps, serving: str) -> dict:  # the options 
 
 
 def _report(con, steps: Steps, options: dict) -> dict:
-    serving_mod.configure(con, **{k: options.get(k) for k in SERVING_OPTIONS})  # part of building the report
+    return _serving_set(con, options, lambda c: report_mod.build(c, steps=steps))
+
+
+def _serving_set(con, options: dict, fn: Callable, *args):
+    """`fn(con, *args)` with the serving options set on the run's connection (`serving.configure`), cleared
+    after: the connection is shared, so the next reader starts without them."""
+    serving_mod.configure(con, **{k: options.get(k) for k in SERVING_OPTIONS})
     try:
-        return report_mod.build(con, steps=steps)
+        return fn(con, *args)
     finally:
-        serving_mod.configure(con)  # the shared connection: the next reader starts without them
+        serving_mod.configure(con)
 
 
 def kind_text(record: dict) -> str:
@@ -201,13 +207,7 @@ def whatif_calibration(run: RunRef, steps: Steps, serving: str = "{}") -> whatif
 
 
 def _calibrate(con, steps: Steps, options: dict) -> whatif_model.Calibration:
-    if not options:
-        return whatif_model.calibrate(con, steps)
-    serving_mod.configure(con, **{k: options.get(k) for k in SERVING_OPTIONS})
-    try:
-        return whatif_model.calibrate(con, steps)
-    finally:
-        serving_mod.configure(con)  # the shared connection: the next reader starts without them
+    return _serving_set(con, options, whatif_model.calibrate, steps)
 
 
 @st.cache_data(**CACHE)

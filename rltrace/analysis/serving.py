@@ -339,15 +339,18 @@ def metrics_by_step(m: pd.DataFrame, windows) -> list[dict]:
 def kv_transfer_counters(m: pd.DataFrame) -> dict | None:
     """SGLang's KV transfers over the run from its histograms' _sum and _count (prefill side,
     `compute_and_observe_kv_transfer_metrics`): transfers, bytes (MiB × 2**20), seconds, the bandwidth
-    they moved at (bytes / seconds), the mean latency; None when none was scraped."""
+    they moved at (bytes / seconds), the mean latency; None when none was scraped. A figure whose
+    histogram was not scraped is None (not recorded), never 0."""
     count = counter_increase(m, "sglang:kv_transfer_latency_ms_count")
     if not count:
         return None
-    seconds = (counter_increase(m, "sglang:kv_transfer_latency_ms_sum") or 0.0) / 1000
+    latency_ms = counter_increase(m, "sglang:kv_transfer_latency_ms_sum")
+    seconds = None if latency_ms is None else latency_ms / 1000
     moved = counter_increase(m, "sglang:kv_transfer_total_mb_sum")
     nbytes = None if moved is None else moved * MIB
-    return {"transfers": count, "bytes": nbytes, "seconds": seconds, "latency_ms_mean": seconds * 1000 / count,
-            "bandwidth": nbytes / seconds if nbytes and seconds > 0 else None}
+    return {"transfers": count, "bytes": nbytes, "seconds": seconds,
+            "latency_ms_mean": None if latency_ms is None else latency_ms / count,
+            "bandwidth": nbytes / seconds if nbytes and seconds else None}
 
 
 def latest_metrics(m: pd.DataFrame) -> list[dict]:

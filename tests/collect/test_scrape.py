@@ -444,3 +444,26 @@ def test_counters_and_gauges_are_read_as_the_engines_declare_them(engine):
             assert kind == "histogram" and {f"{name}_sum", f"{name}_count"} <= SCRAPED_COUNTERS
         else:
             assert kind in ("counter", "gauge") and (name in SCRAPED_COUNTERS) == (kind == "counter"), (name, kind)
+
+
+def test_kv_transfers_without_a_scraped_histogram_say_not_recorded():
+    """SGLang's KV transfers where the total_mb histogram was never scraped: the bytes and bandwidth are
+    None and read "not recorded", never "moved 0 B"; without the latency sum, no "0.0 ms" either."""
+    import pandas as pd
+
+    from rltrace.analysis.serving import kv_transfer_counters
+    from rltrace.report.serving_findings import sentences
+
+    def frame(names):
+        return pd.DataFrame([{"endpoint": "http://e", "engine": None, "name": n, "value": v, "time_ns": t}
+                             for t, vals in ((1, 0.0), (2, 1.0)) for n, v in ((m, vals * k) for m, k in names)])
+
+    kv = kv_transfer_counters(frame([("sglang:kv_transfer_latency_ms_count", 2), ("sglang:kv_transfer_latency_ms_sum", 900)]))
+    assert (kv["transfers"], kv["bytes"], kv["bandwidth"]) == (2, None, None)
+    assert kv["latency_ms_mean"] == pytest.approx(450.0)
+    (said,) = [t for t in sentences({"serving": {"kv_transfer_metrics": kv}}) if t.startswith("KV transfers")]
+    assert "bytes not recorded" in said and "0 B" not in said and "450.0 ms each on average" in said
+    kv = kv_transfer_counters(frame([("sglang:kv_transfer_latency_ms_count", 2)]))
+    assert (kv["seconds"], kv["latency_ms_mean"]) == (None, None)
+    (said,) = [t for t in sentences({"serving": {"kv_transfer_metrics": kv}}) if t.startswith("KV transfers")]
+    assert "latency not recorded" in said and " ms each" not in said

@@ -189,9 +189,7 @@ if len(scraped):
                    "the step, summed over engines; gauges as the most one engine showed.")
     kv = serving.get("kv_transfer_metrics")
     if kv:
-        rate = "" if not kv.get("bandwidth") else f" at {fmt.rate_text(kv['bandwidth'])}"
-        st.markdown(f"KV transfers (sglang:kv_transfer_*): {kv['transfers']:,.0f} moved "
-                    f"{fmt.size_text(kv['bytes'] or 0)}{rate}, {kv['latency_ms_mean']:.1f} ms each on average.")
+        st.markdown(f"KV transfers (sglang:kv_transfer_*): {serving_findings.kv_transfer_text(kv)}.")
 
 st.subheader("Cache budget")
 geo = serving.get("geometry")
