@@ -310,8 +310,8 @@ def prefix_cache_counters(m: pd.DataFrame, syncs=None, windows=None) -> dict | N
     return {"kind": f"measured (Prometheus, {', '.join(_SAID[e] for e in used)})",
             "requests": None, "prompt_tokens": queries, "cached_tokens": hits,
             "hit_rate": hits / queries, "hit_rate_within_version": None, "versions_known": bool(per_version),
-            "stale_hits": [], "stale_hit_count": 0, "stale_cached_tokens": 0.0, "stale_kind": None,
-            "may_be_stale_hit_count": 0, "may_be_stale_cached_tokens": 0.0, "updates": [], "per_version": per_version, "per_step": per_step}
+            "stale_hits": [], "stale_hit_count": None, "stale_cached_tokens": None, "stale_kind": None,  # counters cannot tell
+            "may_be_stale_hit_count": None, "may_be_stale_cached_tokens": None, "updates": [], "per_version": per_version, "per_step": per_step}
 
 
 def metrics_by_step(m: pd.DataFrame, windows) -> list[dict]:
@@ -334,6 +334,22 @@ def metrics_by_step(m: pd.DataFrame, windows) -> list[dict]:
             out += [{"step": int(k), "name": name, "rise": None, "peak": float(v),
                      "percent": 100.0 * float(v) if name in FRACTIONS else None} for k, v in by.items()]
     return sorted(out, key=lambda r: (r["step"], r["name"]))
+
+
+def kv_link_bandwidth(con, given: float | None = None, scraped_kv: dict | None = None) -> tuple[float | None, str | None]:
+    """The KV link's bytes per second and where it came from: `given` (--kv-bandwidth), else measured
+    from KV-transfer spans, else from the engines' scraped KV-transfer counters (`scraped_kv`, read
+    here when not passed); (None, None) without any. The report and `whatif --pd` both use it."""
+    if given is not None:
+        return given, "given"
+    moved = kv_transfers(con)
+    if len(moved):
+        return float(moved["kv_bytes"].sum() / moved["kv_transfer_s"].sum()), "measured"
+    if scraped_kv is None:
+        scraped_kv = kv_transfer_counters(scraped_metrics(con))
+    if scraped_kv is not None and scraped_kv["bandwidth"]:
+        return scraped_kv["bandwidth"], "measured (Prometheus, sglang:kv_transfer_*)"
+    return None, None
 
 
 def kv_transfer_counters(m: pd.DataFrame) -> dict | None:
@@ -612,13 +628,7 @@ def section(con, steps: Steps = None) -> dict:
     counters = scraped_metrics(con)
     windows = rollout_starts(con) if len(counters) else None
     scraped_kv = kv_transfer_counters(counters)
-    bandwidth, bandwidth_from = options.get("kv_bandwidth"), "given"
-    if bandwidth is None:
-        moved = kv_transfers(con)
-        if len(moved):
-            bandwidth, bandwidth_from = float(moved["kv_bytes"].sum() / moved["kv_transfer_s"].sum()), "measured"
-        elif scraped_kv is not None and scraped_kv["bandwidth"]:
-            bandwidth, bandwidth_from = scraped_kv["bandwidth"], "measured (Prometheus, sglang:kv_transfer_*)"
+    bandwidth, bandwidth_from = kv_link_bandwidth(con, options.get("kv_bandwidth"), scraped_kv)
     balance, why = pd_balance(per_engine, s_kv, bandwidth, bandwidth_from, roles)
     if why:
         missing["pd"] = why

@@ -169,14 +169,11 @@ def _requests(con, steps: Steps, index: pd.Index, notes: list[str]) -> tuple[dic
     what a prefill/decode split replays. A request served by a prefill and a decode engine is one
     request (its id joins them); a request missing a time or its prompt tokens is left out, counted."""
     from rltrace.analysis import serving
-    from rltrace.analysis.engine_requests import engine_requests, kv_transfers
+    from rltrace.analysis.engine_requests import engine_requests
 
     r = engine_requests(con, steps, columns=("step", "request_id", "span_id", "engine_kind", "prefill_s", "decode_s",
                                              "prompt_tokens"))
-    bandwidth = serving._options(con).get("kv_bandwidth")
-    if bandwidth is None:
-        moved = kv_transfers(con)
-        bandwidth = float(moved["kv_bytes"].sum() / moved["kv_transfer_s"].sum()) if len(moved) else None
+    bandwidth, _ = serving.kv_link_bandwidth(con, serving._options(con).get("kv_bandwidth"))
     if r.empty:
         return None, ("no engine request spans (vLLM's or SGLang's through rltrace collect, or slime's): a split "
                       "replays each request's prefill and decode time"), bandwidth

@@ -227,6 +227,13 @@ def test_sglang_priority_totals_cached_tokens_by_version_and_kv_transfers(run):
     assert "Prefix cache: 29% of 4,000 queried prompt tokens hit, measured (Prometheus, sglang:cached_tokens_total) " \
            "(by weight version: v1 8%, v2 90%); the counters do not tell stale hits apart." in said
     assert any(t.startswith("KV transfers: 2 moved ") and "500.0 ms each" in t for t in said)
+    assert p["stale_hit_count"] is None and p["stale_cached_tokens"] is None  # counters cannot tell: not 0
+    # the link `whatif --pd` replays is the report's: the engines' counters when no span records a transfer
+    from rltrace import store
+    from rltrace.analysis import serving
+
+    assert serving.kv_link_bandwidth(store.open(run_dir)) == (pytest.approx(1.5 * GIB),
+                                                               "measured (Prometheus, sglang:kv_transfer_*)")
 
 
 def test_a_malformed_line_costs_that_line_only(run):
